@@ -1,0 +1,1 @@
+"""scepsy: the public façade and the command line."""

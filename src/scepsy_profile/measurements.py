@@ -1,0 +1,145 @@
+"""Measured latency points and the project's JSON-lines store for them.
+
+One :class:`Measurement` is one timed forward pass of one LLM instance:
+
+* ``phase="prefill"``: one pass over ``batch`` prompts of ``tokens`` tokens each;
+* ``phase="decode"``: one decode step for ``batch`` sequences whose KV cache holds ``tokens``
+  tokens each (the context length).
+
+``share`` is the fraction of each GPU's compute (an MPS percentage / 100) and the same fraction
+of its memory; ``tp`` is the tensor-parallel degree. Importers for published data live in
+:mod:`scepsy_profile.importers`; this module owns the record and the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from scepsy_profile.errors import InputError
+
+Phase = Literal["prefill", "decode"]
+PHASES: tuple[Phase, ...] = ("prefill", "decode")
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One measured point: the latency of one prefill pass or one decode step."""
+
+    model: str
+    gpu: str
+    tp: int
+    share: float
+    phase: Phase
+    batch: int
+    tokens: int
+    latency_ms: float
+    source: str = ""
+
+    def key(self) -> tuple[str, str, int, Phase]:
+        """The curve this point belongs to: (model, gpu, tp, phase)."""
+        return (self.model, self.gpu, self.tp, self.phase)
+
+
+class _MeasurementRecord(BaseModel):
+    """Schema of one line of a measurements JSONL file (validation at the boundary)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    tp: int = Field(ge=1, le=1024)
+    share: float = Field(gt=0.0, le=1.0)
+    phase: Phase
+    batch: int = Field(ge=1)
+    tokens: int = Field(ge=1)
+    latency_ms: float = Field(gt=0.0, allow_inf_nan=False)
+    source: str = ""
+
+
+def validate_measurement(raw: object, source: str, where: str) -> Measurement:
+    """Check one raw record and build a :class:`Measurement`, or raise :class:`InputError`.
+
+    ``source`` names the file, ``where`` the position inside it (e.g. ``"line 3"``).
+    """
+    try:
+        rec = _MeasurementRecord.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "record"
+        raise InputError(source, f"{where}: {field}", _expected(err), err.get("input")) from None
+    return Measurement(**rec.model_dump())
+
+
+def _expected(err: dict) -> str:
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    if kind == "missing":
+        return "a value (field is missing)"
+    if kind == "extra_forbidden":
+        return "no such field (unknown field)"
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+              "less_than_equal": "<="}[kind]
+        bound = next(iter(ctx.values())) if ctx else ""
+        return f"a number {op} {bound}"
+    if kind == "literal_error":
+        return f"one of {ctx.get('expected', '')}"
+    return str(err["msg"]).lower()
+
+
+def read_measurements(path: str | os.PathLike[str]) -> tuple[Measurement, ...]:
+    """Read a JSON-lines measurements file; every bad line is reported with its number."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(str(p), "", "an existing measurements file (.jsonl)")
+    out: list[Measurement] = []
+    with p.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(str(p), f"line {lineno}", f"a JSON object ({exc.msg})") from None
+            out.append(validate_measurement(raw, str(p), f"line {lineno}"))
+    if not out:
+        raise InputError(str(p), "", "at least one measurement")
+    return tuple(out)
+
+
+def write_measurements(path: str | os.PathLike[str], rows: Iterable[Measurement]) -> None:
+    """Write measurements as JSON lines, atomically (a temporary file renamed into place)."""
+    atomic_write_text(path, "".join(json.dumps(asdict(m), sort_keys=True) + "\n" for m in rows))
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def group_by_curve(
+    rows: Sequence[Measurement],
+) -> Iterator[tuple[tuple[str, str, int, Phase], list[Measurement]]]:
+    """Yield ``(key, points)`` per (model, gpu, tp, phase), in sorted key order."""
+    groups: dict[tuple[str, str, int, Phase], list[Measurement]] = {}
+    for m in rows:
+        groups.setdefault(m.key(), []).append(m)
+    for key in sorted(groups):
+        yield key, groups[key]
