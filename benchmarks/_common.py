@@ -1,0 +1,48 @@
+"""Shared helpers for the benchmark scripts: where the shared data lives, table printing."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+RESULTS = REPO / "results"
+
+
+def require_shared() -> Path:
+    if not SHARED_DATA.is_dir():
+        sys.exit(f"needs {SHARED_DATA} (the project's shared data folder); not found")
+    return SHARED_DATA
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+    cells = [[str(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    head = "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))
+    return "\n".join([head] + ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
+                               for row in cells])
+
+
+def write_results(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    payload = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, "
+               f"{__import__('os').cpu_count()} cores", **payload}
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_default) + "\n")
+    return path
+
+
+def _default(o: object) -> object:
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(type(o))

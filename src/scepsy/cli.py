@@ -1,0 +1,178 @@
+"""The ``scepsy`` command line.
+
+User mistakes (bad files, unknown names) print one line ``scepsy: error: ...`` naming the file,
+the field and what was expected, and exit with status 2; nothing is written in that case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from scepsy_profile.catalog import default_catalog, load_catalog
+from scepsy_profile.errors import InputError
+from scepsy_profile.fitted import fit_latency_model, load_curves, save_curves
+from scepsy_profile.importers import load_muxserve_grid
+from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
+from scepsy_profile.measurements import read_measurements
+from scepsy_profile.roofline import load_calibration, roofline_model
+from scepsy_profile.serving import MemoryPolicy, serving_curve
+
+EXIT_USAGE = 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        print(f"scepsy: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scepsy", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    prof = sub.add_parser("profile", help="latency profiles: fit curves, show them")
+    psub = prof.add_subparsers(dest="profile_command", required=True)
+
+    fit = psub.add_parser("fit", help="fit latency curves to measurements and write a curves file")
+    src = fit.add_mutually_exclusive_group(required=True)
+    src.add_argument("--muxserve", type=Path, help="a MuxServe grid JSON file")
+    src.add_argument("--measurements", type=Path, help="a measurements JSON-lines file")
+    fit.add_argument("--gpu", default="A100-80GB", help="GPU of a MuxServe grid (default %(default)s)")
+    fit.add_argument("--out", type=Path, required=True, help="curves file to write (JSON)")
+    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--jobs", type=int, default=1, help="parallel fitting processes")
+    fit.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    fit.set_defaults(func=_cmd_fit)
+
+    show = psub.add_parser("show", help="table of prefill, decode, μ and memory over tp and share")
+    show.add_argument("--model", required=True)
+    show.add_argument("--gpu", required=True)
+    show.add_argument("--curves", type=Path, help="fitted curves file (measured curves win)")
+    show.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
+    show.add_argument("--calibration", type=Path, help="roofline calibration YAML")
+    show.add_argument("--tp", default="1,2,4,8", help="comma-separated TP degrees")
+    show.add_argument("--shares", default="0.3,0.5,0.7,1.0", help="comma-separated GPU shares")
+    show.add_argument("--batch", type=int, default=32, help="batch of the latency columns")
+    show.add_argument("--seq", type=int, default=512, help="prompt / context length of the latency columns")
+    show.add_argument("--input", type=float, default=512.0, help="mean input tokens per call (μ)")
+    show.add_argument("--output", type=float, default=128.0, help="mean output tokens per call (μ)")
+    show.add_argument("--json", action="store_true", help="print rows as JSON")
+    show.set_defaults(func=_cmd_show)
+    return p
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise InputError("--jobs", "", "an integer >= 1", args.jobs)
+    rows = (load_muxserve_grid(args.muxserve, gpu=args.gpu) if args.muxserve
+            else read_measurements(args.measurements))
+    model = fit_latency_model(rows, seed=args.seed, n_jobs=args.jobs)
+    save_curves(model, args.out)
+    reports = [
+        {"model": r.key[0], "gpu": r.key[1], "tp": r.key[2], "phase": r.key[3],
+         "points": r.n_points, "outliers": r.n_outliers,
+         "train_median_ape_pct": round(100 * r.train_median_ape, 3),
+         "monotone_adjust_max_pct": round(100 * r.monotone_adjust_max, 3)}
+        for r in model.reports
+    ]
+    if args.json:
+        print(json.dumps({"out": str(args.out), "curves": reports}, indent=2, sort_keys=True))
+    else:
+        print(_table(reports, ["model", "gpu", "tp", "phase", "points", "outliers",
+                               "train_median_ape_pct", "monotone_adjust_max_pct"]))
+        print(f"wrote {len(reports)} curves to {args.out}")
+    return 0
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(flag, "", "comma-separated integers", text) from None
+    if not vals or min(vals) < 1:
+        raise InputError(flag, "", "comma-separated integers >= 1", text)
+    return vals
+
+
+def _floats(text: str, flag: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise InputError(flag, "", "comma-separated numbers", text) from None
+    if not vals or any(not 0 < v <= 1 for v in vals):
+        raise InputError(flag, "", "comma-separated shares in (0, 1]", text)
+    return vals
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    catalog = default_catalog()
+    if args.catalog:
+        catalog = catalog.merge(load_catalog(args.catalog))
+    cal = load_calibration(args.calibration) if args.calibration else None
+    roof = roofline_model(catalog, cal)
+    latency: LatencyModel = roof
+    fitted = load_curves(args.curves) if args.curves else None
+    if fitted is not None:
+        latency = CompositeLatencyModel(fitted, roof)
+    tps, shares = _ints(args.tp, "--tp"), _floats(args.shares, "--shares")
+    for flag, v in (("--batch", args.batch), ("--seq", args.seq), ("--input", args.input),
+                    ("--output", args.output)):
+        if v < 1:
+            raise InputError(flag, "", "a number >= 1", v)
+    spec = catalog.model(args.model)  # clear error for unknown names, before any row
+    gpu = catalog.gpu(args.gpu)
+    # measured curves keep their own model names; the catalog resolves aliases for the rest
+    name = args.model if fitted is not None and args.model in fitted.models() else spec.name
+    rows = []
+    for tp in tps:
+        if not spec.supports_tp(tp) or tp > gpu.nvlink_domain:
+            continue
+        for share in shares:
+            src = "fitted" if fitted is not None and fitted.covers(name, gpu.name, tp) else "roofline"
+            curve = serving_curve(latency, name, gpu.name, tp, share, args.input, args.output,
+                                  catalog=catalog, policy=MemoryPolicy())
+            rows.append({
+                "tp": tp, "share": share, "source": src,
+                "prefill_ms": round(float(latency.prefill_ms(name, gpu.name, tp, share, args.batch, args.seq)), 3),
+                "decode_ms": round(float(latency.decode_ms(name, gpu.name, tp, share, args.batch, args.seq)), 3),
+                "mu_calls_s": round(curve.mu, 4), "max_batch": curve.max_batch,
+                "weights_gib": round(curve.memory.weights_gib, 2),
+                "kv_gib": round(curve.memory.kv_gib, 2), "fits": curve.memory.feasible,
+            })
+    if not rows:
+        raise InputError("--tp", "", f"a TP degree that {spec.name} supports on {gpu.name} "
+                         f"(NVLink domain {gpu.nvlink_domain})", args.tp)
+    if args.json:
+        print(json.dumps({"model": args.model, "gpu": gpu.name, "batch": args.batch,
+                          "seq": args.seq, "input_tokens": args.input,
+                          "output_tokens": args.output, "rows": rows}, indent=2, sort_keys=True))
+    else:
+        print(f"{args.model} on {gpu.name}: latency at batch {args.batch}, {args.seq} tokens; "
+              f"μ for calls of {args.input:g} in / {args.output:g} out tokens")
+        print(_table(rows, list(rows[0])))
+    return 0
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    def fmt(v: object) -> str:
+        if isinstance(v, float):
+            return "inf" if math.isinf(v) else f"{v:g}"
+        return str(v)
+
+    cells = [[fmt(r[c]) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    line = "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))
+    body = ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
+    return "\n".join([line, *body])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,522 @@
+"""Regression latency curves fitted to measurements.
+
+For each (model, gpu, tp, phase) the fit has three stages (docs/profiles.md says why):
+
+1. **Physics form** (robust non-linear least squares, ``scipy.optimize.least_squares`` with a
+   soft-L1 loss on log latency): ``t = ((F·ψ(s))^p + (W(b, n)·φ(s))^p)^(1/p)``, a smooth maximum
+   of a fixed per-step floor ``F`` (launch and framework overhead, weight reads at small batch)
+   and the work ``W`` with non-negative coefficients. Prefill: ``W = c0·b·n + c1·b·n² + c2·b``;
+   decode: ``W = c0·b + c1·b·ctx + c2``. ``ψ`` and ``φ`` are monotone per-share-level
+   multipliers (1 at the largest measured share), interpolated in 1/share; below the smallest
+   measured share the work scales as 1/share (compute-bound).
+2. **Residual Gaussian process** (scikit-learn ``GaussianProcessRegressor``, anisotropic RBF plus
+   white noise, on log residuals clipped at 4 MAD): picks up what the form cannot — wave
+   quantisation steps, the MPS knee, memory-pressure cliffs at large token counts.
+3. **Monotone lattice**: the model is evaluated on a lattice (measured batch and token values and
+   their midpoints, share levels), made monotone by cumulative maxima (never faster with more
+   batch or tokens, never slower with more share) and rounded to 6 significant digits. Queries
+   interpolate multilinearly in (batch, tokens, 1/share); outside the lattice they extrapolate
+   with the edge elasticities (linear tangents in batch and tokens, a power law below the smallest
+   share), so every prediction is monotone by construction and fast (a few µs per point).
+
+Unmeasured TP degrees between two measured ones are interpolated geometrically in log TP.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.optimize import least_squares, nnls
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.gaussian_process import GaussianProcessRegressor
+from sklearn.gaussian_process.kernels import RBF, WhiteKernel
+from sklearn.gaussian_process.kernels import ConstantKernel as C
+from sklearn.model_selection import KFold
+
+from scepsy_profile.errors import InputError, UnknownEntryError
+from scepsy_profile.latency import Number, as_output, check_point
+from scepsy_profile.measurements import Measurement, Phase, atomic_write_text, group_by_curve
+
+CurveKey = tuple[str, str, int, Phase]
+CURVES_FORMAT = "scepsy-curves/1"
+_GP_MAX_POINTS = 1500
+_OUTLIER = 0.25  # a point whose fitted value is off by more than 25% is reported as an outlier
+
+
+# --------------------------------------------------------------------------- the lattice
+@dataclass(frozen=True, eq=False)
+class CurveTable:
+    """A monotone latency lattice for one (model, gpu, tp, phase); ``predict`` interpolates it."""
+
+    model: str
+    gpu: str
+    tp: int
+    phase: Phase
+    batch_nodes: NDArray[np.float64]
+    token_nodes: NDArray[np.float64]
+    share_nodes: NDArray[np.float64]
+    values: NDArray[np.float64]  # ms, shape (batch, tokens, share), share ascending
+    batch_elasticity: float
+    token_elasticity: float
+    share_elasticity: float
+    n_points: int = 0
+    source: str = ""
+    _u_nodes: NDArray[np.float64] = field(init=False, repr=False)
+    _u_values: NDArray[np.float64] = field(init=False, repr=False)
+    _py: tuple = field(init=False, repr=False)  # plain-Python copies for the scalar fast path
+
+    def __post_init__(self) -> None:
+        for name in ("batch_nodes", "token_nodes", "share_nodes", "values"):
+            arr = np.array(getattr(self, name), dtype=float)
+            arr.setflags(write=False)
+            object.__setattr__(self, name, arr)
+        if self.values.shape != (len(self.batch_nodes), len(self.token_nodes), len(self.share_nodes)):
+            raise InputError("curve", f"{self.model}.{self.tp}.{self.phase}.values",
+                             "an array of shape (batch nodes, token nodes, share nodes)")
+        # internal axis for share: u = 1/share, ascending
+        object.__setattr__(self, "_u_nodes", 1.0 / self.share_nodes[::-1])
+        object.__setattr__(self, "_u_values", self.values[:, :, ::-1])
+        object.__setattr__(self, "_py", (
+            self.batch_nodes.tolist(), self.token_nodes.tolist(), self._u_nodes.tolist(),
+            np.ascontiguousarray(self._u_values).ravel().tolist(),
+        ))
+
+    def predict_one(self, share: float, batch: float, tokens: float) -> float:
+        """Scalar fast path of :meth:`predict` (plain Python, a few µs)."""
+        bn, nn, un, flat = self._py
+        ib, wb = _axis_one(bn, batch)
+        iq, wq = _axis_one(nn, tokens)
+        iu, wu = _axis_one(un, 1.0 / share)
+        nq, nu = len(nn), len(un)
+        out = 0.0
+        for db, fb in ((0, 1.0 - wb), (1, wb)):
+            row = (ib + db) * nq
+            for dq, fq in ((0, 1.0 - wq), (1, wq)):
+                base = (row + iq + dq) * nu + iu
+                out += fb * fq * ((1.0 - wu) * flat[base] + wu * flat[base + 1])
+        if batch > bn[-1]:
+            out *= 1.0 + self.batch_elasticity * (batch / bn[-1] - 1.0)
+        if tokens > nn[-1]:
+            out *= 1.0 + self.token_elasticity * (tokens / nn[-1] - 1.0)
+        smin = 1.0 / un[-1]
+        if share < smin:
+            out *= (smin / share) ** self.share_elasticity
+        return out
+
+    @property
+    def key(self) -> CurveKey:
+        return (self.model, self.gpu, self.tp, self.phase)
+
+    def predict(self, share: ArrayLike, batch: ArrayLike, tokens: ArrayLike) -> NDArray[np.float64]:
+        """Latency in ms (vectorised; inputs already validated and broadcast)."""
+        s = np.asarray(share, dtype=float)
+        b = np.asarray(batch, dtype=float)
+        n = np.asarray(tokens, dtype=float)
+        ib, wb = _axis(self.batch_nodes, b)
+        iq, wq = _axis(self.token_nodes, n)
+        iu, wu = _axis(self._u_nodes, 1.0 / s)
+        v = self._u_values
+        out = np.zeros(np.broadcast(ib, iq, iu).shape)
+        for db, fb in ((0, 1 - wb), (1, wb)):
+            for dq, fq in ((0, 1 - wq), (1, wq)):
+                for du, fu in ((0, 1 - wu), (1, wu)):
+                    out = out + fb * fq * fu * v[ib + db, iq + dq, iu + du]
+        bmax, nmax, smin = self.batch_nodes[-1], self.token_nodes[-1], self.share_nodes[0]
+        out = out * (1.0 + self.batch_elasticity * (np.maximum(b, bmax) / bmax - 1.0))
+        out = out * (1.0 + self.token_elasticity * (np.maximum(n, nmax) / nmax - 1.0))
+        return out * (smin / np.minimum(s, smin)) ** self.share_elasticity
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "gpu": self.gpu, "tp": self.tp, "phase": self.phase,
+            "batch_nodes": self.batch_nodes.tolist(), "token_nodes": self.token_nodes.tolist(),
+            "share_nodes": self.share_nodes.tolist(), "values": self.values.tolist(),
+            "batch_elasticity": self.batch_elasticity, "token_elasticity": self.token_elasticity,
+            "share_elasticity": self.share_elasticity, "n_points": self.n_points,
+            "source": self.source,
+        }
+
+
+def _axis_one(nodes: list[float], x: float) -> tuple[int, float]:
+    if x <= nodes[0]:
+        return 0, 0.0
+    if x >= nodes[-1]:
+        return len(nodes) - 2, 1.0
+    i = bisect_right(nodes, x) - 1
+    return i, (x - nodes[i]) / (nodes[i + 1] - nodes[i])
+
+
+def _axis(nodes: NDArray[np.float64], x: NDArray[np.float64]) -> tuple[NDArray[np.intp], NDArray[np.float64]]:
+    """Cell index and weight of ``x`` along one lattice axis (clamped to the lattice)."""
+    xc = np.clip(x, nodes[0], nodes[-1])
+    i = np.clip(np.searchsorted(nodes, xc, side="right") - 1, 0, len(nodes) - 2)
+    return i, (xc - nodes[i]) / (nodes[i + 1] - nodes[i])
+
+
+# --------------------------------------------------------------------------- stage 1: physics form
+@dataclass(frozen=True)
+class _PhysicsForm:
+    phase: Phase
+    levels: NDArray[np.float64]  # measured share levels, descending
+    params: NDArray[np.float64]
+
+    def work_features(self, b: NDArray, n: NDArray) -> NDArray:
+        if self.phase == "prefill":
+            return np.stack([b * n, b * n * n / 1000.0, b], axis=-1)
+        return np.stack([b, b * n / 1000.0, np.ones_like(b)], axis=-1)
+
+    def _mult(self, theta: NDArray, s: NDArray) -> NDArray:
+        if len(self.levels) < 2:
+            return np.ones_like(s)
+        vals = np.concatenate([[1.0], 1.0 + np.cumsum(np.exp(theta))])
+        return np.interp(1.0 / s, 1.0 / self.levels, vals)
+
+    def __call__(self, b: NDArray, n: NDArray, s: NDArray, params: NDArray | None = None) -> NDArray:
+        p_ = self.params if params is None else params
+        k = max(len(self.levels) - 1, 0)
+        floor = math.exp(p_[0]) * self._mult(p_[5 : 5 + k], s)
+        power = 1.0 + math.exp(min(p_[1], 5.0))
+        c = np.exp(np.clip(p_[2:5], -60.0, 60.0))
+        smin = self.levels[-1]
+        work = (self.work_features(b, n) @ c) * self._mult(p_[5 + k : 5 + 2 * k], s)
+        work = work * (smin / np.minimum(s, smin))
+        # smooth maximum in log space, stable for large powers
+        lf, lw = np.log(floor), np.log(np.maximum(work, 1e-300))
+        hi = np.maximum(lf, lw)
+        return np.exp(hi + np.log(np.exp(power * (lf - hi)) + np.exp(power * (lw - hi))) / power)
+
+
+def _fit_physics(phase: Phase, b: NDArray, n: NDArray, s: NDArray, y: NDArray) -> _PhysicsForm:
+    levels = np.array(sorted(set(np.round(s, 6).tolist()), reverse=True))
+    k = len(levels) - 1 if len(levels) > 1 else 0
+    form = _PhysicsForm(phase, levels, np.zeros(5 + 2 * k))
+    # initial work coefficients: non-negative least squares on relative error
+    feats = form.work_features(b, n)
+    coef, _ = nnls(feats / y[:, None], np.ones_like(y))
+    coef = np.maximum(coef, 1e-9 * max(coef.max(), 1e-9))
+    x0 = np.concatenate([[math.log(np.min(y)), math.log(3.0)], np.log(coef), np.full(2 * k, -2.0)])
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        res = least_squares(
+            lambda p: np.log(form(b, n, s, p)) - np.log(y), x0, loss="soft_l1", f_scale=0.05,
+            max_nfev=3000, x_scale="jac",
+        )
+    return _PhysicsForm(phase, levels, res.x)
+
+
+# --------------------------------------------------------------------------- stage 2: residual GP
+def _gp_features(b: NDArray, n: NDArray, s: NDArray) -> NDArray:
+    return np.stack([np.log2(b), np.log2(n), np.log2(b * n), 1.0 / s], axis=-1)
+
+
+def _fit_residual(x: NDArray, r: NDArray, seed: int) -> GaussianProcessRegressor | None:
+    if len(r) < 8:
+        return None
+    if len(r) > _GP_MAX_POINTS:  # keep the fit cheap on large user data sets, deterministically
+        idx = np.random.default_rng(seed).choice(len(r), _GP_MAX_POINTS, replace=False)
+        x, r = x[np.sort(idx)], r[np.sort(idx)]
+    mad = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    r = np.clip(r, -4 * mad - 1e-6, 4 * mad + 1e-6)
+    kernel = C(0.01, (1e-6, 1.0)) * RBF([1.0] * x.shape[1], (0.05, 100.0)) + WhiteKernel(
+        1e-3, (1e-7, 1e-1)
+    )
+    gp = GaussianProcessRegressor(kernel, random_state=seed, n_restarts_optimizer=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        gp.fit(x, r)
+    return gp
+
+
+# --------------------------------------------------------------------------- stage 3: lattice
+def _nodes(measured: NDArray) -> NDArray:
+    """Measured values plus their geometric midpoints (rounded), ascending."""
+    vals = sorted(set(measured.tolist()))
+    out = set(vals)
+    for a, c in pairwise(vals):
+        mid = round(math.sqrt(a * c))
+        if a < mid < c:
+            out.add(float(mid))
+    return np.array(sorted(out), dtype=float)
+
+
+def _share_nodes(measured: NDArray) -> NDArray:
+    lo, hi = float(measured.min()), float(measured.max())
+    grid = {round(x, 6) for x in np.round(measured, 6)}
+    grid |= {round(x, 6) for x in np.arange(0.1, 1.0001, 0.1) if lo < x < hi}
+    return np.array(sorted(grid), dtype=float)
+
+
+def _monotone(values: NDArray) -> NDArray:
+    """Project onto lattices non-decreasing in batch and tokens, non-increasing in share.
+
+    The mean of the upper envelope (cumulative maxima from the small end) and the lower envelope
+    (cumulative minima from the large end): both are monotone along every axis, so their mean is
+    too, and unlike either envelope alone it stays centred on noisy flat regions.
+    """
+    upper = np.flip(values, axis=2)  # share descending: latency must be non-decreasing
+    lower = upper
+    for axis in range(3):
+        upper = np.maximum.accumulate(upper, axis=axis)
+        lower = np.flip(np.minimum.accumulate(np.flip(lower, axis=axis), axis=axis), axis=axis)
+    return np.flip((upper + lower) / 2.0, axis=2)
+
+
+def _round_sig(values: NDArray, digits: int = 6) -> NDArray:
+    return np.array([float(f"{v:.{digits}g}") for v in values.ravel()]).reshape(values.shape)
+
+
+def _edge_elasticity(lo: NDArray, hi: NDArray, ratio: float) -> float:
+    e = np.log(hi / lo) / math.log(ratio)
+    return float(np.clip(np.round(np.median(e), 6), 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class CurveFitReport:
+    """How one curve's fit went: points, outliers flagged, lattice adjustments."""
+
+    key: CurveKey
+    n_points: int
+    n_outliers: int
+    train_median_ape: float
+    monotone_adjust_max: float  # largest relative change made to enforce monotonicity
+
+
+def _fit_curve(key: CurveKey, points: Sequence[Measurement], seed: int) -> tuple[CurveTable, CurveFitReport]:
+    model, gpu, tp, phase = key
+    b = np.array([m.batch for m in points], dtype=float)
+    n = np.array([m.tokens for m in points], dtype=float)
+    s = np.array([m.share for m in points], dtype=float)
+    y = np.array([m.latency_ms for m in points], dtype=float)
+    form = _fit_physics(phase, b, n, s, y)
+    resid = np.log(y) - np.log(form(b, n, s))
+    gp = _fit_residual(_gp_features(b, n, s), resid, seed)
+
+    def evaluate(bb: NDArray, nn: NDArray, ss: NDArray) -> NDArray:
+        base = form(bb, nn, ss)
+        if gp is None:
+            return base
+        return base * np.exp(gp.predict(_gp_features(bb, nn, ss).reshape(-1, 4)).reshape(bb.shape))
+
+    bn, nn_, sn = _nodes(b), _nodes(n), _share_nodes(s)
+    gb, gn, gs = np.meshgrid(bn, nn_, sn, indexing="ij")
+    raw = evaluate(gb, gn, gs)
+    mono = _monotone(raw)
+    values = _round_sig(mono)
+    fitted = evaluate(b, n, s)
+    ape = np.abs(fitted / y - 1.0)
+    table = CurveTable(
+        model=model, gpu=gpu, tp=tp, phase=phase, batch_nodes=bn, token_nodes=nn_, share_nodes=sn,
+        values=values,
+        batch_elasticity=_edge_elasticity(values[-2], values[-1], bn[-1] / bn[-2]) if len(bn) > 1 else 1.0,
+        token_elasticity=_edge_elasticity(values[:, -2], values[:, -1], nn_[-1] / nn_[-2]) if len(nn_) > 1 else 1.0,
+        share_elasticity=_edge_elasticity(values[:, :, 1], values[:, :, 0], sn[1] / sn[0]) if len(sn) > 1 else 1.0,
+        n_points=len(points),
+        source=",".join(sorted({m.source for m in points if m.source})),
+    )
+    report = CurveFitReport(
+        key=key, n_points=len(points), n_outliers=int(np.sum(ape > _OUTLIER)),
+        train_median_ape=float(np.median(ape)),
+        monotone_adjust_max=float(np.max(mono / raw - 1.0)),
+    )
+    return table, report
+
+
+# --------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class FittedLatencyModel:
+    """Fitted latency curves; implements :class:`~scepsy_profile.latency.LatencyModel`."""
+
+    curves: Mapping[CurveKey, CurveTable]
+    reports: tuple[CurveFitReport, ...] = ()
+    _tps: Mapping[tuple[str, str, Phase], tuple[int, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        tps: dict[tuple[str, str, Phase], list[int]] = {}
+        for model, gpu, tp, phase in self.curves:
+            tps.setdefault((model, gpu, phase), []).append(tp)
+        object.__setattr__(self, "_tps", {k: tuple(sorted(v)) for k, v in tps.items()})
+
+    def keys(self) -> list[CurveKey]:
+        return sorted(self.curves)
+
+    def models(self) -> list[str]:
+        return sorted({k[0] for k in self.curves})
+
+    def tps(self, model: str, gpu: str) -> list[int]:
+        return sorted({k[2] for k in self.curves if k[0] == model and k[1] == gpu})
+
+    def covers(self, model: str, gpu: str, tp: int) -> bool:
+        tps = self.tps(model, gpu)
+        return bool(tps) and tps[0] <= tp <= tps[-1]
+
+    def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
+                   seq: ArrayLike) -> Number:
+        """Latency of one prefill pass over ``batch`` prompts of ``seq`` tokens (ms)."""
+        return self._query(model, gpu, tp, "prefill", share, batch, seq, "seq")
+
+    def decode_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
+                  ctx: ArrayLike) -> Number:
+        """Latency of one decode step for ``batch`` sequences of context ``ctx`` (ms)."""
+        return self._query(model, gpu, tp, "decode", share, batch, ctx, "ctx")
+
+    def _query(self, model: str, gpu: str, tp: int, phase: Phase, share: ArrayLike,
+               batch: ArrayLike, tokens: ArrayLike, tokens_name: str) -> Number:
+        lo, hi, w = self._tp_bracket(model, gpu, tp, phase)
+        if (type(share) is float or type(share) is int) and 0 < share <= 1 and (
+            type(batch) is int or type(batch) is float) and batch >= 1 and (
+            type(tokens) is int or type(tokens) is float) and tokens >= 1:
+            one = self.curves[(model, gpu, lo, phase)].predict_one(share, batch, tokens)
+            if hi == lo:
+                return one
+            other = self.curves[(model, gpu, hi, phase)].predict_one(share, batch, tokens)
+            return math.exp((1.0 - w) * math.log(one) + w * math.log(other))
+        s, b, n, scalar = check_point(share, batch, tokens, tokens_name)
+        v = self.curves[(model, gpu, lo, phase)].predict(s, b, n)
+        if hi != lo:
+            v_hi = self.curves[(model, gpu, hi, phase)].predict(s, b, n)
+            v = np.exp((1.0 - w) * np.log(v) + w * np.log(v_hi))
+        return as_output(v, scalar)
+
+    def _tp_bracket(self, model: str, gpu: str, tp: int, phase: Phase) -> tuple[int, int, float]:
+        tps = self._tps.get((model, gpu, phase), ())
+        if not tps:
+            known = sorted({f"{k[0]}@{k[1]}" for k in self.curves})
+            raise UnknownEntryError("fitted curves", "model@gpu", f"one of {known}", f"{model}@{gpu}")
+        if tp in tps:
+            return tp, tp, 0.0
+        if not tps[0] < tp < tps[-1]:
+            raise UnknownEntryError("fitted curves", f"{model}@{gpu}.tp",
+                                    f"a TP degree within the measured {tps}", tp)
+        hi = next(t for t in tps if t > tp)
+        lo = max(t for t in tps if t < tp)
+        return lo, hi, math.log(tp / lo) / math.log(hi / lo)
+
+    def to_dict(self) -> dict:
+        return {"format": CURVES_FORMAT, "curves": [self.curves[k].to_dict() for k in self.keys()]}
+
+
+def fit_latency_model(measurements: Sequence[Measurement], *, seed: int = 0,
+                      n_jobs: int = 1) -> FittedLatencyModel:
+    """Fit one curve per (model, gpu, tp, phase) in ``measurements``.
+
+    Deterministic for a given input and seed. ``n_jobs`` fits curves in parallel processes.
+    """
+    if not measurements:
+        raise InputError("measurements", "", "at least one measurement")
+    groups = list(group_by_curve(measurements))
+    if n_jobs == 1:
+        results = [_fit_curve(k, pts, seed) for k, pts in groups]
+    else:
+        from joblib import Parallel, delayed
+
+        results = Parallel(n_jobs=n_jobs)(delayed(_fit_curve)(k, pts, seed) for k, pts in groups)
+    return FittedLatencyModel(
+        curves={t.key: t for t, _ in results}, reports=tuple(r for _, r in results)
+    )
+
+
+# --------------------------------------------------------------------------- cross-validation
+@dataclass(frozen=True)
+class CVResult:
+    """Out-of-fold absolute percentage errors of one curve."""
+
+    key: CurveKey
+    ape: NDArray[np.float64]  # one value per measured point, fraction (0.03 = 3%)
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.ape))
+
+    @property
+    def p90(self) -> float:
+        return float(np.percentile(self.ape, 90))
+
+
+def cross_validate(measurements: Sequence[Measurement], *, folds: int = 5,
+                   seed: int = 0) -> tuple[CVResult, ...]:
+    """K-fold cross-validation of the whole fitting pipeline, per (model, gpu, tp, phase)."""
+    out: list[CVResult] = []
+    for key, pts in group_by_curve(measurements):
+        y = np.array([m.latency_ms for m in pts])
+        ape = np.full(len(pts), np.nan)
+        for train, test in KFold(folds, shuffle=True, random_state=seed).split(y):
+            table, _ = _fit_curve(key, [pts[i] for i in train], seed)
+            s = np.array([pts[i].share for i in test])
+            b = np.array([pts[i].batch for i in test], dtype=float)
+            n = np.array([pts[i].tokens for i in test], dtype=float)
+            ape[test] = np.abs(table.predict(s, b, n) / y[test] - 1.0)
+        out.append(CVResult(key, ape))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- curves file
+class _CurveRecord(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(min_length=1)
+    gpu: str = Field(min_length=1)
+    tp: int = Field(ge=1)
+    phase: Phase
+    batch_nodes: list[float] = Field(min_length=2)
+    token_nodes: list[float] = Field(min_length=2)
+    share_nodes: list[float] = Field(min_length=1)
+    values: list[list[list[float]]]
+    batch_elasticity: float = Field(ge=0, le=1)
+    token_elasticity: float = Field(ge=0, le=1)
+    share_elasticity: float = Field(ge=0, le=1)
+    n_points: int = Field(ge=0, default=0)
+    source: str = ""
+
+
+class _CurvesFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: str
+    curves: list[_CurveRecord] = Field(min_length=1)
+
+
+def save_curves(model: FittedLatencyModel, path: str | os.PathLike[str]) -> None:
+    """Write fitted curves as JSON (deterministic bytes, atomic)."""
+    atomic_write_text(path, json.dumps(model.to_dict(), sort_keys=True, separators=(",", ":")) + "\n")
+
+
+def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
+    """Read a curves file written by :func:`save_curves` (or ``scepsy profile fit``)."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(str(p), "", "an existing curves file (JSON)") from None
+    except json.JSONDecodeError as exc:
+        raise InputError(str(p), "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+    try:
+        doc = _CurvesFile.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(str(p), ".".join(str(x) for x in err["loc"]), str(err["msg"]).lower()) from None
+    if doc.format != CURVES_FORMAT:
+        raise InputError(str(p), "format", f"'{CURVES_FORMAT}'", doc.format)
+    curves: dict[CurveKey, CurveTable] = {}
+    for i, rec in enumerate(doc.curves):
+        vals = np.array(rec.values, dtype=float) if rec.values else np.zeros((0,))
+        if vals.ndim != 3 or np.any(~np.isfinite(vals)) or np.any(vals <= 0):
+            raise InputError(str(p), f"curves.{i}.values", "a 3-d array of positive latencies (ms)")
+        for name in ("batch_nodes", "token_nodes", "share_nodes"):
+            nodes = np.array(getattr(rec, name))
+            if np.any(np.diff(nodes) <= 0) or nodes[0] <= 0:
+                raise InputError(str(p), f"curves.{i}.{name}", "strictly increasing positive values")
+        if rec.share_nodes[-1] > 1:
+            raise InputError(str(p), f"curves.{i}.share_nodes", "shares in (0, 1]")
+        table = CurveTable(**{**rec.model_dump(), "values": vals})
+        curves[table.key] = table
+    return FittedLatencyModel(curves=curves)

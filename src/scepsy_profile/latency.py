@@ -1,0 +1,94 @@
+"""The latency-model protocol every stage queries, and the composition of two models.
+
+A latency model answers two questions for one LLM instance (model, gpu, tp, share):
+
+* ``prefill_ms(model, gpu, tp, share, batch, seq)``: one forward pass over ``batch`` prompts of
+  ``seq`` tokens each;
+* ``decode_ms(model, gpu, tp, share, batch, ctx)``: one decode step for ``batch`` sequences whose
+  KV cache holds ``ctx`` tokens each.
+
+``share``, ``batch`` and ``seq``/``ctx`` may be numpy arrays (broadcast together); the answer is a
+float for scalar input and an array otherwise. ``covers(model, gpu, tp)`` says whether the model
+can answer for that instance without guessing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+from scepsy_profile.errors import InputError
+
+Number = float | NDArray[np.float64]
+
+
+@runtime_checkable
+class LatencyModel(Protocol):
+    """What the predictor, optimiser and simulator need from a profile."""
+
+    def prefill_ms(
+        self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike, seq: ArrayLike
+    ) -> Number: ...
+
+    def decode_ms(
+        self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike, ctx: ArrayLike
+    ) -> Number: ...
+
+    def covers(self, model: str, gpu: str, tp: int) -> bool: ...
+
+
+def check_point(
+    share: ArrayLike, batch: ArrayLike, tokens: ArrayLike, tokens_name: str
+) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.float64], bool]:
+    """Validate and broadcast one query; return arrays and whether the input was all scalar."""
+    scalar = all(np.ndim(v) == 0 for v in (share, batch, tokens))
+    s, b, t = np.broadcast_arrays(
+        np.asarray(share, dtype=float), np.asarray(batch, dtype=float), np.asarray(tokens, dtype=float)
+    )
+    if not np.all((s > 0) & (s <= 1)):
+        raise InputError("query", "share", "a GPU share in (0, 1]", _first_bad(s, (s > 0) & (s <= 1)))
+    if not np.all(b >= 1):
+        raise InputError("query", "batch", "a batch size >= 1", _first_bad(b, b >= 1))
+    if not np.all(t >= 1):
+        raise InputError("query", tokens_name, "a token count >= 1", _first_bad(t, t >= 1))
+    return s, b, t, scalar
+
+
+def _first_bad(values: NDArray[np.float64], ok: NDArray[np.bool_]) -> float:
+    return float(values[~ok].flat[0])
+
+
+def as_output(values: NDArray[np.float64], scalar: bool) -> Number:
+    """Return a float for scalar queries, the array otherwise."""
+    return float(values.reshape(-1)[0]) if scalar else values
+
+
+@dataclass(frozen=True)
+class CompositeLatencyModel:
+    """Measured curves where they exist, an analytical fallback elsewhere.
+
+    ``primary`` (usually a :class:`~scepsy_profile.fitted.FittedLatencyModel`) answers for every
+    (model, gpu, tp) it covers; ``fallback`` (usually the roofline model) answers the rest.
+    """
+
+    primary: LatencyModel
+    fallback: LatencyModel
+
+    def _pick(self, model: str, gpu: str, tp: int) -> LatencyModel:
+        return self.primary if self.primary.covers(model, gpu, tp) else self.fallback
+
+    def prefill_ms(
+        self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike, seq: ArrayLike
+    ) -> Number:
+        return self._pick(model, gpu, tp).prefill_ms(model, gpu, tp, share, batch, seq)
+
+    def decode_ms(
+        self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike, ctx: ArrayLike
+    ) -> Number:
+        return self._pick(model, gpu, tp).decode_ms(model, gpu, tp, share, batch, ctx)
+
+    def covers(self, model: str, gpu: str, tp: int) -> bool:
+        return self.primary.covers(model, gpu, tp) or self.fallback.covers(model, gpu, tp)
