@@ -15,12 +15,21 @@ import argparse
 from collections import defaultdict
 
 import numpy as np
-from _common import REPO, pct, require_shared, table, write_results
 
+from _common import REPO, pct, require_shared, table, write_results
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.importers import load_muxserve_grid
-from scepsy_profile.importers.vidur import load_vidur_all_reduce, load_vidur_mlp, vidur_layer_time_ms
-from scepsy_profile.roofline import RooflineModel, calibrate_allreduce, calibrate_roofline, save_calibration
+from scepsy_profile.importers.vidur import (
+    load_vidur_all_reduce,
+    load_vidur_mlp,
+    vidur_layer_time_ms,
+)
+from scepsy_profile.roofline import (
+    RooflineModel,
+    calibrate_allreduce,
+    calibrate_roofline,
+    save_calibration,
+)
 
 
 def main() -> None:
@@ -34,7 +43,7 @@ def main() -> None:
     pts = [(c.num_workers, c.size_bytes, c.time_ms) for c in coll
            if c.num_workers == c.devices_per_node and c.num_workers <= 8]
     ar = calibrate_allreduce(pts, cat.gpu("A100-80GB").interconnect_gbps)
-    w = np.array([p[0] for p in pts]); s = np.array([p[1] for p in pts]); y = np.array([p[2] for p in pts])
+    w, s, y = (np.array([p[i] for p in pts], float) for i in range(3))
     pred = ar.latency_us * 1e-3 + 1e3 * 2 * (w - 1) / w * s / (600e9 * ar.efficiency)
     ar_err = np.abs(pred / y - 1)
     print(f"all-reduce (Vidur a100_dgx, {len(pts)} points): latency {ar.latency_us:.1f} µs, "
@@ -50,8 +59,8 @@ def main() -> None:
     for m in mux:
         per[(m.model, m.tp, m.phase)].append(m)
     for (name, tp, phase), pts_ in sorted(per.items()):
-        b = np.array([p.batch for p in pts_], float); n = np.array([p.tokens for p in pts_], float)
-        sh = np.array([p.share for p in pts_]); yy = np.array([p.latency_ms for p in pts_])
+        b, n, sh, yy = (np.array([getattr(p, f) for p in pts_], float)
+                        for f in ("batch", "tokens", "share", "latency_ms"))
         e = np.abs(model.step_ms(name, "A100-80GB", tp, phase, sh, b, n) / yy - 1)
         rows.append({"model": name, "tp": tp, "phase": phase, "points": len(yy),
                      "median": pct(np.median(e)), "p90": pct(np.percentile(e, 90))})

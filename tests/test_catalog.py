@@ -154,6 +154,10 @@ def test_linear_flops_count_every_matmul_including_the_head(cat: Catalog) -> Non
     assert prm.linear_flops_per_token == lm.linear_flops_per_token - 2 * 152064 * 3584 + 2 * (
         3584 * 3584 + 3584 * 2)
     assert prm.params == lm.params - 152064 * 3584 + 3584 * 3584 + 3584 * 2
+    # tied embeddings drop only an LM head: a tied model with a score head still has the head
+    skywork, base = cat.model("skywork-prm-1.5b"), cat.model("qwen2.5-1.5b")
+    assert skywork.tied_embeddings and base.tied_embeddings
+    assert skywork.params == base.params + 1536 * 1536 + 1536 * 2
 
 
 def test_attention_flops(cat: Catalog) -> None:

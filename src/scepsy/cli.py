@@ -115,7 +115,7 @@ def _floats(text: str, flag: str) -> list[float]:
 def _cmd_show(args: argparse.Namespace) -> int:
     catalog = default_catalog()
     if args.catalog:
-        catalog = catalog.merge(load_catalog(args.catalog))
+        catalog = load_catalog(args.catalog, base=catalog)
     cal = load_calibration(args.calibration) if args.calibration else None
     roof = roofline_model(catalog, cal)
     latency: LatencyModel = roof

@@ -1,14 +1,69 @@
-"""scepsy_profile: hardware and model catalog, measurements, fitted and analytical latency curves."""
+"""scepsy_profile: hardware and model catalog, measurements, fitted and analytical latency curves.
 
+The public API the later stages use:
+
+* catalog: :class:`GPUSpec`, :class:`ModelSpec`, :class:`Catalog`, :func:`default_catalog`;
+* measurements: :class:`Measurement`, :func:`read_measurements`, :func:`write_measurements` and the
+  importers :func:`load_muxserve_grid`, :func:`load_vidur_mlp`, :func:`load_vidur_all_reduce`,
+  :func:`load_distserve_profile`;
+* latency models (the :class:`LatencyModel` protocol): :func:`fit_latency_model` (measured curves),
+  :func:`roofline_model` (analytical), :class:`CompositeLatencyModel` (measured over analytical);
+* serving: :func:`serving_curve` and :func:`memory_fit` for one instance (model, gpu, tp, share).
+"""
+
+from scepsy_profile.catalog import (
+    Catalog,
+    default_catalog,
+    dump_catalog,
+    load_catalog,
+    parse_catalog,
+    save_catalog,
+)
 from scepsy_profile.errors import InputError, UnknownEntryError
-from scepsy_profile.importers import load_muxserve_grid
+from scepsy_profile.fitted import (
+    CurveTable,
+    FittedLatencyModel,
+    cross_validate,
+    fit_latency_model,
+    load_curves,
+    save_curves,
+)
+from scepsy_profile.hardware import GPUSpec
+from scepsy_profile.importers import (
+    CollectiveTiming,
+    DistServeCoefficients,
+    OperatorTiming,
+    distserve_measurements,
+    load_distserve_profile,
+    load_max_num_tokens,
+    load_muxserve_grid,
+    load_vidur_all_reduce,
+    load_vidur_mlp,
+    vidur_layer_time_ms,
+)
+from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
 from scepsy_profile.measurements import Measurement, read_measurements, write_measurements
+from scepsy_profile.models import ModelSpec
+from scepsy_profile.roofline import (
+    RooflineCalibration,
+    RooflineModel,
+    calibrate_roofline,
+    load_calibration,
+    roofline_model,
+    save_calibration,
+)
+from scepsy_profile.serving import MemoryFit, MemoryPolicy, ServingCurve, memory_fit, serving_curve
+from scepsy_profile.synthetic import synthetic_measurements
 
 __all__ = [
-    "InputError",
-    "Measurement",
-    "UnknownEntryError",
-    "load_muxserve_grid",
-    "read_measurements",
+    "Catalog", "CollectiveTiming", "CompositeLatencyModel", "CurveTable", "DistServeCoefficients",
+    "FittedLatencyModel", "GPUSpec", "InputError", "LatencyModel", "Measurement", "MemoryFit",
+    "MemoryPolicy", "ModelSpec", "OperatorTiming", "RooflineCalibration", "RooflineModel",
+    "ServingCurve", "UnknownEntryError", "calibrate_roofline", "cross_validate",
+    "default_catalog", "distserve_measurements", "dump_catalog", "fit_latency_model",
+    "load_calibration", "load_catalog", "load_curves", "load_distserve_profile",
+    "load_max_num_tokens", "load_muxserve_grid", "load_vidur_all_reduce", "load_vidur_mlp",
+    "memory_fit", "parse_catalog", "read_measurements", "roofline_model", "save_calibration", "save_catalog",
+    "save_curves", "serving_curve", "synthetic_measurements", "vidur_layer_time_ms",
     "write_measurements",
 ]

@@ -33,7 +33,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scepsy_profile.errors import InputError, UnknownEntryError
+from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.measurements import atomic_write_text
 from scepsy_profile.models import ModelSpec
@@ -331,13 +331,7 @@ def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = N
     try:
         doc = _CatalogFile.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = tuple(err["loc"])
-        where = ".".join(str(part) for part in loc) or "top level"
-        got = None if err["type"] in ("missing", "extra_forbidden") else err.get("input")
-        if isinstance(got, dict | list):
-            got = type(got).__name__
-        raise InputError(source, where, _expected(err, loc), got) from None
+        raise from_validation(exc, source, allowed=_allowed_fields) from None
     gpus: dict[str, GPUSpec] = {}
     models: dict[str, ModelSpec] = {}
     for name, grec in (doc.gpus or {}).items():
@@ -357,34 +351,12 @@ def _build(cls: type, name: str, rec: BaseModel, source: str, section: str) -> A
         raise InputError(source, f"{section}.{name}.{exc.field}", exc.expected, exc.got) from None
 
 
-def _expected(err: Any, loc: tuple[Any, ...]) -> str:
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    if kind == "missing":
-        return "a value (field is missing)"
-    if kind == "extra_forbidden":
-        record = _RECORDS.get(str(loc[0])) if len(loc) == 3 else None
-        allowed = (record or _CatalogFile).model_fields if len(loc) in (1, 3) else {}
-        tail = f"; allowed: {', '.join(allowed)}" if allowed else ""
-        return f"no such field (unknown field){tail}"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-              "less_than_equal": "<="}[kind]
-        bound = next(iter(ctx.values()), "")
-        if isinstance(bound, float) and bound.is_integer():
-            bound = int(bound)
-        return f"a number {op} {bound}"
-    if kind == "literal_error":
-        return f"one of {ctx.get('expected', '')}"
-    simple = {
-        "int_type": "an integer", "int_from_float": "an integer", "float_type": "a number",
-        "finite_number": "a finite number", "bool_type": "true or false",
-        "string_type": "a string", "string_too_short": "a non-empty string",
-        "dict_type": "a mapping",
-    }
-    if loc and loc[-1] == "[key]":
-        return "a name (a string key)"
-    return simple.get(kind, str(err["msg"]).lower())
+def _allowed_fields(loc: tuple[Any, ...]) -> list[str]:
+    """Valid field names for an unknown-field error at ``loc`` (top level or inside an entry)."""
+    if len(loc) == 1:
+        return list(_CatalogFile.model_fields)
+    record = _RECORDS.get(str(loc[0])) if len(loc) == 3 else None
+    return list(record.model_fields) if record else []
 
 
 # -- writing ------------------------------------------------------------------------------------

@@ -7,6 +7,11 @@ The CLI turns it into one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pydantic import ValidationError
+
 
 class InputError(ValueError):
     """Bad input from a user: a file, a field and what was expected."""
@@ -26,3 +31,49 @@ class UnknownEntryError(InputError, KeyError):
 
     def __str__(self) -> str:  # KeyError would add quotes around the message
         return ValueError.__str__(self)
+
+
+_BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
+           "less_than_equal": "<="}
+_SIMPLE = {
+    "missing": "a value (field is missing)", "int_type": "an integer",
+    "int_from_float": "an integer", "int_parsing": "an integer", "float_type": "a number",
+    "float_parsing": "a number", "finite_number": "a finite number", "bool_type": "true or false",
+    "string_type": "a string", "string_too_short": "a non-empty string", "dict_type": "a mapping",
+    "list_type": "a list", "too_short": "a longer list",
+}
+
+
+def from_validation(
+    exc: ValidationError,
+    source: str,
+    prefix: str = "",
+    allowed: Callable[[tuple[Any, ...]], Iterable[str]] | None = None,
+) -> InputError:
+    """Turn pydantic's first error into an :class:`InputError` naming file, field and expectation.
+
+    ``prefix`` goes before the field path (e.g. ``"line 3: "``); ``allowed(loc)`` may list the
+    valid field names for an unknown-field error at ``loc``.
+    """
+    err = exc.errors()[0]
+    loc = tuple(err["loc"])
+    field = prefix + (".".join(str(part) for part in loc) or "top level")
+    kind, ctx = err["type"], err.get("ctx") or {}
+    if kind == "extra_forbidden":
+        names = list(allowed(loc)) if allowed else []
+        expected = "no such field (unknown field)" + (f"; allowed: {', '.join(names)}" if names else "")
+    elif kind in _BOUNDS:
+        bound = next(iter(ctx.values()), "")
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)
+        expected = f"a number {_BOUNDS[kind]} {bound}"
+    elif kind == "literal_error":
+        expected = f"one of {ctx.get('expected', '')}"
+    elif loc and loc[-1] == "[key]":
+        expected = "a name (a string key)"
+    else:
+        expected = _SIMPLE.get(kind, str(err["msg"]).lower())
+    got = None if kind in ("missing", "extra_forbidden") else err.get("input")
+    if isinstance(got, dict | list):
+        got = type(got).__name__
+    return InputError(source, field, expected, got)

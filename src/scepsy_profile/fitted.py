@@ -44,7 +44,7 @@ from sklearn.gaussian_process.kernels import RBF, WhiteKernel
 from sklearn.gaussian_process.kernels import ConstantKernel as C
 from sklearn.model_selection import KFold
 
-from scepsy_profile.errors import InputError, UnknownEntryError
+from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase, atomic_write_text, group_by_curve
 
@@ -502,8 +502,7 @@ def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
     try:
         doc = _CurvesFile.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InputError(str(p), ".".join(str(x) for x in err["loc"]), str(err["msg"]).lower()) from None
+        raise from_validation(exc, str(p)) from None
     if doc.format != CURVES_FORMAT:
         raise InputError(str(p), "format", f"'{CURVES_FORMAT}'", doc.format)
     curves: dict[CurveKey, CurveTable] = {}

@@ -40,7 +40,7 @@ class GPUSpec:
         _check_name(self.name, "GPU")
         for field in ("memory_gib", "bf16_tflops", "hbm_gbps", "interconnect_gbps"):
             _check_positive_number(getattr(self, field), source, field)
-            pass  # 80 and 80.0 alike
+            object.__setattr__(self, field, float(getattr(self, field)))  # 80 and 80.0 alike
         _check_positive_int(self.nvlink_domain, source, "nvlink_domain")
 
     @property

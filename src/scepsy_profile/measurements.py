@@ -23,7 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scepsy_profile.errors import InputError
+from scepsy_profile.errors import InputError, from_validation
 
 Phase = Literal["prefill", "decode"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
@@ -72,27 +72,8 @@ def validate_measurement(raw: object, source: str, where: str) -> Measurement:
     try:
         rec = _MeasurementRecord.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        field = ".".join(str(p) for p in err["loc"]) or "record"
-        raise InputError(source, f"{where}: {field}", _expected(err), err.get("input")) from None
+        raise from_validation(exc, source, f"{where}: ") from None
     return Measurement(**rec.model_dump())
-
-
-def _expected(err: dict) -> str:
-    kind = err["type"]
-    ctx = err.get("ctx") or {}
-    if kind == "missing":
-        return "a value (field is missing)"
-    if kind == "extra_forbidden":
-        return "no such field (unknown field)"
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
-        op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
-              "less_than_equal": "<="}[kind]
-        bound = next(iter(ctx.values())) if ctx else ""
-        return f"a number {op} {bound}"
-    if kind == "literal_error":
-        return f"one of {ctx.get('expected', '')}"
-    return str(err["msg"]).lower()
 
 
 def read_measurements(path: str | os.PathLike[str]) -> tuple[Measurement, ...]:

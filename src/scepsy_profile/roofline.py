@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy.optimize import least_squares
 
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError
+from scepsy_profile.errors import InputError, from_validation
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase, atomic_write_text
 
@@ -304,8 +304,7 @@ def _parse_calibration(raw: object, source: str) -> RooflineCalibration:
     try:
         rec = _CalRec.model_validate(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InputError(source, ".".join(str(x) for x in err["loc"]), str(err["msg"]).lower()) from None
+        raise from_validation(exc, source) from None
     return RooflineCalibration(
         prefill=PhaseEfficiency(**rec.prefill.model_dump()),
         decode=PhaseEfficiency(**rec.decode.model_dump()),
