@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from scepsy.tables import format_table as table  # noqa: F401  (re-exported for the scripts)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 RESULTS = REPO / "results"
@@ -23,14 +25,6 @@ def require_shared() -> Path:
 
 def pct(x: float) -> str:
     return f"{100 * x:.2f}%"
-
-
-def table(rows: list[dict], cols: list[str]) -> str:
-    cells = [[str(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    head = "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))
-    return "\n".join([head] + ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True))
-                               for row in cells])
 
 
 def write_results(name: str, payload: dict) -> Path:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from scepsy.tables import format_table
 from scepsy_profile.catalog import default_catalog, load_catalog
 from scepsy_profile.errors import InputError
 from scepsy_profile.fitted import fit_latency_model, load_curves, save_curves
@@ -86,7 +86,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"out": str(args.out), "curves": reports}, indent=2, sort_keys=True))
     else:
-        print(_table(reports, ["model", "gpu", "tp", "phase", "points", "outliers",
+        print(format_table(reports, ["model", "gpu", "tp", "phase", "points", "outliers",
                                "train_median_ape_pct", "monotone_adjust_max_pct"]))
         print(f"wrote {len(reports)} curves to {args.out}")
     return 0
@@ -157,21 +157,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     else:
         print(f"{args.model} on {gpu.name}: latency at batch {args.batch}, {args.seq} tokens; "
               f"μ for calls of {args.input:g} in / {args.output:g} out tokens")
-        print(_table(rows, list(rows[0])))
+        print(format_table(rows, list(rows[0])))
     return 0
-
-
-def _table(rows: list[dict], cols: list[str]) -> str:
-    def fmt(v: object) -> str:
-        if isinstance(v, float):
-            return "inf" if math.isinf(v) else f"{v:g}"
-        return str(v)
-
-    cells = [[fmt(r[c]) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
-    line = "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True))
-    body = ["  ".join(v.rjust(w) for v, w in zip(row, widths, strict=True)) for row in cells]
-    return "\n".join([line, *body])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from scipy.optimize import least_squares, nnls
+from scipy.optimize import isotonic_regression, least_squares, nnls
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
 from sklearn.gaussian_process.kernels import RBF, WhiteKernel
@@ -256,15 +256,20 @@ def _share_nodes(measured: NDArray) -> NDArray:
     return np.array(sorted(grid), dtype=float)
 
 
-def _monotone(values: NDArray) -> NDArray:
+def _monotone(values: NDArray, sweeps: int = 4) -> NDArray:
     """Project onto lattices non-decreasing in batch and tokens, non-increasing in share.
 
-    The mean of the upper envelope (cumulative maxima from the small end) and the lower envelope
-    (cumulative minima from the large end): both are monotone along every axis, so their mean is
-    too, and unlike either envelope alone it stays centred on noisy flat regions.
+    Alternating one-dimensional isotonic regressions (``scipy.optimize.isotonic_regression``,
+    the least-squares projection along one axis) fix violations without shifting flat, noisy
+    regions up or down; a final mean of the upper envelope (cumulative maxima from the small end)
+    and the lower envelope (cumulative minima from the large end), both monotone along every
+    axis, guarantees the property exactly.
     """
-    upper = np.flip(values, axis=2)  # share descending: latency must be non-decreasing
-    lower = upper
+    v = np.flip(values, axis=2)  # share descending: latency must be non-decreasing on every axis
+    for _ in range(sweeps):
+        for axis in range(3):
+            v = np.apply_along_axis(lambda f: isotonic_regression(f).x, axis, v)
+    upper, lower = v, v
     for axis in range(3):
         upper = np.maximum.accumulate(upper, axis=axis)
         lower = np.flip(np.minimum.accumulate(np.flip(lower, axis=axis), axis=axis), axis=axis)
@@ -291,7 +296,9 @@ class CurveFitReport:
     monotone_adjust_max: float  # largest relative change made to enforce monotonicity
 
 
-def _fit_curve(key: CurveKey, points: Sequence[Measurement], seed: int) -> tuple[CurveTable, CurveFitReport]:
+def fit_curve(key: CurveKey, points: Sequence[Measurement], seed: int = 0,
+              residual_gp: bool = True) -> tuple[CurveTable, CurveFitReport]:
+    """Fit one (model, gpu, tp, phase) curve to its points (the three stages of the module doc)."""
     model, gpu, tp, phase = key
     b = np.array([m.batch for m in points], dtype=float)
     n = np.array([m.tokens for m in points], dtype=float)
@@ -299,13 +306,14 @@ def _fit_curve(key: CurveKey, points: Sequence[Measurement], seed: int) -> tuple
     y = np.array([m.latency_ms for m in points], dtype=float)
     form = _fit_physics(phase, b, n, s, y)
     resid = np.log(y) - np.log(form(b, n, s))
-    gp = _fit_residual(_gp_features(b, n, s), resid, seed)
+    gp = _fit_residual(_gp_features(b, n, s), resid, seed) if residual_gp else None
 
     def evaluate(bb: NDArray, nn: NDArray, ss: NDArray) -> NDArray:
         base = form(bb, nn, ss)
         if gp is None:
             return base
-        return base * np.exp(gp.predict(_gp_features(bb, nn, ss).reshape(-1, 4)).reshape(bb.shape))
+        feats = _gp_features(bb.ravel(), nn.ravel(), ss.ravel())
+        return base * np.exp(gp.predict(feats).reshape(bb.shape))
 
     bn, nn_, sn = _nodes(b), _nodes(n), _share_nodes(s)
     gb, gn, gs = np.meshgrid(bn, nn_, sn, indexing="ij")
@@ -346,7 +354,7 @@ class FittedLatencyModel:
             tps.setdefault((model, gpu, phase), []).append(tp)
         object.__setattr__(self, "_tps", {k: tuple(sorted(v)) for k, v in tps.items()})
 
-    def keys(self) -> list[CurveKey]:
+    def curve_keys(self) -> list[CurveKey]:
         return sorted(self.curves)
 
     def models(self) -> list[str]:
@@ -402,24 +410,20 @@ class FittedLatencyModel:
         return lo, hi, math.log(tp / lo) / math.log(hi / lo)
 
     def to_dict(self) -> dict:
-        return {"format": CURVES_FORMAT, "curves": [self.curves[k].to_dict() for k in self.keys()]}
+        return {"format": CURVES_FORMAT, "curves": [self.curves[k].to_dict() for k in self.curve_keys()]}
 
 
-def fit_latency_model(measurements: Sequence[Measurement], *, seed: int = 0,
-                      n_jobs: int = 1) -> FittedLatencyModel:
+def fit_latency_model(measurements: Sequence[Measurement], *, seed: int = 0, n_jobs: int = 1,
+                      residual_gp: bool = True) -> FittedLatencyModel:
     """Fit one curve per (model, gpu, tp, phase) in ``measurements``.
 
-    Deterministic for a given input and seed. ``n_jobs`` fits curves in parallel processes.
+    Deterministic for a given input and seed. ``n_jobs`` fits curves in parallel processes;
+    ``residual_gp=False`` keeps only the physics form (an ablation, see docs/profiles.md).
     """
     if not measurements:
         raise InputError("measurements", "", "at least one measurement")
     groups = list(group_by_curve(measurements))
-    if n_jobs == 1:
-        results = [_fit_curve(k, pts, seed) for k, pts in groups]
-    else:
-        from joblib import Parallel, delayed
-
-        results = Parallel(n_jobs=n_jobs)(delayed(_fit_curve)(k, pts, seed) for k, pts in groups)
+    results = _map(fit_curve, [(k, pts, seed, residual_gp) for k, pts in groups], n_jobs)
     return FittedLatencyModel(
         curves={t.key: t for t, _ in results}, reports=tuple(r for _, r in results)
     )
@@ -442,21 +446,41 @@ class CVResult:
         return float(np.percentile(self.ape, 90))
 
 
-def cross_validate(measurements: Sequence[Measurement], *, folds: int = 5,
-                   seed: int = 0) -> tuple[CVResult, ...]:
-    """K-fold cross-validation of the whole fitting pipeline, per (model, gpu, tp, phase)."""
-    out: list[CVResult] = []
-    for key, pts in group_by_curve(measurements):
-        y = np.array([m.latency_ms for m in pts])
-        ape = np.full(len(pts), np.nan)
-        for train, test in KFold(folds, shuffle=True, random_state=seed).split(y):
-            table, _ = _fit_curve(key, [pts[i] for i in train], seed)
-            s = np.array([pts[i].share for i in test])
-            b = np.array([pts[i].batch for i in test], dtype=float)
-            n = np.array([pts[i].tokens for i in test], dtype=float)
-            ape[test] = np.abs(table.predict(s, b, n) / y[test] - 1.0)
-        out.append(CVResult(key, ape))
-    return tuple(out)
+def cross_validate(measurements: Sequence[Measurement], *, folds: int = 5, seed: int = 0,
+                   n_jobs: int = 1, residual_gp: bool = True) -> tuple[CVResult, ...]:
+    """K-fold cross-validation of the whole fitting pipeline, per (model, gpu, tp, phase).
+
+    Folds are drawn with scikit-learn's ``KFold(shuffle=True, random_state=seed)`` per curve.
+    """
+    groups = list(group_by_curve(measurements))
+    return tuple(_map(_cv_curve, [(k, pts, folds, seed, residual_gp) for k, pts in groups], n_jobs))
+
+
+def _cv_curve(key: CurveKey, pts: Sequence[Measurement], folds: int, seed: int,
+              residual_gp: bool) -> CVResult:
+    y = np.array([m.latency_ms for m in pts])
+    ape = np.full(len(pts), np.nan)
+    for train, test in KFold(folds, shuffle=True, random_state=seed).split(y):
+        table, _ = fit_curve(key, [pts[i] for i in train], seed, residual_gp)
+        ape[test] = np.abs(predict_points(table, [pts[i] for i in test]) / y[test] - 1.0)
+    return CVResult(key, ape)
+
+
+def predict_points(table: CurveTable, points: Sequence[Measurement]) -> NDArray[np.float64]:
+    """The table's predictions at the (share, batch, tokens) of measured points."""
+    s = np.array([m.share for m in points], dtype=float)
+    b = np.array([m.batch for m in points], dtype=float)
+    n = np.array([m.tokens for m in points], dtype=float)
+    return table.predict(s, b, n)
+
+
+def _map(fn, args: list[tuple], n_jobs: int) -> list:
+    """``[fn(*a) for a in args]``, in ``n_jobs`` processes when > 1 (order preserved)."""
+    if n_jobs == 1 or len(args) < 2:
+        return [fn(*a) for a in args]
+    from joblib import Parallel, delayed
+
+    return Parallel(n_jobs=n_jobs)(delayed(fn)(*a) for a in args)
 
 
 # --------------------------------------------------------------------------- curves file
@@ -516,6 +540,9 @@ def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
                 raise InputError(str(p), f"curves.{i}.{name}", "strictly increasing positive values")
         if rec.share_nodes[-1] > 1:
             raise InputError(str(p), f"curves.{i}.share_nodes", "shares in (0, 1]")
-        table = CurveTable(**{**rec.model_dump(), "values": vals})
+        try:
+            table = CurveTable(**{**rec.model_dump(), "values": vals})
+        except InputError as exc:
+            raise InputError(str(p), f"curves.{i}.values", exc.expected) from None
         curves[table.key] = table
     return FittedLatencyModel(curves=curves)
