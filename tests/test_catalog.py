@@ -508,11 +508,3 @@ def test_the_yaml_example_in_the_docs_loads(cat: Catalog, tmp_path: Path) -> Non
     mine = load_catalog(path, base=cat)
     assert set(mine.gpus) - set(cat.gpus) and set(mine.models) - set(cat.models)
     assert parse_catalog(_first_block("yaml"), "doc", base=cat) == mine
-
-
-def test_the_python_example_in_the_docs_runs(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    (tmp_path / "my-catalog.yaml").write_text(_first_block("yaml"), encoding="utf-8")
-    monkeypatch.chdir(tmp_path)
-    exec(compile(_first_block("python"), str(DOC), "exec"), {"__name__": "doc_example"})

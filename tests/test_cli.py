@@ -383,8 +383,6 @@ def test_show_catalog_with_negative_memory(tmp_path: Path,
     assert_user_error(rc, *capsys.readouterr(), str(path), "memory_gib")
 
 
-@pytest.mark.xfail(strict=True, raises=(IsADirectoryError, UnicodeDecodeError),
-                   reason="bug: unreadable input files escape as tracebacks, not exit 2")
 @pytest.mark.parametrize("case", ["muxserve directory", "non-UTF-8 measurements",
                                   "non-UTF-8 curves"])
 def test_unreadable_input_file_is_a_user_error(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -1,5 +1,9 @@
-"""Every example in README.md and docs/*.md runs: ```python blocks execute (one namespace per
-file, in order, from the repository root) and ```console lines starting with ``$ scepsy`` exit 0."""
+"""Every example in README.md and docs/*.md runs.
+
+```python blocks execute in order, one namespace per file, in a scratch folder that sees the
+repository's ``datasets/``; a block preceded by ``<!-- file: NAME -->`` is written there as NAME
+first. ```console lines starting with ``$ scepsy`` run through the CLI and must exit 0.
+"""
 
 from __future__ import annotations
 
@@ -14,30 +18,37 @@ from scepsy.cli import main
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
+FILE_BLOCK = re.compile(r"^<!-- file: (\S+) -->\n```\w+\n(.*?)^```", re.S | re.M)
+
+
+def _scratch(path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "datasets").symlink_to(REPO / "datasets")
+    for name, body in FILE_BLOCK.findall(path.read_text()):
+        (tmp_path / name).write_text(body)
+    monkeypatch.chdir(tmp_path)
 
 
 def _blocks(path: Path, lang: str) -> list[str]:
     return [body for kind, body in BLOCK.findall(path.read_text()) if kind == lang]
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", [d for d in DOCS if _blocks(d, "python")], ids=lambda p: p.name)
 def test_python_examples_run(path, monkeypatch, tmp_path, capsys):
     blocks = _blocks(path, "python")
-    if not blocks:
-        pytest.skip(f"{path.name} has no python example")
-    monkeypatch.chdir(REPO)
-    namespace: dict = {"__name__": "__doc_example__", "TMP": tmp_path}
+    _scratch(path, tmp_path, monkeypatch)
+    namespace: dict = {"__name__": "__doc_example__"}
     for body in blocks:
-        exec(compile(body, str(path), "exec"), namespace)  # noqa: S102 - our own docs
+        exec(compile(body, str(path), "exec"), namespace)
 
 
-@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def _commands(path: Path) -> list[str]:
+    return [ln[2:] for body in _blocks(path, "console") for ln in body.splitlines()
+            if ln.startswith("$ scepsy ")]
+
+
+@pytest.mark.parametrize("path", [d for d in DOCS if _commands(d)], ids=lambda p: p.name)
 def test_console_examples_exit_zero(path, monkeypatch, tmp_path, capsys):
-    lines = [ln[2:] for body in _blocks(path, "console") for ln in body.splitlines()
-             if ln.startswith("$ scepsy ")]
-    if not lines:
-        pytest.skip(f"{path.name} has no scepsy console example")
-    monkeypatch.chdir(REPO)
+    lines = _commands(path)
+    _scratch(path, tmp_path, monkeypatch)
     for line in lines:
-        argv = [a.replace("$TMP", str(tmp_path)) for a in shlex.split(line)[1:]]
-        assert main(argv) == 0, line
+        assert main(shlex.split(line)[1:]) == 0, line

@@ -227,7 +227,7 @@ def test_malformed_curves_files_name_the_field(tmp_path, mutate, field):
 
 
 def test_missing_and_invalid_curves_files(tmp_path):
-    with pytest.raises(InputError, match="existing curves file"):
+    with pytest.raises(InputError, match="existing, readable curves file"):
         load_curves(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")

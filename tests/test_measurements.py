@@ -240,8 +240,6 @@ def test_missing_file_is_an_error(tmp_path: Path, name: str) -> None:
     assert str(path) in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, raises=UnicodeDecodeError,
-                   reason="bug: read_measurements lets UnicodeDecodeError escape")
 def test_non_utf8_file_is_an_input_error(tmp_path: Path) -> None:
     path = tmp_path / "points.jsonl"
     path.write_bytes(b"\xff\xfe" + json.dumps(GOOD).encode("utf-16-le") + b"\n")
@@ -428,22 +426,17 @@ def test_missing_grid_file_names_the_file(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, raises=IsADirectoryError,
-                   reason="bug: load_muxserve_grid lets IsADirectoryError escape")
 def test_directory_instead_of_grid_is_an_input_error(tmp_path: Path) -> None:
     with pytest.raises(InputError):
         load_muxserve_grid(tmp_path)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a JSON boolean is accepted as a latency (true -> 1 ms)")
 def test_boolean_latency_is_rejected(tmp_path: Path) -> None:
     path = write_json(tmp_path / "grid.json", _set(make_grid(), [*CELL, "prefill"], True))
     with pytest.raises(InputError):
         load_muxserve_grid(path)
 
 
-@pytest.mark.xfail(strict=True,
-                   reason="bug: bad batch/seq keys go unchecked when all their latencies are -1")
 def test_bad_key_is_rejected_even_when_its_points_are_unmeasured(tmp_path: Path) -> None:
     grid = make_grid()
     grid["llama-7b"]["1"]["100"]["many"] = {"64": {"prefill": -1, "decoding": -1}}

@@ -378,7 +378,7 @@ def test_missing_calibration_file_names_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["directory", "non-utf8"])
 def test_unreadable_calibration_paths_are_input_errors(tmp_path: Path, kind: str) -> None:
-    """BUG: a directory or non-UTF-8 file escapes as IsADirectoryError / UnicodeDecodeError.
+    """A directory or non-UTF-8 file is an InputError, like every malformed file.
 
     errors.py promises every malformed file becomes an InputError (the CLI catches only that
     one, so ``--calibration <dir>`` prints a traceback); load_catalog handles both cases.

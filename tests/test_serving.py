@@ -55,8 +55,8 @@ def kv_budget_bytes(model: str, gpu: str, tp: int, share: float, policy: MemoryP
     return (available - reserve) * GIB - spec.weight_bytes_per_gpu(tp)
 
 
-# ``reserve_gib`` only at share 1: there the code and its docstring agree (see
-# test_reserve_gib_is_a_fixed_amount_per_instance for the disagreement at share < 1)
+# reserves: a fraction alone at any share, or a fixed reserve too (checked at share 1 here and
+# at every boundary share in test_reserve_gib_is_a_fixed_amount_per_instance)
 share_and_reserve = st.one_of(
     st.tuples(st.floats(0.01, 1.0), st.just(0.0)),
     st.tuples(st.just(1.0), st.floats(0.0, 8.0)),
@@ -122,10 +122,8 @@ def test_feasibility_flips_exactly_at_the_boundary_share(model, gpu, tp, seq, fr
 
 @pytest.mark.parametrize(("model", "gpu", "tp", "seq", "fraction"), BOUNDARY_CASES)
 def test_reserve_gib_is_a_fixed_amount_per_instance(model, gpu, tp, seq, fraction) -> None:
-    """BUG (serving.py, memory_fit): the reserve is ``reserve_fraction · available +
-    reserve_gib · share``, but the module docstring says "reserve_fraction of the share plus
-    reserve_gib" (framework/activation memory does not shrink with the MPS share). At share < 1
-    the code under-reserves, so instances just below the documented edge are called feasible."""
+    """The reserve is ``reserve_fraction`` of the share plus a fixed ``reserve_gib`` per GPU
+    (framework memory does not shrink with the MPS share), so the edge holds at any share."""
     policy = MemoryPolicy(reserve_fraction=fraction, reserve_gib=2.0)
     s = boundary_share(model, gpu, tp, seq, policy)
     assert 0 < s < 1, s
@@ -229,7 +227,7 @@ def test_serving_curve_closed_form_with_constant_steps(inst, share, i, o, max_ba
     assert curve.mu == pytest.approx(b_max / (o * d + b_max * p) * 1e3, rel=1e-12)
     for b in [frac * b_max, *range(1, min(b_max, 4))]:  # a fractional and a few whole batches
         rate = curve.rate_at_batch(b)
-        assert rate == pytest.approx(b / (o * d + b * p) * 1e3, rel=1e-12)
+        assert rate == pytest.approx(b / (o * d + max(b, 1.0) * p) * 1e3, rel=1e-12)
         assert curve.batch_at_rate(rate) == pytest.approx(b, rel=1e-6)
 
 
@@ -250,7 +248,11 @@ def test_latency_increases_with_rate_and_diverges_at_mu(model, gpu, tp, share, i
     rates = curve.mu * np.array([1e-3, 0.01, 0.1, 0.3, 0.5, 0.7, 0.9, 0.99, 0.999])
     lat = [curve.latency_s(float(r)) for r in rates]
     assert all(math.isfinite(x) and x > 0 for x in lat)
-    assert all(b > a for a, b in pairwise(lat)), lat
+    # non-decreasing everywhere; strictly increasing once more than one call is in service
+    assert all(b >= a for a, b in pairwise(lat)), lat
+    busy = [x for r, x in zip(rates, lat, strict=True) if curve.batch_at_rate(float(r)) > 1]
+    assert all(b > a for a, b in pairwise(busy)), busy
+    assert lat[-1] > lat[0]
     for r in rates:  # B(λ) inverts λ(B)
         assert curve.rate_at_batch(curve.batch_at_rate(float(r))) == pytest.approx(r, rel=1e-6)
     assert curve.latency_s(curve.mu) == math.inf
@@ -261,11 +263,9 @@ def test_latency_increases_with_rate_and_diverges_at_mu(model, gpu, tp, share, i
 
 @pytest.mark.parametrize(("model", "gpu", "tp", "share", "i", "o"), CURVES)
 def test_low_load_latency_approaches_zero_load_latency(model, gpu, tp, share, i, o) -> None:
-    """BUG (serving.py, rate_at_batch for B < 1): λ(B) = B / (O·d + B·p) makes the in-service
-    time B/λ = O·d(1) + B·p, which drops the call's own prefill as B → 0. The module docstring
-    says the latency at λ → 0 is p(I) + O·d(1, I + O/2) (= zero_load_latency_s, which
-    latency_s(0) returns), so latency_s is discontinuous at 0 and lower at tiny rates than at
-    rate 0; with a long prompt and a short answer (e.g. I=4000, O=8) it is 3.6x too low."""
+    """Latency is continuous at λ = 0: a call on an idle server still pays its own prefill,
+    so latency_s(λ → 0) tends to p(I) + O·d(1, I + O/2) (zero_load_latency_s), even with a long
+    prompt and a short answer (I=4000, O=8)."""
     curve = serving_curve(ROOF, model, gpu, tp, share, i, o)
     tiny = curve.latency_s(curve.mu * 1e-6)
     assert tiny == pytest.approx(curve.zero_load_latency_s, rel=1e-3)
@@ -375,9 +375,7 @@ def test_invalid_memory_policy_is_rejected(kwargs, field) -> None:
 
 @pytest.mark.parametrize("value", [math.nan, math.inf])
 def test_non_finite_reserve_gib_is_rejected(value) -> None:
-    """BUG (serving.py, MemoryPolicy.__post_init__): ``reserve_gib < 0`` lets NaN and inf
-    through; memory_fit then crashes with a bare ValueError ("cannot convert float NaN to
-    integer") instead of an InputError."""
+    """NaN and inf reserves are rejected up front, not left to crash memory_fit."""
     with pytest.raises(InputError, match="reserve_gib"):
         MemoryPolicy(reserve_gib=value)
 

@@ -33,6 +33,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InputError as exc:
         print(f"scepsy: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        sys.stderr.close()
+        return 0
 
 
 def _parser() -> argparse.ArgumentParser:

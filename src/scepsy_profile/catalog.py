@@ -34,8 +34,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
+from scepsy_profile.files import atomic_write_text, read_text
 from scepsy_profile.hardware import GPUSpec
-from scepsy_profile.measurements import atomic_write_text
 from scepsy_profile.models import ModelSpec
 
 BUNDLED_CATALOG = "data/catalog.yaml"
@@ -307,13 +307,7 @@ def load_catalog(path: str | os.PathLike[str], base: Catalog | None = None) -> C
     ``gpus.A100-80GB.memory_gib: expected a number > 0``.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        raise InputError(str(p), "", "an existing catalog file (.yaml)") from None
-    except UnicodeDecodeError as exc:
-        raise InputError(str(p), "", f"UTF-8 text ({exc.reason})") from None
-    return parse_catalog(text, str(p), base)
+    return parse_catalog(read_text(p, "catalog file (.yaml)"), str(p), base)
 
 
 def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = None) -> Catalog:

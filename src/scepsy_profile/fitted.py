@@ -10,8 +10,8 @@ For each (model, gpu, tp, phase) the fit has three stages (docs/profiles.md says
    multipliers (1 at the largest measured share), interpolated in 1/share; below the smallest
    measured share the work scales as 1/share (compute-bound).
 2. **Residual Gaussian process** (scikit-learn ``GaussianProcessRegressor``, anisotropic RBF plus
-   white noise, on log residuals clipped at 4 MAD): picks up what the form cannot — wave
-   quantisation steps, the MPS knee, memory-pressure cliffs at large token counts.
+   white noise, on log residuals; decode residuals clipped at 4 MAD): picks up what the form
+   cannot — wave quantisation steps, the MPS knee, memory-pressure cliffs at large token counts.
 3. **Monotone lattice**: the model is evaluated on a lattice (measured batch and token values and
    their midpoints, share levels), made monotone by cumulative maxima (never faster with more
    batch or tokens, never slower with more share) and rounded to 6 significant digits. Queries
@@ -45,13 +45,19 @@ from sklearn.gaussian_process.kernels import ConstantKernel as C
 from sklearn.model_selection import KFold
 
 from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
+from scepsy_profile.files import atomic_write_text, read_text
 from scepsy_profile.latency import Number, as_output, check_point
-from scepsy_profile.measurements import Measurement, Phase, atomic_write_text, group_by_curve
+from scepsy_profile.measurements import Measurement, Phase, group_by_curve
 
 CurveKey = tuple[str, str, int, Phase]
 CURVES_FORMAT = "scepsy-curves/1"
 _GP_MAX_POINTS = 1500
 _OUTLIER = 0.25  # a point whose fitted value is off by more than 25% is reported as an outlier
+# Residuals beyond this many MADs are clipped before the GP sees them. Decode steps are short
+# (10-50 ms) and their big deviations are timing glitches (single 2-8x spikes in the MuxServe
+# grid); prefill passes are long, and their big deviations are real regime changes (wave
+# quantisation, the memory cliff at >= 64k tokens) that the GP must follow.
+_RESIDUAL_CLIP: dict[str, float | None] = {"prefill": None, "decode": 4.0}
 
 
 # --------------------------------------------------------------------------- the lattice
@@ -219,14 +225,17 @@ def _gp_features(b: NDArray, n: NDArray, s: NDArray) -> NDArray:
     return np.stack([np.log2(b), np.log2(n), np.log2(b * n), 1.0 / s], axis=-1)
 
 
-def _fit_residual(x: NDArray, r: NDArray, seed: int) -> GaussianProcessRegressor | None:
+def _fit_residual(x: NDArray, r: NDArray, seed: int,
+                  clip_mad: float | None) -> GaussianProcessRegressor | None:
+    """GP on log residuals, refitted without isolated glitches (see :func:`_glitches`)."""
     if len(r) < 8:
         return None
     if len(r) > _GP_MAX_POINTS:  # keep the fit cheap on large user data sets, deterministically
-        idx = np.random.default_rng(seed).choice(len(r), _GP_MAX_POINTS, replace=False)
-        x, r = x[np.sort(idx)], r[np.sort(idx)]
-    mad = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-    r = np.clip(r, -4 * mad - 1e-6, 4 * mad + 1e-6)
+        idx = np.sort(np.random.default_rng(seed).choice(len(r), _GP_MAX_POINTS, replace=False))
+        x, r = x[idx], r[idx]
+    if clip_mad is not None:
+        mad = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+        r = np.clip(r, -clip_mad * mad - 1e-6, clip_mad * mad + 1e-6)
     kernel = C(0.01, (1e-6, 1.0)) * RBF([1.0] * x.shape[1], (0.05, 100.0)) + WhiteKernel(
         1e-3, (1e-7, 1e-1)
     )
@@ -234,7 +243,24 @@ def _fit_residual(x: NDArray, r: NDArray, seed: int) -> GaussianProcessRegressor
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         gp.fit(x, r)
+        keep = ~_glitches(gp, x, r)
+        if not keep.all() and keep.sum() >= 8:
+            gp = GaussianProcessRegressor(gp.kernel_, optimizer=None, random_state=seed).fit(
+                x[keep], r[keep])
     return gp
+
+
+def _glitches(gp: GaussianProcessRegressor, x: NDArray, r: NDArray) -> NDArray[np.bool_]:
+    """Points their neighbours cannot explain: leave-one-out residual > max(6 MAD, 15%).
+
+    The GP's leave-one-out residuals have a closed form, ``(K⁻¹r)_i / (K⁻¹)_ii``. A real regime
+    change (a wave-quantisation step, a memory cliff) shows in several neighbouring points, so
+    each is predicted from the others; a lone timing glitch is not.
+    """
+    k_inv = np.linalg.inv(gp.kernel_(x))
+    loo = (k_inv @ r) / np.diag(k_inv)
+    scale = 1.4826 * float(np.median(np.abs(loo - np.median(loo))))
+    return np.abs(loo) > max(6.0 * scale, math.log(1.15))
 
 
 # --------------------------------------------------------------------------- stage 3: lattice
@@ -306,7 +332,7 @@ def fit_curve(key: CurveKey, points: Sequence[Measurement], seed: int = 0,
     y = np.array([m.latency_ms for m in points], dtype=float)
     form = _fit_physics(phase, b, n, s, y)
     resid = np.log(y) - np.log(form(b, n, s))
-    gp = _fit_residual(_gp_features(b, n, s), resid, seed) if residual_gp else None
+    gp = _fit_residual(_gp_features(b, n, s), resid, seed, _RESIDUAL_CLIP[phase]) if residual_gp else None
 
     def evaluate(bb: NDArray, nn: NDArray, ss: NDArray) -> NDArray:
         base = form(bb, nn, ss)
@@ -518,9 +544,7 @@ def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
     """Read a curves file written by :func:`save_curves` (or ``scepsy profile fit``)."""
     p = Path(path)
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(str(p), "", "an existing curves file (JSON)") from None
+        raw = json.loads(read_text(p, "curves file (JSON)"))
     except json.JSONDecodeError as exc:
         raise InputError(str(p), "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
     try:

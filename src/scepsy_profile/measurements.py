@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.files import atomic_write_text, read_text
 
 Phase = Literal["prefill", "decode"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
@@ -51,7 +51,7 @@ class Measurement:
 class _MeasurementRecord(BaseModel):
     """Schema of one line of a measurements JSONL file (validation at the boundary)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     model: str = Field(min_length=1)
     gpu: str = Field(min_length=1)
@@ -79,18 +79,18 @@ def validate_measurement(raw: object, source: str, where: str) -> Measurement:
 def read_measurements(path: str | os.PathLike[str]) -> tuple[Measurement, ...]:
     """Read a JSON-lines measurements file; every bad line is reported with its number."""
     p = Path(path)
-    if not p.is_file():
-        raise InputError(str(p), "", "an existing measurements file (.jsonl)")
     out: list[Measurement] = []
-    with p.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                raw = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise InputError(str(p), f"line {lineno}", f"a JSON object ({exc.msg})") from None
-            out.append(validate_measurement(raw, str(p), f"line {lineno}"))
+    for lineno, line in enumerate(read_text(p, "measurements file (.jsonl)").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(str(p), f"line {lineno}", f"a JSON object ({exc.msg})") from None
+        if not isinstance(raw, dict):
+            raise InputError(str(p), f"line {lineno}", "a JSON object (one measurement)",
+                             type(raw).__name__)
+        out.append(validate_measurement(raw, str(p), f"line {lineno}"))
     if not out:
         raise InputError(str(p), "", "at least one measurement")
     return tuple(out)
@@ -99,20 +99,6 @@ def read_measurements(path: str | os.PathLike[str]) -> tuple[Measurement, ...]:
 def write_measurements(path: str | os.PathLike[str], rows: Iterable[Measurement]) -> None:
     """Write measurements as JSON lines, atomically (a temporary file renamed into place)."""
     atomic_write_text(path, "".join(json.dumps(asdict(m), sort_keys=True) + "\n" for m in rows))
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def group_by_curve(

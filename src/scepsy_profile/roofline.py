@@ -38,8 +38,9 @@ from scipy.optimize import least_squares
 
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.files import atomic_write_text, read_text
 from scepsy_profile.latency import Number, as_output, check_point
-from scepsy_profile.measurements import Measurement, Phase, atomic_write_text
+from scepsy_profile.measurements import Measurement, Phase
 
 BUNDLED_CALIBRATION = "data/roofline.yaml"
 
@@ -264,18 +265,18 @@ def calibrate_roofline(
 
 # --------------------------------------------------------------------------- files
 class _PhaseRec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     compute_eff: float = Field(gt=0, le=1)
     memory_eff: float = Field(gt=0, le=1)
     compute_share_sat: float = Field(gt=0, le=1)
     memory_share_sat: float = Field(gt=0, le=1)
     overhead_ms: float = Field(ge=0)
     layer_overhead_ms: float = Field(ge=0)
-    smooth_power: float = Field(ge=1)
+    smooth_power: float = Field(ge=1, le=100)
 
 
 class _ARRec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     latency_us: float = Field(ge=0)
     efficiency: float = Field(gt=0, le=1)
 
@@ -291,10 +292,9 @@ class _CalRec(BaseModel):
 def load_calibration(path: str | os.PathLike[str]) -> RooflineCalibration:
     """Read a roofline calibration YAML file."""
     p = Path(path)
+    text = read_text(p, "roofline calibration file (YAML)")
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(str(p), "", "an existing roofline calibration file (YAML)") from None
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise InputError(str(p), "", f"valid YAML ({exc})") from None
     return _parse_calibration(raw, str(p))

@@ -5,14 +5,17 @@ GPU's compute (MPS) and memory. For calls with mean input ``I`` and output ``O``
 
 * **Memory** (per GPU): ``weights/tp + reserve + KV`` must fit in ``share · memory``. The reserve
   is activation and framework memory, ``reserve_fraction`` of the share (vLLM's
-  ``gpu_memory_utilization`` headroom) plus ``reserve_gib``. What is left holds the KV cache:
+  ``gpu_memory_utilization`` headroom) plus ``reserve_gib`` per GPU whatever the share (each MPS
+  client keeps its own CUDA context). What is left holds the KV cache:
   ``kv_tokens = kv_bytes / kv_bytes_per_token_per_gpu``. A candidate that cannot hold one
   sequence of ``I + O`` tokens does not exist (:attr:`ServingCurve.feasible` is False).
 * **Batch limit**: sequences hold ``I + O/2`` tokens on average over their life (paged KV), so
   ``B_max = floor(kv_tokens / (I + O/2))``, capped by ``max_batch`` (vLLM's ``max_num_seqs``).
 * **Throughput at batch B**: a sequence lives for ``O`` decode steps of ``d(B, I + O/2)``, and
   every prefill of length ``I`` stalls the batch for ``p(I)``. With ``B`` sequences in flight,
-  Little's law gives ``λ(B) = B / (O·d(B, I + O/2) + B·p(I))``; ``μ = max_B≤B_max λ(B)``.
+  Little's law gives ``λ(B) = B / (O·d(B, I + O/2) + B·p(I))`` (with ``B`` read as 1 inside the
+  bracket when ``B < 1``: an idle server still prefills and decodes each call);
+  ``μ = max_B≤B_max λ(B)``.
 * **Latency at rate λ < μ**: ``B(λ)`` solves ``λ(B) = λ`` (``λ(B)`` is increasing up to its
   maximum), the in-service time is ``B/λ = O·d(B) + B·p(I)``, plus a queueing wait that grows
   as λ → μ, taken from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of service time
@@ -44,10 +47,12 @@ class MemoryPolicy:
     max_batch: int = 256
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool)):
+            raise InputError("memory policy", "max_batch", "an integer >= 1", self.max_batch)
         if not 0 <= self.reserve_fraction < 1:
             raise InputError("memory policy", "reserve_fraction", "a fraction in [0, 1)",
                              self.reserve_fraction)
-        if self.reserve_gib < 0:
+        if not (math.isfinite(self.reserve_gib) and self.reserve_gib >= 0):
             raise InputError("memory policy", "reserve_gib", "a number >= 0", self.reserve_gib)
         if self.max_batch < 1:
             raise InputError("memory policy", "max_batch", "an integer >= 1", self.max_batch)
@@ -75,7 +80,7 @@ def memory_fit(model: str, gpu: str, tp: int, share: float, seq_tokens: int,
         raise InputError("query", "share", "a GPU share in (0, 1]", share)
     available = share * g.memory_gib
     weights = spec.weight_bytes_per_gpu(tp) / GIB
-    reserve = policy.reserve_fraction * available + policy.reserve_gib * share
+    reserve = policy.reserve_fraction * available + policy.reserve_gib
     kv = available - weights - reserve
     per_token = spec.kv_bytes_per_token_per_gpu(tp)
     if per_token == 0:  # encoders keep no KV cache: only the sequence's activations matter
@@ -112,10 +117,14 @@ class ServingCurve:
         return self.input_tokens + self.output_tokens / 2.0
 
     def rate_at_batch(self, batch: float) -> float:
-        """λ(B) = B / (O·d(max(B, 1), I + O/2) + B·p(I)), calls/s (B < 1: a partly idle server)."""
+        """λ(B) = B / (O·d(B', I + O/2) + B'·p(I)), B' = max(B, 1), calls/s.
+
+        Below one call in service (a partly idle server) a call still pays its own prefill and
+        decodes at batch 1, so the in-service time tends to the zero-load latency as λ → 0.
+        """
         d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share,
                                          max(batch, 1.0), self._ctx())
-        return 1e3 * batch / (self.output_tokens * d + batch * self.prefill_ms)
+        return 1e3 * batch / (self.output_tokens * d + max(batch, 1.0) * self.prefill_ms)
 
     def batch_at_rate(self, rate: float) -> float:
         """The mean number of calls in service, ``B`` with λ(B) = rate, for 0 < rate < μ."""
@@ -130,8 +139,9 @@ class ServingCurve:
             return self.zero_load_latency_s
         if not self.feasible or rate >= self.mu:
             return math.inf
-        b = self.batch_at_rate(rate)
-        in_service = b / rate
+        b = max(self.batch_at_rate(rate), 1.0)  # in service: own prefill + stalls + O steps
+        d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, b, self._ctx())
+        in_service = (self.output_tokens * d + b * self.prefill_ms) / 1e3
         rho = rate / self.mu
         c = self.max_batch
         wait = rho ** (math.sqrt(2.0 * (c + 1)) - 1.0) / (c * (1.0 - rho)) * (c / self.mu)

@@ -16,7 +16,6 @@ Upstream divides both by the pipeline degree (``pp``); these forms are for ``pp 
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -29,6 +28,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from scepsy_profile.errors import InputError
+from scepsy_profile.files import read_csv_rows, read_text
 from scepsy_profile.measurements import Measurement
 
 Engine = Literal["distserve", "vllm"]
@@ -110,11 +110,7 @@ def load_distserve_profile(
     elif engine not in ENGINES:
         raise InputError(src, "engine", f"one of {list(ENGINES)}", engine)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (FileNotFoundError, IsADirectoryError):
-        raise InputError(src, "", "an existing DistServe profile JSON file") from None
-    except UnicodeDecodeError:
-        raise InputError(src, "", "a UTF-8 JSON file") from None
+        data = json.loads(read_text(p, "DistServe profile JSON file"))
     except json.JSONDecodeError as exc:
         raise InputError(src, "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(data, dict):
@@ -214,39 +210,19 @@ def load_max_num_tokens(path: str | os.PathLike[str]) -> dict[tuple[str, int, in
     src = str(p)
     required = ("model", "tp", "pp", "max_num_tokens")
     out: dict[tuple[str, int, int], int] = {}
-    try:
-        with p.open(encoding="utf-8", newline="") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            if not header:
-                raise InputError(src, "header", "a CSV header line (file is empty)")
-            reader.fieldnames = header
-            for col in required:
-                if col not in header:
-                    raise InputError(src, f"column {col}", "a column of that name (missing)")
-            for n, row in enumerate(reader, start=1):
-                where = f"row {n} (line {reader.line_num})"
-                if None in row or any(v is None for v in row.values()):
-                    raise InputError(src, where, f"{len(header)} fields like the header")
-                if not any(v.strip() for v in row.values()):
-                    continue
-                model = row["model"].strip()
-                if not model:
-                    raise InputError(src, f"{where}, column model", "a model name")
-                tp, pp, cap = (
-                    _positive_int_key(row[c], src, f"{where}, column {c}")
-                    for c in ("tp", "pp", "max_num_tokens")
-                )
-                key = (model, tp, pp)
-                if key in out:
-                    raise InputError(src, where, "one row per (model, tp, pp)", key)
-                out[key] = cap
-    except (FileNotFoundError, IsADirectoryError):
-        raise InputError(src, "", "an existing max_num_tokens.csv file") from None
-    except UnicodeDecodeError:
-        raise InputError(src, "", "a UTF-8 text CSV file") from None
-    except csv.Error as exc:
-        raise InputError(src, "", f"a well-formed CSV file ({exc})") from None
+    _, rows = read_csv_rows(p, "max_num_tokens.csv file", required)
+    for where, row in rows:
+        model = row["model"].strip()
+        if not model:
+            raise InputError(src, f"{where}, column model", "a model name")
+        tp, pp, cap = (
+            _positive_int_key(row[c], src, f"{where}, column {c}")
+            for c in ("tp", "pp", "max_num_tokens")
+        )
+        key = (model, tp, pp)
+        if key in out:
+            raise InputError(src, where, "one row per (model, tp, pp)", key)
+        out[key] = cap
     if not out:
         raise InputError(src, "", "at least one data row")
     return {key: out[key] for key in sorted(out)}

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from scepsy_profile.errors import InputError
+from scepsy_profile.files import read_text
 from scepsy_profile.measurements import Measurement
 
 _PHASE_KEYS = (("prefill", "prefill"), ("decode", "decoding"))
@@ -24,41 +25,34 @@ def load_muxserve_grid(
     """Read a MuxServe grid file into measurements (model names as in the file)."""
     p = Path(path)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(str(p), "", "an existing MuxServe grid JSON file") from None
+        data = json.loads(read_text(p, "MuxServe grid JSON file"))
     except json.JSONDecodeError as exc:
         raise InputError(str(p), "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
     src = f"muxserve:{p.name}"
     out: list[Measurement] = []
-    for model, by_tp in _items(data, str(p), ""):
-        for tp, by_sm in _items(by_tp, str(p), model):
-            for pct, by_batch in _items(by_sm, str(p), f"{model}.{tp}"):
-                share = _number(pct, str(p), f"{model}.{tp}.{pct}", "an SM percentage in (0, 100]")
+    f = str(p)
+    for model, by_tp in _items(data, f, ""):
+        for tp_key, by_sm in _items(by_tp, f, model):
+            tp = _int(tp_key, f, f"{model}.{tp_key}")
+            for pct, by_batch in _items(by_sm, f, f"{model}.{tp_key}"):
+                share = _number(pct, f, f"{model}.{tp_key}.{pct}", "an SM percentage in (0, 100]")
                 if not 0 < share <= 100:
-                    raise InputError(str(p), f"{model}.{tp}.{pct}", "an SM percentage in (0, 100]")
-                for batch, by_seq in _items(by_batch, str(p), f"{model}.{tp}.{pct}"):
-                    for seq, point in _items(by_seq, str(p), f"{model}.{tp}.{pct}.{batch}"):
-                        where = f"{model}.{tp}.{pct}.{batch}.{seq}"
+                    raise InputError(f, f"{model}.{tp_key}.{pct}", "an SM percentage in (0, 100]")
+                for batch_key, by_seq in _items(by_batch, f, f"{model}.{tp_key}.{pct}"):
+                    batch = _int(batch_key, f, f"{model}.{tp_key}.{pct}.{batch_key}")
+                    for seq_key, point in _items(by_seq, f, f"{model}.{tp_key}.{pct}.{batch_key}"):
+                        where = f"{model}.{tp_key}.{pct}.{batch_key}.{seq_key}"
+                        tokens = _int(seq_key, f, where)
                         for phase, key in _PHASE_KEYS:
                             if not isinstance(point, dict) or key not in point:
-                                raise InputError(str(p), f"{where}.{key}", "a latency in ms")
-                            ms = _number(point[key], str(p), f"{where}.{key}", "a latency in ms")
+                                raise InputError(f, f"{where}.{key}", "a latency in ms")
+                            ms = _number(point[key], f, f"{where}.{key}", "a latency in ms")
                             if ms <= 0:
                                 continue  # upstream marks points it could not measure with -1
-                            out.append(
-                                Measurement(
-                                    model=model,
-                                    gpu=gpu,
-                                    tp=_int(tp, str(p), f"{model}.{tp}"),
-                                    share=share / 100.0,
-                                    phase=phase,
-                                    batch=_int(batch, str(p), f"{model}.{tp}.{pct}.{batch}"),
-                                    tokens=_int(seq, str(p), where),
-                                    latency_ms=ms,
-                                    source=src,
-                                )
-                            )
+                            out.append(Measurement(
+                                model=model, gpu=gpu, tp=tp, share=share / 100.0, phase=phase,
+                                batch=batch, tokens=tokens, latency_ms=ms, source=src,
+                            ))
     if not out:
         raise InputError(str(p), "", "at least one measured point")
     out.sort(key=lambda m: (m.model, m.tp, m.phase, m.share, m.batch, m.tokens))
@@ -72,6 +66,8 @@ def _items(obj: object, src: str, where: str) -> list[tuple[str, object]]:
 
 
 def _number(raw: object, src: str, where: str, expected: str) -> float:
+    if isinstance(raw, bool):
+        raise InputError(src, where, expected, raw)
     try:
         value = float(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError):

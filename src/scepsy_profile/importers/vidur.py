@@ -20,7 +20,6 @@ by 8192.
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 from collections.abc import Iterable
@@ -28,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scepsy_profile.errors import InputError
+from scepsy_profile.files import read_csv_rows
 
 #: Vidur's GPU folder names (``compute/<gpu>``, ``network/<gpu>_<topology>``) -> catalog names.
 VIDUR_GPUS: dict[str, str] = {"a100": "A100-80GB", "h100": "H100-80GB"}
@@ -211,34 +211,7 @@ def load_vidur_all_reduce(
 
 
 def _read_csv(p: Path, expected: str) -> tuple[list[str], list[tuple[str, dict[str, str]]]]:
-    """Header and ``(where, row)`` pairs; ``where`` reads ``row N (line L)``, N from 1."""
-    src = str(p)
-    try:
-        with p.open(encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh)
-            header = next(reader, None)
-            if header is None:
-                raise InputError(src, "header", "a CSV header line (file is empty)")
-            header = [h.strip() for h in header]
-            rows: list[tuple[str, dict[str, str]]] = []
-            for n, cells in enumerate(reader, start=1):
-                where = f"row {n} (line {reader.line_num})"
-                if not any(c.strip() for c in cells):
-                    continue
-                if len(cells) != len(header):
-                    raise InputError(
-                        src, where, f"{len(header)} fields like the header", len(cells)
-                    )
-                rows.append((where, dict(zip(header, cells, strict=True))))
-    except (FileNotFoundError, IsADirectoryError):
-        raise InputError(src, "", expected) from None
-    except UnicodeDecodeError:
-        raise InputError(src, "", "a UTF-8 text CSV file") from None
-    except csv.Error as exc:
-        raise InputError(src, "", f"a well-formed CSV file ({exc})") from None
-    if not rows:
-        raise InputError(src, "", "at least one data row")
-    return header, rows
+    return read_csv_rows(p, expected)
 
 
 def _require_columns(src: str, header: list[str], required: Iterable[str]) -> None:
