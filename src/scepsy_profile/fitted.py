@@ -10,8 +10,9 @@ For each (model, gpu, tp, phase) the fit has three stages (docs/profiles.md says
    multipliers (1 at the largest measured share), interpolated in 1/share; below the smallest
    measured share the work scales as 1/share (compute-bound).
 2. **Residual Gaussian process** (scikit-learn ``GaussianProcessRegressor``, anisotropic RBF plus
-   white noise, on log residuals; decode residuals clipped at 4 MAD): picks up what the form
-   cannot — wave quantisation steps, the MPS knee, memory-pressure cliffs at large token counts.
+   white noise, on log residuals; decode residuals clipped at 4 MAD; lone glitches dropped by a
+   leave-one-out check): picks up what the form cannot — wave quantisation steps, the MPS knee,
+   memory-pressure cliffs at large token counts.
 3. **Monotone lattice**: the model is evaluated on a lattice (measured batch and token values and
    their midpoints, share levels), made monotone by cumulative maxima (never faster with more
    batch or tokens, never slower with more share) and rounded to 6 significant digits. Queries
