@@ -128,7 +128,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
     tps, shares = _ints(args.tp, "--tp"), _floats(args.shares, "--shares")
     for flag, v in (("--batch", args.batch), ("--seq", args.seq), ("--input", args.input),
                     ("--output", args.output)):
-        if v < 1:
+        if not v >= 1:  # also catches nan
             raise InputError(flag, "", "a number >= 1", v)
     spec = catalog.model(args.model)  # clear error for unknown names, before any row
     gpu = catalog.gpu(args.gpu)
