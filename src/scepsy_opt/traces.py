@@ -1,0 +1,183 @@
+"""Workflow traces: one record per LLM or tool call, stored as JSON lines.
+
+A trace is what a proxy in front of the LLM endpoints records for a set of workflow requests
+(docs/traces.md). Each line is one call::
+
+    {"workflow": "rag", "request_id": "r0", "call_id": "c1", "parents": ["c0"],
+     "llm": "reranker", "start_s": 0.12, "end_s": 0.31, "input_tokens": 640,
+     "output_tokens": 1, "prefix_tokens": 512}
+
+Exactly one of ``llm`` (the name of the deployed LLM, shared by every workflow that calls it) and
+``tool`` (a tool's name) is set; ``role`` optionally says which part an LLM plays when one LLM
+serves several (a planner and a coder on the same model).
+``parents`` lists the calls whose results this call needed (they ended before it started).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.files import atomic_write_text, read_text
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    """One LLM or tool call of one workflow request."""
+
+    workflow: str
+    request_id: str
+    call_id: str
+    start_s: float
+    end_s: float
+    llm: str | None = None
+    tool: str | None = None
+    role: str | None = None  # optional: the part an LLM plays (one LLM may serve several roles)
+    parents: tuple[str, ...] = ()
+    input_tokens: int = 0
+    output_tokens: int = 0
+    prefix_tokens: int = 0
+
+    @property
+    def is_llm(self) -> bool:
+        return self.llm is not None
+
+    @property
+    def name(self) -> str:
+        """The LLM role or the tool name."""
+        return self.llm if self.llm is not None else str(self.tool)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_s - self.start_s
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["parents"] = list(self.parents)
+        d = {k: v for k, v in d.items() if v is not None}
+        return json.dumps(d, sort_keys=True)
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    workflow: str = Field(min_length=1)
+    request_id: str = Field(min_length=1)
+    call_id: str = Field(min_length=1)
+    parents: list[str] = Field(default_factory=list)
+    llm: str | None = Field(default=None, min_length=1)
+    tool: str | None = Field(default=None, min_length=1)
+    role: str | None = Field(default=None, min_length=1)
+    start_s: float = Field(ge=0)
+    end_s: float = Field(ge=0)
+    input_tokens: int = Field(default=0, ge=0)
+    output_tokens: int = Field(default=0, ge=0)
+    prefix_tokens: int = Field(default=0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> _Record:
+        if (self.llm is None) == (self.tool is None):
+            raise ValueError("exactly one of 'llm' and 'tool'")
+        return self
+
+
+@dataclass(frozen=True)
+class Trace:
+    """Validated calls grouped by request, in file order; requests sorted by first start."""
+
+    calls: tuple[CallRecord, ...]
+    requests: Mapping[tuple[str, str], tuple[CallRecord, ...]] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        groups: dict[tuple[str, str], list[CallRecord]] = {}
+        for c in self.calls:
+            groups.setdefault((c.workflow, c.request_id), []).append(c)
+        order = sorted(groups, key=lambda k: (min(c.start_s for c in groups[k]), k))
+        object.__setattr__(self, "requests", {k: tuple(groups[k]) for k in order})
+
+    def workflows(self) -> list[str]:
+        return sorted({c.workflow for c in self.calls})
+
+    def llms(self, workflow: str | None = None) -> list[str]:
+        return sorted({c.llm for c in self.calls if c.llm is not None
+                       and (workflow is None or c.workflow == workflow)})
+
+    def of(self, workflow: str) -> Trace:
+        return Trace(tuple(c for c in self.calls if c.workflow == workflow))
+
+
+def validate_calls(calls: Sequence[CallRecord], source: str = "trace",
+                   lines: Sequence[int] | None = None) -> Trace:
+    """Check call ids, parents and times per request; return the :class:`Trace`."""
+    where = (lambda i: f"line {lines[i]}") if lines else (lambda i: f"record {i + 1}")
+    seen: dict[tuple[str, str], dict[str, int]] = {}
+    for i, c in enumerate(calls):
+        if c.end_s + _EPS < c.start_s:
+            raise InputError(source, f"{where(i)}: end_s", f"a time >= start_s ({c.start_s})", c.end_s)
+        ids = seen.setdefault((c.workflow, c.request_id), {})
+        if c.call_id in ids:
+            raise InputError(source, f"{where(i)}: call_id",
+                             f"an id unique within request {c.request_id!r}", c.call_id)
+        ids[c.call_id] = i
+    for i, c in enumerate(calls):
+        ids = seen[(c.workflow, c.request_id)]
+        for p in c.parents:
+            if p not in ids:
+                raise InputError(source, f"{where(i)}: parents",
+                                 f"ids of calls in request {c.request_id!r} (dangling parent)", p)
+            parent = calls[ids[p]]
+            if parent.end_s > c.start_s + _EPS:
+                raise InputError(source, f"{where(i)}: parents",
+                                 f"parents that end before the call starts ({p!r} ends at "
+                                 f"{parent.end_s:g}, after {c.start_s:g})", p)
+    return Trace(tuple(calls))
+
+
+def read_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a JSONL trace; every error names the line and the field."""
+    p = Path(path)
+    calls: list[CallRecord] = []
+    lines: list[int] = []
+    for lineno, line in enumerate(read_text(p, "trace file (.jsonl)").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(str(p), f"line {lineno}", f"a JSON object ({exc.msg})") from None
+        if not isinstance(raw, dict):
+            raise InputError(str(p), f"line {lineno}", "a JSON object (one call)", type(raw).__name__)
+        try:
+            rec = _Record.model_validate(raw)
+        except ValidationError as exc:
+            raise from_validation(exc, str(p), f"line {lineno}: ") from None
+        calls.append(CallRecord(
+            workflow=rec.workflow, request_id=rec.request_id, call_id=rec.call_id,
+            start_s=rec.start_s, end_s=rec.end_s, llm=rec.llm, tool=rec.tool, role=rec.role,
+            parents=tuple(rec.parents), input_tokens=rec.input_tokens,
+            output_tokens=rec.output_tokens, prefix_tokens=rec.prefix_tokens,
+        ))
+        lines.append(lineno)
+    if not calls:
+        raise InputError(str(p), "", "at least one call record")
+    return validate_calls(calls, str(p), lines)
+
+
+def write_trace(path: str | os.PathLike[str], calls: Iterable[CallRecord]) -> None:
+    """Write calls as JSON lines (deterministic, atomic)."""
+    atomic_write_text(path, "".join(c.to_json() + "\n" for c in calls))
+
+
+def request_span_s(calls: Sequence[CallRecord]) -> float:
+    """End-to-end latency of one request: last end minus first start."""
+    return max(c.end_s for c in calls) - min(c.start_s for c in calls)
+
+
