@@ -1,0 +1,171 @@
+"""The Aggregate LLM Pipeline: predicted workflow throughput and latency for an allocation.
+
+Every LLM ``m`` is one stage. For workflows ``w`` arriving at rates ``λ_w`` (req/s), LLM ``m``
+receives ``λ_m = Σ_w λ_w · n_wm`` calls/s, split evenly over its ``r_m`` replicas; each replica is
+the serving curve of its instance (``scepsy_profile.serving``) for the mean input and output
+tokens of the calls it receives (the call-rate-weighted mixture over workflows and roles).
+
+* **Throughput.** The workload scales until its first LLM saturates:
+  ``s* = min_m r_m·μ_m / λ_m``; workflow ``w``'s maximum throughput is ``T_w = s*·λ_w`` (for a
+  single workflow this is the paper's ``T_w = min_m r_m·μ_m / n_m``).
+* **Latency, the paper's form** (``form="paper"``): ``L_w = Σ_m L_m(λ_m/r_m) · n_wm / p_wm``:
+  every LLM's calls run in ``n/p`` sequential rounds, stages one after another, tools ignored.
+* **Latency, refined** (``form="critical-path"``, the default): ``L_w = Σ_m Σ_c k_wmc · L_mc +
+  τ_w``, where ``k_wmc`` is the mean number of calls of LLM ``m`` (in role ``c``) on the
+  request's critical path and ``τ_w`` the mean tool time on it. This is the paper's form when a
+  workflow is a serial chain, and goes beyond it where the traces show concurrency between
+  different LLMs (their calls are off the critical path), long tool calls, and one LLM used in
+  two roles with different token lengths (each role ``c`` gets its own call latency ``L_mc`` on
+  the shared instance, instead of one average).
+
+Per-class latency on a shared instance: the mixture's in-service time scaled by the class's own
+work, ``T_c = T_mix · (p(I_c) + O_c·d) / (p(I_mix) + O_mix·d)``, plus the instance's queueing
+wait. The simulator (``scepsy_opt.simulate``) measures both forms' errors
+(benchmarks/predictor_accuracy.py, docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from scepsy_opt.allocation import Allocation
+from scepsy_opt.stats import WorkflowStats
+from scepsy_profile.catalog import Catalog
+from scepsy_profile.errors import InputError
+from scepsy_profile.latency import LatencyModel
+from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curve
+
+Form = Literal["paper", "critical-path"]
+FORMS: tuple[Form, ...] = ("paper", "critical-path")
+
+
+@dataclass(frozen=True)
+class LLMLoad:
+    """What one LLM sees: call rate, token mixture, and its serving curve's answers."""
+
+    llm: str
+    model: str
+    rate: float  # calls/s over all replicas
+    replicas: int
+    input_mean: float
+    output_mean: float
+    mu: float  # calls/s per replica
+    utilisation: float  # rate / (replicas · mu)
+    call_latency_s: float  # mean over its calls at this load (inf when saturated)
+
+
+@dataclass(frozen=True)
+class WorkflowPrediction:
+    """Predicted maximum throughput and mean latency of one workflow."""
+
+    workflow: str
+    rate: float
+    max_throughput: float
+    bottleneck: str
+    mean_latency_s: float
+    form: Form
+
+
+@dataclass(frozen=True)
+class Prediction:
+    workflows: Mapping[str, WorkflowPrediction]
+    llms: Mapping[str, LLMLoad]
+
+
+def _classes(st: WorkflowStats, llm: str) -> list[tuple[float, float, float, float]]:
+    """(calls per request, critical calls per request, input mean, output mean) per role."""
+    s = st.llms[llm]
+    classes = list(getattr(s, "classes", ()) or ())
+    if not classes:
+        return [(s.n, s.critical_calls, s.input_mean, s.output_mean)]
+    total = sum(c.n for c in classes) or 1.0
+    return [(c.n, s.critical_calls * c.n / total, c.input_mean, c.output_mean) for c in classes]
+
+
+def predict(
+    stats: Mapping[str, WorkflowStats],
+    models: Mapping[str, str],
+    allocation: Allocation,
+    latency: LatencyModel,
+    rates: Mapping[str, float],
+    *,
+    form: Form = "critical-path",
+    catalog: Catalog | None = None,
+    policy: MemoryPolicy | None = None,
+) -> Prediction:
+    """Predict every workflow's maximum throughput and its mean latency at ``rates`` (req/s)."""
+    if form not in FORMS:
+        raise InputError("predict", "form", f"one of {list(FORMS)}", form)
+    for w, r in rates.items():
+        if w not in stats:
+            raise InputError("rates", w, f"a workflow of the trace ({sorted(stats)})", w)
+        if not (math.isfinite(r) and r >= 0):
+            raise InputError("rates", w, "a rate >= 0 (req/s)", r)
+    if not any(rates.get(w, 0.0) > 0 for w in stats):
+        raise InputError("rates", "", "a positive rate for at least one workflow", dict(rates))
+    used = sorted({m for w, st in stats.items() if rates.get(w, 0.0) > 0 for m in st.llms})
+    for m in used:
+        if m not in allocation.llms:
+            raise InputError("allocation", f"llms.{m}", "an instance for every LLM the workflows call")
+        if m not in models:
+            raise InputError("workflow", f"llms.{m}", "the catalog model this LLM runs")
+
+    loads: dict[str, LLMLoad] = {}
+    curves: dict[str, ServingCurve] = {}
+    class_lat: dict[tuple[str, float, float], float] = {}
+    for m in used:
+        inst = allocation.llms[m]
+        parts = [(rates[w] * n, i, o) for w, st in stats.items() if rates.get(w, 0.0) > 0
+                 and m in st.llms for n, _, i, o in _classes(st, m)]
+        lam = sum(p[0] for p in parts)
+        i_mix = sum(p[0] * p[1] for p in parts) / lam if lam > 0 else parts[0][1]
+        o_mix = sum(p[0] * p[2] for p in parts) / lam if lam > 0 else parts[0][2]
+        curve = serving_curve(latency, models[m], inst.gpu, inst.tp, inst.share,
+                              max(i_mix, 1.0), max(o_mix, 1.0), catalog=catalog,
+                              policy=policy or MemoryPolicy())
+        curves[m] = curve
+        per_replica = lam / inst.replicas
+        mix_lat = curve.latency_s(per_replica) if curve.feasible else math.inf
+        util = per_replica / curve.mu if curve.mu > 0 else math.inf
+        loads[m] = LLMLoad(m, models[m], lam, inst.replicas, i_mix, o_mix, curve.mu, util, mix_lat)
+        for _, i, o in parts:
+            class_lat[(m, i, o)] = _class_latency(curve, per_replica, mix_lat, i, o, latency)
+
+    headroom = {m: (ld.replicas * ld.mu / ld.rate if ld.rate > 0 else math.inf)
+                for m, ld in loads.items()}
+    bottleneck = min(headroom, key=lambda m: (headroom[m], m))
+    scale = headroom[bottleneck]
+    out: dict[str, WorkflowPrediction] = {}
+    for w, st in stats.items():
+        r = rates.get(w, 0.0)
+        if r <= 0:
+            continue
+        total = 0.0
+        for m in st.llms:
+            s = st.llms[m]
+            if form == "paper":
+                total += loads[m].call_latency_s * s.n / max(s.p, 1e-12)
+            else:
+                for _, k, i, o in _classes(st, m):
+                    total += k * class_lat[(m, i, o)]
+        if form == "critical-path":
+            total += st.tool_critical_s
+        out[w] = WorkflowPrediction(w, r, r * scale, bottleneck, total, form)
+    return Prediction(workflows=out, llms=loads)
+
+
+def _class_latency(curve: ServingCurve, per_replica: float, mix_lat: float, i: float, o: float,
+                   latency: LatencyModel) -> float:
+    if not math.isfinite(mix_lat):
+        return math.inf
+    if abs(i - curve.input_tokens) < 1e-9 and abs(o - curve.output_tokens) < 1e-9:
+        return mix_lat
+    ctx = curve.input_tokens + curve.output_tokens / 2.0
+    b = max(curve.batch_at_rate(per_replica), 1.0) if per_replica > 0 else 1.0
+    d = float(latency.decode_ms(curve.model, curve.gpu, curve.tp, curve.share, b, ctx))
+    p_c = float(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share, 1, max(i, 1.0)))
+    mix_work = curve.prefill_ms + curve.output_tokens * d
+    return mix_lat * (p_c + max(o, 1.0) * d) / mix_work

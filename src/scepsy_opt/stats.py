@@ -1,0 +1,349 @@
+"""Per-workflow aggregate statistics of a trace: the input of the Aggregate LLM Pipeline.
+
+For a workflow ``w`` with requests ``r = 1..R`` and, per request, LLM calls ``C_{r,m}`` of LLM
+``m`` (durations ``d_c = end_c - start_c``), the statistics are (docs/stats.md):
+
+* ``n_m = (1/R) Σ_r |C_{r,m}|``: mean calls per request (a request without ``m`` counts 0).
+* ``p_m = Σ_r Σ_{c∈C_{r,m}} d_c / Σ_r |∪_{c∈C_{r,m}} [start_c, end_c]|``: mean concurrency of
+  ``m``'s calls inside a request (busy time over the measure of the union of its intervals); 1
+  when that union has measure 0. ``1 <= p_m <= max concurrent calls of m``.
+* ``rounds_m = n_m / p_m``: mean number of sequential "rounds" of ``m`` per request (the factor
+  ``n_m / p_m`` of the paper's ``L_w = Σ_m L_m · n_m / p_m``).
+* critical path of a request: start from the call (LLM or tool) that ends last, repeatedly step to
+  the parent that ends last, until a call without parents; ties on an end time go to the
+  lexicographically smallest ``call_id``. ``critical_calls_m`` is the mean number of ``m``'s
+  calls on it and ``tool_critical_s`` the mean summed duration of the tool calls on it, so the
+  refined predictor reads ``L_w ≈ Σ_m critical_calls_m · L_m + tool_critical_s``.
+* ``time_share_m = Σ_r D_{r,m} / Σ_r Σ_k D_{r,k}`` with ``D_{r,m} = Σ_{c∈C_{r,m}} d_c`` (busy
+  time as recorded, concurrent calls counted each).
+* ``time_share_cv_requests``: CV of ``s_{r,m} = D_{r,m} / Σ_k D_{r,k}`` across requests (requests
+  without LLM busy time left out); ``time_share_cv_halves``: CV of ``time_share_m`` recomputed on
+  ``bootstrap`` random half-samples of the requests (``max(1, ⌊R/2⌋)`` requests drawn without
+  replacement, ``numpy.random.default_rng(seed)``).
+* ``llm_overlap = mean_r |{t: ≥ 2 different LLMs busy}| / |{t: ≥ 1 LLM busy}|``: the concurrency
+  across different LLMs that the paper's serial-stage form ignores (limitation 1).
+
+CV is the population coefficient of variation ``std / mean`` (``ddof = 0``), 0 when there are
+fewer than two values or the mean is 0. Everything is invariant to the order of the records
+(calls are taken in ``call_id`` order, requests in ``request_id`` order) and, up to rounding, to
+shifting all times of a request by a constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from scepsy_opt.traces import CallRecord, Trace, request_span_s
+from scepsy_profile.errors import InputError
+
+
+@dataclass(frozen=True)
+class CallClass:
+    """One LLM's calls in one role within one workflow (``role`` None when the trace gives none).
+
+    ``n`` is the mean number of such calls per request; token statistics are over these calls
+    (population std).
+    """
+
+    llm: str
+    role: str | None
+    n: float
+    input_mean: float
+    input_std: float
+    output_mean: float
+    output_std: float
+    prefix_mean: float
+
+
+@dataclass(frozen=True)
+class LLMStats:
+    """One LLM within one workflow (definitions in the module docstring)."""
+
+    llm: str
+    n: float
+    p: float
+    rounds: float
+    critical_calls: float
+    input_mean: float
+    input_std: float
+    output_mean: float
+    output_std: float
+    classes: tuple[CallClass, ...]
+    time_share: float
+    time_share_cv_requests: float
+    time_share_cv_halves: float
+    mean_call_s: float
+
+
+@dataclass(frozen=True)
+class WorkflowStats:
+    """Aggregate statistics of one workflow's requests; ``llms`` sorted by name."""
+
+    workflow: str
+    requests: int
+    llms: Mapping[str, LLMStats]
+    latency_mean_s: float
+    latency_p50_s: float
+    latency_p90_s: float
+    latency_p99_s: float
+    latency_cv: float
+    calls_per_request_cv: float
+    tool_time_mean_s: float
+    tool_critical_s: float
+    llm_overlap: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
+
+
+# --------------------------------------------------------------------------- helpers
+def _cv(values: Sequence[float] | np.ndarray) -> float:
+    """Population coefficient of variation ``std / mean``; 0 for < 2 values or mean 0."""
+    x = np.asarray(values, dtype=float)
+    if x.size < 2:
+        return 0.0
+    mean = float(x.mean())
+    if mean == 0.0:
+        return 0.0
+    return float(x.std() / mean)
+
+
+def critical_path(calls: Sequence[CallRecord]) -> tuple[CallRecord, ...]:
+    """The critical path of one request, last call first.
+
+    Start from the call that ends last and repeatedly step to the parent that ends last, until a
+    call without parents; ties on the end time go to the lexicographically smallest ``call_id``
+    (so the path does not depend on the order of the records). A parent that is not a call of the
+    request is an :class:`InputError`; a revisited call (possible only with zero-length calls in
+    an unvalidated trace) ends the walk.
+    """
+    if not calls:
+        return ()
+    by_id = {c.call_id: c for c in calls}
+
+    def key(c: CallRecord) -> tuple[float, str]:
+        return (-c.end_s, c.call_id)
+
+    cur = min(calls, key=key)
+    path = [cur]
+    seen = {cur.call_id}
+    while cur.parents:
+        missing = [p for p in cur.parents if p not in by_id]
+        if missing:
+            raise InputError("trace", f"request {cur.request_id!r}: call {cur.call_id!r} parents",
+                             "ids of calls in the same request (dangling parent)", missing[0])
+        cur = min((by_id[p] for p in cur.parents), key=key)
+        if cur.call_id in seen:
+            break
+        seen.add(cur.call_id)
+        path.append(cur)
+    return tuple(path)
+
+
+@dataclass(frozen=True)
+class _Request:
+    """Per-request quantities, one entry per LLM of the workflow (in ``llms`` order)."""
+
+    span_s: float
+    llm_calls: int
+    count: np.ndarray  # calls of each LLM
+    busy: np.ndarray  # Σ durations of each LLM's calls
+    union: np.ndarray  # measure of the union of each LLM's call intervals
+    critical: np.ndarray  # calls of each LLM on the critical path
+    tool_s: float
+    tool_critical_s: float
+    llm_busy_s: float  # |{t: ≥ 1 LLM busy}|
+    llm_overlap_s: float  # |{t: ≥ 2 different LLMs busy}|
+
+
+def _request(calls: Sequence[CallRecord], llms: Sequence[str]) -> _Request:
+    index = {m: i for i, m in enumerate(llms)}
+    k = len(llms)
+    llm_calls = [c for c in calls if c.llm is not None]
+    count = np.zeros(k)
+    busy = np.zeros(k)
+    for c in llm_calls:
+        count[index[c.llm]] += 1
+        busy[index[c.llm]] += c.duration_s
+    # elementary segments between consecutive distinct start/end times of the LLM calls
+    union = np.zeros(k)
+    llm_busy = overlap = 0.0
+    if llm_calls:
+        starts = np.array([c.start_s for c in llm_calls])
+        ends = np.array([c.end_s for c in llm_calls])
+        owner = np.array([index[c.llm] for c in llm_calls])
+        times = np.unique(np.concatenate([starts, ends]))
+        seg = np.diff(times)
+        diff = np.zeros((k, times.size))
+        np.add.at(diff, (owner, np.searchsorted(times, starts)), 1.0)
+        np.add.at(diff, (owner, np.searchsorted(times, ends)), -1.0)
+        active = np.cumsum(diff, axis=1)[:, :-1] > 0.5  # LLM m busy in segment j
+        union = (active * seg).sum(axis=1)
+        n_active = active.sum(axis=0)
+        llm_busy = float(seg[n_active >= 1].sum())
+        overlap = float(seg[n_active >= 2].sum())
+    path = critical_path(calls)
+    critical = np.zeros(k)
+    for c in path:
+        if c.llm is not None:
+            critical[index[c.llm]] += 1
+    return _Request(
+        span_s=request_span_s(calls),
+        llm_calls=len(llm_calls),
+        count=count, busy=busy, union=union, critical=critical,
+        tool_s=float(sum(c.duration_s for c in calls if c.llm is None)),
+        tool_critical_s=float(sum(c.duration_s for c in path if c.llm is None)),
+        llm_busy_s=llm_busy, llm_overlap_s=overlap,
+    )
+
+
+def _shares(busy: np.ndarray) -> np.ndarray:
+    """Rows of busy times -> rows of shares; rows with no busy time -> uniform shares."""
+    busy = np.atleast_2d(busy)
+    total = busy.sum(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(total > 0, busy / np.where(total > 0, total, 1.0), 1.0 / busy.shape[1])
+    return out
+
+
+def _classes(calls: Sequence[CallRecord], llm: str, requests: int) -> tuple[CallClass, ...]:
+    groups: dict[str | None, list[CallRecord]] = {}
+    for c in calls:
+        if c.llm == llm:
+            groups.setdefault(c.role, []).append(c)
+    out = []
+    for role in sorted(groups, key=lambda r: (r is not None, r or "")):
+        g = groups[role]
+        inp = np.array([c.input_tokens for c in g], dtype=float)
+        outp = np.array([c.output_tokens for c in g], dtype=float)
+        out.append(CallClass(
+            llm=llm, role=role, n=len(g) / requests,
+            input_mean=float(inp.mean()), input_std=float(inp.std()),
+            output_mean=float(outp.mean()), output_std=float(outp.std()),
+            prefix_mean=float(np.mean([c.prefix_tokens for c in g])),
+        ))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- public API
+def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
+                   bootstrap: int = 200) -> WorkflowStats:
+    """Aggregate statistics of one workflow of ``trace`` (definitions in the module docstring).
+
+    ``bootstrap`` half-samples of the requests (drawn with ``numpy.random.default_rng(seed)``)
+    give ``time_share_cv_halves``; the result is deterministic for a given seed and independent of
+    the other workflows in the trace.
+    """
+    if not isinstance(bootstrap, int) or bootstrap < 0:
+        raise InputError("workflow_stats", "bootstrap", "an integer >= 0", bootstrap)
+    keys = sorted(k for k in trace.requests if k[0] == workflow)
+    if not keys:
+        raise InputError("trace", "workflow",
+                         f"one of {', '.join(trace.workflows()) or '(no workflows)'}", workflow)
+    reqs = [tuple(sorted(trace.requests[k], key=lambda c: c.call_id)) for k in keys]
+    llms = sorted({c.llm for calls in reqs for c in calls if c.llm is not None})
+    per = [_request(calls, llms) for calls in reqs]
+    R, K = len(per), len(llms)
+
+    count = np.array([q.count for q in per]).reshape(R, K)
+    busy = np.array([q.busy for q in per]).reshape(R, K)
+    union = np.array([q.union for q in per]).reshape(R, K)
+    critical = np.array([q.critical for q in per]).reshape(R, K)
+
+    n = count.sum(axis=0) / R
+    busy_total = busy.sum(axis=0)
+    union_total = union.sum(axis=0)
+    p = np.where(union_total > 0, busy_total / np.where(union_total > 0, union_total, 1.0), 1.0)
+    p = np.maximum(p, 1.0)  # Σ d >= |∪|; clip rounding
+    share = _shares(busy.sum(axis=0))[0] if K else np.zeros(0)
+
+    has_busy = busy.sum(axis=1) > 0
+    req_shares = _shares(busy[has_busy]) if K and has_busy.any() else np.zeros((0, K))
+    if K and bootstrap and R:
+        rng = np.random.default_rng(seed)
+        h = max(1, R // 2)
+        halves = np.argsort(rng.random((bootstrap, R)), axis=1)[:, :h]
+        half_busy = busy[halves].sum(axis=1)  # (bootstrap, K)
+        half_shares = _shares(half_busy[half_busy.sum(axis=1) > 0])
+    else:
+        half_shares = np.zeros((0, K))
+
+    llm_stats: dict[str, LLMStats] = {}
+    for j, m in enumerate(llms):
+        mine = [c for calls in reqs for c in calls if c.llm == m]
+        inp = np.array([c.input_tokens for c in mine], dtype=float)
+        outp = np.array([c.output_tokens for c in mine], dtype=float)
+        llm_stats[m] = LLMStats(
+            llm=m, n=float(n[j]), p=float(p[j]), rounds=float(n[j] / p[j]),
+            critical_calls=float(critical[:, j].sum() / R),
+            input_mean=float(inp.mean()), input_std=float(inp.std()),
+            output_mean=float(outp.mean()), output_std=float(outp.std()),
+            classes=_classes([c for calls in reqs for c in calls], m, R),
+            time_share=float(share[j]),
+            time_share_cv_requests=_cv(req_shares[:, j]),
+            time_share_cv_halves=_cv(half_shares[:, j]),
+            mean_call_s=float(busy_total[j] / count[:, j].sum()),
+        )
+
+    spans = np.array([q.span_s for q in per])
+    overlaps = [q.llm_overlap_s / q.llm_busy_s for q in per if q.llm_busy_s > 0]
+    return WorkflowStats(
+        workflow=workflow, requests=R, llms=llm_stats,
+        latency_mean_s=float(spans.mean()),
+        latency_p50_s=float(np.percentile(spans, 50)),
+        latency_p90_s=float(np.percentile(spans, 90)),
+        latency_p99_s=float(np.percentile(spans, 99)),
+        latency_cv=_cv(spans),
+        calls_per_request_cv=_cv([q.llm_calls for q in per]),
+        tool_time_mean_s=float(np.mean([q.tool_s for q in per])),
+        tool_critical_s=float(np.mean([q.tool_critical_s for q in per])),
+        llm_overlap=float(np.mean(overlaps)) if overlaps else 0.0,
+    )
+
+
+def trace_stats(trace: Trace, seed: int = 0, *, bootstrap: int = 200) -> dict[str, WorkflowStats]:
+    """:func:`workflow_stats` of every workflow in ``trace`` (sorted by name, same seed each)."""
+    return {w: workflow_stats(trace, w, seed=seed, bootstrap=bootstrap) for w in trace.workflows()}
+
+
+def _as_mapping(stats: WorkflowStats | Mapping[str, WorkflowStats]) -> Mapping[str, WorkflowStats]:
+    return {stats.workflow: stats} if isinstance(stats, WorkflowStats) else stats
+
+
+def stats_table(stats: WorkflowStats | Mapping[str, WorkflowStats]) -> list[dict]:
+    """One row per (workflow, LLM) for the CLI table, workflows and LLMs sorted by name."""
+    rows = []
+    for w in sorted(_as_mapping(stats)):
+        ws = _as_mapping(stats)[w]
+        for m, s in ws.llms.items():
+            rows.append({
+                "workflow": w, "llm": m, "n": s.n, "p": s.p, "rounds": s.rounds,
+                "critical_calls": s.critical_calls, "input_mean": s.input_mean,
+                "output_mean": s.output_mean, "time_share": s.time_share,
+                "share_cv_requests": s.time_share_cv_requests,
+                "share_cv_halves": s.time_share_cv_halves,
+            })
+    return rows
+
+
+def _workflow_dict(ws: WorkflowStats) -> dict:
+    def llm(s: LLMStats) -> dict:
+        d = {k: getattr(s, k) for k in LLMStats.__dataclass_fields__ if k != "classes"}
+        d["classes"] = [{k: getattr(c, k) for k in CallClass.__dataclass_fields__}
+                        for c in s.classes]
+        return d
+
+    d = {k: getattr(ws, k) for k in WorkflowStats.__dataclass_fields__ if k != "llms"}
+    d["llms"] = {m: llm(s) for m, s in ws.llms.items()}
+    return d
+
+
+def stats_to_dict(stats: WorkflowStats | Mapping[str, WorkflowStats]) -> dict:
+    """JSON-ready dict: one :class:`WorkflowStats` -> its fields; a mapping -> ``{workflow: ...}``."""
+    if isinstance(stats, WorkflowStats):
+        return _workflow_dict(stats)
+    return {w: _workflow_dict(stats[w]) for w in sorted(stats)}

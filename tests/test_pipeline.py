@@ -1,0 +1,156 @@
+"""The Aggregate LLM Pipeline predictor: closed forms on hand-built traces, monotonicity, errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.pipeline import predict
+from scepsy_opt.stats import workflow_stats
+from scepsy_opt.traces import CallRecord, validate_calls
+from scepsy_profile.errors import InputError
+from scepsy_profile.roofline import roofline_model
+from scepsy_profile.serving import serving_curve
+
+ROOF = roofline_model()
+GPU = "A100-80GB"
+MODELS = {"a": "qwen2.5-7b", "b": "qwen2.5-1.5b"}
+
+
+def call(req, cid, llm=None, tool=None, start=0.0, end=1.0, parents=(), i=512, o=64, wf="w", role=None):
+    return CallRecord(workflow=wf, request_id=req, call_id=cid, start_s=start, end_s=end, llm=llm,
+                      tool=tool, role=role, parents=tuple(parents), input_tokens=i if llm else 0,
+                      output_tokens=o if llm else 0)
+
+
+def serial_trace(wf="w"):
+    """Each request: a -> b -> a, strictly serial."""
+    calls = []
+    for r in range(4):
+        q = f"r{r}"
+        calls += [call(q, "c0", "a", start=0, end=1, wf=wf), call(q, "c1", "b", start=1, end=2, parents=["c0"], wf=wf),
+                  call(q, "c2", "a", start=2, end=3, parents=["c1"], wf=wf)]
+    return validate_calls(calls)
+
+
+def parallel_trace():
+    """Each request: a and b run concurrently, then a tool waits for both."""
+    calls = []
+    for r in range(4):
+        q = f"r{r}"
+        calls += [call(q, "c0", "a", start=0, end=2), call(q, "c1", "b", start=0, end=1),
+                  call(q, "t", tool="search", start=2, end=2.5, parents=["c0", "c1"])]
+    return validate_calls(calls)
+
+
+ALLOC = Allocation({"a": Instance(GPU, 1, 0.5, 2), "b": Instance(GPU, 1, 0.3, 1)})
+
+
+def test_single_llm_matches_the_serving_curve_closed_form():
+    calls = [call(f"r{r}", f"c{k}", "a", start=k, end=k + 1, parents=[f"c{k - 1}"] if k else [])
+             for r in range(3) for k in range(2)]
+    stats = {"w": workflow_stats(validate_calls(calls), "w")}
+    alloc = Allocation({"a": Instance(GPU, 1, 0.5, 3)})
+    curve = serving_curve(ROOF, MODELS["a"], GPU, 1, 0.5, 512, 64)
+    for form in ("paper", "critical-path"):
+        pred = predict(stats, MODELS, alloc, ROOF, {"w": 1.0}, form=form)
+        wp = pred.workflows["w"]
+        assert wp.max_throughput == pytest.approx(3 * curve.mu / 2, rel=1e-12)  # r·μ/n, n = 2
+        assert wp.bottleneck == "a"
+        assert wp.mean_latency_s == pytest.approx(2 * curve.latency_s(1.0 * 2 / 3), rel=1e-9)
+
+
+def test_serial_chain_both_forms_agree():
+    stats = {"w": workflow_stats(serial_trace(), "w")}
+    paper = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5}, form="paper").workflows["w"]
+    crit = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5}, form="critical-path").workflows["w"]
+    assert crit.mean_latency_s == pytest.approx(paper.mean_latency_s, rel=1e-9)
+    assert crit.max_throughput == paper.max_throughput
+
+
+def test_concurrency_and_tools_are_counted_on_the_critical_path_only():
+    stats = {"w": workflow_stats(parallel_trace(), "w")}
+    pred = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5})
+    paper = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5}, form="paper")
+    la, lb = pred.llms["a"].call_latency_s, pred.llms["b"].call_latency_s
+    # critical path: the tool and the a call (a ends last among the tool's parents)
+    assert pred.workflows["w"].mean_latency_s == pytest.approx(la + 0.5, rel=1e-9)
+    assert paper.workflows["w"].mean_latency_s == pytest.approx(la + lb, rel=1e-9)
+
+
+def test_shared_llm_sums_the_load_of_both_workflows():
+    trace = validate_calls(list(serial_trace("w1").calls) + list(serial_trace("w2").calls))
+    stats = {w: workflow_stats(trace, w) for w in ("w1", "w2")}
+    both = predict(stats, MODELS, ALLOC, ROOF, {"w1": 0.3, "w2": 0.2})
+    assert both.llms["a"].rate == pytest.approx(2 * 0.3 + 2 * 0.2)
+    one = predict(stats, MODELS, ALLOC, ROOF, {"w1": 0.5, "w2": 0.0})
+    assert one.llms["a"].rate == pytest.approx(both.llms["a"].rate)
+    # the shared bottleneck caps both workflows in proportion to their rates
+    t1, t2 = both.workflows["w1"].max_throughput, both.workflows["w2"].max_throughput
+    assert t1 / t2 == pytest.approx(0.3 / 0.2)
+
+
+def test_two_roles_of_one_llm_get_their_own_latency():
+    calls = []
+    for r in range(4):
+        q = f"r{r}"
+        calls += [call(q, "p", "a", start=0, end=1, i=4000, o=16, role="planner"),
+                  call(q, "c", "a", start=1, end=3, parents=["p"], i=200, o=600, role="coder")]
+    stats = {"w": workflow_stats(validate_calls(calls), "w")}
+    alloc = Allocation({"a": Instance(GPU, 1, 1.0, 1)})
+    pred = predict(stats, MODELS, alloc, ROOF, {"w": 1e-9})
+    # at zero load each role costs its own prefill plus its own decode steps
+    ctx = (4000 + 200) / 2 + (16 + 600) / 4  # the mixture's mean context I + O/2
+    d = ROOF.decode_ms(MODELS["a"], GPU, 1, 1.0, 1, ctx)
+    want = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 4000) + 16 * d
+            + ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 200) + 600 * d) / 1e3
+    assert pred.workflows["w"].mean_latency_s == pytest.approx(want, rel=1e-6)
+    # the paper's form prices both calls at the mean lengths
+    paper = predict(stats, MODELS, alloc, ROOF, {"w": 1e-9}, form="paper")
+    mean_call = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 2100) + 308 * d) / 1e3
+    assert paper.workflows["w"].mean_latency_s == pytest.approx(2 * mean_call, rel=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(share=st.sampled_from([0.3, 0.4, 0.5, 0.7, 1.0]), extra=st.sampled_from([0.1, 0.2, 0.3]),
+       replicas=st.integers(1, 4), more=st.integers(1, 3))
+def test_throughput_is_monotone_in_replicas_and_share(share, extra, replicas, more):
+    stats = {"w": workflow_stats(serial_trace(), "w")}
+
+    def t(a_share, a_rep):
+        alloc = Allocation({"a": Instance(GPU, 1, a_share, a_rep), "b": Instance(GPU, 1, 1.0, 4)})
+        return predict(stats, MODELS, alloc, ROOF, {"w": 0.1}).workflows["w"].max_throughput
+
+    base = t(share, replicas)
+    assert t(share, replicas + more) >= base
+    assert t(min(1.0, share + extra), replicas) >= base * (1 - 1e-12)
+
+
+def test_latency_grows_with_rate_and_is_infinite_past_saturation():
+    stats = {"w": workflow_stats(serial_trace(), "w")}
+    tmax = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.1}).workflows["w"].max_throughput
+    lat = [predict(stats, MODELS, ALLOC, ROOF, {"w": f * tmax}).workflows["w"].mean_latency_s
+           for f in (0.1, 0.5, 0.9)]
+    assert lat[0] <= lat[1] <= lat[2] < math.inf
+    assert predict(stats, MODELS, ALLOC, ROOF, {"w": 1.01 * tmax}).workflows["w"].mean_latency_s == math.inf
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"rates": {"w": -1.0}}, "w"),
+    ({"rates": {"zz": 1.0}}, "zz"),
+    ({"rates": {"w": 0.0}}, "positive rate"),
+    ({"allocation": Allocation({"a": Instance(GPU, 1, 0.5, 1)})}, "llms.b"),
+    ({"models": {"a": "qwen2.5-7b"}}, "llms.b"),
+    ({"form": "magic"}, "form"),
+])
+def test_bad_input_is_an_input_error(kwargs, field):
+    args = {"stats": {"w": workflow_stats(serial_trace(), "w")}, "models": MODELS,
+            "allocation": ALLOC, "latency": ROOF, "rates": {"w": 0.5}}
+    form = kwargs.pop("form", "critical-path")
+    args.update(kwargs)
+    with pytest.raises(InputError, match=field):
+        predict(**args, form=form)
