@@ -8,11 +8,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from scepsy.tables import format_table
+from scepsy_opt.allocation import load_allocation
+from scepsy_opt.pipeline import predict
+from scepsy_opt.simulate import simulate
+from scepsy_opt.stats import stats_table, stats_to_dict, trace_stats, workflow_stats
+from scepsy_opt.traces import CallRecord, Trace, read_trace, validate_calls, write_trace
+from scepsy_opt.workflows import WorkflowSpec, generate_trace, load_workflow, load_workload
 from scepsy_profile.catalog import default_catalog, load_catalog
 from scepsy_profile.errors import InputError
 from scepsy_profile.fitted import fit_latency_model, load_curves, save_curves
@@ -69,6 +76,44 @@ def _parser() -> argparse.ArgumentParser:
     show.add_argument("--output", type=float, default=128.0, help="mean output tokens per call (μ)")
     show.add_argument("--json", action="store_true", help="print rows as JSON")
     show.set_defaults(func=_cmd_show)
+
+    stats = sub.add_parser("stats", help="per-workflow, per-LLM statistics of a trace")
+    stats.add_argument("trace", type=Path, help="a trace JSON-lines file")
+    stats.add_argument("--seed", type=int, default=0, help="seed of the bootstrap halves")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(func=_cmd_stats)
+
+    trace = sub.add_parser("trace", help="workflow traces")
+    tsub = trace.add_subparsers(dest="trace_command", required=True)
+    gen = tsub.add_parser("generate", help="generate a trace from a workflow (or workload) YAML")
+    gen.add_argument("--workflow", type=Path, required=True)
+    gen.add_argument("--requests", type=int, required=True, help="requests per workflow")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", type=Path, required=True)
+    gen.set_defaults(func=_cmd_trace_generate)
+
+    for name, helptext in (("predict", "predicted throughput and latency (Aggregate LLM Pipeline)"),
+                           ("simulate", "simulated throughput and latency (discrete events)")):
+        cmd = sub.add_parser(name, help=helptext)
+        cmd.add_argument("--workflow", type=Path, required=True, help="workflow or workload YAML")
+        cmd.add_argument("--allocation", type=Path, required=True, help="allocation YAML/JSON")
+        cmd.add_argument("--rate", type=float, required=True,
+                         help="total arrival rate, req/s (split over a workload's weights)")
+        cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
+        cmd.add_argument("--trace-requests", type=int, default=2000,
+                         help="requests per workflow of the generated trace")
+        cmd.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+        cmd.add_argument("--seed", type=int, default=0)
+        cmd.add_argument("--json", action="store_true")
+        if name == "predict":
+            cmd.add_argument("--form", choices=["critical-path", "paper"], default="critical-path")
+            cmd.set_defaults(func=_cmd_predict)
+        else:
+            cmd.add_argument("--requests", type=int, default=2000, help="simulated arrivals")
+            cmd.add_argument("--routing", choices=["round_robin", "least_loaded"],
+                             default="round_robin")
+            cmd.add_argument("--progress", action="store_true")
+            cmd.set_defaults(func=_cmd_simulate)
     return p
 
 
@@ -162,6 +207,152 @@ def _cmd_show(args: argparse.Namespace) -> int:
               f"μ for calls of {args.input:g} in / {args.output:g} out tokens")
         print(format_table(rows, list(rows[0])))
     return 0
+
+
+def _positive(value: float, flag: str, integer: bool = False) -> None:
+    if not (value > 0 and math.isfinite(value)) or (integer and int(value) != value):
+        raise InputError(flag, "", "a positive integer" if integer else "a number > 0", value)
+
+
+def _specs(path: Path) -> tuple[WorkflowSpec, ...]:
+    """A workflow YAML, or a workload YAML (``workflows: [...]``) of several."""
+    if path.is_file() and path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (yaml.YAMLError, UnicodeDecodeError):
+            raw = None
+        if isinstance(raw, dict) and "workflows" in raw:
+            return load_workload(path)
+    return (load_workflow(path),)
+
+
+def _models(specs: Sequence[WorkflowSpec]) -> dict[str, str]:
+    return {name: model for spec in specs for name, model in spec.llms.items()}
+
+
+def _trace_for(args: argparse.Namespace, specs: Sequence[WorkflowSpec]) -> Trace:
+    if args.trace:
+        trace = read_trace(args.trace)
+        missing = sorted({s.name for s in specs} - set(trace.workflows()))
+        if missing:
+            raise InputError(str(args.trace), "workflow", f"calls of workflow(s) {missing}")
+        return trace
+    _positive(args.trace_requests, "--trace-requests", integer=True)
+    calls: list[CallRecord] = []
+    for i, spec in enumerate(specs):
+        calls.extend(generate_trace(spec, args.trace_requests, seed=args.seed + i))
+    return validate_calls(calls)
+
+
+def _rates(specs: Sequence[WorkflowSpec], total: float) -> dict[str, float]:
+    weight = sum(s.weight for s in specs)
+    return {s.name: total * s.weight / weight for s in specs}
+
+
+def _latency(args: argparse.Namespace) -> LatencyModel:
+    roof = roofline_model()
+    return CompositeLatencyModel(load_curves(args.curves), roof) if args.curves else roof
+
+
+def _cmd_trace_generate(args: argparse.Namespace) -> int:
+    _positive(args.requests, "--requests", integer=True)
+    specs = _specs(args.workflow)
+    calls: list[CallRecord] = []
+    for i, spec in enumerate(specs):
+        calls.extend(generate_trace(spec, args.requests, seed=args.seed + i))
+    write_trace(args.out, calls)
+    print(f"wrote {len(calls)} calls of {args.requests * len(specs)} requests to {args.out}")
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    stats = trace_stats(read_trace(args.trace), seed=args.seed)
+    if args.json:
+        print(json.dumps(stats_to_dict(stats), indent=2, sort_keys=True))
+        return 0
+    rows = stats_table(stats)
+    print(format_table(rows, list(rows[0])))
+    print()
+    print(format_table([{
+        "workflow": w, "requests": st.requests, "latency_mean_s": round(st.latency_mean_s, 3),
+        "latency_cv": round(st.latency_cv, 3),
+        "max_share_cv_requests": round(max(x.time_share_cv_requests for x in st.llms.values()), 3),
+        "max_share_cv_halves": round(max(x.time_share_cv_halves for x in st.llms.values()), 4),
+        "llm_overlap": round(st.llm_overlap, 3), "tool_critical_s": round(st.tool_critical_s, 3),
+    } for w, st in stats.items()], ["workflow", "requests", "latency_mean_s", "latency_cv",
+                                     "max_share_cv_requests", "max_share_cv_halves",
+                                     "llm_overlap", "tool_critical_s"]))
+    return 0
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    _positive(args.rate, "--rate")
+    specs = _specs(args.workflow)
+    alloc = load_allocation(args.allocation)
+    trace = _trace_for(args, specs)
+    stats = {s.name: workflow_stats(trace, s.name, seed=args.seed) for s in specs}
+    pred = predict(stats, _models(specs), alloc, _latency(args), _rates(specs, args.rate),
+                   form=args.form)
+    out = {w: {"rate": p.rate, "throughput": min(p.rate, p.max_throughput),
+               "max_throughput": p.max_throughput, "bottleneck": p.bottleneck,
+               "mean_latency_s": p.mean_latency_s} for w, p in pred.workflows.items()}
+    llms = {m: {"model": ld.model, "rate": ld.rate, "replicas": ld.replicas, "mu": ld.mu,
+                "utilisation": ld.utilisation, "call_latency_s": ld.call_latency_s}
+            for m, ld in pred.llms.items()}
+    if args.json:
+        print(json.dumps({"form": args.form, "workflows": out, "llms": llms}, indent=2,
+                         sort_keys=True, default=_json_float))
+    else:
+        print(format_table([{"workflow": w, **{k: _round(v) for k, v in o.items()}}
+                            for w, o in out.items()],
+                           ["workflow", "rate", "throughput", "max_throughput", "bottleneck",
+                            "mean_latency_s"]))
+        print()
+        print(format_table([{"llm": m, **{k: _round(v) for k, v in o.items()}}
+                            for m, o in llms.items()],
+                           ["llm", "model", "replicas", "rate", "mu", "utilisation",
+                            "call_latency_s"]))
+    return 0
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    _positive(args.rate, "--rate")
+    _positive(args.requests, "--requests", integer=True)
+    specs = _specs(args.workflow)
+    alloc = load_allocation(args.allocation)
+    trace = _trace_for(args, specs)
+    res = simulate(trace, _models(specs), alloc, _latency(args), _rates(specs, args.rate),
+                   requests=args.requests, seed=args.seed, routing=args.routing,
+                   progress=args.progress)
+    out = {w: {"throughput": m.throughput, "mean_latency_s": m.mean_latency_s,
+               "p50_latency_s": m.p50_latency_s, "p90_latency_s": m.p90_latency_s,
+               "p99_latency_s": m.p99_latency_s, "completed": m.completed,
+               "unfinished": m.unfinished} for w, m in res.workflows.items()}
+    llms = {m: {"replicas": x.replicas, "calls": x.calls, "utilisation": x.utilisation,
+                "mean_batch": x.mean_batch} for m, x in res.llms.items()}
+    if args.json:
+        print(json.dumps({"workflows": out, "llms": llms, "llm_calls": res.llm_calls,
+                          "events": res.events}, indent=2, sort_keys=True, default=_json_float))
+    else:
+        print(format_table([{"workflow": w, **{k: _round(v) for k, v in o.items()}}
+                            for w, o in out.items()],
+                           ["workflow", "throughput", "mean_latency_s", "p50_latency_s",
+                            "p90_latency_s", "p99_latency_s", "completed", "unfinished"]))
+        print()
+        print(format_table([{"llm": m, **{k: _round(v) for k, v in o.items()}}
+                            for m, o in llms.items()],
+                           ["llm", "replicas", "calls", "utilisation", "mean_batch"]))
+    return 0
+
+
+def _round(v: object) -> object:
+    return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v
+
+
+def _json_float(o: object) -> object:
+    raise TypeError(type(o))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,130 @@
+"""Aggregate LLM Pipeline predictor vs the discrete-event simulator.
+
+    python benchmarks/predictor_accuracy.py [--allocations 20] [--requests 3000] [--jobs 2]
+
+For each bundled workflow (RAG + reranker, beam search + PRM, coding agent) and cluster size (4, 8
+and 16 A100-80GB GPUs), draw random feasible allocations (seeded), and compare
+* saturation throughput: predicted ``T_w`` vs the simulator's saturation rate;
+* mean latency at 30%, 55% and 80% of the simulated saturation rate: predicted vs simulated,
+for the paper's form and the critical-path form side by side. Prints the median absolute errors
+and writes results/predictor_accuracy.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+import numpy as np
+
+from _common import REPO, pct, table, write_results
+from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.pipeline import FORMS, predict
+from scepsy_opt.simulate import saturation_rate, simulate
+from scepsy_opt.stats import workflow_stats
+from scepsy_opt.workflows import generate_trace, load_workflow
+from scepsy_profile.catalog import default_catalog
+from scepsy_profile.roofline import roofline_model
+from scepsy_profile.serving import memory_fit
+
+WORKFLOWS = ("rag", "beam-search", "coding-agent")
+GPU = "A100-80GB"
+SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def random_allocation(models: dict[str, str], gpus: int, rng: np.random.Generator,
+                      tries: int = 2000) -> Allocation | None:
+    """A random allocation using at most ``gpus`` GPUs whose instances all fit in memory."""
+    cat = default_catalog()
+    names = sorted(models)
+    for _ in range(tries):
+        budget = rng.dirichlet(np.ones(len(names))) * gpus
+        llms = {}
+        for name, b in zip(names, budget, strict=True):
+            spec = cat.model(models[name])
+            tp = int(rng.choice([t for t in (1, 2, 4) if t <= max(1, int(b)) and spec.supports_tp(t)]))
+            share = float(rng.choice([s for s in SHARES if s * tp <= b] or [SHARES[0]]))
+            if not memory_fit(models[name], GPU, tp, share, 4096, cat).feasible:
+                fits = [s for s in SHARES if s >= share and memory_fit(models[name], GPU, tp, s, 4096, cat).feasible]
+                if not fits:
+                    break
+                share = fits[0]
+            replicas = max(1, int(b // (tp * share)))
+            replicas = int(rng.integers(1, replicas + 1))
+            llms[name] = Instance(GPU, tp, share, replicas)
+        else:
+            alloc = Allocation(llms)
+            if alloc.gpus() <= gpus + 1e-9:
+                return alloc
+    return None
+
+
+def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dict]:
+    spec = load_workflow(REPO / "datasets" / "workflows" / f"{name}.yaml")
+    trace = generate_trace(spec, 2000, seed=seed)
+    st = workflow_stats(trace, spec.name, seed=seed)
+    roof = roofline_model()
+    rng = np.random.default_rng(seed * 1000 + gpus)
+    rows = []
+    for i in range(k):
+        alloc = random_allocation(dict(spec.llms), gpus, rng)
+        if alloc is None:
+            continue
+        sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roof, seed=seed + i)
+        sat = saturation_rate(trace, rates={spec.name: 1.0}, requests=requests, **sim_kw)
+        row = {"workflow": name, "gpus": gpus, "alloc": i, "sim_saturation": sat}
+        for form in FORMS:
+            pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0}, form=form)
+            row[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
+        for frac in (0.3, 0.55, 0.8):
+            rate = frac * sat
+            res = simulate(trace, rates={spec.name: rate}, requests=requests, **sim_kw)
+            row[f"sim_latency@{frac}"] = res.workflows[spec.name].mean_latency_s
+            for form in FORMS:
+                pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: rate}, form=form)
+                row[f"{form}:latency@{frac}"] = pred.workflows[spec.name].mean_latency_s
+        rows.append(row)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--allocations", type=int, default=20)
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    from joblib import Parallel, delayed
+
+    t0 = time.perf_counter()
+    jobs = [(w, g) for w in WORKFLOWS for g in (4, 8, 16)]
+    results = Parallel(n_jobs=args.jobs)(
+        delayed(evaluate)(w, g, args.allocations, args.seed, args.requests) for w, g in jobs)
+    rows = [r for rs in results for r in rs]
+    summary = []
+    for w in WORKFLOWS:
+        for g in (4, 8, 16):
+            sel = [r for r in rows if r["workflow"] == w and r["gpus"] == g]
+            if not sel:
+                continue
+            line = {"workflow": w, "gpus": g, "allocations": len(sel)}
+            for form in FORMS:
+                sat_err = [abs(r[f"{form}:saturation"] / r["sim_saturation"] - 1) for r in sel
+                           if r["sim_saturation"] > 0]
+                lat_err = [abs(r[f"{form}:latency@{f}"] / r[f"sim_latency@{f}"] - 1)
+                           for r in sel for f in (0.3, 0.55, 0.8)
+                           if math.isfinite(r[f"{form}:latency@{f}"]) and r[f"sim_latency@{f}"] > 0]
+                lat_err += [math.inf for r in sel for f in (0.3, 0.55, 0.8)
+                            if not math.isfinite(r[f"{form}:latency@{f}"])]
+                line[f"{form} sat"] = pct(float(np.median(sat_err))) if sat_err else "-"
+                line[f"{form} lat"] = pct(float(np.median(lat_err))) if lat_err else "-"
+            summary.append(line)
+    print("Median absolute error of the predictor against the simulator")
+    print(table(summary, list(summary[0])))
+    print(f"wall time {time.perf_counter() - t0:.0f} s")
+    print(f"results: {write_results('predictor_accuracy', {'rows': rows, 'summary': summary})}")
+
+
+if __name__ == "__main__":
+    main()
