@@ -23,6 +23,7 @@ from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.pipeline import FORMS, predict
 from scepsy_opt.simulate import saturation_rate, simulate
 from scepsy_opt.stats import workflow_stats
+from scepsy_opt.traces import validate_calls
 from scepsy_opt.workflows import generate_trace, load_workflow
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.roofline import roofline_model
@@ -62,7 +63,7 @@ def random_allocation(models: dict[str, str], gpus: int, rng: np.random.Generato
 
 def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dict]:
     spec = load_workflow(REPO / "datasets" / "workflows" / f"{name}.yaml")
-    trace = generate_trace(spec, 2000, seed=seed)
+    trace = validate_calls(generate_trace(spec, 2000, seed=seed))
     st = workflow_stats(trace, spec.name, seed=seed)
     roof = roofline_model()
     rng = np.random.default_rng(seed * 1000 + gpus)

@@ -103,15 +103,15 @@ def test_two_roles_of_one_llm_get_their_own_latency():
     stats = {"w": workflow_stats(validate_calls(calls), "w")}
     alloc = Allocation({"a": Instance(GPU, 1, 1.0, 1)})
     pred = predict(stats, MODELS, alloc, ROOF, {"w": 1e-9})
-    # at zero load each role costs its own prefill plus its own decode steps
+    # at zero load each role costs its own prefill plus its own O - 1 decode steps
     ctx = (4000 + 200) / 2 + (16 + 600) / 4  # the mixture's mean context I + O/2
     d = ROOF.decode_ms(MODELS["a"], GPU, 1, 1.0, 1, ctx)
-    want = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 4000) + 16 * d
-            + ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 200) + 600 * d) / 1e3
+    want = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 4000) + 15 * d
+            + ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 200) + 599 * d) / 1e3
     assert pred.workflows["w"].mean_latency_s == pytest.approx(want, rel=1e-6)
     # the paper's form prices both calls at the mean lengths
     paper = predict(stats, MODELS, alloc, ROOF, {"w": 1e-9}, form="paper")
-    mean_call = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 2100) + 308 * d) / 1e3
+    mean_call = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 2100) + 307 * d) / 1e3
     assert paper.workflows["w"].mean_latency_s == pytest.approx(2 * mean_call, rel=1e-6)
 
 

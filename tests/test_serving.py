@@ -210,7 +210,7 @@ def test_serving_curve_closed_form_with_constant_steps(inst, share, i, o, max_ba
     policy = MemoryPolicy(reserve_fraction=0.1, reserve_gib=0.0, max_batch=max_batch)
     curve = serving_curve(lat, model, gpu, tp, share, i, o, policy=policy)
     assert curve.prefill_ms == p
-    assert curve.zero_load_latency_s == pytest.approx((p + o * d) / 1e3, rel=1e-12)
+    assert curve.zero_load_latency_s == pytest.approx((p + (o - 1) * d) / 1e3, rel=1e-12)
     spec = CAT.model(model)
     budget = kv_budget_bytes(model, gpu, tp, share, policy)
     kv_tokens = curve.memory.kv_tokens
@@ -220,15 +220,16 @@ def test_serving_curve_closed_form_with_constant_steps(inst, share, i, o, max_ba
         assert curve.mu == 0 and curve.max_batch == 0 and not curve.feasible
         assert curve.latency_s(1.0) == math.inf
         return
-    b_max = min(max_batch, int(kv_tokens // (i + o / 2)))
+    b_max = min(max_batch, int(kv_tokens // (i + o)))  # a call reserves all its I + O tokens
     assert b_max >= 1
     assert curve.max_batch == b_max
     assert curve.feasible
-    assert curve.mu == pytest.approx(b_max / (o * d + b_max * p) * 1e3, rel=1e-12)
+    assert curve.mu == pytest.approx(b_max / ((o - 1) * d + b_max * p) * 1e3, rel=1e-12)
     for b in [frac * b_max, *range(1, min(b_max, 4))]:  # a fractional and a few whole batches
         rate = curve.rate_at_batch(b)
-        assert rate == pytest.approx(b / (o * d + max(b, 1.0) * p) * 1e3, rel=1e-12)
-        assert curve.batch_at_rate(rate) == pytest.approx(b, rel=1e-6)
+        assert rate == pytest.approx(b / ((o - 1) * d + max(b, 1.0) * p) * 1e3, rel=1e-12)
+        if rate < curve.mu * (1 - 1e-6):  # B(λ) inverts λ(B) (λ is flat when O = 1)
+            assert curve.rate_at_batch(curve.batch_at_rate(rate)) == pytest.approx(rate, rel=1e-6)
 
 
 # --------------------------------------------------------------------------- roofline curves

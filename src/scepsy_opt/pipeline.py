@@ -18,9 +18,11 @@ tokens of the calls it receives (the call-rate-weighted mixture over workflows a
   two roles with different token lengths (each role ``c`` gets its own call latency ``L_mc`` on
   the shared instance, instead of one average).
 
-Per-class latency on a shared instance: the mixture's in-service time scaled by the class's own
-work, ``T_c = T_mix · (p(I_c) + O_c·d) / (p(I_mix) + O_mix·d)``, plus the instance's queueing
-wait. The simulator (``scepsy_opt.simulate``) measures both forms' errors
+Calls a request issues concurrently (a reranker's fan-out, a beam's candidates) reach the
+instance together and are prefilled as one group: the serving curve's ``prefill_batch`` is the
+LLM's mean concurrency ``p`` (call-rate weighted over workflows). Per-class latency on a shared
+instance: the mixture's latency scaled by the class's own work,
+``T_c = T_mix · (P(I_c) + (O_c − 1)·d) / (P(I_mix) + (O_mix − 1)·d)``. The simulator (``scepsy_opt.simulate``) measures both forms' errors
 (benchmarks/predictor_accuracy.py, docs/benchmarks.md).
 """
 
@@ -121,11 +123,15 @@ def predict(
         parts = [(rates[w] * n, i, o) for w, st in stats.items() if rates.get(w, 0.0) > 0
                  and m in st.llms for n, _, i, o in _classes(st, m)]
         lam = sum(p[0] for p in parts)
+        # calls that a request issues concurrently reach the instance together and share a prefill
+        conc = [(rates[w] * st.llms[m].n, st.llms[m].p) for w, st in stats.items()
+                if rates.get(w, 0.0) > 0 and m in st.llms]
+        group = sum(x * c for x, c in conc) / lam if lam > 0 else 1.0
         i_mix = sum(p[0] * p[1] for p in parts) / lam if lam > 0 else parts[0][1]
         o_mix = sum(p[0] * p[2] for p in parts) / lam if lam > 0 else parts[0][2]
         curve = serving_curve(latency, models[m], inst.gpu, inst.tp, inst.share,
                               max(i_mix, 1.0), max(o_mix, 1.0), catalog=catalog,
-                              policy=policy or MemoryPolicy())
+                              policy=policy or MemoryPolicy(), prefill_batch=max(group, 1.0))
         curves[m] = curve
         per_replica = lam / inst.replicas
         mix_lat = curve.latency_s(per_replica) if curve.feasible else math.inf
@@ -166,6 +172,7 @@ def _class_latency(curve: ServingCurve, per_replica: float, mix_lat: float, i: f
     ctx = curve.input_tokens + curve.output_tokens / 2.0
     b = max(curve.batch_at_rate(per_replica), 1.0) if per_replica > 0 else 1.0
     d = float(latency.decode_ms(curve.model, curve.gpu, curve.tp, curve.share, b, ctx))
-    p_c = float(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share, 1, max(i, 1.0)))
-    mix_work = curve.prefill_ms + curve.output_tokens * d
-    return mix_lat * (p_c + max(o, 1.0) * d) / mix_work
+    p_c = float(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share,
+                                   curve.prefill_batch, max(i, 1.0)))
+    mix_work = curve.prefill_ms + (curve.output_tokens - 1.0) * d
+    return mix_lat * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work

@@ -690,7 +690,8 @@ class ReferenceTimer:
         return t
 
     def zero_load_s(self, llm: str, input_tokens: Any, output_tokens: Any) -> Any:
-        """``(prefill(I) + O·decode(1, I + O/2)) / 1000``, as ``serving_curve`` at zero load."""
+        """``(prefill(I) + (O − 1)·decode(1, I + O/2)) / 1000``, as ``serving_curve`` at zero load
+        (prefill produces the first output token)."""
         prefill, decode = self._table(llm)
         n = len(prefill)
         scalars = (int, float, np.integer, np.floating)
@@ -701,14 +702,14 @@ class ReferenceTimer:
             j = int(x)
             w = x - j
             step = float(decode[j]) * (1.0 - w) + float(decode[min(j + 1, n - 1)]) * w
-            return (float(prefill[i - 1]) + o * step) / 1e3
+            return (float(prefill[i - 1]) + (o - 1.0) * step) / 1e3
         i = np.minimum(np.maximum(np.asarray(input_tokens, dtype=np.int64), 1), n)
         o = np.maximum(np.asarray(output_tokens, dtype=float), 1.0)
         x = np.minimum(i + o / 2.0, float(n)) - 1.0
         j = x.astype(np.int64)
         w = x - j
         step = decode[j] * (1.0 - w) + decode[np.minimum(j + 1, n - 1)] * w
-        return (prefill[i - 1] + o * step) / 1e3
+        return (prefill[i - 1] + (o - 1.0) * step) / 1e3
 
     def __call__(self, llm: str, input_tokens: Any, output_tokens: Any,
                  rng: np.random.Generator) -> Any:

@@ -9,25 +9,29 @@ GPU's compute (MPS) and memory. For calls with mean input ``I`` and output ``O``
   client keeps its own CUDA context). What is left holds the KV cache:
   ``kv_tokens = kv_bytes / kv_bytes_per_token_per_gpu``. A candidate that cannot hold one
   sequence of ``I + O`` tokens does not exist (:attr:`ServingCurve.feasible` is False).
-* **Batch limit**: sequences hold ``I + O/2`` tokens on average over their life (paged KV), so
-  ``B_max = floor(kv_tokens / (I + O/2))``, capped by ``max_batch`` (vLLM's ``max_num_seqs``).
-* **Throughput at batch B**: a sequence lives for ``O`` decode steps of ``d(B, I + O/2)``, and
-  every prefill of length ``I`` stalls the batch for ``p(I)``. With ``B`` sequences in flight,
-  Little's law gives ``λ(B) = B / (O·d(B, I + O/2) + B·p(I))`` (with ``B`` read as 1 inside the
-  bracket when ``B < 1``: an idle server still prefills and decodes each call);
-  ``μ = max_B≤B_max λ(B)``.
+* **Batch limit**: a call reserves its whole ``I + O`` tokens of KV cache when it is admitted
+  (no preemption, as in the simulator), so ``B_max = floor(kv_tokens / (I + O))``, capped by
+  ``max_batch`` (vLLM's ``max_num_seqs``).
+* **Prefill groups**: calls that arrive together (a fan-out of ``k`` concurrent calls) are
+  prefilled together: the group takes ``P = p(k, I)`` and costs the batch ``P/k`` per call. ``k``
+  is ``prefill_batch`` (the predictor passes the LLM's mean concurrency within a request).
+* **Throughput at batch B**: prefill produces the first output token, so a call lives for its
+  group's prefill and ``O − 1`` decode steps of ``d(B, I + O/2)``, and is stalled by the
+  prefills of the other ``B − 1`` calls in the batch. With ``B' = max(B, 1)`` (an idle server
+  still prefills and decodes each call), Little's law gives
+  ``λ(B) = B / (P + (O − 1)·d(B', I + O/2) + (B' − 1)·P/k)``; ``μ = max_B≤B_max λ(B)``.
 * **Latency at rate λ < μ**: ``B(λ)`` solves ``λ(B) = λ`` (``λ(B)`` is increasing up to its
-  maximum), the in-service time is ``B/λ = O·d(B) + B·p(I)``, plus a queueing wait that grows
-  as λ → μ, taken from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of service time
-  ``B_max/μ``: ``W_q ≈ ρ^(√(2(c+1)) − 1) / (c(1 − ρ)) · B_max/μ``, ``ρ = λ/μ``.
-  At λ → 0 the latency is ``p(I) + O·d(1, I + O/2)``.
+  maximum), the in-service time is ``B/λ``, plus a queueing wait that grows as λ → μ, taken
+  from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of service time ``B_max/μ``:
+  ``W_q ≈ ρ^(√(2(c+1)) − 1) / (c(1 − ρ)) · B_max/μ``, ``ρ = λ/μ``. At λ → 0 the latency is
+  ``P + (O − 1)·d(1, I + O/2)``.
 The discrete-event simulator checks these forms (scepsy_opt).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.optimize import brentq
@@ -106,7 +110,8 @@ class ServingCurve:
     memory: MemoryFit
     max_batch: int
     mu: float  # saturation throughput, calls/s (0 when infeasible)
-    prefill_ms: float  # p(I), one prompt
+    prefill_ms: float  # P = p(k, I): one prefill group of k calls
+    prefill_batch: float  # k
     latency_model: LatencyModel
 
     @property
@@ -116,15 +121,16 @@ class ServingCurve:
     def _ctx(self) -> float:
         return self.input_tokens + self.output_tokens / 2.0
 
-    def rate_at_batch(self, batch: float) -> float:
-        """λ(B) = B / (O·d(B', I + O/2) + B'·p(I)), B' = max(B, 1), calls/s.
+    def _service_ms(self, batch: float) -> float:
+        """In-service time of one call at batch ``B``: ``P + (O−1)·d(B') + (B'−1)·P/k``."""
+        b = max(batch, 1.0)
+        d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, b, self._ctx())
+        return (self.prefill_ms + (self.output_tokens - 1.0) * d
+                + (b - 1.0) * self.prefill_ms / self.prefill_batch)
 
-        Below one call in service (a partly idle server) a call still pays its own prefill and
-        decodes at batch 1, so the in-service time tends to the zero-load latency as λ → 0.
-        """
-        d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share,
-                                         max(batch, 1.0), self._ctx())
-        return 1e3 * batch / (self.output_tokens * d + max(batch, 1.0) * self.prefill_ms)
+    def rate_at_batch(self, batch: float) -> float:
+        """λ(B) = B / (in-service time at B), calls/s (see the module docstring)."""
+        return 1e3 * batch / self._service_ms(batch)
 
     def batch_at_rate(self, rate: float) -> float:
         """The mean number of calls in service, ``B`` with λ(B) = rate, for 0 < rate < μ."""
@@ -139,9 +145,7 @@ class ServingCurve:
             return self.zero_load_latency_s
         if not self.feasible or rate >= self.mu:
             return math.inf
-        b = max(self.batch_at_rate(rate), 1.0)  # in service: own prefill + stalls + O steps
-        d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, b, self._ctx())
-        in_service = (self.output_tokens * d + b * self.prefill_ms) / 1e3
+        in_service = self._service_ms(self.batch_at_rate(rate)) / 1e3
         rho = rate / self.mu
         c = self.max_batch
         wait = rho ** (math.sqrt(2.0 * (c + 1)) - 1.0) / (c * (1.0 - rho)) * (c / self.mu)
@@ -149,31 +153,36 @@ class ServingCurve:
 
     @property
     def zero_load_latency_s(self) -> float:
-        d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, 1, self._ctx())
-        return (self.prefill_ms + self.output_tokens * d) / 1e3
+        return self._service_ms(1.0) / 1e3
 
 
 def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: float,
                   input_tokens: float, output_tokens: float, *, catalog: Catalog | None = None,
-                  policy: MemoryPolicy = MemoryPolicy()) -> ServingCurve:
+                  policy: MemoryPolicy = MemoryPolicy(),
+                  prefill_batch: float = 1.0) -> ServingCurve:
     """Build the serving curve of one instance (see the module docstring for the model)."""
-    if input_tokens < 1 or output_tokens < 1:
+    if not (input_tokens >= 1 and output_tokens >= 1):
         raise InputError("query", "input_tokens/output_tokens", "mean token counts >= 1",
                          (input_tokens, output_tokens))
-    mem = memory_fit(model, gpu, tp, share, math.ceil(input_tokens + output_tokens), catalog, policy)
-    ctx = input_tokens + output_tokens / 2.0
-    b_max = min(policy.max_batch, int(mem.kv_tokens // ctx)) if mem.feasible else 0
-    p = float(latency.prefill_ms(model, gpu, tp, share, 1, max(input_tokens, 1.0)))
-    mu, best_b = 0.0, 0
-    if b_max >= 1:
-        batches = np.arange(1, b_max + 1, dtype=float)
-        d = np.asarray(latency.decode_ms(model, gpu, tp, share, batches, ctx), dtype=float)
-        rates = 1e3 * batches / (output_tokens * d + batches * p)
-        # λ(B) is increasing until compute saturates; keep the prefix up to its maximum
-        best_b = int(np.argmax(rates)) + 1
-        mu = float(rates[best_b - 1])
-    return ServingCurve(
+    if not (math.isfinite(prefill_batch) and prefill_batch >= 1):
+        raise InputError("query", "prefill_batch", "a number >= 1 (calls prefilled together)",
+                         prefill_batch)
+    seq = input_tokens + output_tokens
+    mem = memory_fit(model, gpu, tp, share, math.ceil(seq), catalog, policy)
+    b_max = min(policy.max_batch, int(mem.kv_tokens // seq)) if mem.feasible else 0
+    k = min(prefill_batch, max(b_max, 1))
+    p = float(latency.prefill_ms(model, gpu, tp, share, k, input_tokens))
+    curve = ServingCurve(
         model=model, gpu=gpu, tp=tp, share=share, input_tokens=float(input_tokens),
-        output_tokens=float(output_tokens), memory=mem, max_batch=best_b, mu=mu, prefill_ms=p,
-        latency_model=latency,
+        output_tokens=float(output_tokens), memory=mem, max_batch=0, mu=0.0, prefill_ms=p,
+        prefill_batch=float(k), latency_model=latency,
     )
+    if b_max < 1:
+        return curve
+    batches = np.arange(1, b_max + 1, dtype=float)
+    d = np.asarray(latency.decode_ms(model, gpu, tp, share, batches, input_tokens + output_tokens / 2.0),
+                   dtype=float)
+    rates = 1e3 * batches / (p + (output_tokens - 1.0) * d + (batches - 1.0) * p / k)
+    # λ(B) rises until compute saturates: keep its maximum (the largest batch reaching it)
+    best = int(np.flatnonzero(rates >= rates.max() * (1.0 - 1e-9))[-1]) + 1
+    return replace(curve, max_batch=best, mu=float(rates[best - 1]))
