@@ -28,6 +28,7 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, p)
@@ -66,3 +67,9 @@ def read_csv_rows(path: str | os.PathLike[str], expected: str,
     if not rows:
         raise InputError(src, "", "at least one data row")
     return header, rows
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
