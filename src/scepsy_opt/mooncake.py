@@ -18,7 +18,6 @@ A workflow param can take Mooncake's lengths instead of its YAML distribution::
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.errors import InputError, from_validation
-from scepsy_profile.files import read_text
+from scepsy_profile.files import read_jsonl_objects
 
 BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in the Mooncake traces (``len(hash_ids) = ⌈input/512⌉``)."""
@@ -87,16 +86,7 @@ def load_mooncake_lengths(path: str | os.PathLike[str]) -> MooncakeLengths:
     inputs: list[int] = []
     outputs: list[int] = []
     blocks: list[int] = []
-    for lineno, line in enumerate(read_text(p, "Mooncake trace (.jsonl)").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(src, f"line {lineno}", f"a JSON object ({exc.msg})") from None
-        if not isinstance(raw, dict):
-            raise InputError(src, f"line {lineno}", "a JSON object (one request)",
-                             type(raw).__name__)
+    for lineno, raw in read_jsonl_objects(p, "Mooncake trace (.jsonl)", "request"):
         try:
             rec = _MooncakeRecord.model_validate(raw)
         except ValidationError as exc:

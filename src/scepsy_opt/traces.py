@@ -24,7 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scepsy_profile.errors import InputError, from_validation
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_profile.files import atomic_write_text, read_jsonl_objects
 
 _EPS = 1e-9
 
@@ -146,15 +146,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     p = Path(path)
     calls: list[CallRecord] = []
     lines: list[int] = []
-    for lineno, line in enumerate(read_text(p, "trace file (.jsonl)").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(str(p), f"line {lineno}", f"a JSON object ({exc.msg})") from None
-        if not isinstance(raw, dict):
-            raise InputError(str(p), f"line {lineno}", "a JSON object (one call)", type(raw).__name__)
+    for lineno, raw in read_jsonl_objects(p, "trace file (.jsonl)", "call"):
         try:
             rec = _Record.model_validate(raw)
         except ValidationError as exc:

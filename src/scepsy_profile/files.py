@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from scepsy_profile.errors import InputError
@@ -73,3 +75,24 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def read_jsonl_objects(path: str | os.PathLike[str], expected: str,
+                       what: str = "record") -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` for every non-blank line of a JSON-lines file.
+
+    A line that is not JSON, or not a JSON object, is an :class:`InputError` naming the file and
+    the line; ``what`` says what one line holds (e.g. ``"call"``).
+    """
+    src = str(path)
+    for lineno, line in enumerate(read_text(path, expected).splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(src, f"line {lineno}", f"a JSON object ({exc.msg})") from None
+        if not isinstance(raw, dict):
+            raise InputError(src, f"line {lineno}", f"a JSON object (one {what})",
+                             type(raw).__name__)
+        yield lineno, raw

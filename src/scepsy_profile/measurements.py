@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy_profile.errors import InputError, from_validation
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_profile.files import atomic_write_text, read_jsonl_objects
 
 Phase = Literal["prefill", "decode"]
 PHASES: tuple[Phase, ...] = ("prefill", "decode")
@@ -80,16 +80,7 @@ def read_measurements(path: str | os.PathLike[str]) -> tuple[Measurement, ...]:
     """Read a JSON-lines measurements file; every bad line is reported with its number."""
     p = Path(path)
     out: list[Measurement] = []
-    for lineno, line in enumerate(read_text(p, "measurements file (.jsonl)").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(str(p), f"line {lineno}", f"a JSON object ({exc.msg})") from None
-        if not isinstance(raw, dict):
-            raise InputError(str(p), f"line {lineno}", "a JSON object (one measurement)",
-                             type(raw).__name__)
+    for lineno, raw in read_jsonl_objects(p, "measurements file (.jsonl)", "measurement"):
         out.append(validate_measurement(raw, str(p), f"line {lineno}"))
     if not out:
         raise InputError(str(p), "", "at least one measurement")
