@@ -154,3 +154,19 @@ def test_bad_input_is_an_input_error(kwargs, field):
     args.update(kwargs)
     with pytest.raises(InputError, match=field):
         predict(**args, form=form)
+
+
+def test_fan_out_prices_the_slowest_branch():
+    """Three concurrent calls of one LLM lasting 1, 1 and 4 s: the request waits for the 4 s
+    one, so the critical path holds 4 / mean(2) = 2 mean calls, not 1."""
+    calls = []
+    for r in range(3):
+        q = f"r{r}"
+        calls += [call(q, "x", "a", start=0, end=1), call(q, "y", "a", start=0, end=1),
+                  call(q, "z", "a", start=0, end=4)]
+    stats = {"w": workflow_stats(validate_calls(calls), "w")}
+    assert stats["w"].llms["a"].critical_calls == 1
+    assert stats["w"].llms["a"].critical_s == pytest.approx(4.0)
+    alloc = Allocation({"a": Instance(GPU, 1, 1.0, 1)})
+    pred = predict(stats, MODELS, alloc, ROOF, {"w": 0.01})
+    assert pred.workflows["w"].mean_latency_s == pytest.approx(2 * pred.llms["a"].call_latency_s, rel=1e-9)

@@ -11,8 +11,9 @@ tokens of the calls it receives (the call-rate-weighted mixture over workflows a
 * **Latency, the paper's form** (``form="paper"``): ``L_w = Σ_m L_m(λ_m/r_m) · n_wm / p_wm``:
   every LLM's calls run in ``n/p`` sequential rounds, stages one after another, tools ignored.
 * **Latency, refined** (``form="critical-path"``, the default): ``L_w = Σ_m Σ_c k_wmc · L_mc +
-  τ_w``, where ``k_wmc`` is the mean number of calls of LLM ``m`` (in role ``c``) on the
-  request's critical path and ``τ_w`` the mean tool time on it. This is the paper's form when a
+  τ_w``, where ``k_wmc`` is LLM ``m``'s (role ``c``'s) time on the request's critical path in
+  units of its mean call (the path runs through the slowest of concurrent calls) and ``τ_w`` the
+  mean tool time on it. This is the paper's form when a
   workflow is a serial chain, and goes beyond it where the traces show concurrency between
   different LLMs (their calls are off the critical path), long tool calls, and one LLM used in
   two roles with different token lengths (each role ``c`` gets its own call latency ``L_mc`` on
@@ -78,13 +79,19 @@ class Prediction:
 
 
 def _classes(st: WorkflowStats, llm: str) -> list[tuple[float, float, float, float]]:
-    """(calls per request, critical calls per request, input mean, output mean) per role."""
+    """(calls per request, critical-path weight, input mean, output mean) per role.
+
+    The weight is the LLM's time on the critical path in units of its mean call: the path runs
+    through the slowest of concurrent calls, so it is more than the count of calls on it
+    whenever calls of one LLM fan out (a beam's candidates).
+    """
     s = st.llms[llm]
-    classes = list(getattr(s, "classes", ()) or ())
+    weight = s.critical_s / s.mean_call_s if s.mean_call_s > 0 else s.critical_calls
+    classes = list(s.classes)
     if not classes:
-        return [(s.n, s.critical_calls, s.input_mean, s.output_mean)]
+        return [(s.n, weight, s.input_mean, s.output_mean)]
     total = sum(c.n for c in classes) or 1.0
-    return [(c.n, s.critical_calls * c.n / total, c.input_mean, c.output_mean) for c in classes]
+    return [(c.n, weight * c.n / total, c.input_mean, c.output_mean) for c in classes]
 
 
 def predict(

@@ -68,6 +68,7 @@ class LLMStats:
     p: float
     rounds: float
     critical_calls: float
+    critical_s: float  # mean time of its calls on the critical path, per request
     input_mean: float
     input_std: float
     output_mean: float
@@ -154,6 +155,7 @@ class _Request:
     busy: np.ndarray  # Σ durations of each LLM's calls
     union: np.ndarray  # measure of the union of each LLM's call intervals
     critical: np.ndarray  # calls of each LLM on the critical path
+    critical_busy: np.ndarray  # Σ durations of each LLM's calls on the critical path
     tool_s: float
     tool_critical_s: float
     llm_busy_s: float  # |{t: ≥ 1 LLM busy}|
@@ -188,13 +190,15 @@ def _request(calls: Sequence[CallRecord], llms: Sequence[str]) -> _Request:
         overlap = float(seg[n_active >= 2].sum())
     path = critical_path(calls)
     critical = np.zeros(k)
+    critical_busy = np.zeros(k)
     for c in path:
         if c.llm is not None:
             critical[index[c.llm]] += 1
+            critical_busy[index[c.llm]] += c.duration_s
     return _Request(
         span_s=request_span_s(calls),
         llm_calls=len(llm_calls),
-        count=count, busy=busy, union=union, critical=critical,
+        count=count, busy=busy, union=union, critical=critical, critical_busy=critical_busy,
         tool_s=float(sum(c.duration_s for c in calls if c.llm is None)),
         tool_critical_s=float(sum(c.duration_s for c in path if c.llm is None)),
         llm_busy_s=llm_busy, llm_overlap_s=overlap,
@@ -253,6 +257,7 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
     busy = np.array([q.busy for q in per]).reshape(R, K)
     union = np.array([q.union for q in per]).reshape(R, K)
     critical = np.array([q.critical for q in per]).reshape(R, K)
+    critical_busy = np.array([q.critical_busy for q in per]).reshape(R, K)
 
     n = count.sum(axis=0) / R
     busy_total = busy.sum(axis=0)
@@ -280,6 +285,7 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
         llm_stats[m] = LLMStats(
             llm=m, n=float(n[j]), p=float(p[j]), rounds=float(n[j] / p[j]),
             critical_calls=float(critical[:, j].sum() / R),
+            critical_s=float(critical_busy[:, j].sum() / R),
             input_mean=float(inp.mean()), input_std=float(inp.std()),
             output_mean=float(outp.mean()), output_std=float(outp.std()),
             classes=_classes([c for calls in reqs for c in calls], m, R),
