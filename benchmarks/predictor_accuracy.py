@@ -30,8 +30,10 @@ from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import memory_fit
 
 WORKFLOWS = ("rag", "beam-search", "coding-agent")
-# simulated arrivals per run, relative to --requests: a beam-search request makes ~160 LLM calls
-REQUEST_SCALE = {"rag": 1.0, "beam-search": 0.25, "coding-agent": 0.5}
+# simulated arrivals per run, relative to --requests: a beam-search request makes ~160 LLM calls;
+# a coding-agent request lasts ~2 minutes, so its runs need many arrivals to pass the ramp-up
+# (the saturation search judges queue growth between the middle and the last third of a run)
+REQUEST_SCALE = {"rag": 1.0, "beam-search": 0.25, "coding-agent": 2.5}
 TRACE_REQUESTS = {"rag": 2000, "beam-search": 400, "coding-agent": 1000}
 GPU = "A100-80GB"
 SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -100,7 +102,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--allocations", type=int, default=20)
     ap.add_argument("--requests", type=int, default=1600,
-                    help="simulated arrivals per run (RAG; beam search 1/4, coding agent 1/2)")
+                    help="simulated arrivals per run (RAG; beam search 1/4, coding agent 2.5x)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
