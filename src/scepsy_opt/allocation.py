@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy_profile.errors import InputError, from_validation
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_profile.files import atomic_write_text, read_yaml
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,12 +91,7 @@ def parse_allocation(raw: object, source: str) -> Allocation:
 def load_allocation(path: str | os.PathLike[str]) -> Allocation:
     """Read an allocation from YAML or JSON (by content: JSON is YAML)."""
     p = Path(path)
-    text = read_text(p, "allocation file (YAML or JSON)")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(str(p), "", f"valid YAML or JSON ({exc})") from None
-    return parse_allocation(raw, str(p))
+    return parse_allocation(read_yaml(p, "allocation file (YAML or JSON)"), str(p))
 
 
 def save_allocation(alloc: Allocation, path: str | os.PathLike[str]) -> None:

@@ -9,6 +9,9 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from scepsy_profile.errors import InputError
 
@@ -96,3 +99,15 @@ def read_jsonl_objects(path: str | os.PathLike[str], expected: str,
             raise InputError(src, f"line {lineno}", f"a JSON object (one {what})",
                              type(raw).__name__)
         yield lineno, raw
+
+
+def read_yaml(path: str | os.PathLike[str], expected: str) -> Any:
+    """The parsed content of a YAML (or JSON) file; a syntax error names the file and the line."""
+    text = read_text(path, expected)
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise InputError(str(path), where, f"valid YAML ({problem})") from None

@@ -38,7 +38,7 @@ from scipy.optimize import least_squares
 
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError, from_validation
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_profile.files import atomic_write_text, read_yaml
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase
 
@@ -292,12 +292,7 @@ class _CalRec(BaseModel):
 def load_calibration(path: str | os.PathLike[str]) -> RooflineCalibration:
     """Read a roofline calibration YAML file."""
     p = Path(path)
-    text = read_text(p, "roofline calibration file (YAML)")
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise InputError(str(p), "", f"valid YAML ({exc})") from None
-    return _parse_calibration(raw, str(p))
+    return _parse_calibration(read_yaml(p, "roofline calibration file (YAML)"), str(p))
 
 
 def _parse_calibration(raw: object, source: str) -> RooflineCalibration:
