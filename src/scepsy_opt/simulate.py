@@ -67,7 +67,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -827,49 +827,13 @@ def _stable(eng: _Engine, max_unfinished: float, max_growth: float) -> bool:
     return last - mid <= max_growth * n / 3
 
 
-def saturation_rate(
-    trace: Trace | Sequence[CallRecord],
-    models: Mapping[str, str],
-    allocation: Allocation,
-    latency: LatencyModel,
-    rates: Mapping[str, float] | None = None,
-    *,
-    requests: int = 3000,
-    seed: int = 0,
-    routing: Routing = "round_robin",
-    policy: MemoryPolicy = _DEFAULT_POLICY,
-    catalog: Catalog | None = None,
-    rel_tol: float = 0.02,
-    max_unfinished: float = 0.05,
-    max_growth: float = 0.05,
-    max_prefill_tokens: int | None = None,
-    progress: bool = False,
-) -> float:
+def saturation_rate(*args: Any, **kwargs: Any) -> float:
     """The largest stable load: ``scale`` such that ``scale · rates`` (req/s) is sustained.
 
-    ``rates`` are the workflows' relative rates (default: proportional to their recorded request
-    counts). A load is *stable* when a run of ``requests`` Poisson arrivals, stopped one arrival
-    window after the last arrival, leaves fewer than ``max_unfinished`` (5%) of the arrivals
-    unfinished and the queue does not grow: the time-averaged number of requests in the system
-    over the last third of the arrival period exceeds that over the middle third by at most
-    ``max_growth`` (5%) of the arrivals in one third. At a rate λ above the true saturation μ
-    requests pile up at ``λ − μ``, so the answer lies in about ``[μ, μ / (1 − max_growth)]``
-    plus sampling noise. (A latency-ratio test, e.g. "the last third within 1.5x of the middle
-    third", passes overloaded runs whose backlog is small next to the requests in flight, and
-    runs where many requests share the replicas like processor sharing.) The growth is measured
-    against the arrivals, so runs must be long next to the requests in flight: raise
-    ``requests`` for workflows with long latencies.
-
-    The first probe saturates the system (all arrivals in a burst) and takes its completion rate
-    as the first guess; the bracket around it is widened until it holds a stable and an unstable
-    load, then bisected (geometrically) until ``hi / lo < 1 + rel_tol``; ``scale`` is the stable
-    end. Every probe uses the same seed, so the arrival pattern only stretches with the scale
-    (common random numbers).
+    Takes the arguments of :func:`saturation_search` (which explains the stability criterion and
+    the search) and returns only its ``scale``.
     """
-    return saturation_search(
-        trace, models, allocation, latency, rates, requests=requests, seed=seed, routing=routing,
-        policy=policy, catalog=catalog, rel_tol=rel_tol, max_unfinished=max_unfinished,
-        max_growth=max_growth, max_prefill_tokens=max_prefill_tokens, progress=progress).scale
+    return saturation_search(*args, **kwargs).scale
 
 
 def saturation_search(
@@ -890,7 +854,28 @@ def saturation_search(
     max_prefill_tokens: int | None = None,
     progress: bool = False,
 ) -> SaturationResult:
-    """:func:`saturation_rate` with the details: rates per workflow and every probe."""
+    """The largest stable load ``scale`` (``scale · rates`` req/s is sustained), with details.
+
+    ``rates`` are the workflows' relative rates (default: proportional to their recorded request
+    counts). A load is *stable* when a run of ``requests`` Poisson arrivals, stopped one arrival
+    window after the last arrival, leaves fewer than ``max_unfinished`` (5%) of the arrivals
+    unfinished and the queue does not grow: the time-averaged number of requests in the system
+    over the last third of the arrival period exceeds that over the middle third by at most
+    ``max_growth`` (5%) of the arrivals in one third. At a rate λ above the true saturation μ
+    requests pile up at ``λ − μ``, so the answer lies in about ``[μ, μ / (1 − max_growth)]``
+    plus sampling noise. (A latency-ratio test, e.g. "the last third within 1.5x of the middle
+    third", passes overloaded runs whose backlog is small next to the requests in flight, and
+    runs where many requests share the replicas like processor sharing.) The growth is measured
+    against the arrivals, so runs must be long next to the requests in flight: raise
+    ``requests`` for workflows with long latencies.
+
+    The first probe saturates the system (all arrivals in a burst) and takes its completion rate
+    as the first guess; the bracket around it is widened until it holds a stable and an unstable
+    load, then bisected (geometrically) until ``hi / lo < 1 + rel_tol``; ``scale`` is the stable
+    end. Every probe uses the same seed, so the arrival pattern only stretches with the scale
+    (common random numbers).
+    """
+
     trace = _as_trace(trace)
     if rates is None:
         counts: dict[str, float] = {}

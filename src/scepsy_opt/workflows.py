@@ -34,7 +34,6 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 import numpy as np
-import yaml
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from scipy.stats import poisson as _poisson
@@ -42,7 +41,7 @@ from scipy.stats import poisson as _poisson
 from scepsy_opt.traces import CallRecord
 from scepsy_profile.catalog import _UniqueKeyLoader, default_catalog
 from scepsy_profile.errors import InputError, from_validation
-from scepsy_profile.files import read_text
+from scepsy_profile.files import read_yaml
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.roofline import roofline_model
 
@@ -565,14 +564,7 @@ class _WorkflowFile(BaseModel):
 
 
 def _load_yaml(path: Path, expected: str) -> Any:
-    text = read_text(path, expected)
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(str(path), where, f"valid YAML ({problem})") from None
+    return read_yaml(path, expected, _UniqueKeyLoader)
 
 
 def load_workflow(path: str | os.PathLike[str]) -> WorkflowSpec:

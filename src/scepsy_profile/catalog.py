@@ -34,7 +34,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_profile.files import atomic_write_text, parse_yaml, read_text
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.models import ModelSpec
 
@@ -312,13 +312,7 @@ def load_catalog(path: str | os.PathLike[str], base: Catalog | None = None) -> C
 
 def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = None) -> Catalog:
     """Parse catalog YAML ``text``; ``source`` names it in errors. See :func:`load_catalog`."""
-    try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: safe
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(source, where, f"valid YAML ({problem})") from None
+    raw = parse_yaml(text, source, _UniqueKeyLoader)
     if not isinstance(raw, dict):
         raise InputError(source, "", "a YAML mapping with keys gpus, models and/or aliases",
                          None if raw is None else type(raw).__name__)

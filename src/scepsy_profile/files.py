@@ -101,13 +101,20 @@ def read_jsonl_objects(path: str | os.PathLike[str], expected: str,
         yield lineno, raw
 
 
-def read_yaml(path: str | os.PathLike[str], expected: str) -> Any:
-    """The parsed content of a YAML (or JSON) file; a syntax error names the file and the line."""
-    text = read_text(path, expected)
+def parse_yaml(text: str, source: str, loader: type = yaml.SafeLoader) -> Any:
+    """Parsed YAML (or JSON) ``text``; a syntax error names ``source`` and the line.
+
+    ``loader`` must be ``yaml.SafeLoader`` or a subclass of it (e.g. one rejecting duplicate keys).
+    """
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=loader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise InputError(str(path), where, f"valid YAML ({problem})") from None
+        raise InputError(source, where, f"valid YAML ({problem})") from None
+
+
+def read_yaml(path: str | os.PathLike[str], expected: str, loader: type = yaml.SafeLoader) -> Any:
+    """The parsed content of a YAML (or JSON) file; see :func:`parse_yaml`."""
+    return parse_yaml(read_text(path, expected), str(path), loader)
