@@ -19,9 +19,10 @@ from scepsy_opt.pipeline import predict
 from scepsy_opt.simulate import simulate
 from scepsy_opt.stats import stats_table, stats_to_dict, trace_stats, workflow_stats
 from scepsy_opt.traces import CallRecord, Trace, read_trace, validate_calls, write_trace
-from scepsy_opt.workflows import WorkflowSpec, generate_trace, load_workflow, load_workload
+from scepsy_opt.workflows import WorkflowSpec, generate_trace, load_workload, parse_workflow
 from scepsy_profile.catalog import default_catalog, load_catalog
 from scepsy_profile.errors import InputError
+from scepsy_profile.files import read_yaml
 from scepsy_profile.fitted import fit_latency_model, load_curves, save_curves
 from scepsy_profile.importers import load_muxserve_grid
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
@@ -216,16 +217,10 @@ def _positive(value: float, flag: str, integer: bool = False) -> None:
 
 def _specs(path: Path) -> tuple[WorkflowSpec, ...]:
     """A workflow YAML, or a workload YAML (``workflows: [...]``) of several."""
-    if path.is_file() and path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError):
-            raw = None
-        if isinstance(raw, dict) and "workflows" in raw:
-            return load_workload(path)
-    return (load_workflow(path),)
+    raw = read_yaml(path, "workflow or workload file (.yaml)")
+    if isinstance(raw, dict) and "workflows" in raw:
+        return load_workload(path)  # resolves its workflow files relative to itself
+    return (parse_workflow(raw, str(path)),)
 
 
 def _models(specs: Sequence[WorkflowSpec]) -> dict[str, str]:
