@@ -224,12 +224,26 @@ def test_serving_curve_closed_form_with_constant_steps(inst, share, i, o, max_ba
     assert b_max >= 1
     assert curve.max_batch == b_max
     assert curve.feasible
-    assert curve.mu == pytest.approx(b_max / ((o - 1) * d + b_max * p) * 1e3, rel=1e-12)
-    for b in [frac * b_max, *range(1, min(b_max, 4))]:  # a fractional and a few whole batches
-        rate = curve.rate_at_batch(b)
-        assert rate == pytest.approx(b / ((o - 1) * d + max(b, 1.0) * p) * 1e3, rel=1e-12)
-        if rate < curve.mu * (1 - 1e-6):  # B(λ) inverts λ(B) (λ is flat when O = 1)
-            assert curve.rate_at_batch(curve.batch_at_rate(rate)) == pytest.approx(rate, rel=1e-6)
+
+    def closed_form(b: float) -> float:
+        bb = max(b, 1.0)
+        g = max(1.0, bb / o)  # one call per group at low load, B/O per iteration under load
+        return b / (p + (o - 1) * d + max(bb - g, 0.0) * p / g) * 1e3
+
+    assert curve.mu == pytest.approx(max(closed_form(b) for b in range(1, b_max + 1)), rel=1e-12)
+    for b in range(1, min(b_max, 4)):  # whole batches: the closed form
+        assert curve.rate_at_batch(b) == pytest.approx(closed_form(b), rel=1e-12)
+    # between whole batches (and below one call in service) λ(B) is linear
+    x = frac * b_max
+    lo, hi = math.floor(x), math.floor(x) + 1
+    left = closed_form(lo) if lo >= 1 else 0.0
+    assert curve.rate_at_batch(x) == pytest.approx(left + (x - lo) * (closed_form(hi) - left), rel=1e-9)
+    rate = curve.rate_at_batch(x)
+    if rate < curve.mu * (1 - 1e-6):  # B(λ) inverts λ(B), for scalars and arrays alike
+        assert curve.rate_at_batch(curve.batch_at_rate(rate)) == pytest.approx(rate, rel=1e-9)
+        many = curve.latency_s(np.array([rate, rate / 2, 0.0, curve.mu]))
+        assert many[0] == curve.latency_s(rate) and many[1] == curve.latency_s(rate / 2)
+        assert many[2] == curve.zero_load_latency_s and many[3] == math.inf
 
 
 # --------------------------------------------------------------------------- roofline curves

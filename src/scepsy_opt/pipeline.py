@@ -23,7 +23,8 @@ Calls a request issues concurrently (a reranker's fan-out, a beam's candidates) 
 instance together and are prefilled as one group: the serving curve's ``prefill_batch`` is the
 LLM's mean concurrency ``p`` (call-rate weighted over workflows). Per-class latency on a shared
 instance: the mixture's latency scaled by the class's own work,
-``T_c = T_mix · (P(I_c) + (O_c − 1)·d) / (P(I_mix) + (O_mix − 1)·d)``. The simulator (``scepsy_opt.simulate``) measures both forms' errors
+``T_c = T_mix · (P(g, I_c) + (O_c − 1)·d) / (P(g, I_mix) + (O_mix − 1)·d)`` at the load's batch and
+prefill group (:func:`class_latencies`, shared with the optimiser). The simulator (``scepsy_opt.simulate``) measures both forms' errors
 (benchmarks/predictor_accuracy.py, docs/benchmarks.md).
 """
 
@@ -33,6 +34,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
+
+import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.stats import WorkflowStats
@@ -94,6 +98,87 @@ def _classes(st: WorkflowStats, llm: str) -> list[tuple[float, float, float, flo
     return [(c.n, weight * c.n / total, c.input_mean, c.output_mean) for c in classes]
 
 
+@dataclass(frozen=True)
+class LLMDemand:
+    """What the workflows ask of one LLM at given rates: its calls, their mixture and roles.
+
+    ``parts`` are ``(calls/s, input mean, output mean)`` per (workflow, role); ``group`` is the
+    call-rate-weighted mean concurrency of its calls within a request (they are prefilled
+    together); ``terms`` are ``(workflow, critical-path weight, input mean, output mean)``: how
+    much of each workflow's latency one mean call of each role is.
+    """
+
+    llm: str
+    model: str
+    rate: float
+    input_mean: float
+    output_mean: float
+    group: float
+    parts: tuple[tuple[float, float, float], ...]
+    terms: tuple[tuple[str, float, float, float], ...]
+
+
+def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
+               rates: Mapping[str, float], llm: str) -> LLMDemand:
+    """The load workflows at ``rates`` (req/s) put on ``llm`` (see :class:`LLMDemand`)."""
+    live = [(w, st) for w, st in stats.items() if rates.get(w, 0.0) > 0 and llm in st.llms]
+    parts = tuple((rates[w] * n, i, o) for w, st in live for n, _, i, o in _classes(st, llm))
+    lam = sum(p[0] for p in parts)
+    conc = [(rates[w] * st.llms[llm].n, st.llms[llm].p) for w, st in live]
+    group = sum(x * c for x, c in conc) / lam if lam > 0 else 1.0
+    i_mix = sum(p[0] * p[1] for p in parts) / lam if lam > 0 else parts[0][1]
+    o_mix = sum(p[0] * p[2] for p in parts) / lam if lam > 0 else parts[0][2]
+    terms = tuple((w, k, i, o) for w, st in live for _, k, i, o in _classes(st, llm))
+    return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms)
+
+
+def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, share: float,
+                   *, catalog: Catalog | None = None,
+                   policy: MemoryPolicy | None = None) -> ServingCurve:
+    """The serving curve of one replica of ``demand.llm`` on (gpu, tp, share)."""
+    return serving_curve(latency, demand.model, gpu, tp, share, max(demand.input_mean, 1.0),
+                         max(demand.output_mean, 1.0), catalog=catalog,
+                         policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
+
+
+def class_latencies(demand: LLMDemand, curve: ServingCurve, latency: LatencyModel,
+                    replicas: ArrayLike) -> tuple[NDArray[np.float64], dict[tuple[float, float], NDArray[np.float64]]]:
+    """Mean call latency of the mixture and of each (input, output) class, per replica count.
+
+    Vectorised over ``replicas`` (the optimiser prices every replica count of a candidate at
+    once). A class's latency on the shared instance is the mixture's, scaled by the class's own
+    work: ``T_c = T_mix · (P(g, I_c) + (O_c − 1)·d) / (P(g, I_mix) + (O_mix − 1)·d)`` at the batch
+    ``B`` and prefill group ``g(B)`` of the load.
+    """
+    r = np.atleast_1d(np.asarray(replicas, dtype=float))
+    per_replica = demand.rate / r
+    if not curve.feasible:
+        inf = np.full(r.shape, math.inf)
+        return inf, {(i, o): inf for _, i, o in demand.parts}
+    mix = np.asarray(curve.latency_s(per_replica), dtype=float)
+    ok = np.isfinite(mix) & (per_replica > 0)
+    b = np.ones(r.shape)
+    if np.any(ok):
+        b[ok] = np.maximum(curve.batch_at_rate(per_replica[ok]), 1.0)
+    g = curve.group(b)
+    ctx = curve.input_tokens + curve.output_tokens / 2.0
+    d = np.asarray(latency.decode_ms(curve.model, curve.gpu, curve.tp, curve.share, b, ctx), float)
+    p_mix = np.asarray(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share, g,
+                                          curve.input_tokens), float)
+    mix_work = p_mix + (curve.output_tokens - 1.0) * d
+    out: dict[tuple[float, float], NDArray[np.float64]] = {}
+    for _, i, o in demand.parts:
+        if (i, o) in out:
+            continue
+        if abs(i - curve.input_tokens) < 1e-9 and abs(o - curve.output_tokens) < 1e-9:
+            out[(i, o)] = mix
+            continue
+        p_c = np.asarray(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share, g,
+                                            max(i, 1.0)), float)
+        out[(i, o)] = mix * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work
+    return mix, out
+
+
 def predict(
     stats: Mapping[str, WorkflowStats],
     models: Mapping[str, str],
@@ -123,29 +208,18 @@ def predict(
             raise InputError("workflow", f"llms.{m}", "the catalog model this LLM runs")
 
     loads: dict[str, LLMLoad] = {}
-    curves: dict[str, ServingCurve] = {}
     class_lat: dict[tuple[str, float, float], float] = {}
     for m in used:
         inst = allocation.llms[m]
-        parts = [(rates[w] * n, i, o) for w, st in stats.items() if rates.get(w, 0.0) > 0
-                 and m in st.llms for n, _, i, o in _classes(st, m)]
-        lam = sum(p[0] for p in parts)
-        # calls that a request issues concurrently reach the instance together and share a prefill
-        conc = [(rates[w] * st.llms[m].n, st.llms[m].p) for w, st in stats.items()
-                if rates.get(w, 0.0) > 0 and m in st.llms]
-        group = sum(x * c for x, c in conc) / lam if lam > 0 else 1.0
-        i_mix = sum(p[0] * p[1] for p in parts) / lam if lam > 0 else parts[0][1]
-        o_mix = sum(p[0] * p[2] for p in parts) / lam if lam > 0 else parts[0][2]
-        curve = serving_curve(latency, models[m], inst.gpu, inst.tp, inst.share,
-                              max(i_mix, 1.0), max(o_mix, 1.0), catalog=catalog,
-                              policy=policy or MemoryPolicy(), prefill_batch=max(group, 1.0))
-        curves[m] = curve
-        per_replica = lam / inst.replicas
-        mix_lat = curve.latency_s(per_replica) if curve.feasible else math.inf
-        util = per_replica / curve.mu if curve.mu > 0 else math.inf
-        loads[m] = LLMLoad(m, models[m], lam, inst.replicas, i_mix, o_mix, curve.mu, util, mix_lat)
-        for _, i, o in parts:
-            class_lat[(m, i, o)] = _class_latency(curve, per_replica, mix_lat, i, o, latency)
+        dem = llm_demand(stats, models, rates, m)
+        curve = instance_curve(dem, latency, inst.gpu, inst.tp, inst.share, catalog=catalog,
+                               policy=policy)
+        mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
+        util = dem.rate / inst.replicas / curve.mu if curve.mu > 0 else math.inf
+        loads[m] = LLMLoad(m, models[m], dem.rate, inst.replicas, dem.input_mean,
+                           dem.output_mean, curve.mu, util, float(mix[0]))
+        for (i, o), v in per_class.items():
+            class_lat[(m, i, o)] = float(v[0])
 
     headroom = {m: (ld.replicas * ld.mu / ld.rate if ld.rate > 0 else math.inf)
                 for m, ld in loads.items()}
@@ -168,18 +242,3 @@ def predict(
             total += st.tool_critical_s
         out[w] = WorkflowPrediction(w, r, r * scale, bottleneck, total, form)
     return Prediction(workflows=out, llms=loads)
-
-
-def _class_latency(curve: ServingCurve, per_replica: float, mix_lat: float, i: float, o: float,
-                   latency: LatencyModel) -> float:
-    if not math.isfinite(mix_lat):
-        return math.inf
-    if abs(i - curve.input_tokens) < 1e-9 and abs(o - curve.output_tokens) < 1e-9:
-        return mix_lat
-    ctx = curve.input_tokens + curve.output_tokens / 2.0
-    b = max(curve.batch_at_rate(per_replica), 1.0) if per_replica > 0 else 1.0
-    d = float(latency.decode_ms(curve.model, curve.gpu, curve.tp, curve.share, b, ctx))
-    p_c = float(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share,
-                                   curve.prefill_batch, max(i, 1.0)))
-    mix_work = curve.prefill_ms + (curve.output_tokens - 1.0) * d
-    return mix_lat * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work

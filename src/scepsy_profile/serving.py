@@ -13,15 +13,19 @@ GPU's compute (MPS) and memory. For calls with mean input ``I`` and output ``O``
   (no preemption, as in the simulator), so ``B_max = floor(kv_tokens / (I + O))``, capped by
   ``max_batch`` (vLLM's ``max_num_seqs``).
 * **Prefill groups**: calls that arrive together (a fan-out of ``k`` concurrent calls) are
-  prefilled together: the group takes ``P = p(k, I)`` and costs the batch ``P/k`` per call. ``k``
-  is ``prefill_batch`` (the predictor passes the LLM's mean concurrency within a request).
+  prefilled together, and under load so are the calls that queued during one iteration: a call
+  lives ``O`` iterations (one prefill, ``O − 1`` decode steps), so a batch of ``B`` admits about
+  ``B/O`` calls per iteration and the group is ``g(B) = max(k, B'/O)`` calls with
+  ``B' = max(B, 1)``. A group takes ``P(g) = p(g, I)``. ``k`` is ``prefill_batch`` (the
+  predictor passes the LLM's mean concurrency within a request). For one-token outputs (a
+  reranker, a reward model) every call of the batch is in one group, ``g = B``.
 * **Throughput at batch B**: prefill produces the first output token, so a call lives for its
-  group's prefill and ``O − 1`` decode steps of ``d(B, I + O/2)``, and is stalled by the
-  prefills of the other ``B − 1`` calls in the batch. With ``B' = max(B, 1)`` (an idle server
-  still prefills and decodes each call), Little's law gives
-  ``λ(B) = B / (P + (O − 1)·d(B', I + O/2) + (B' − 1)·P/k)``; ``μ = max_B≤B_max λ(B)``.
+  group's prefill and ``O − 1`` decode steps of ``d(B', I + O/2)``, and is stalled by the
+  prefills of the other groups admitted meanwhile (``(B' − g)/g`` of them, by Little's law), so
+  ``λ(B) = B / (P(g) + (O − 1)·d(B', I + O/2) + max(B' − g, 0)·P(g)/g)``; ``μ = max_B≤B_max λ(B)``.
 * **Latency at rate λ < μ**: ``B(λ)`` solves ``λ(B) = λ`` (``λ(B)`` is increasing up to its
-  maximum), the in-service time is ``B/λ``, plus a queueing wait that grows as λ → μ, taken
+  maximum; it is computed at whole batches and taken as linear in between, and as ``B·λ(1)``
+  below one call in service), the in-service time is ``B/λ``, plus a queueing wait that grows as λ → μ, taken
   from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of service time ``B_max/μ``:
   ``W_q ≈ ρ^(√(2(c+1)) − 1) / (c(1 − ρ)) · B_max/μ``, ``ρ = λ/μ``. At λ → 0 the latency is
   ``P + (O − 1)·d(1, I + O/2)``.
@@ -32,9 +36,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
-from scipy.optimize import brentq
+from numpy.typing import ArrayLike, NDArray
 
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError
@@ -97,9 +102,15 @@ def memory_fit(model: str, gpu: str, tp: int, share: float, seq_tokens: int,
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ServingCurve:
-    """Throughput and latency of one instance for calls of ``input_tokens``/``output_tokens``."""
+    """Throughput and latency of one instance for calls of ``input_tokens``/``output_tokens``.
+
+    ``service_ms`` tabulates the in-service time at the whole batches ``B = 1..max_batch``;
+    between them (and between 0 and 1, where ``B' = 1``) ``λ(B)`` is linear, so ``B(λ)`` is a
+    table lookup: cheap, vectorised over rates (the optimiser prices thousands of replica counts
+    at once) and identical for a scalar and an array query.
+    """
 
     model: str
     gpu: str
@@ -113,47 +124,69 @@ class ServingCurve:
     prefill_ms: float  # P = p(k, I): one prefill group of k calls
     prefill_batch: float  # k
     latency_model: LatencyModel
+    service_ms: tuple[float, ...] = ()  # in-service time at B = 1..max_batch
 
     @property
     def feasible(self) -> bool:
         return self.memory.feasible and self.mu > 0
 
-    def _ctx(self) -> float:
-        return self.input_tokens + self.output_tokens / 2.0
+    def group(self, batch: ArrayLike) -> NDArray[np.float64]:
+        """Calls prefilled together at batch ``B``: ``g(B) = max(k, max(B, 1)/O)``."""
+        return np.maximum(self.prefill_batch, np.maximum(batch, 1.0) / self.output_tokens)
 
-    def _service_ms(self, batch: float) -> float:
-        """In-service time of one call at batch ``B``: ``P + (O−1)·d(B') + (B'−1)·P/k``."""
-        b = max(batch, 1.0)
-        d = self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, b, self._ctx())
-        return (self.prefill_ms + (self.output_tokens - 1.0) * d
-                + (b - 1.0) * self.prefill_ms / self.prefill_batch)
+    def _grid(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        b = np.arange(0, self.max_batch + 1, dtype=float)
+        rates = np.zeros_like(b)
+        rates[1:] = 1e3 * b[1:] / np.asarray(self.service_ms, dtype=float)
+        return b, np.maximum.accumulate(rates)
 
-    def rate_at_batch(self, batch: float) -> float:
-        """λ(B) = B / (in-service time at B), calls/s (see the module docstring)."""
-        return 1e3 * batch / self._service_ms(batch)
+    def rate_at_batch(self, batch: ArrayLike) -> Any:
+        """λ(B), calls/s: ``B / service(B)`` at whole batches, linear in between (module doc)."""
+        if not self.feasible:
+            raise InputError("query", "batch", "a feasible serving curve (the instance fits)", batch)
+        b, rates = self._grid()
+        out = np.interp(np.asarray(batch, dtype=float), b, rates)
+        return float(out) if np.ndim(batch) == 0 else out
 
-    def batch_at_rate(self, rate: float) -> float:
+    def batch_at_rate(self, rate: ArrayLike) -> Any:
         """The mean number of calls in service, ``B`` with λ(B) = rate, for 0 < rate < μ."""
-        if not 0 < rate < self.mu:
-            raise InputError("query", "rate", f"a rate in (0, μ={self.mu:.6g}) calls/s", rate)
-        return float(brentq(lambda b: self.rate_at_batch(b) - rate, 1e-12, float(self.max_batch),
-                            xtol=1e-12, rtol=1e-10))
+        r = np.asarray(rate, dtype=float)
+        if not np.all((r > 0) & (r < self.mu)):
+            raise InputError("query", "rate", f"rates in (0, μ={self.mu:.6g}) calls/s", rate)
+        b, rates = self._grid()
+        out = np.interp(r, rates, b)
+        return float(out) if np.ndim(rate) == 0 else out
 
-    def latency_s(self, rate: float) -> float:
-        """Mean latency of one call (s) at arrival rate ``rate``; ``inf`` at or beyond μ."""
-        if rate <= 0:
-            return self.zero_load_latency_s
-        if not self.feasible or rate >= self.mu:
-            return math.inf
-        in_service = self._service_ms(self.batch_at_rate(rate)) / 1e3
-        rho = rate / self.mu
-        c = self.max_batch
-        wait = rho ** (math.sqrt(2.0 * (c + 1)) - 1.0) / (c * (1.0 - rho)) * (c / self.mu)
-        return in_service + wait
+    def latency_s(self, rate: ArrayLike) -> Any:
+        """Mean latency of one call (s) at arrival rate ``rate``; ``inf`` at or beyond μ.
+
+        Vectorised: an array of rates gives an array of latencies, equal element by element to
+        the scalar answers.
+        """
+        r = np.atleast_1d(np.asarray(rate, dtype=float))
+        out = np.full(r.shape, math.inf)
+        out[r <= 0] = self.zero_load_latency_s
+        ok = (r > 0) & (r < self.mu) if self.feasible else np.zeros(r.shape, dtype=bool)
+        if np.any(ok):
+            x = r[ok]
+            b, rates = self._grid()
+            # below one call in service B = λ/λ(1): the in-service time is exactly service(1)
+            in_service = np.where(x <= rates[1], self.service_ms[0] / 1e3,
+                                  np.interp(x, rates, b) / x)
+            rho = x / self.mu
+            c = self.max_batch
+            wait = rho ** (math.sqrt(2.0 * (c + 1)) - 1.0) / (c * (1.0 - rho)) * (c / self.mu)
+            out[ok] = in_service + wait
+        return float(out[0]) if np.ndim(rate) == 0 else out
 
     @property
     def zero_load_latency_s(self) -> float:
-        return self._service_ms(1.0) / 1e3
+        """``P(k) + (O − 1)·d(1)``: one request's calls alone on the instance."""
+        if self.service_ms:
+            return self.service_ms[0] / 1e3
+        d = float(self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, 1.0,
+                                               self.input_tokens + self.output_tokens / 2.0))
+        return (self.prefill_ms + (self.output_tokens - 1.0) * d) / 1e3
 
 
 def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: float,
@@ -182,7 +215,13 @@ def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: f
     batches = np.arange(1, b_max + 1, dtype=float)
     d = np.asarray(latency.decode_ms(model, gpu, tp, share, batches, input_tokens + output_tokens / 2.0),
                    dtype=float)
-    rates = 1e3 * batches / (p + (output_tokens - 1.0) * d + (batches - 1.0) * p / k)
+    groups = curve.group(batches)
+    pg = np.asarray(latency.prefill_ms(model, gpu, tp, share, groups, input_tokens), dtype=float)
+    pg = np.where(groups == k, p, pg)  # the same float as prefill_ms at the base group
+    stall = np.maximum(batches - groups, 0.0) * pg / groups
+    service = pg + (output_tokens - 1.0) * d + stall
+    rates = 1e3 * batches / service
     # λ(B) rises until compute saturates: keep its maximum (the largest batch reaching it)
     best = int(np.flatnonzero(rates >= rates.max() * (1.0 - 1e-9))[-1]) + 1
-    return replace(curve, max_batch=best, mu=float(rates[best - 1]))
+    return replace(curve, max_batch=best, mu=float(rates[best - 1]),
+                   service_ms=tuple(float(x) for x in service[:best]))
