@@ -1,0 +1,315 @@
+"""The exact allocation optimiser: a multiple-choice knapsack MILP (PuLP + in-process HiGHS).
+
+One binary ``x_c`` per surviving candidate (``scepsy_opt.planning``):
+
+* **min-latency** (default): ``min Σ_c cost_c·x_c`` s.t. ``Σ_{c∈m} x_c = 1`` for every LLM and
+  ``Σ_{c on type t} units_c·x_c ≤ 1000·G_t`` for every GPU type. Every candidate already carries
+  the load at ``max_utilisation``, so the throughput targets hold by construction.
+* **max-throughput**: the largest scale ``s`` of the targets the cluster carries: ``max s`` s.t.
+  ``s·λ_m ≤ max_utilisation · Σ_{c∈m} capacity_c·x_c``; with per-workflow latency bounds the
+  answer is refined by bisection on ``s`` with min-latency solves whose workflows' latencies
+  (linear in ``x``) are constrained.
+
+HiGHS runs in-process through PuLP's ``HiGHS`` interface, single-threaded with a fixed seed
+(deterministic), with the time limit and relative gap of :class:`~scepsy_opt.planning.PlanOptions`.
+The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of its best bound,
+``infeasible``). When the targets cannot be met the plan says why (:func:`diagnose`).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import highspy
+import pulp
+
+from scepsy_opt.planning import (
+    UNITS,
+    Candidate,
+    CandidateSet,
+    Infeasibility,
+    Plan,
+    PlanningProblem,
+    generate_candidates,
+    plan_from_choice,
+    register,
+)
+
+SEED = 0
+
+
+def _quiet_banner() -> None:
+    """HiGHS prints a banner to stdout when the process creates its first solver: swallow it
+    once here, so ``--json`` output stays clean."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+_quiet_banner()
+SOLVER = (f"HiGHS {highspy.HIGHS_VERSION_MAJOR}.{highspy.HIGHS_VERSION_MINOR}."
+          f"{highspy.HIGHS_VERSION_PATCH}")
+
+
+def _solver(problem: PlanningProblem, time_limit_s: float | None = None) -> pulp.HiGHS:
+    opts = problem.options
+    return pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s or opts.time_limit_s,
+                      gapRel=opts.gap_rel, gapAbs=0.0, random_seed=SEED)
+
+
+def _status(prob: pulp.LpProblem) -> tuple[str, float, float]:
+    """(status, objective, dual bound) as HiGHS reports them."""
+    h: highspy.Highs = prob.solverModel
+    st = h.getModelStatus()
+    info = h.getInfo()
+    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    if st == highspy.HighsModelStatus.kOptimal:
+        return "optimal", info.objective_function_value, info.mip_dual_bound
+    if st == highspy.HighsModelStatus.kInfeasible:
+        return "infeasible", math.inf, math.inf
+    if st in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit,
+              highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kInterrupt):
+        return ("time_limit" if has_solution else "time_limit_no_solution",
+                info.objective_function_value if has_solution else math.inf, info.mip_dual_bound)
+    return h.modelStatusToString(st).lower().replace(" ", "_"), math.inf, math.inf
+
+
+def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
+              extra: list[tuple[Mapping[Candidate, float], float]] | None = None,
+              ) -> tuple[pulp.LpProblem, dict[str, list[tuple[Candidate, pulp.LpVariable]]]]:
+    """The min-cost MILP; ``extra`` rows ``Σ coeff_c·x_c ≤ rhs``."""
+    prob = pulp.LpProblem("scepsy_plan", pulp.LpMinimize)
+    xs: dict[str, list[tuple[Candidate, pulp.LpVariable]]] = {}
+    n = 0
+    for m in sorted(cands):
+        xs[m] = []
+        for c in cands[m]:
+            xs[m].append((c, prob.add_variable(f"x{n}", 0, 1, pulp.LpBinary)))
+            n += 1
+    prob += pulp.LpAffineExpression([(v, c.cost) for m in xs for c, v in xs[m]])
+    for m in xs:
+        prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{len(prob.constraints)}"
+    for gpu, g in problem.cluster.budgets().items():
+        terms = [(v, c.units) for m in xs for c, v in xs[m] if c.gpu == gpu]
+        if terms:
+            prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{gpu}"
+    for j, (coeffs, rhs) in enumerate(extra or []):
+        terms = [(v, coeffs[c]) for m in xs for c, v in xs[m] if c in coeffs]
+        prob += pulp.LpAffineExpression(terms) <= rhs, f"extra_{j}"
+    return prob, xs
+
+
+def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[str, Candidate]:
+    out = {}
+    for m, pairs in xs.items():
+        out[m] = max(pairs, key=lambda p: (p[1].value() or 0.0))[0]
+    return out
+
+
+def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None,
+                      extra: list[tuple[Mapping[Candidate, float], float]] | None = None,
+                      name: str = "milp") -> Plan:
+    """Min weighted latency at the targets (see the module docstring)."""
+    cset = cset or generate_candidates(problem)
+    stats: dict[str, Any] = {"candidates_generated": cset.generated, "candidates_kept": cset.kept,
+                             "serving_curves": cset.curves, "candidates_s": cset.seconds}
+    if cset.unfit or any(not c for c in cset.by_llm.values()):
+        return diagnose(problem, cset, name, stats)
+    t1 = time.perf_counter()
+    prob, xs = _knapsack(problem, cset.by_llm, extra)
+    t2 = time.perf_counter()
+    prob.solve(_solver(problem))
+    t3 = time.perf_counter()
+    status, _, bound = _status(prob)
+    stats.update(build_s=t2 - t1, solve_s=t3 - t2, total_s=cset.seconds + (t3 - t1),
+                 variables=sum(len(v) for v in xs.values()), solver=SOLVER)
+    if status not in ("optimal", "time_limit"):
+        if extra:  # a constrained solve (latency bounds) that has no answer
+            return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats)
+        return diagnose(problem, cset, name, stats)
+    choice = _chosen(xs)
+    return plan_from_choice(problem, name, status, choice, stats,  # type: ignore[arg-type]
+                            bound_s=bound + problem.constant_s)
+
+
+def capacity_shapes(problem: PlanningProblem) -> dict[str, list[tuple[str, int, float, int, float]]]:
+    """Per LLM, the shapes that fit: ``(gpu, tp, share, units per replica, μ per replica)``.
+
+    For max-throughput only capacity matters, and per GPU type and units per replica only the
+    shape with the largest μ is kept (a smaller μ for the same GPUs never helps).
+    """
+    from scepsy_opt.pipeline import instance_curve, llm_demand
+    from scepsy_opt.planning import _units, shapes
+
+    out: dict[str, list[tuple[str, int, float, int, float]]] = {}
+    for m in problem.llms:
+        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        best: dict[tuple[str, int], tuple[str, int, float, int, float]] = {}
+        for gpu, tp, share in shapes(problem, m):
+            curve = instance_curve(dem, problem.latency, gpu, tp, share, catalog=problem.catalog,
+                                   policy=problem.policy)
+            if not curve.feasible:
+                continue
+            per = _units(tp, share)
+            key = (gpu, per)
+            if key not in best or curve.mu > best[key][4]:
+                best[key] = (gpu, tp, share, per, curve.mu)
+        out[m] = [best[k] for k in sorted(best)]
+    return out
+
+
+def max_scale(problem: PlanningProblem,
+              shapes_: Mapping[str, Sequence[tuple[str, int, float, int, float]]] | None = None,
+              ) -> tuple[float, dict[str, Candidate], str]:
+    """The largest ``s`` such that ``s`` × the targets fit at ``max_utilisation`` (exact MILP).
+
+    One binary per (LLM, shape) chooses the shape, an integer counts its replicas:
+    ``s·λ_m ≤ u·Σ μ·r`` and ``Σ units·r ≤ budget`` per GPU type.
+    """
+    shp = shapes_ if shapes_ is not None else capacity_shapes(problem)
+    if any(not v for v in shp.values()):
+        return 0.0, {}, "infeasible"
+    budgets = problem.cluster.budgets()
+    u = problem.options.max_utilisation
+    prob = pulp.LpProblem("scepsy_max_throughput", pulp.LpMaximize)
+    s = prob.add_variable("scale", 0, None)
+    ys: dict[str, list[tuple[tuple[str, int, float, int, float], Any, Any]]] = {}
+    n = 0
+    for m in sorted(shp):
+        ys[m] = []
+        for sh in shp[m]:
+            top = budgets[sh[0]] * UNITS // sh[3]
+            y = prob.add_variable(f"y{n}", 0, 1, pulp.LpBinary)
+            r = prob.add_variable(f"r{n}", 0, top, pulp.LpInteger)
+            prob += pulp.LpAffineExpression([(r, 1), (y, -top)]) <= 0, f"link{n}"
+            prob += pulp.LpAffineExpression([(r, 1), (y, -1)]) >= 0, f"min{n}"
+            ys[m].append((sh, y, r))
+            n += 1
+    prob += pulp.LpAffineExpression([(s, 1.0)])
+    for j, m in enumerate(ys):
+        lam = sum(p[0] for p in _demand(problem, m))
+        prob += pulp.LpAffineExpression([(y, 1) for _, y, _ in ys[m]]) == 1, f"one{j}"
+        prob += (pulp.LpAffineExpression([(s, lam)] + [(r, -u * sh[4]) for sh, _, r in ys[m]])
+                 <= 0, f"load{j}")
+    for gpu, g in budgets.items():
+        terms = [(r, sh[3]) for m in ys for sh, _, r in ys[m] if sh[0] == gpu]
+        if terms:
+            prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{gpu}"
+    prob.solve(_solver(problem))
+    status, obj, _ = _status(prob)
+    if status not in ("optimal", "time_limit"):
+        return 0.0, {}, status
+    choice = {}
+    for m, triples in ys.items():
+        sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
+        reps = max(1, round(r.value() or 0))
+        choice[m] = Candidate(m, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0)
+    return float(obj), choice, status
+
+
+def _demand(problem: PlanningProblem, m: str) -> tuple[tuple[float, float, float], ...]:
+    from scepsy_opt.pipeline import llm_demand
+    return llm_demand(problem.stats, problem.models, problem.targets, m).parts
+
+
+def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
+             stats: Mapping[str, Any]) -> Plan:
+    """An infeasible plan that says why: a model that fits nowhere, or how far the GPUs go."""
+    if cset.unfit:
+        models = ", ".join(f"{m} ({problem.models[m]})" for m in cset.unfit)
+        info = Infeasibility("memory", f"{models} fits on no GPU of the cluster with any TP degree "
+                             "and share of the grid", 0.0, {w: 0.0 for w in problem.targets},
+                             cset.unfit[0], tuple(cset.unfit))
+        return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
+    scale, choice, _ = max_scale(problem)
+    budgets = problem.cluster.budgets()
+    used: dict[str, int] = {}
+    for c in choice.values():
+        used[c.gpu] = used.get(c.gpu, 0) + c.units
+    # the LLM with the least headroom bounds the scale; GPU types it could grow on are binding
+    heads = {m: c.capacity * problem.options.max_utilisation / sum(p[0] for p in _demand(problem, m))
+             for m, c in choice.items()}
+    bottleneck = min(heads, key=lambda m: (heads[m], m)) if heads else None
+    binding = tuple(sorted(g for g in budgets if g in used)) or tuple(sorted(budgets))
+    tput = {w: scale * t for w, t in problem.targets.items()}
+    detail = (f"the targets need more GPUs than the cluster has: at most {scale:.4g}x the targets "
+              f"({', '.join(f'{w} {v:.4g} req/s' for w, v in tput.items())}), bounded by "
+              f"{bottleneck} on the {', '.join(binding)} budget")
+    info = Infeasibility("gpus", detail, scale, tput, bottleneck, binding)
+    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, scale)
+
+
+def solve_max_throughput(problem: PlanningProblem, name: str = "milp") -> Plan:
+    """The largest scale of the targets the cluster carries, within the latency bounds if set."""
+    t0 = time.perf_counter()
+    scale, choice, status = max_scale(problem)
+    bounds = problem.options.latency_bound_s
+    if not choice or scale <= 0:
+        cset = generate_candidates(problem)
+        return diagnose(problem, cset, name, {"total_s": time.perf_counter() - t0})
+    if not bounds:  # the capacity optimum; price its latency at that load
+        scaled = problem.scaled(scale * (1 - 1e-9))
+        from scepsy_opt.planning import price
+        priced = price(scaled, plan_from_choice(scaled, name, "optimal", choice, {}).allocation)  # type: ignore[arg-type]
+        return plan_from_choice(scaled, name, status, priced,  # type: ignore[arg-type]
+                                {"total_s": time.perf_counter() - t0}, scale=scale)
+    # bisection on the scale with latency-bounded min-latency solves
+    lo, hi, best = 0.0, scale, None
+    for _ in range(40):
+        mid = (lo + hi) / 2 if best is not None or lo > 0 else hi
+        plan = _bounded(problem.scaled(mid), name)
+        if plan.feasible:
+            lo, best = mid, (plan, mid)
+        else:
+            hi = mid
+        if hi - lo <= 1e-4 * hi:
+            break
+    if best is None:
+        cset = generate_candidates(problem)
+        return diagnose(problem, cset, name, {"total_s": time.perf_counter() - t0})
+    plan, s = best
+    stats = dict(plan.stats, total_s=time.perf_counter() - t0)
+    return Plan(plan.optimiser, plan.status, plan.allocation, plan.objective_s, plan.bound_s,
+                plan.gap, plan.candidates, stats, None, s)
+
+
+def _bounded(problem: PlanningProblem, name: str) -> Plan:
+    cset = generate_candidates(problem)
+    if cset.unfit or any(not c for c in cset.by_llm.values()):
+        return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, {})
+    extra = []
+    for w, bound in problem.options.latency_bound_s.items():
+        if w not in problem.targets:
+            continue
+        coeffs = {}
+        for cands in cset.by_llm.values():
+            for c in cands:
+                v = dict(c.workflow_latency_s).get(w)
+                if v is not None:
+                    coeffs[c] = v
+        extra.append((coeffs, bound - problem.stats[w].tool_critical_s))
+    return solve_min_latency(problem, cset, extra, name)
+
+
+@register("milp")
+class MILPOptimiser:
+    """The exact optimiser (module docstring)."""
+
+    name = "milp"
+
+    def solve(self, problem: PlanningProblem) -> Plan:
+        if problem.options.objective == "max-throughput":
+            return solve_max_throughput(problem, self.name)
+        return solve_min_latency(problem, name=self.name)

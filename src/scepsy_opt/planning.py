@@ -1,0 +1,429 @@
+"""Planning problems, their candidates and plans: what every optimiser shares.
+
+A :class:`PlanningProblem` is workflows (their statistics and LLM -> catalog model map), a
+target throughput per workflow (req/s), a :class:`~scepsy_opt.cluster.Cluster` and a latency
+model. An allocation gives every LLM one instance shape (gpu, tp, share) and a replica count.
+
+**The objective is separable.** At the target rates every LLM's call rate ``λ_m`` is fixed, so
+the predictor's latency (``scepsy_opt.pipeline``, critical-path form) is a sum over LLMs of a
+term that depends only on that LLM's own instance and replicas:
+``Σ_w ω_w·L_w = Σ_m Σ_{w,c} ω_w·k_wmc·L_mc(gpu, tp, share, λ_m/r) + Σ_w ω_w·τ_w``. Each
+(LLM, gpu, tp, share, replicas) is therefore a :class:`Candidate` with a fixed cost and a fixed
+use of one GPU type, and planning is a multiple-choice knapsack: pick one candidate per LLM
+within the per-type GPU budgets. GPU use is counted in thousandths of a GPU (``units``) so
+budgets are exact integers.
+
+**Candidates** (:func:`generate_candidates`): every GPU type of the cluster × TP degree the model
+supports and a node of that type holds in one NVLink domain × share on the grid (shares < 1 only
+where the instance fits in that share of the memory; the serving curve decides) × replicas from
+the fewest that carry the load at ``max_utilisation`` up to what the budget allows. Replica counts
+stop once the latency is within ``prune_rel`` of its zero-load floor (more replicas cannot gain
+more than that). **Dominance pruning**, per LLM and GPU type: a candidate is dropped when another
+uses no more GPU units and costs no more (on equal cost the one with fewer GPUs survives: the
+tie-break on GPUs used). Both counts are reported.
+
+Re-planning: with a ``current`` allocation, each candidate also pays ``change_penalty_s`` per
+replica started or stopped (``|r − r₀|`` on the same shape, ``r + r₀`` on another).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.cluster import Cluster
+from scepsy_opt.pipeline import LLMDemand, class_latencies, instance_curve, llm_demand, predict
+from scepsy_opt.stats import WorkflowStats
+from scepsy_profile.catalog import Catalog, default_catalog
+from scepsy_profile.errors import InputError
+from scepsy_profile.latency import LatencyModel
+from scepsy_profile.serving import MemoryPolicy
+
+UNITS = 1000  # GPU units per GPU: budgets and uses are exact integers
+TENTHS = tuple(round(0.1 * i, 1) for i in range(1, 11))
+Objective = Literal["min-latency", "max-throughput"]
+OBJECTIVES: tuple[Objective, ...] = ("min-latency", "max-throughput")
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """Knobs of candidate generation and of the solvers (defaults documented in docs/optimiser.md)."""
+
+    shares: tuple[float, ...] = TENTHS
+    tps: tuple[int, ...] = (1, 2, 4, 8)
+    max_utilisation: float = 0.95
+    weights: Mapping[str, float] = field(default_factory=dict)  # per workflow, default 1
+    objective: Objective = "min-latency"
+    latency_bound_s: Mapping[str, float] = field(default_factory=dict)  # max-throughput mode
+    current: Allocation | None = None
+    change_penalty_s: float = 0.0
+    prune_rel: float = 1e-9
+    time_limit_s: float = 60.0
+    gap_rel: float = 0.0
+    max_replicas: int = 100_000
+
+    def __post_init__(self) -> None:
+        src = "plan options"
+        if not self.shares or any(not (0 < s <= 1) or abs(s * UNITS - round(s * UNITS)) > 1e-9
+                                  for s in self.shares):
+            raise InputError(src, "shares", "GPU shares in (0, 1], multiples of 0.001", self.shares)
+        if not self.tps or any(not (isinstance(t, int) and t >= 1) for t in self.tps):
+            raise InputError(src, "tps", "TP degrees, integers >= 1", self.tps)
+        if not 0 < self.max_utilisation < 1:
+            raise InputError(src, "max_utilisation", "a fraction in (0, 1)", self.max_utilisation)
+        if self.objective not in OBJECTIVES:
+            raise InputError(src, "objective", f"one of {list(OBJECTIVES)}", self.objective)
+        for w, x in self.weights.items():
+            if not (math.isfinite(x) and x >= 0):
+                raise InputError(src, f"weights.{w}", "a weight >= 0", x)
+        for w, x in self.latency_bound_s.items():
+            if not (math.isfinite(x) and x > 0):
+                raise InputError(src, f"latency_bound_s.{w}", "a latency bound > 0 s", x)
+        if not (math.isfinite(self.change_penalty_s) and self.change_penalty_s >= 0):
+            raise InputError(src, "change_penalty_s", "a penalty >= 0 s per changed replica",
+                             self.change_penalty_s)
+        if not 0 <= self.prune_rel < 1e-3:
+            raise InputError(src, "prune_rel", "a tolerance in [0, 1e-3)", self.prune_rel)
+        if not self.time_limit_s > 0:
+            raise InputError(src, "time_limit_s", "a time limit > 0 s", self.time_limit_s)
+        if not 0 <= self.gap_rel < 1:
+            raise InputError(src, "gap_rel", "a relative gap in [0, 1)", self.gap_rel)
+        object.__setattr__(self, "shares", tuple(sorted(set(self.shares))))
+        object.__setattr__(self, "tps", tuple(sorted(set(self.tps))))
+        object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
+        object.__setattr__(self, "latency_bound_s", MappingProxyType(dict(self.latency_bound_s)))
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    """Workflows, their target throughputs (req/s), a cluster and a latency model."""
+
+    stats: Mapping[str, WorkflowStats]
+    models: Mapping[str, str]
+    targets: Mapping[str, float]
+    cluster: Cluster
+    latency: LatencyModel
+    options: PlanOptions = PlanOptions()
+    catalog: Catalog | None = None
+    policy: MemoryPolicy | None = None
+
+    def __post_init__(self) -> None:
+        if not self.targets:
+            raise InputError("plan", "targets", "a target throughput for at least one workflow")
+        for w, t in self.targets.items():
+            if w not in self.stats:
+                raise InputError("plan", f"targets.{w}",
+                                 f"a workflow of the problem ({', '.join(sorted(self.stats))})", w)
+            if not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
+                raise InputError("plan", f"targets.{w}", "a throughput > 0 req/s", t)
+        if self.cluster.total_gpus < 1:
+            raise InputError("plan", "cluster", "a cluster with at least one GPU")
+        cat = self.catalog or default_catalog()
+        for m in self.llms:
+            if m not in self.models:
+                raise InputError("plan", f"llms.{m}", "the catalog model this LLM runs")
+            cat.model(self.models[m])
+        for w in self.options.weights:
+            if w not in self.targets:
+                raise InputError("plan options", f"weights.{w}", "a workflow with a target", w)
+        object.__setattr__(self, "targets", MappingProxyType(dict(sorted(self.targets.items()))))
+
+    @property
+    def llms(self) -> list[str]:
+        """The LLMs the targeted workflows call, sorted."""
+        return sorted({m for w in self.targets for m in self.stats[w].llms})
+
+    def weight(self, workflow: str) -> float:
+        return float(self.options.weights.get(workflow, 1.0))
+
+    def scaled(self, factor: float) -> PlanningProblem:
+        """The same problem with every target multiplied by ``factor``."""
+        return PlanningProblem(self.stats, self.models, {w: t * factor for w, t in self.targets.items()},
+                               self.cluster, self.latency, self.options, self.catalog, self.policy)
+
+    @property
+    def constant_s(self) -> float:
+        """The part of the objective no allocation changes: weighted tool time on the path."""
+        return sum(self.weight(w) * self.stats[w].tool_critical_s for w in self.targets)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One way to serve one LLM: ``replicas`` × (gpu, tp, share), priced at the target load."""
+
+    llm: str
+    gpu: str
+    tp: int
+    share: float
+    replicas: int
+    units: int  # GPU use in 1/1000 GPU: replicas · tp · share · 1000
+    mu: float  # calls/s per replica
+    call_latency_s: float  # the LLM's mean call latency at the target load
+    latency_s: float  # its weighted contribution to the objective
+    change_s: float  # re-planning penalty
+    # per workflow: this LLM's contribution to the workflow's mean latency
+    workflow_latency_s: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def cost(self) -> float:
+        return self.latency_s + self.change_s
+
+    @property
+    def capacity(self) -> float:
+        """Calls/s the replicas carry together."""
+        return self.replicas * self.mu
+
+    @property
+    def gpus(self) -> float:
+        return self.units / UNITS
+
+    @property
+    def instance(self) -> Instance:
+        return Instance(self.gpu, self.tp, self.share, self.replicas)
+
+
+@dataclass(frozen=True)
+class CandidateSet:
+    """Every LLM's candidates after pruning, and how many there were before."""
+
+    by_llm: Mapping[str, tuple[Candidate, ...]]
+    generated: int
+    kept: int
+    curves: int  # serving curves built
+    unfit: tuple[str, ...]  # LLMs without any feasible candidate (memory)
+    seconds: float
+
+
+def _units(tp: int, share: float, replicas: int = 1) -> int:
+    return round(tp * share * UNITS) * replicas
+
+
+def changed_replicas(inst: Instance, current: Instance | None) -> int:
+    """Replicas started or stopped to go from ``current`` to ``inst``."""
+    if current is None:
+        return inst.replicas
+    same = (current.gpu == inst.gpu and current.tp == inst.tp
+            and abs(current.share - inst.share) < 1e-9)
+    return abs(inst.replicas - current.replicas) if same else inst.replicas + current.replicas
+
+
+def _terms(problem: PlanningProblem, dem: LLMDemand, curve: Any, replicas: np.ndarray,
+           ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """(mixture call latency, weighted objective term, per-workflow term) per replica count."""
+    mix, per_class = class_latencies(dem, curve, problem.latency, replicas)
+    total = np.zeros(replicas.shape)
+    per_wf: dict[str, np.ndarray] = {}
+    for w, k, i, o in dem.terms:
+        v = k * per_class[(i, o)]
+        per_wf[w] = per_wf.get(w, np.zeros(replicas.shape)) + v
+    for w in sorted(per_wf):
+        total = total + problem.weight(w) * per_wf[w]
+    return mix, total, per_wf
+
+
+def shapes(problem: PlanningProblem, llm: str) -> list[tuple[str, int, float]]:
+    """Every (gpu, tp, share) the cluster and the model allow for ``llm`` (memory not checked)."""
+    cat = problem.catalog or default_catalog()
+    spec = cat.model(problem.models[llm])
+    out = []
+    for gpu in problem.cluster.budgets():
+        top = problem.cluster.max_tp(gpu, cat)
+        for tp in problem.options.tps:
+            if tp <= top and spec.supports_tp(tp):
+                out.extend((gpu, tp, s) for s in problem.options.shares)
+    return out
+
+
+def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candidate]:
+    """Each LLM's instance of ``allocation`` as a :class:`Candidate` (priced like the optimiser's)."""
+    out = {}
+    for m in problem.llms:
+        if m not in allocation.llms:
+            raise InputError("allocation", f"llms.{m}", "an instance for every LLM the workflows call")
+        inst = allocation.llms[m]
+        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
+                               catalog=problem.catalog, policy=problem.policy)
+        mix, total, per_wf = _terms(problem, dem, curve, np.array([float(inst.replicas)]))
+        cur = problem.options.current.llms.get(m) if problem.options.current else None
+        change = problem.options.change_penalty_s * changed_replicas(inst, cur) if problem.options.current else 0.0
+        out[m] = Candidate(m, inst.gpu, inst.tp, inst.share, inst.replicas,
+                           _units(inst.tp, inst.share, inst.replicas), curve.mu, float(mix[0]),
+                           float(total[0]), change,
+                           tuple((w, float(v[0])) for w, v in sorted(per_wf.items())))
+    return out
+
+
+def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
+                        max_units: Mapping[str, int] | None = None) -> CandidateSet:
+    """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
+    is False. ``max_units`` caps the GPU units one LLM may use per type (default: the budget).
+    """
+    t0 = time.perf_counter()
+    opts = problem.options
+    budgets = {g: n * UNITS for g, n in problem.cluster.budgets().items()}
+    caps = dict(max_units) if max_units is not None else budgets
+    by_llm: dict[str, tuple[Candidate, ...]] = {}
+    generated = curves = 0
+    unfit = []
+    for m in problem.llms:
+        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        cur = opts.current.llms.get(m) if opts.current else None
+        cands: list[Candidate] = []
+        any_fit = False
+        for gpu, tp, share in shapes(problem, m):
+            curve = instance_curve(dem, problem.latency, gpu, tp, share, catalog=problem.catalog,
+                                   policy=problem.policy)
+            curves += 1
+            if not curve.feasible:
+                continue
+            any_fit = True
+            per = _units(tp, share)
+            r_cap = min(caps.get(gpu, 0) // per, opts.max_replicas)
+            # fewest replicas carrying the load at max_utilisation
+            r_min = max(1, math.ceil(dem.rate / (opts.max_utilisation * curve.mu) - 1e-12))
+            while r_min > 1 and dem.rate / ((r_min - 1) * curve.mu) <= opts.max_utilisation:
+                r_min -= 1
+            if r_min > r_cap:
+                continue
+            floor = _terms(problem, dem, curve, np.array([math.inf]))[1][0]
+            r0 = cur.replicas if cur is not None else 0
+            start = r_min
+            while start <= r_cap:
+                stop = min(r_cap, start + 255)
+                rs = np.arange(start, stop + 1, dtype=float)
+                mix, total, per_wf = _terms(problem, dem, curve, rs)
+                done = False
+                for j, r in enumerate(range(start, stop + 1)):
+                    inst = Instance(gpu, tp, share, r)
+                    change = opts.change_penalty_s * changed_replicas(inst, cur) if opts.current else 0.0
+                    cands.append(Candidate(m, gpu, tp, share, r, per * r, curve.mu, float(mix[j]),
+                                           float(total[j]), change,
+                                           tuple((w, float(v[j])) for w, v in sorted(per_wf.items()))))
+                    if r >= r0 and total[j] <= floor * (1.0 + opts.prune_rel):
+                        done = True  # more replicas gain at most prune_rel
+                        break
+                if done:
+                    break
+                start = stop + 1
+        if not any_fit:
+            unfit.append(m)
+        generated += len(cands)
+        by_llm[m] = tuple(_pareto(cands)) if prune else tuple(cands)
+    kept = sum(len(c) for c in by_llm.values())
+    return CandidateSet(MappingProxyType(by_llm), generated, kept, curves, tuple(unfit),
+                        time.perf_counter() - t0)
+
+
+def _pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Per GPU type, the candidates no other beats on both units and cost."""
+    out = []
+    for gpu in sorted({c.gpu for c in cands}):
+        best = math.inf
+        for c in sorted((c for c in cands if c.gpu == gpu),
+                        key=lambda c: (c.units, c.cost, c.tp, c.share, c.replicas)):
+            if c.cost < best:
+                out.append(c)
+                best = c.cost
+    return out
+
+
+# --------------------------------------------------------------------------- plans
+
+Status = Literal["optimal", "time_limit", "infeasible", "heuristic", "evaluated"]
+
+
+@dataclass(frozen=True)
+class Infeasibility:
+    """Why no allocation meets the targets, and how far the cluster gets."""
+
+    reason: Literal["memory", "gpus"]
+    detail: str
+    max_scale: float  # the largest fraction of the targets the cluster carries
+    max_throughput: Mapping[str, float]  # per workflow, req/s
+    bottleneck: str | None  # the LLM that bounds it
+    binding: tuple[str, ...]  # the GPU types whose budget binds (or the unfit LLMs)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An optimiser's answer: the allocation, its predicted figures and how it was found."""
+
+    optimiser: str
+    status: Status
+    allocation: Allocation | None
+    objective_s: float  # weighted sum of predicted mean workflow latencies (+ change penalties)
+    bound_s: float  # best proven lower bound on the objective (= objective when optimal)
+    gap: float
+    candidates: Mapping[str, Candidate]
+    stats: Mapping[str, Any]
+    infeasible: Infeasibility | None = None
+    scale: float = 1.0  # max-throughput mode: the fraction of the targets reached
+
+    @property
+    def feasible(self) -> bool:
+        return self.allocation is not None
+
+
+class Optimiser(Protocol):
+    """Anything that turns a :class:`PlanningProblem` into a :class:`Plan`."""
+
+    name: str
+
+    def solve(self, problem: PlanningProblem) -> Plan: ...
+
+
+OPTIMISERS: dict[str, Callable[[], Optimiser]] = {}
+
+
+def register(name: str) -> Callable[[Callable[[], Optimiser]], Callable[[], Optimiser]]:
+    def deco(factory: Callable[[], Optimiser]) -> Callable[[], Optimiser]:
+        OPTIMISERS[name] = factory
+        return factory
+    return deco
+
+
+def optimiser(name: str) -> Optimiser:
+    """The registered optimiser called ``name``."""
+    import scepsy_opt.baselines
+    import scepsy_opt.milp  # noqa: F401
+
+    if name not in OPTIMISERS:
+        raise InputError("plan", "optimiser", f"one of {', '.join(sorted(OPTIMISERS))}", name)
+    return OPTIMISERS[name]()
+
+
+def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
+                     choice: Mapping[str, Candidate], stats: Mapping[str, Any],
+                     bound_s: float | None = None, scale: float = 1.0) -> Plan:
+    """A :class:`Plan` for one candidate per LLM (objective includes the constant tool time)."""
+    alloc = Allocation({m: c.instance for m, c in choice.items()})
+    obj = sum(c.cost for c in choice.values()) + problem.constant_s
+    bound = obj if bound_s is None else bound_s
+    gap = 0.0 if obj <= 0 else max(obj - bound, 0.0) / obj
+    return Plan(name, status, alloc, obj, bound, gap, MappingProxyType(dict(sorted(choice.items()))),
+                MappingProxyType(dict(stats)), None, scale)
+
+
+def fits_budget(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> bool:
+    used: dict[str, int] = {}
+    for c in choice.values():
+        used[c.gpu] = used.get(c.gpu, 0) + c.units
+    budgets = problem.cluster.budgets()
+    return all(u <= budgets.get(g, 0) * UNITS for g, u in used.items())
+
+
+def workflow_latencies(problem: PlanningProblem, plan: Plan) -> dict[str, float]:
+    """Predicted mean latency per targeted workflow (the predictor's critical-path form)."""
+    if plan.allocation is None:
+        return {}
+    pred = predict(problem.stats, problem.models, plan.allocation, problem.latency,
+                   dict(problem.targets), catalog=problem.catalog, policy=problem.policy)
+    return {w: p.mean_latency_s for w, p in pred.workflows.items()}
