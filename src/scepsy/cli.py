@@ -115,7 +115,104 @@ def _parser() -> argparse.ArgumentParser:
                              default="round_robin")
             cmd.add_argument("--progress", action="store_true")
             cmd.set_defaults(func=_cmd_simulate)
+    plan = sub.add_parser("plan", help="optimal allocation for target throughputs (MILP)")
+    plan.add_argument("--workflow", type=Path, required=True, help="workflow or workload YAML")
+    plan.add_argument("--cluster", type=Path, required=True, help="cluster YAML/JSON")
+    plan.add_argument("--target", action="append", required=True, metavar="RATE|WORKFLOW=RATE",
+                      help="target throughput, req/s: a total split over a workload's weights, "
+                           "or per workflow (repeat the flag)")
+    plan.add_argument("--optimiser", default="milp",
+                      help="milp (default), brute-force, heuristic, independent, equal-split")
+    plan.add_argument("--objective", choices=["min-latency", "max-throughput"],
+                      default="min-latency")
+    plan.add_argument("--latency-bound", action="append", default=[], metavar="[WORKFLOW=]SECONDS",
+                      help="max-throughput mode: bound on a workflow's mean latency")
+    plan.add_argument("--current", type=Path, help="current allocation (or plan.json) to re-plan from")
+    plan.add_argument("--change-penalty", type=float, default=0.0,
+                      help="objective seconds per replica started or stopped (with --current)")
+    plan.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
+    plan.add_argument("--tp", default="1,2,4,8", help="comma-separated TP degrees")
+    plan.add_argument("--max-utilisation", type=float, default=0.95)
+    plan.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")
+    plan.add_argument("--gap", type=float, default=0.0, help="relative optimality gap to stop at")
+    plan.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
+    plan.add_argument("--trace-requests", type=int, default=2000)
+    plan.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+    plan.add_argument("--seed", type=int, default=0)
+    plan.add_argument("--out", type=Path, default=Path("plan.json"), help="default %(default)s")
+    plan.add_argument("--no-timings", action="store_true",
+                      help="leave wall-clock timings out of plan.json (byte-identical reruns)")
+    plan.add_argument("--json", action="store_true", help="print plan.json instead of the table")
+    plan.set_defaults(func=_cmd_plan)
     return p
+
+
+def _per_workflow(values: Sequence[str], names: Sequence[str], flag: str,
+                  split: dict[str, float] | None) -> dict[str, float]:
+    """``RATE`` (split by ``split`` weights, or the same for all) or ``NAME=RATE`` entries."""
+    out: dict[str, float] = {}
+    for v in values:
+        name, _, num = v.rpartition("=")
+        try:
+            x = float(num)
+        except ValueError:
+            raise InputError(flag, name or "", "a number (or WORKFLOW=NUMBER)", v) from None
+        _positive(x, flag)
+        if name:
+            if name not in names:
+                raise InputError(flag, name, f"a workflow of the workload ({', '.join(names)})", v)
+            out[name] = x
+        elif split is not None:
+            out.update({w: x * f for w, f in split.items()})
+        else:
+            out.update(dict.fromkeys(names, x))
+    return out
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from scepsy_opt.cluster import load_cluster
+    from scepsy_opt.planfile import dumps, plan_rows, plan_to_dict, write_plan
+    from scepsy_opt.planning import PlanningProblem, PlanOptions, optimiser
+
+    specs = _specs(args.workflow)
+    names = [s.name for s in specs]
+    weight = sum(s.weight for s in specs)
+    targets = _per_workflow(args.target, names, "--target",
+                            {s.name: s.weight / weight for s in specs})
+    bounds = _per_workflow(args.latency_bound, names, "--latency-bound", None)
+    cluster = load_cluster(args.cluster)
+    shares = _floats(args.shares, "--shares") if args.shares else None
+    tps = tuple(_ints(args.tp, "--tp"))
+    current = load_allocation(args.current) if args.current else None
+    kw = {"shares": tuple(shares)} if shares else {}
+    opts = PlanOptions(tps=tps, max_utilisation=args.max_utilisation, objective=args.objective,
+                       latency_bound_s=bounds, current=current, change_penalty_s=args.change_penalty,
+                       time_limit_s=args.time_limit, gap_rel=args.gap, **kw)
+    trace = _trace_for(args, specs)
+    stats = {s.name: workflow_stats(trace, s.name, seed=args.seed) for s in specs}
+    problem = PlanningProblem(stats, _models(specs), targets, cluster, _latency(args), opts)
+    plan = optimiser(args.optimiser).solve(problem)
+    write_plan(args.out, problem, plan, timings=not args.no_timings)
+    if args.json:
+        print(dumps(plan_to_dict(problem, plan, timings=not args.no_timings)), end="")
+    elif plan.allocation is not None:
+        print(format_table([{k: _round(v) for k, v in r.items()} for r in plan_rows(problem, plan)],
+                           ["llm", "model", "gpu", "tp", "share", "replicas", "gpus", "mu_calls_s",
+                            "call_latency_s", "latency_share"]))
+        doc = plan_to_dict(problem, plan)
+        print()
+        print(format_table([{"workflow": w, **{k: _round(v) for k, v in o.items()}}
+                            for w, o in doc["workflows"].items()],
+                           ["workflow", "throughput", "mean_latency_s"]))
+        st = plan.stats
+        print(f"\n{plan.optimiser}: {plan.status}, objective {plan.objective_s:.6g} s, gap "
+              f"{plan.gap:.3g}, candidates {st.get('candidates_generated', '-')} -> "
+              f"{st.get('candidates_kept', '-')}, {st.get('total_s', 0.0):.3f} s; wrote {args.out}")
+    if plan.allocation is None:
+        why = plan.infeasible.detail if plan.infeasible else "no allocation meets the targets"
+        print(f"scepsy: infeasible: {why} (wrote {args.out})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:

@@ -81,6 +81,12 @@ class _AllocationRec(BaseModel):
 
 
 def parse_allocation(raw: object, source: str) -> Allocation:
+    """An allocation document, or a plan.json (its ``allocation``)."""
+    if isinstance(raw, dict) and "optimiser" in raw and "status" in raw:
+        if not isinstance(raw.get("allocation"), dict):
+            raise InputError(source, "allocation", "a plan with an allocation (this plan's status "
+                             f"is {raw.get('status')!r})")
+        raw = raw["allocation"]
     try:
         rec = _AllocationRec.model_validate(raw)
     except ValidationError as exc:

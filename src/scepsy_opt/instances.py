@@ -68,11 +68,17 @@ def random_problem(n_llms: int, gpus: int, latency: LatencyModel, *, seed: int =
     wfs = workflows or max(1, min(n_llms // 3, 8))
     stats, models = random_stats(n_llms, wfs, seed)
     cl = cluster or uniform_cluster(gpu, gpus, min(gpus_per_node, gpus))
-    # size targets: a unit target, then scale so the capacity-optimal plan has ~1/load headroom
+    # size targets: the GPUs the most capacity-efficient shape of each LLM needs for a unit
+    # target, scaled so that they come to ``load`` of the cluster
     unit = PlanningProblem(stats, models, dict.fromkeys(stats, 1.0), cl, latency,
                            options or PlanOptions())
-    from scepsy_opt.milp import max_scale
+    from scepsy_opt.milp import capacity_shapes
+    from scepsy_opt.pipeline import llm_demand
 
-    s, _, _ = max_scale(unit)
-    scale = max(s * load, 1e-6) if s > 0 else 1.0
+    need = 0.0
+    for m, shp in capacity_shapes(unit).items():
+        if shp:
+            lam = llm_demand(unit.stats, unit.models, unit.targets, m).rate
+            need += lam / unit.options.max_utilisation / max(mu / units for _, _, _, units, mu in shp)
+    scale = load * cl.total_gpus * 1000 / need if need > 0 else 1.0
     return unit.scaled(scale)

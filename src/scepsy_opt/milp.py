@@ -99,8 +99,8 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
             xs[m].append((c, prob.add_variable(f"x{n}", 0, 1, pulp.LpBinary)))
             n += 1
     prob += pulp.LpAffineExpression([(v, c.cost) for m in xs for c, v in xs[m]])
-    for m in xs:
-        prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{len(prob.constraints)}"
+    for j, m in enumerate(xs):
+        prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{j}"
     for gpu, g in problem.cluster.budgets().items():
         terms = [(v, c.units) for m in xs for c, v in xs[m] if c.gpu == gpu]
         if terms:
@@ -208,7 +208,7 @@ def max_scale(problem: PlanningProblem,
         if terms:
             prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{gpu}"
     prob.solve(_solver(problem))
-    status, obj, _ = _status(prob)
+    status, _, _ = _status(prob)
     if status not in ("optimal", "time_limit"):
         return 0.0, {}, status
     choice = {}
@@ -216,7 +216,7 @@ def max_scale(problem: PlanningProblem,
         sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
         reps = max(1, round(r.value() or 0))
         choice[m] = Candidate(m, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0)
-    return float(obj), choice, status
+    return float(s.value() or 0.0), choice, status
 
 
 def _demand(problem: PlanningProblem, m: str) -> tuple[tuple[float, float, float], ...]:

@@ -31,7 +31,7 @@ prefill group (:func:`class_latencies`, shared with the optimiser). The simulato
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -43,7 +43,7 @@ from scepsy_opt.stats import WorkflowStats
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.errors import InputError
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curve
+from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curves
 
 Form = Literal["paper", "critical-path"]
 FORMS: tuple[Form, ...] = ("paper", "critical-path")
@@ -136,13 +136,23 @@ def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, 
                    *, catalog: Catalog | None = None,
                    policy: MemoryPolicy | None = None) -> ServingCurve:
     """The serving curve of one replica of ``demand.llm`` on (gpu, tp, share)."""
-    return serving_curve(latency, demand.model, gpu, tp, share, max(demand.input_mean, 1.0),
-                         max(demand.output_mean, 1.0), catalog=catalog,
-                         policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
+    return instance_curves(demand, latency, gpu, tp, [share], catalog=catalog, policy=policy)[0]
+
+
+def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
+                    shares: Sequence[float], *, catalog: Catalog | None = None,
+                    policy: MemoryPolicy | None = None) -> list[ServingCurve]:
+    """:func:`instance_curve` for several shares at once (one latency query per phase)."""
+    return serving_curves(latency, demand.model, gpu, tp, shares, max(demand.input_mean, 1.0),
+                          max(demand.output_mean, 1.0), catalog=catalog,
+                          policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
+
+
+ClassLatencies = tuple[NDArray[np.float64], dict[tuple[float, float], NDArray[np.float64]]]
 
 
 def class_latencies(demand: LLMDemand, curve: ServingCurve, latency: LatencyModel,
-                    replicas: ArrayLike) -> tuple[NDArray[np.float64], dict[tuple[float, float], NDArray[np.float64]]]:
+                    replicas: ArrayLike) -> ClassLatencies:
     """Mean call latency of the mixture and of each (input, output) class, per replica count.
 
     Vectorised over ``replicas`` (the optimiser prices every replica count of a candidate at
@@ -150,33 +160,58 @@ def class_latencies(demand: LLMDemand, curve: ServingCurve, latency: LatencyMode
     work: ``T_c = T_mix · (P(g, I_c) + (O_c − 1)·d) / (P(g, I_mix) + (O_mix − 1)·d)`` at the batch
     ``B`` and prefill group ``g(B)`` of the load.
     """
-    r = np.atleast_1d(np.asarray(replicas, dtype=float))
-    per_replica = demand.rate / r
-    if not curve.feasible:
-        inf = np.full(r.shape, math.inf)
-        return inf, {(i, o): inf for _, i, o in demand.parts}
-    mix = np.asarray(curve.latency_s(per_replica), dtype=float)
-    ok = np.isfinite(mix) & (per_replica > 0)
-    b = np.ones(r.shape)
-    if np.any(ok):
-        b[ok] = np.maximum(curve.batch_at_rate(per_replica[ok]), 1.0)
-    g = curve.group(b)
-    ctx = curve.input_tokens + curve.output_tokens / 2.0
-    d = np.asarray(latency.decode_ms(curve.model, curve.gpu, curve.tp, curve.share, b, ctx), float)
-    p_mix = np.asarray(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share, g,
-                                          curve.input_tokens), float)
-    mix_work = p_mix + (curve.output_tokens - 1.0) * d
-    out: dict[tuple[float, float], NDArray[np.float64]] = {}
+    return class_latencies_many(demand, [curve], latency, [replicas])[0]
+
+
+def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], latency: LatencyModel,
+                         replicas: Sequence[ArrayLike]) -> list[ClassLatencies]:
+    """:func:`class_latencies` for several curves of one (model, gpu, tp): one latency query
+    per phase and class for all of them."""
+    rs = [np.atleast_1d(np.asarray(r, dtype=float)) for r in replicas]
+    out: list[ClassLatencies] = [
+        (np.full(r.shape, math.inf), {(i, o): np.full(r.shape, math.inf) for _, i, o in demand.parts})
+        for r in rs]
+    live = [j for j, c in enumerate(curves) if c.feasible]
+    if not live:
+        return out
+    mixes, bs, shares = [], [], []
+    for j in live:
+        c, r = curves[j], rs[j]
+        per_replica = demand.rate / r
+        mix = np.asarray(c.latency_s(per_replica), dtype=float)
+        ok = np.isfinite(mix) & (per_replica > 0)
+        b = np.ones(r.shape)
+        if np.any(ok):
+            b[ok] = np.maximum(c.batch_at_rate(per_replica[ok]), 1.0)
+        mixes.append(mix)
+        bs.append(b)
+        shares.append(np.full(r.shape, c.share))
+    c0 = curves[live[0]]
+    b = np.concatenate(bs)
+    share = np.concatenate(shares)
+    k = np.concatenate([np.full(rs[j].shape, curves[j].prefill_batch) for j in live])
+    g = np.maximum(k, np.maximum(b, 1.0) / c0.output_tokens)
+    ctx = c0.input_tokens + c0.output_tokens / 2.0
+    d = np.asarray(latency.decode_ms(c0.model, c0.gpu, c0.tp, share, b, ctx), float) * np.ones(b.shape)
+    p_mix = np.asarray(latency.prefill_ms(c0.model, c0.gpu, c0.tp, share, g, c0.input_tokens),
+                       float) * np.ones(b.shape)
+    mix_all = np.concatenate(mixes)
+    mix_work = p_mix + (c0.output_tokens - 1.0) * d
+    per_class: dict[tuple[float, float], NDArray[np.float64]] = {}
     for _, i, o in demand.parts:
-        if (i, o) in out:
+        if (i, o) in per_class:
             continue
-        if abs(i - curve.input_tokens) < 1e-9 and abs(o - curve.output_tokens) < 1e-9:
-            out[(i, o)] = mix
+        if abs(i - c0.input_tokens) < 1e-9 and abs(o - c0.output_tokens) < 1e-9:
+            per_class[(i, o)] = mix_all
             continue
-        p_c = np.asarray(latency.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share, g,
-                                            max(i, 1.0)), float)
-        out[(i, o)] = mix * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work
-    return mix, out
+        p_c = np.asarray(latency.prefill_ms(c0.model, c0.gpu, c0.tp, share, g, max(i, 1.0)),
+                         float) * np.ones(b.shape)
+        per_class[(i, o)] = mix_all * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work
+    bounds = np.cumsum([0] + [len(rs[j]) for j in live])
+    for n, j in enumerate(live):
+        lo, hi = bounds[n], bounds[n + 1]
+        out[j] = (mixes[n], {key: v[lo:hi] for key, v in per_class.items()})
+    return out
 
 
 def predict(

@@ -39,7 +39,15 @@ import numpy as np
 
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import Cluster
-from scepsy_opt.pipeline import LLMDemand, class_latencies, instance_curve, llm_demand, predict
+from scepsy_opt.pipeline import (
+    LLMDemand,
+    class_latencies,
+    class_latencies_many,
+    instance_curve,
+    instance_curves,
+    llm_demand,
+    predict,
+)
 from scepsy_opt.stats import WorkflowStats
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError
@@ -214,17 +222,23 @@ def changed_replicas(inst: Instance, current: Instance | None) -> int:
     return abs(inst.replicas - current.replicas) if same else inst.replicas + current.replicas
 
 
+def _weighted(problem: PlanningProblem, dem: LLMDemand, per_class: Mapping[tuple[float, float], np.ndarray],
+              shape: tuple[int, ...]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(weighted objective term, per-workflow term) from the class latencies."""
+    total = np.zeros(shape)
+    per_wf: dict[str, np.ndarray] = {}
+    for w, k, i, o in dem.terms:
+        per_wf[w] = per_wf.get(w, np.zeros(shape)) + k * per_class[(i, o)]
+    for w in sorted(per_wf):
+        total = total + problem.weight(w) * per_wf[w]
+    return total, per_wf
+
+
 def _terms(problem: PlanningProblem, dem: LLMDemand, curve: Any, replicas: np.ndarray,
            ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """(mixture call latency, weighted objective term, per-workflow term) per replica count."""
     mix, per_class = class_latencies(dem, curve, problem.latency, replicas)
-    total = np.zeros(replicas.shape)
-    per_wf: dict[str, np.ndarray] = {}
-    for w, k, i, o in dem.terms:
-        v = k * per_class[(i, o)]
-        per_wf[w] = per_wf.get(w, np.zeros(replicas.shape)) + v
-    for w in sorted(per_wf):
-        total = total + problem.weight(w) * per_wf[w]
+    total, per_wf = _weighted(problem, dem, per_class, replicas.shape)
     return mix, total, per_wf
 
 
@@ -276,62 +290,99 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     for m in problem.llms:
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         cur = opts.current.llms.get(m) if opts.current else None
-        cands: list[Candidate] = []
+        rows: list[tuple[Any, ...]] = []
         any_fit = False
+        by_shape: dict[tuple[str, int], list[float]] = {}
         for gpu, tp, share in shapes(problem, m):
-            curve = instance_curve(dem, problem.latency, gpu, tp, share, catalog=problem.catalog,
-                                   policy=problem.policy)
-            curves += 1
-            if not curve.feasible:
+            by_shape.setdefault((gpu, tp), []).append(share)
+        for (gpu, tp), shares in by_shape.items():
+            curves_ = instance_curves(dem, problem.latency, gpu, tp, shares, catalog=problem.catalog,
+                                      policy=problem.policy)
+            curves += len(curves_)
+            live = [c for c in curves_ if c.feasible]
+            any_fit = any_fit or bool(live)
+            if not live:
                 continue
-            any_fit = True
-            per = _units(tp, share)
-            r_cap = min(caps.get(gpu, 0) // per, opts.max_replicas)
-            # fewest replicas carrying the load at max_utilisation
-            r_min = max(1, math.ceil(dem.rate / (opts.max_utilisation * curve.mu) - 1e-12))
-            while r_min > 1 and dem.rate / ((r_min - 1) * curve.mu) <= opts.max_utilisation:
-                r_min -= 1
-            if r_min > r_cap:
-                continue
-            floor = _terms(problem, dem, curve, np.array([math.inf]))[1][0]
+            pending: dict[Any, tuple[int, int, int, float]] = {}
+            for c in live:
+                per = _units(tp, c.share)
+                r_cap = min(caps.get(gpu, 0) // per, opts.max_replicas)
+                r_min = max(1, math.ceil(dem.rate / (opts.max_utilisation * c.mu) - 1e-12))
+                while r_min > 1 and dem.rate / ((r_min - 1) * c.mu) <= opts.max_utilisation:
+                    r_min -= 1
+                if r_min <= r_cap:
+                    pending[c] = (r_min, r_cap, per, math.nan)
             r0 = cur.replicas if cur is not None else 0
-            start = r_min
-            while start <= r_cap:
-                stop = min(r_cap, start + 255)
-                rs = np.arange(start, stop + 1, dtype=float)
-                mix, total, per_wf = _terms(problem, dem, curve, rs)
-                done = False
-                for j, r in enumerate(range(start, stop + 1)):
-                    inst = Instance(gpu, tp, share, r)
-                    change = opts.change_penalty_s * changed_replicas(inst, cur) if opts.current else 0.0
-                    cands.append(Candidate(m, gpu, tp, share, r, per * r, curve.mu, float(mix[j]),
-                                           float(total[j]), change,
-                                           tuple((w, float(v[j])) for w, v in sorted(per_wf.items()))))
-                    if r >= r0 and total[j] <= floor * (1.0 + opts.prune_rel):
-                        done = True  # more replicas gain at most prune_rel
-                        break
-                if done:
-                    break
-                start = stop + 1
+            chunk, first = 16, True
+            while pending:
+                batch = list(pending)
+                rs = [np.arange(pending[c][0], min(pending[c][1], pending[c][0] + chunk - 1) + 1,
+                                dtype=float) for c in batch]
+                if first:  # r = ∞ prices the zero-load floor: more replicas cannot get below it
+                    rs = [np.concatenate(([math.inf], r)) for r in rs]
+                results = class_latencies_many(dem, batch, problem.latency, rs)
+                nxt = {}
+                for c, r_arr, (mix, per_class) in zip(batch, rs, results, strict=True):
+                    _, r_cap, per, floor = pending[c]
+                    total, per_wf = _weighted(problem, dem, per_class, r_arr.shape)
+                    if first:
+                        floor = float(total[0])
+                        r_arr, mix, total = r_arr[1:], mix[1:], total[1:]
+                        per_wf = {w: v[1:] for w, v in per_wf.items()}
+                    stop = (r_arr >= r0) & (total <= floor * (1.0 + opts.prune_rel))
+                    done = bool(stop.any())
+                    n = int(np.argmax(stop)) + 1 if done else len(r_arr)  # more replicas gain < prune_rel
+                    if opts.current is None:
+                        change = np.zeros(n)
+                    elif cur is None:
+                        change = opts.change_penalty_s * r_arr[:n]
+                    elif cur.gpu == gpu and cur.tp == tp and abs(cur.share - c.share) < 1e-9:
+                        change = opts.change_penalty_s * np.abs(r_arr[:n] - cur.replicas)
+                    else:
+                        change = opts.change_penalty_s * (r_arr[:n] + cur.replicas)
+                    rows.append((gpu, tp, c.share, c.mu, per, r_arr[:n], mix[:n], total[:n], change,
+                                 {w: v[:n] for w, v in per_wf.items()}))
+                    last = int(r_arr[-1])
+                    if not done and last < r_cap:
+                        nxt[c] = (last + 1, r_cap, per, floor)
+                pending, first = nxt, False
+                chunk = min(chunk * 4, 4096)
         if not any_fit:
             unfit.append(m)
-        generated += len(cands)
-        by_llm[m] = tuple(_pareto(cands)) if prune else tuple(cands)
+        generated += sum(len(row[5]) for row in rows)
+        by_llm[m] = tuple(_candidates(m, rows, prune))
     kept = sum(len(c) for c in by_llm.values())
     return CandidateSet(MappingProxyType(by_llm), generated, kept, curves, tuple(unfit),
                         time.perf_counter() - t0)
 
 
-def _pareto(cands: list[Candidate]) -> list[Candidate]:
-    """Per GPU type, the candidates no other beats on both units and cost."""
+def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool) -> list[Candidate]:
+    """Candidate objects from the priced rows; with ``prune``, per GPU type only those no other
+    beats on both units and cost (on equal cost the fewest units, then tp, share, replicas)."""
     out = []
-    for gpu in sorted({c.gpu for c in cands}):
-        best = math.inf
-        for c in sorted((c for c in cands if c.gpu == gpu),
-                        key=lambda c: (c.units, c.cost, c.tp, c.share, c.replicas)):
-            if c.cost < best:
-                out.append(c)
-                best = c.cost
+    for gpu in sorted({row[0] for row in rows}):
+        mine = [row for row in rows if row[0] == gpu]
+        if not mine:
+            continue
+        idx = np.concatenate([np.column_stack((np.full(len(row[5]), i), np.arange(len(row[5]))))
+                              for i, row in enumerate(mine)]).astype(int)
+        units = np.concatenate([row[4] * row[5] for row in mine])
+        cost = np.concatenate([row[7] + row[8] for row in mine])
+        tp = np.concatenate([np.full(len(row[5]), row[1]) for row in mine])
+        share = np.concatenate([np.full(len(row[5]), row[2]) for row in mine])
+        reps = np.concatenate([row[5] for row in mine])
+        order = np.lexsort((reps, share, tp, cost, units))
+        if prune:
+            c = cost[order]
+            best = np.minimum.accumulate(np.concatenate(([math.inf], c)))[:-1]
+            order = order[c < best]
+        for k in order.tolist():
+            i, j = idx[k]
+            g, t, sh, mu, per, r_arr, mix, total, change, per_wf = mine[i]
+            r = int(r_arr[j])
+            out.append(Candidate(llm, g, t, sh, r, per * r, mu, float(mix[j]), float(total[j]),
+                                 float(change[j]),
+                                 tuple((w, float(v[j])) for w, v in sorted(per_wf.items()))))
     return out
 
 
@@ -408,6 +459,7 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
     obj = sum(c.cost for c in choice.values()) + problem.constant_s
     bound = obj if bound_s is None else bound_s
     gap = 0.0 if obj <= 0 else max(obj - bound, 0.0) / obj
+    gap = 0.0 if gap < 1e-12 else gap  # float noise between HiGHS's bound and our sum
     return Plan(name, status, alloc, obj, bound, gap, MappingProxyType(dict(sorted(choice.items()))),
                 MappingProxyType(dict(stats)), None, scale)
 

@@ -35,7 +35,9 @@ The discrete-event simulator checks these forms (scepsy_opt).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -124,7 +126,7 @@ class ServingCurve:
     prefill_ms: float  # P = p(k, I): one prefill group of k calls
     prefill_batch: float  # k
     latency_model: LatencyModel
-    service_ms: tuple[float, ...] = ()  # in-service time at B = 1..max_batch
+    service_ms: NDArray[np.float64] = field(default_factory=lambda: np.empty(0))  # B = 1..max_batch
 
     @property
     def feasible(self) -> bool:
@@ -134,11 +136,15 @@ class ServingCurve:
         """Calls prefilled together at batch ``B``: ``g(B) = max(k, max(B, 1)/O)``."""
         return np.maximum(self.prefill_batch, np.maximum(batch, 1.0) / self.output_tokens)
 
-    def _grid(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    @cached_property
+    def _table(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
         b = np.arange(0, self.max_batch + 1, dtype=float)
         rates = np.zeros_like(b)
-        rates[1:] = 1e3 * b[1:] / np.asarray(self.service_ms, dtype=float)
+        rates[1:] = 1e3 * b[1:] / self.service_ms
         return b, np.maximum.accumulate(rates)
+
+    def _grid(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        return self._table
 
     def rate_at_batch(self, batch: ArrayLike) -> Any:
         """λ(B), calls/s: ``B / service(B)`` at whole batches, linear in between (module doc)."""
@@ -171,7 +177,7 @@ class ServingCurve:
             x = r[ok]
             b, rates = self._grid()
             # below one call in service B = λ/λ(1): the in-service time is exactly service(1)
-            in_service = np.where(x <= rates[1], self.service_ms[0] / 1e3,
+            in_service = np.where(x <= rates[1], float(self.service_ms[0]) / 1e3,
                                   np.interp(x, rates, b) / x)
             rho = x / self.mu
             c = self.max_batch
@@ -182,8 +188,8 @@ class ServingCurve:
     @property
     def zero_load_latency_s(self) -> float:
         """``P(k) + (O − 1)·d(1)``: one request's calls alone on the instance."""
-        if self.service_ms:
-            return self.service_ms[0] / 1e3
+        if len(self.service_ms):
+            return float(self.service_ms[0]) / 1e3
         d = float(self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, 1.0,
                                                self.input_tokens + self.output_tokens / 2.0))
         return (self.prefill_ms + (self.output_tokens - 1.0) * d) / 1e3
@@ -194,6 +200,16 @@ def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: f
                   policy: MemoryPolicy = MemoryPolicy(),
                   prefill_batch: float = 1.0) -> ServingCurve:
     """Build the serving curve of one instance (see the module docstring for the model)."""
+    return serving_curves(latency, model, gpu, tp, [share], input_tokens, output_tokens,
+                          catalog=catalog, policy=policy, prefill_batch=prefill_batch)[0]
+
+
+def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares: Sequence[float],
+                   input_tokens: float, output_tokens: float, *, catalog: Catalog | None = None,
+                   policy: MemoryPolicy = MemoryPolicy(),
+                   prefill_batch: float = 1.0) -> list[ServingCurve]:
+    """The serving curves of one (model, gpu, tp) at several shares, with one latency-model
+    query per phase for all of them (the optimiser builds thousands)."""
     if not (input_tokens >= 1 and output_tokens >= 1):
         raise InputError("query", "input_tokens/output_tokens", "mean token counts >= 1",
                          (input_tokens, output_tokens))
@@ -201,27 +217,40 @@ def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: f
         raise InputError("query", "prefill_batch", "a number >= 1 (calls prefilled together)",
                          prefill_batch)
     seq = input_tokens + output_tokens
-    mem = memory_fit(model, gpu, tp, share, math.ceil(seq), catalog, policy)
-    b_max = min(policy.max_batch, int(mem.kv_tokens // seq)) if mem.feasible else 0
-    k = min(prefill_batch, max(b_max, 1))
-    p = float(latency.prefill_ms(model, gpu, tp, share, k, input_tokens))
-    curve = ServingCurve(
-        model=model, gpu=gpu, tp=tp, share=share, input_tokens=float(input_tokens),
-        output_tokens=float(output_tokens), memory=mem, max_batch=0, mu=0.0, prefill_ms=p,
-        prefill_batch=float(k), latency_model=latency,
-    )
-    if b_max < 1:
-        return curve
-    batches = np.arange(1, b_max + 1, dtype=float)
-    d = np.asarray(latency.decode_ms(model, gpu, tp, share, batches, input_tokens + output_tokens / 2.0),
-                   dtype=float)
-    groups = curve.group(batches)
-    pg = np.asarray(latency.prefill_ms(model, gpu, tp, share, groups, input_tokens), dtype=float)
-    pg = np.where(groups == k, p, pg)  # the same float as prefill_ms at the base group
+    mems = [memory_fit(model, gpu, tp, sh, math.ceil(seq), catalog, policy) for sh in shares]
+    b_max = np.array([min(policy.max_batch, int(m.kv_tokens // seq)) if m.feasible else 0
+                      for m in mems])
+    k = np.minimum(prefill_batch, np.maximum(b_max, 1)).astype(float)
+    sh = np.asarray(shares, dtype=float)
+    p = np.asarray(latency.prefill_ms(model, gpu, tp, sh, k, input_tokens), dtype=float) * np.ones(len(sh))
+    curves = [ServingCurve(
+        model=model, gpu=gpu, tp=tp, share=float(shares[j]), input_tokens=float(input_tokens),
+        output_tokens=float(output_tokens), memory=mems[j], max_batch=0, mu=0.0,
+        prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency)
+        for j in range(len(sh))]
+    live = np.flatnonzero(b_max >= 1)
+    if not len(live):
+        return curves
+    top = int(b_max[live].max())
+    batches = np.arange(1, top + 1, dtype=float)[None, :]
+    s2, k2 = sh[live][:, None], k[live][:, None]
+    d = np.asarray(latency.decode_ms(model, gpu, tp, s2, batches, input_tokens + output_tokens / 2.0),
+                   dtype=float) * np.ones((len(live), top))
+    groups = np.maximum(k2, batches / output_tokens)
+    pg = np.asarray(latency.prefill_ms(model, gpu, tp, s2, groups, input_tokens), dtype=float)
+    pg = np.where(groups == k2, p[live][:, None], pg)  # the same float as the base group's
     stall = np.maximum(batches - groups, 0.0) * pg / groups
     service = pg + (output_tokens - 1.0) * d + stall
     rates = 1e3 * batches / service
-    # λ(B) rises until compute saturates: keep its maximum (the largest batch reaching it)
-    best = int(np.flatnonzero(rates >= rates.max() * (1.0 - 1e-9))[-1]) + 1
-    return replace(curve, max_batch=best, mu=float(rates[best - 1]),
-                   service_ms=tuple(float(x) for x in service[:best]))
+    for row, j in enumerate(live):
+        r = rates[row, : b_max[j]]
+        # λ(B) rises until compute saturates: keep its maximum (the largest batch reaching it)
+        best = int(np.flatnonzero(r >= r.max() * (1.0 - 1e-9))[-1]) + 1
+        table = service[row, :best].copy()
+        table.setflags(write=False)
+        curves[j] = ServingCurve(
+            model=model, gpu=gpu, tp=tp, share=float(shares[j]), input_tokens=float(input_tokens),
+            output_tokens=float(output_tokens), memory=mems[j], max_batch=best, mu=float(r[best - 1]),
+            prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency,
+            service_ms=table)
+    return curves
