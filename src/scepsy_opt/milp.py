@@ -10,6 +10,10 @@ One binary ``x_c`` per surviving candidate (``scepsy_opt.planning``):
   answer is refined by bisection on ``s`` with min-latency solves whose workflows' latencies
   (linear in ``x``) are constrained.
 
+Before the min-latency MILP, :func:`reduced_candidates` applies exact Lagrangian reduced-cost
+fixing (prices from the LP relaxation of a coarse candidate sample; docs/optimiser.md), so large
+clusters solve over a few percent of the candidates with the same optimum.
+
 HiGHS runs in-process through PuLP's ``HiGHS`` interface, single-threaded with a fixed seed
 (deterministic), with the time limit and relative gap of :class:`~scepsy_opt.planning.PlanOptions`.
 The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of its best bound,
@@ -101,10 +105,10 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
     prob += pulp.LpAffineExpression([(v, c.cost) for m in xs for c, v in xs[m]])
     for j, m in enumerate(xs):
         prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{j}"
-    for gpu, g in problem.cluster.budgets().items():
+    for i, (gpu, g) in enumerate(problem.cluster.budgets().items()):
         terms = [(v, c.units) for m in xs for c, v in xs[m] if c.gpu == gpu]
         if terms:
-            prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{gpu}"
+            prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{i}"
     for j, (coeffs, rhs) in enumerate(extra or []):
         terms = [(v, coeffs[c]) for m in xs for c, v in xs[m] if c in coeffs]
         prob += pulp.LpAffineExpression(terms) <= rhs, f"extra_{j}"
@@ -118,11 +122,96 @@ def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[s
     return out
 
 
+def _prices(problem: PlanningProblem, cands: CandidateSet) -> dict[str, float]:
+    """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0)."""
+    prob, _ = _knapsack(problem, cands.by_llm)
+    prob.solve(pulp.HiGHS(msg=False, mip=False, threads=1, random_seed=SEED))
+    prices = {}
+    for i, gpu in enumerate(problem.cluster.budgets()):
+        con = prob.get_constraint_by_name(f"budget_{i}")
+        prices[gpu] = max(0.0, -(con.pi or 0.0)) if con is not None else 0.0
+    return prices
+
+
+def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
+            prices: Mapping[str, float]) -> float:
+    """The cost of a feasible allocation near the Lagrangian optimum (``inf`` if none found):
+    per LLM the least ``v = cost + π·units`` (fewest units on ties), then, while a GPU type is
+    over budget, the move off it that adds the least cost per unit freed."""
+    budgets = problem.cluster.budgets()
+    choice = {m: min(cs, key=lambda c: (c.cost + prices[c.gpu] * c.units, c.units))
+              for m, cs in cands.items()}
+    for _ in range(10 * len(choice) + 10):
+        used: dict[str, int] = {}
+        for c in choice.values():
+            used[c.gpu] = used.get(c.gpu, 0) + c.units
+        over = sorted(g for g, u in used.items() if u > budgets[g] * UNITS)
+        if not over:
+            return sum(c.cost for c in choice.values())
+        g = over[0]
+        moves = [((c.cost - choice[m].cost) / max(choice[m].units - (c.units if c.gpu == g else 0), 1),
+                  m, c.units, c)
+                 for m, cs in cands.items() if choice[m].gpu == g
+                 for c in cs if c.units < choice[m].units or c.gpu != g]
+        if not moves:
+            return math.inf
+        _, m, _, c = min(moves, key=lambda t: t[:3])
+        choice[m] = c
+    return math.inf
+
+
+def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
+    """Candidates after exact Lagrangian reduced-cost fixing (:func:`generate_candidates`).
+
+    1. A coarse sample of replica counts gives prices π (LP duals) and a feasible allocation.
+    2. A full scan keeping only candidates within a hair of each LLM's least ``v = cost + π·units``
+       gives the exact Lagrangian bound ``LB`` and a tighter feasible allocation (``UB``).
+    3. If ``UB − LB`` exceeds that hair, a last scan keeps every candidate whose reduced cost is
+       at most ``UB − LB``: no cheaper allocation uses any other. The MILP over the result has
+       the optimum of the full candidate set.
+    """
+    t0 = time.perf_counter()
+    coarse = generate_candidates(problem, coarse=True)
+    if coarse.unfit or any(not c for c in coarse.by_llm.values()):
+        return generate_candidates(problem)
+    prices = _prices(problem, coarse)
+    budgets = problem.cluster.budgets()
+    fixed = sum(prices[g] * budgets[g] * UNITS for g in budgets)
+    ub = _greedy(problem, coarse.by_llm, prices)
+    hair = 1e-4 * abs(ub) if math.isfinite(ub) else 0.0
+    near = generate_candidates(problem, prices=prices, slack=hair)
+    lb = sum(near.least_price.values()) - fixed
+    ub = min(ub, _greedy(problem, near.by_llm, prices))
+    if ub - lb > hair:  # a tighter UB: the MILP over the sample and the near-optimal candidates
+        pool = {m: tuple(sorted(set(coarse.by_llm[m]) | set(near.by_llm.get(m, ())),
+                                key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share)))
+                for m in coarse.by_llm}
+        prob, xs = _knapsack(problem, pool)
+        prob.solve(pulp.HiGHS(msg=False, threads=1, random_seed=SEED, gapRel=1e-6,
+                              timeLimit=min(problem.options.time_limit_s, 5.0)))
+        if _status(prob)[0] in ("optimal", "time_limit"):
+            ub = min(ub, sum(c.cost for c in _chosen(xs).values()))
+    generated = coarse.generated + near.generated
+    if not math.isfinite(ub):
+        full = generate_candidates(problem)
+    elif ub - lb <= hair:
+        full = near
+    else:
+        full = generate_candidates(problem, prices=prices, slack=(ub - lb) * (1 + 1e-9) + 1e-12)
+        generated += full.generated
+    return CandidateSet(full.by_llm, generated, full.kept, full.curves, full.unfit,
+                        time.perf_counter() - t0, full.least_price)
+
+
 def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None,
                       extra: list[tuple[Mapping[Candidate, float], float]] | None = None,
                       name: str = "milp") -> Plan:
     """Min weighted latency at the targets (see the module docstring)."""
-    cset = cset or generate_candidates(problem)
+    if cset is None:
+        reduce = problem.options.reduce
+        if reduce is None:
+            reduce = problem.cluster.total_gpus >= 64
+        cset = reduced_candidates(problem) if reduce else generate_candidates(problem)
     stats: dict[str, Any] = {"candidates_generated": cset.generated, "candidates_kept": cset.kept,
                              "serving_curves": cset.curves, "candidates_s": cset.seconds}
     if cset.unfit or any(not c for c in cset.by_llm.values()):

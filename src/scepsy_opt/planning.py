@@ -76,6 +76,9 @@ class PlanOptions:
     time_limit_s: float = 60.0
     gap_rel: float = 0.0
     max_replicas: int = 100_000
+    # Lagrangian reduced-cost fixing before the MILP (exact); None: on from 64 GPUs, where the
+    # candidate sets grow large, off below, where one generation pass is cheaper than two
+    reduce: bool | None = None
 
     def __post_init__(self) -> None:
         src = "plan options"
@@ -207,6 +210,7 @@ class CandidateSet:
     curves: int  # serving curves built
     unfit: tuple[str, ...]  # LLMs without any feasible candidate (memory)
     seconds: float
+    least_price: Mapping[str, float] = field(default_factory=dict)  # v*_m under prices
 
 
 def _units(tp: int, share: float, replicas: int = 1) -> int:
@@ -276,18 +280,31 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
 
 
 def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
-                        max_units: Mapping[str, int] | None = None) -> CandidateSet:
+                        max_units: Mapping[str, int] | None = None, coarse: bool = False,
+                        prices: Mapping[str, float] | None = None,
+                        slack: float = math.inf) -> CandidateSet:
     """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
     is False. ``max_units`` caps the GPU units one LLM may use per type (default: the budget).
+
+    ``coarse``: replica counts ``r_min + {0, 1, 2, 4, 8, ...}`` only (real candidates, a sample).
+    ``prices`` (per GPU type, per unit) and ``slack``: Lagrangian reduced-cost fixing. With
+    ``v_c = cost_c + π·units_c`` and ``v*_m`` the least ``v`` of LLM ``m``, every allocation
+    costs at least ``LB + Σ_m (v_c − v*_m)`` where ``LB = Σ_m v*_m − Σ_t π_t·budget_t``, so a
+    candidate with ``v_c − v*_m > slack ≥ UB − LB`` is in no allocation cheaper than ``UB``. Such
+    candidates are neither generated (a shape's replica scan stops once ``floor + π·units``
+    passes ``v*_m + slack``) nor kept. The caller checks ``slack ≥ UB − LB`` afterwards
+    (:attr:`CandidateSet.least_price` gives ``v*_m``).
     """
     t0 = time.perf_counter()
     opts = problem.options
     budgets = {g: n * UNITS for g, n in problem.cluster.budgets().items()}
     caps = dict(max_units) if max_units is not None else budgets
     by_llm: dict[str, tuple[Candidate, ...]] = {}
+    least: dict[str, float] = {}
     generated = curves = 0
     unfit = []
     for m in problem.llms:
+        best_v = math.inf
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         cur = opts.current.llms.get(m) if opts.current else None
         rows: list[tuple[Any, ...]] = []
@@ -313,11 +330,17 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                 if r_min <= r_cap:
                     pending[c] = (r_min, r_cap, per, math.nan)
             r0 = cur.replicas if cur is not None else 0
+            price = prices.get(gpu, 0.0) if prices is not None else 0.0
             chunk, first = 16, True
             while pending:
                 batch = list(pending)
-                rs = [np.arange(pending[c][0], min(pending[c][1], pending[c][0] + chunk - 1) + 1,
-                                dtype=float) for c in batch]
+                if coarse:
+                    steps = np.concatenate(([0], 2 ** np.arange(0, 40)))
+                    rs = [np.unique(np.minimum(pending[c][0] + steps, pending[c][1])).astype(float)
+                          for c in batch]
+                else:
+                    rs = [np.arange(pending[c][0], min(pending[c][1], pending[c][0] + chunk - 1) + 1,
+                                    dtype=float) for c in batch]
                 if first:  # r = ∞ prices the zero-load floor: more replicas cannot get below it
                     rs = [np.concatenate(([math.inf], r)) for r in rs]
                 results = class_latencies_many(dem, batch, problem.latency, rs)
@@ -329,18 +352,22 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         floor = float(total[0])
                         r_arr, mix, total = r_arr[1:], mix[1:], total[1:]
                         per_wf = {w: v[1:] for w, v in per_wf.items()}
-                    stop = (r_arr >= r0) & (total <= floor * (1.0 + opts.prune_rel))
-                    done = bool(stop.any())
-                    n = int(np.argmax(stop)) + 1 if done else len(r_arr)  # more replicas gain < prune_rel
                     if opts.current is None:
-                        change = np.zeros(n)
+                        change = np.zeros(len(r_arr))
                     elif cur is None:
-                        change = opts.change_penalty_s * r_arr[:n]
+                        change = opts.change_penalty_s * r_arr
                     elif cur.gpu == gpu and cur.tp == tp and abs(cur.share - c.share) < 1e-9:
-                        change = opts.change_penalty_s * np.abs(r_arr[:n] - cur.replicas)
+                        change = opts.change_penalty_s * np.abs(r_arr - cur.replicas)
                     else:
-                        change = opts.change_penalty_s * (r_arr[:n] + cur.replicas)
-                    rows.append((gpu, tp, c.share, c.mu, per, r_arr[:n], mix[:n], total[:n], change,
+                        change = opts.change_penalty_s * (r_arr + cur.replicas)
+                    stop = (r_arr >= r0) & (total <= floor * (1.0 + opts.prune_rel))
+                    if prices is not None:  # beyond this, v ≥ floor + π·units > v*_m + slack
+                        v = total + change + price * per * r_arr
+                        best_v = min(best_v, float(v.min()))
+                        stop |= (r_arr >= r0) & (floor + price * per * r_arr > best_v + slack)
+                    done = bool(stop.any()) or coarse
+                    n = int(np.argmax(stop)) + 1 if stop.any() else len(r_arr)  # more gain < prune_rel
+                    rows.append((gpu, tp, c.share, c.mu, per, r_arr[:n], mix[:n], total[:n], change[:n],
                                  {w: v[:n] for w, v in per_wf.items()}))
                     last = int(r_arr[-1])
                     if not done and last < r_cap:
@@ -350,10 +377,15 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
         if not any_fit:
             unfit.append(m)
         generated += sum(len(row[5]) for row in rows)
-        by_llm[m] = tuple(_candidates(m, rows, prune))
+        cands = _candidates(m, rows, prune)
+        if prices is not None and cands:
+            v = np.array([c.cost + prices.get(c.gpu, 0.0) * c.units for c in cands])
+            least[m] = float(v.min())
+            cands = [c for c, x in zip(cands, v, strict=True) if x - least[m] <= slack]
+        by_llm[m] = tuple(cands)
     kept = sum(len(c) for c in by_llm.values())
     return CandidateSet(MappingProxyType(by_llm), generated, kept, curves, tuple(unfit),
-                        time.perf_counter() - t0)
+                        time.perf_counter() - t0, MappingProxyType(least))
 
 
 def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool) -> list[Candidate]:
