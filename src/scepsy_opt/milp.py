@@ -70,7 +70,11 @@ SOLVER = (f"HiGHS {highspy.HIGHS_VERSION_MAJOR}.{highspy.HIGHS_VERSION_MINOR}."
 def _solver(problem: PlanningProblem, time_limit_s: float | None = None) -> pulp.HiGHS:
     opts = problem.options
     return pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s or opts.time_limit_s,
-                      gapRel=opts.gap_rel, gapAbs=0.0, random_seed=SEED)
+                      gapRel=opts.gap_rel, gapAbs=0.0, random_seed=SEED,
+                      # at HiGHS's default 1e-6 a share-1.0 column can stand in for share 0.9
+                      # and the plan be called optimal 2e-8 above the optimum (found by the
+                      # brute-force oracle); tighter integrality makes it exact
+                      mip_feasibility_tolerance=1e-9)
 
 
 def _status(prob: pulp.LpProblem) -> tuple[str, float, float]:
@@ -356,8 +360,8 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp") -> Plan:
                                 {"total_s": time.perf_counter() - t0}, scale=scale)
     # bisection on the scale with latency-bounded min-latency solves
     lo, hi, best = 0.0, scale, None
-    for _ in range(40):
-        mid = (lo + hi) / 2 if best is not None or lo > 0 else hi
+    for i in range(40):
+        mid = hi if i == 0 else (lo + hi) / 2  # full capacity first, then bisect
         plan = _bounded(problem.scaled(mid), name)
         if plan.feasible:
             lo, best = mid, (plan, mid)

@@ -488,7 +488,7 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
                      bound_s: float | None = None, scale: float = 1.0) -> Plan:
     """A :class:`Plan` for one candidate per LLM (objective includes the constant tool time)."""
     alloc = Allocation({m: c.instance for m, c in choice.items()})
-    obj = sum(c.cost for c in choice.values()) + problem.constant_s
+    obj = math.fsum([choice[m].cost for m in sorted(choice)]) + problem.constant_s
     bound = obj if bound_s is None else bound_s
     gap = 0.0 if obj <= 0 else max(obj - bound, 0.0) / obj
     gap = 0.0 if gap < 1e-12 else gap  # float noise between HiGHS's bound and our sum
