@@ -175,7 +175,8 @@ def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
        the optimum of the full candidate set.
     """
     t0 = time.perf_counter()
-    coarse = generate_candidates(problem, coarse=True)
+    cache: dict[tuple[str, str, int], list[Any]] = {}
+    coarse = generate_candidates(problem, coarse=True, curve_cache=cache)
     if coarse.unfit or any(not c for c in coarse.by_llm.values()):
         return generate_candidates(problem)
     prices = _prices(problem, coarse)
@@ -183,7 +184,7 @@ def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
     fixed = sum(prices[g] * budgets[g] * UNITS for g in budgets)
     ub = _greedy(problem, coarse.by_llm, prices)
     hair = 1e-4 * abs(ub) if math.isfinite(ub) else 0.0
-    near = generate_candidates(problem, prices=prices, slack=hair)
+    near = generate_candidates(problem, prices=prices, slack=hair, curve_cache=cache)
     lb = sum(near.least_price.values()) - fixed
     ub = min(ub, _greedy(problem, near.by_llm, prices))
     if ub - lb > hair:  # a tighter UB: the MILP over the sample and the near-optimal candidates
@@ -197,11 +198,12 @@ def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
             ub = min(ub, sum(c.cost for c in _chosen(xs).values()))
     generated = coarse.generated + near.generated
     if not math.isfinite(ub):
-        full = generate_candidates(problem)
+        full = generate_candidates(problem, curve_cache=cache)
     elif ub - lb <= hair:
         full = near
     else:
-        full = generate_candidates(problem, prices=prices, slack=(ub - lb) * (1 + 1e-9) + 1e-12)
+        full = generate_candidates(problem, prices=prices, slack=(ub - lb) * (1 + 1e-9) + 1e-12,
+                                   curve_cache=cache)
         generated += full.generated
     return CandidateSet(full.by_llm, generated, full.kept, full.curves, full.unfit,
                         time.perf_counter() - t0, full.least_price)

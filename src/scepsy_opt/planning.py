@@ -282,7 +282,9 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
 def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         max_units: Mapping[str, int] | None = None, coarse: bool = False,
                         prices: Mapping[str, float] | None = None,
-                        slack: float = math.inf) -> CandidateSet:
+                        slack: float = math.inf,
+                        curve_cache: dict[tuple[str, str, int], list[Any]] | None = None,
+                        ) -> CandidateSet:
     """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
     is False. ``max_units`` caps the GPU units one LLM may use per type (default: the budget).
 
@@ -293,7 +295,8 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     candidate with ``v_c − v*_m > slack ≥ UB − LB`` is in no allocation cheaper than ``UB``. Such
     candidates are neither generated (a shape's replica scan stops once ``floor + π·units``
     passes ``v*_m + slack``) nor kept. The caller checks ``slack ≥ UB − LB`` afterwards
-    (:attr:`CandidateSet.least_price` gives ``v*_m``).
+    (:attr:`CandidateSet.least_price` gives ``v*_m``). ``curve_cache`` keeps the serving curves
+    between calls on the same problem.
     """
     t0 = time.perf_counter()
     opts = problem.options
@@ -313,8 +316,14 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
         for gpu, tp, share in shapes(problem, m):
             by_shape.setdefault((gpu, tp), []).append(share)
         for (gpu, tp), shares in by_shape.items():
-            curves_ = instance_curves(dem, problem.latency, gpu, tp, shares, catalog=problem.catalog,
-                                      policy=problem.policy)
+            key = (m, gpu, tp)
+            if curve_cache is not None and key in curve_cache:
+                curves_ = curve_cache[key]
+            else:
+                curves_ = instance_curves(dem, problem.latency, gpu, tp, shares,
+                                          catalog=problem.catalog, policy=problem.policy)
+                if curve_cache is not None:
+                    curve_cache[key] = curves_
             curves += len(curves_)
             live = [c for c in curves_ if c.feasible]
             any_fit = any_fit or bool(live)
