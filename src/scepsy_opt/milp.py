@@ -278,6 +278,8 @@ def max_scale(problem: PlanningProblem,
         return 0.0, {}, "infeasible"
     budgets = problem.cluster.budgets()
     u = problem.options.max_utilisation
+    if len(budgets) == 1:
+        return _max_scale_one_type(problem, shp, budgets)
     prob = pulp.LpProblem("scepsy_max_throughput", pulp.LpMaximize)
     s = prob.add_variable("scale", 0, None)
     ys: dict[str, list[tuple[tuple[str, int, float, int, float], Any, Any]]] = {}
@@ -312,6 +314,50 @@ def max_scale(problem: PlanningProblem,
         reps = max(1, round(r.value() or 0))
         choice[m] = Candidate(m, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0)
     return float(s.value() or 0.0), choice, status
+
+
+def _max_scale_one_type(problem: PlanningProblem,
+                        shp: Mapping[str, Sequence[tuple[str, int, float, int, float]]],
+                        budgets: Mapping[str, int]) -> tuple[float, dict[str, Candidate], str]:
+    """:func:`max_scale` on one GPU type, exactly and without a MILP: the LLMs do not interact
+    except through the budget, so at scale ``s`` each takes its fewest-unit shape and replica
+    count ``max(1, ⌈s·λ/(u·μ)⌉)``; bisect on ``s``, then move to the breakpoint the choices reach.
+    """
+    u = problem.options.max_utilisation
+    budget = next(iter(budgets.values())) * UNITS
+    lam = {m: sum(p[0] for p in _demand(problem, m)) for m in shp}
+
+    def pick(scale: float) -> tuple[int, dict[str, tuple[tuple[str, int, float, int, float], int]]]:
+        total, choice = 0, {}
+        for m, options in shp.items():
+            best = None
+            for sh in options:
+                r = max(1, math.ceil(scale * lam[m] / (u * sh[4]) * (1 - 1e-12)))
+                if best is None or (sh[3] * r, -sh[4] * r) < (best[0][3] * best[1], -best[0][4] * best[1]):
+                    best = (sh, r)
+            assert best is not None
+            choice[m] = best
+            total += best[0][3] * best[1]
+        return total, choice
+
+    if pick(0.0)[0] > budget:
+        return 0.0, {}, "infeasible"
+    lo, hi = 0.0, 1.0
+    while pick(hi)[0] <= budget:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if pick(mid)[0] <= budget:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-13 * hi:
+            break
+    _, choice = pick(lo)
+    scale = min(r * u * sh[4] / lam[m] for m, (sh, r) in choice.items())
+    cands = {m: Candidate(m, sh[0], sh[1], sh[2], r, sh[3] * r, sh[4], math.nan, 0.0, 0.0)
+             for m, (sh, r) in choice.items()}
+    return max(scale, lo), cands, "optimal"
 
 
 def _demand(problem: PlanningProblem, m: str) -> tuple[tuple[float, float, float], ...]:
