@@ -137,3 +137,25 @@ def test_cluster_budgets_and_tp_limits():
     assert cl.budgets() == {"A100-80GB": 16, "H100-80GB": 8}
     assert cl.max_tp("A100-80GB") == 8 and cl.total_gpus == 24
     assert UNITS == 1000
+
+
+def test_unknown_llm_in_the_current_allocation_is_a_clear_error(capsys, tmp_path):
+    cur = tmp_path / "current.yaml"
+    cur.write_text("llms:\n  summariser: {gpu: A100-80GB, tp: 1, share: 0.5, replicas: 1}\n")
+    out = tmp_path / "plan.json"
+    code, _, err = run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "1",
+                       "--current", str(cur), "--change-penalty", "1", "--out", str(out), *FAST)
+    assert code == 2 and "summariser" in err and "current allocation" in err
+    assert not out.exists()
+
+
+def test_replanning_from_the_plan_keeps_it(capsys, tmp_path):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    assert run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "2",
+               "--out", str(first), *FAST)[0] == 0
+    # a slightly higher target that the current plan still carries: a large penalty keeps it
+    assert run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "2.05",
+               "--current", str(first), "--change-penalty", "100", "--out", str(second),
+               *FAST)[0] == 0
+    a, b = (json.loads(p.read_text())["allocation"] for p in (first, second))
+    assert a == b

@@ -141,6 +141,12 @@ class PlanningProblem:
             if m not in self.models:
                 raise InputError("plan", f"llms.{m}", "the catalog model this LLM runs")
             cat.model(self.models[m])
+        cur = self.options.current
+        if cur is not None:
+            for m in cur.llms:
+                if m not in self.llms:
+                    raise InputError("current allocation", f"llms.{m}",
+                                     f"an LLM of the workflows ({', '.join(self.llms)})", m)
         for w in self.options.weights:
             if w not in self.targets:
                 raise InputError("plan options", f"weights.{w}", "a workflow with a target", w)
