@@ -29,7 +29,8 @@ def plan_rows(problem: PlanningProblem, plan: Plan) -> list[dict[str, Any]]:
     for m, c in plan.candidates.items():
         rows.append({
             "llm": m, "model": problem.models[m], "gpu": c.gpu, "tp": c.tp, "share": c.share,
-            "replicas": c.replicas, "gpus": c.gpus, "mu_calls_s": c.mu,
+            "replicas": c.replicas, "gpus": c.gpus, "memory_gib_per_gpu": c.memory_gib,
+            "mu_calls_s": c.mu,
             "call_latency_s": c.call_latency_s, "latency_share": c.latency_s / total,
         })
     return rows

@@ -187,6 +187,7 @@ class Candidate:
     change_s: float  # re-planning penalty
     # per workflow: this LLM's contribution to the workflow's mean latency
     workflow_latency_s: tuple[tuple[str, float], ...] = ()
+    memory_gib: float = 0.0  # per GPU of each replica: its share of the GPU's memory (MPS limit)
 
     @property
     def cost(self) -> float:
@@ -281,7 +282,8 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
         out[m] = Candidate(m, inst.gpu, inst.tp, inst.share, inst.replicas,
                            _units(inst.tp, inst.share, inst.replicas), curve.mu, float(mix[0]),
                            float(total[0]), change,
-                           tuple((w, float(v[0])) for w, v in sorted(per_wf.items())))
+                           tuple((w, float(v[0])) for w, v in sorted(per_wf.items())),
+                           curve.memory.available_gib)
     return out
 
 
@@ -383,7 +385,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                     done = bool(stop.any()) or coarse
                     n = int(np.argmax(stop)) + 1 if stop.any() else len(r_arr)  # more gain < prune_rel
                     rows.append((gpu, tp, c.share, c.mu, per, r_arr[:n], mix[:n], total[:n], change[:n],
-                                 {w: v[:n] for w, v in per_wf.items()}))
+                                 {w: v[:n] for w, v in per_wf.items()}, c.memory.available_gib))
                     last = int(r_arr[-1])
                     if not done and last < r_cap:
                         nxt[c] = (last + 1, r_cap, per, floor)
@@ -425,11 +427,11 @@ def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool) -> list[Cand
             order = order[c < best]
         for k in order.tolist():
             i, j = idx[k]
-            g, t, sh, mu, per, r_arr, mix, total, change, per_wf = mine[i]
+            g, t, sh, mu, per, r_arr, mix, total, change, per_wf, mem = mine[i]
             r = int(r_arr[j])
             out.append(Candidate(llm, g, t, sh, r, per * r, mu, float(mix[j]), float(total[j]),
                                  float(change[j]),
-                                 tuple((w, float(v[j])) for w, v in sorted(per_wf.items()))))
+                                 tuple((w, float(v[j])) for w, v in sorted(per_wf.items())), mem))
     return out
 
 
