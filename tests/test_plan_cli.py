@@ -159,3 +159,52 @@ def test_replanning_from_the_plan_keeps_it(capsys, tmp_path):
                *FAST)[0] == 0
     a, b = (json.loads(p.read_text())["allocation"] for p in (first, second))
     assert a == b
+
+
+def test_plan_json_places_every_replica(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    assert run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "3",
+               "--out", str(out), *FAST)[0] == 0
+    doc = json.loads(out.read_text())
+    pl = doc["placement"]
+    assert pl["placed"] and pl["rounds"] >= 1 and pl["unplaced"] == []
+    want = {(m, r) for m, i in doc["allocation"]["llms"].items() for r in range(i["replicas"])}
+    assert {(x["llm"], x["replica"]) for x in pl["instances"]} == want
+    per_gpu: dict[tuple[str, int], float] = {}
+    for x in pl["instances"]:
+        inst = doc["allocation"]["llms"][x["llm"]]
+        assert len(x["gpus"]) == inst["tp"] and x["share"] == inst["share"]
+        for g in x["gpus"]:
+            per_gpu[(x["node"], g)] = per_gpu.get((x["node"], g), 0.0) + x["share"]
+    assert max(per_gpu.values()) <= 1 + 1e-9
+    assert pl["quality"]["gpus_used"] >= pl["quality"]["bound_l2"]
+
+
+def test_unknown_placer_is_a_clear_error(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    code, _, err = run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "1",
+                       "--placer", "tetris", "--out", str(out), *FAST)
+    assert code == 2 and "--placer" in err and not out.exists()
+
+
+def test_bench_openb_replays_a_tiny_trace(capsys, tmp_path):
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                     "n0,32000,262144,2,V100\nn1,32000,262144,2,V100\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                    "creation_time,deletion_time,scheduled_time\n"
+                    + "".join(f"p{i},1000,1024,1,500,,LS,Running,{i},{i + 100},{i}\n"
+                              for i in range(6)))
+    code, out, _ = run(capsys, "bench", "openb", "--nodes", str(nodes), "--pods", str(pods),
+                       "--policy", "best-fit,fgd", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    text = json.dumps(doc)
+    assert "best-fit" in text and "fgd" in text and "alloc_ratio" in text
+
+
+def test_bench_openb_bad_file_is_exit_2(capsys, tmp_path):
+    code, _, err = run(capsys, "bench", "openb", "--nodes", str(tmp_path / "missing.csv"),
+                       "--pods", str(tmp_path / "missing.csv"))
+    assert code == 2 and "missing.csv" in err

@@ -11,6 +11,7 @@ import json
 import math
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from scepsy.tables import format_table
@@ -115,6 +116,15 @@ def _parser() -> argparse.ArgumentParser:
                              default="round_robin")
             cmd.add_argument("--progress", action="store_true")
             cmd.set_defaults(func=_cmd_simulate)
+    bench = sub.add_parser("bench", help="benchmarks on public traces")
+    bsub = bench.add_subparsers(dest="bench_command", required=True)
+    openb = bsub.add_parser("openb", help="online replay of the Alibaba GPU-sharing trace "
+                                          "(allocation ratio and fragmentation per policy)")
+    from scepsy_place.openb import add_arguments as _openb_arguments
+
+    _openb_arguments(openb)
+    openb.set_defaults(func=_cmd_bench_openb)
+
     plan = sub.add_parser("plan", help="optimal allocation for target throughputs (MILP)")
     plan.add_argument("--workflow", type=Path, required=True, help="workflow or workload YAML")
     plan.add_argument("--cluster", type=Path, required=True, help="cluster YAML/JSON")
@@ -123,6 +133,12 @@ def _parser() -> argparse.ArgumentParser:
                            "or per workflow (repeat the flag)")
     plan.add_argument("--optimiser", default="milp",
                       help="milp (default), brute-force, heuristic, independent, equal-split")
+    plan.add_argument("--placer", default="hierarchical",
+                      help="placement policy: hierarchical (default), ffd, best-fit")
+    plan.add_argument("--spread-replicas", action="store_true",
+                      help="place replicas of one LLM on different nodes when possible")
+    plan.add_argument("--max-rounds", type=int, default=25,
+                      help="optimise-place rounds before giving up (default %(default)s)")
     plan.add_argument("--objective", choices=["min-latency", "max-throughput"],
                       default="min-latency")
     plan.add_argument("--latency-bound", action="append", default=[], metavar="[WORKFLOW=]SECONDS",
@@ -145,6 +161,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help="print plan.json instead of the table")
     plan.set_defaults(func=_cmd_plan)
     return p
+
+
+def _cmd_bench_openb(args: argparse.Namespace) -> int:
+    from scepsy_place.openb import run_cli
+
+    return run_cli(args)
 
 
 def _per_workflow(values: Sequence[str], names: Sequence[str], flag: str,
@@ -170,9 +192,11 @@ def _per_workflow(values: Sequence[str], names: Sequence[str], flag: str,
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from scepsy_opt.cluster import load_cluster
     from scepsy_opt.planfile import dumps, plan_rows, plan_to_dict, write_plan
-    from scepsy_opt.planning import PlanningProblem, PlanOptions, optimiser
+    from scepsy_opt.planning import PlanningProblem, PlanOptions
+    from scepsy_place.loop import placement_rows, plan_and_place
+    from scepsy_place.placement import PLACERS
+    from scepsy_place.topology import load_topology
 
     specs = _specs(args.workflow)
     names = [s.name for s in specs]
@@ -180,7 +204,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     targets = _per_workflow(args.target, names, "--target",
                             {s.name: s.weight / weight for s in specs})
     bounds = _per_workflow(args.latency_bound, names, "--latency-bound", None)
-    cluster = load_cluster(args.cluster)
+    if args.placer not in PLACERS:
+        raise InputError("--placer", "", f"one of {', '.join(sorted(PLACERS))}", args.placer)
+    _positive(args.max_rounds, "--max-rounds", integer=True)
+    topology = load_topology(args.cluster)
+    cluster = topology.to_cluster()
     shares = _floats(args.shares, "--shares") if args.shares else None
     tps = tuple(_ints(args.tp, "--tp"))
     current = load_allocation(args.current) if args.current else None
@@ -191,10 +219,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     trace = _trace_for(args, specs)
     stats = {s.name: workflow_stats(trace, s.name, seed=args.seed) for s in specs}
     problem = PlanningProblem(stats, _models(specs), targets, cluster, _latency(args), opts)
-    plan = optimiser(args.optimiser).solve(problem)
-    write_plan(args.out, problem, plan, timings=not args.no_timings)
+    opts_place = {"spread_replicas": True} if args.spread_replicas else {}
+    res = plan_and_place(problem, topology, name=args.optimiser, policy=args.placer,
+                         max_rounds=args.max_rounds, placer_options=opts_place)
+    plan = res.plan
+    extra: dict[str, object] = {"placement": {
+        "policy": args.placer, "rounds": res.rounds, "placed": res.placed, "exact": res.exact,
+        "history": list(res.history), "quality": dict(res.quality) if res.quality else None,
+        "instances": list(placement_rows(res.placement)) if res.placement else [],
+        "unplaced": [list(u) for u in res.placement.unplaced] if res.placement else [],
+        "reason": res.reason}}
+    if not res.placed:  # never hand on an allocation that cannot be placed
+        plan = replace(plan, allocation=None, status="infeasible")
+    write_plan(args.out, problem, plan, timings=not args.no_timings, extra=extra)
     if args.json:
-        print(dumps(plan_to_dict(problem, plan, timings=not args.no_timings)), end="")
+        print(dumps(plan_to_dict(problem, plan, timings=not args.no_timings, extra=extra)), end="")
     elif plan.allocation is not None:
         print(format_table([{k: _round(v) for k, v in r.items()} for r in plan_rows(problem, plan)],
                            ["llm", "model", "gpu", "tp", "share", "replicas", "gpus", "mu_calls_s",
@@ -207,9 +246,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         st = plan.stats
         print(f"\n{plan.optimiser}: {plan.status}, objective {plan.objective_s:.6g} s, gap "
               f"{plan.gap:.3g}, candidates {st.get('candidates_generated', '-')} -> "
-              f"{st.get('candidates_kept', '-')}, {st.get('total_s', 0.0):.3f} s; wrote {args.out}")
+              f"{st.get('candidates_kept', '-')}, {st.get('total_s', 0.0):.3f} s")
+        q = res.quality or {}
+        print(f"placed by {args.placer} in {res.rounds} round(s): {q.get('gpus_used')} GPUs "
+              f"(bound {q.get('bound_l2')}), {q.get('nodes_used')} nodes (bound "
+              f"{q.get('bound_nodes')}); wrote {args.out}")
     if plan.allocation is None:
-        why = plan.infeasible.detail if plan.infeasible else "no allocation meets the targets"
+        why = (res.reason if res.reason else plan.infeasible.detail if plan.infeasible
+               else "no allocation meets the targets")
         print(f"scepsy: infeasible: {why} (wrote {args.out})", file=sys.stderr)
         return 1
     return 0

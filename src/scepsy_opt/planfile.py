@@ -36,8 +36,10 @@ def plan_rows(problem: PlanningProblem, plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
-def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True) -> dict[str, Any]:
-    """The plan.json document (see the module docstring)."""
+def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The plan.json document (see the module docstring); ``extra`` adds top-level entries
+    (``scepsy plan`` adds the placement)."""
     stats = {k: v for k, v in plan.stats.items() if k not in TIMING_KEYS}
     doc: dict[str, Any] = {
         "optimiser": plan.optimiser,
@@ -63,6 +65,7 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True) 
                              "max_scale": inf.max_scale,
                              "max_throughput": dict(inf.max_throughput),
                              "bottleneck": inf.bottleneck, "binding": list(inf.binding)}
+    doc.update(extra or {})
     if timings:
         doc["timings"] = {k: plan.stats[k] for k in TIMING_KEYS if k in plan.stats}
     return doc
@@ -72,6 +75,7 @@ def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def write_plan(path: str | Path, problem: PlanningProblem, plan: Plan, *, timings: bool = True) -> None:
+def write_plan(path: str | Path, problem: PlanningProblem, plan: Plan, *, timings: bool = True,
+               extra: dict[str, Any] | None = None) -> None:
     """Write plan.json atomically (nothing half-written on failure)."""
-    atomic_write_text(path, dumps(plan_to_dict(problem, plan, timings=timings)))
+    atomic_write_text(path, dumps(plan_to_dict(problem, plan, timings=timings, extra=extra)))

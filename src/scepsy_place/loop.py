@@ -1,0 +1,140 @@
+"""The optimiser and the placer in a closed loop: never hand on a plan that cannot be placed.
+
+The MILP budgets GPUs in aggregate, which can admit allocations that no concrete placement
+realises (shares that do not fit together on whole GPUs, TP groups that do not fit a node's free
+NVLink domains). :func:`plan_and_place` places every optimal allocation; when replicas stay
+unplaced it adds a *no-good cut* for the GPU types that failed — ``Σ_{c ∈ S_t} x_c ≤ |S_t| − 1``
+over the candidates ``S_t`` the plan chose on type ``t``: that combination is forbidden, every
+other stays allowed — and solves again, until a placeable optimum or a clear report that none
+exists (the cut MILP is infeasible, or ``max_rounds`` is reached).
+
+After the first cut the MILP runs over every candidate, unpruned: reduced-cost fixing is exact
+only for the aggregate optimum (the best *placeable* allocation may cost more than its bound),
+and dominance pruning may drop the placeable one (two whole GPUs cost more than three 0.6 shares
+and use more units, yet only they fit on two GPUs). The MILP also gets the valid inequalities of
+bin packing (:func:`packing_inequalities`), which remove most aggregate-only allocations at once,
+so few rounds of no-good cuts remain. The loop's answer is then the cheapest
+allocation the placer can place — exact when the placer is (tests check it against brute force
+with the placer as the oracle). Above 64 GPUs the unpruned set is too large to re-solve round
+after round: the loop then keeps the dominance-pruned candidates and reports ``exact=False``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from scepsy_opt.milp import solve_min_latency
+from scepsy_opt.planning import (
+    UNITS,
+    Candidate,
+    Plan,
+    PlanningProblem,
+    generate_candidates,
+    optimiser,
+)
+from scepsy_place.bounds import quality
+from scepsy_place.placement import Placement, demands, place
+from scepsy_place.topology import Topology
+
+UNPRUNED_MAX_GPUS = 64
+
+
+@dataclass(frozen=True)
+class PlacedPlan:
+    """A plan, its placement, and how many optimise-place rounds it took."""
+
+    plan: Plan
+    placement: Placement | None
+    rounds: int
+    history: tuple[Mapping[str, Any], ...]  # per round: objective, unplaced replicas
+    quality: Mapping[str, Any] | None
+    reason: str | None = None  # why no placeable plan exists (None when placed)
+    exact: bool = True  # only valid cuts were used: the cheapest allocation the placer places
+
+    @property
+    def placed(self) -> bool:
+        return self.placement is not None and self.placement.complete
+
+
+def _failed_types(placement: Placement, plan: Plan) -> set[str]:
+    return {plan.candidates[llm].gpu for llm, _, _ in placement.unplaced}
+
+
+def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
+                   policy: str = "hierarchical", max_rounds: int = 25, exact_rounds: int = 8,
+                   placer_options: Mapping[str, Any] | None = None) -> PlacedPlan:
+    """Optimise, place, cut and re-optimise until the plan is placed (module docstring).
+
+    The first ``exact_rounds`` rounds add only valid cuts (no-good cuts); later rounds also
+    tighten the failing GPU type's budget by the units that did not fit, which converges fast
+    but may skip a cheaper placeable allocation (``exact`` is then False).
+    """
+    opts = dict(placer_options or {})
+    exact = True
+    plan = optimiser(name).solve(problem)
+    history: list[dict[str, Any]] = []
+    cuts: list[tuple[Mapping[Candidate, float], float]] = []
+    cset = None
+    for rnd in range(1, max_rounds + 1):
+        if plan.allocation is None:
+            why = (plan.infeasible.detail if plan.infeasible is not None else
+                   f"no allocation is placeable: {len(cuts)} unplaceable allocation(s) cut, "
+                   "and the MILP has no other")
+            return PlacedPlan(plan, None, rnd, tuple(history), None, why)
+        dem = demands(plan.allocation, problem.catalog)
+        placement = place(topology, dem, policy, **opts)
+        history.append({"round": rnd, "objective_s": plan.objective_s,
+                        "unplaced": len(placement.unplaced)})
+        if placement.complete:
+            return PlacedPlan(plan, placement, rnd, tuple(history), quality(topology, placement, dem),
+                              None, exact)
+        if name != "milp":  # baselines have no cuts: report what did not fit
+            break
+        if cset is None:
+            # every candidate on small clusters (exact); the dominance-pruned ones above
+            # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
+            unpruned = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+            exact = exact and unpruned
+            cset = generate_candidates(problem, prune=not unpruned)
+            cuts.extend(packing_inequalities(problem, cset.by_llm))
+        for gpu in sorted(_failed_types(placement, plan)):
+            chosen = [c for c in plan.candidates.values() if c.gpu == gpu]
+            cuts.append(({c: 1.0 for c in chosen}, len(chosen) - 1.0))
+            if rnd >= exact_rounds:  # tighten the type's budget by what did not fit
+                exact = False
+                used = sum(c.units for c in chosen)
+                lost = sum(round(plan.candidates[m].tp * plan.candidates[m].share * UNITS)
+                           for m, _, _ in placement.unplaced if plan.candidates[m].gpu == gpu)
+                cuts.append(({c: float(c.units) for cs in cset.by_llm.values() for c in cs
+                              if c.gpu == gpu}, float(used - max(lost, 1))))
+        plan = solve_min_latency(problem, cset, cuts)
+    last = history[-1] if history else {}
+    why = (f"the plan could not be placed after {len(history)} round(s) "
+           f"({last.get('unplaced', 0)} replica(s) unplaced)")
+    return PlacedPlan(plan, placement, len(history), tuple(history),
+                      quality(topology, placement, dem), why, exact)
+
+
+def packing_inequalities(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
+                         kmax: int = 4) -> list[tuple[Mapping[Candidate, float], float]]:
+    """Valid inequalities of bin packing, per GPU type ``t`` and ``k = 1..kmax``: a GPU holds at
+    most ``k`` replica-GPUs of share above ``1/(k+1)``, so
+    ``Σ_c tp_c·replicas_c·[share_c > 1/(k+1)]·x_c ≤ k·G_t``. They never exclude a placeable
+    allocation and exclude most of the aggregate-only ones (three 0.6 shares on two GPUs)."""
+    rows: list[tuple[Mapping[Candidate, float], float]] = []
+    for gpu, g in problem.cluster.budgets().items():
+        for k in range(1, kmax + 1):
+            coeffs = {c: float(c.tp * c.replicas) for cs in cands.values() for c in cs
+                      if c.gpu == gpu and c.share > 1.0 / (k + 1) + 1e-12}
+            if coeffs:
+                rows.append((coeffs, float(k * g)))
+    return rows
+
+
+def placement_rows(placement: Placement) -> Sequence[Mapping[str, Any]]:
+    """plan.json's placement: one row per replica, sorted by LLM and replica."""
+    return [{"llm": s.llm, "replica": s.replica, "node": s.node, "gpus": list(s.gpus),
+             "share": s.share, "memory_gib": s.memory_gib}
+            for s in sorted(placement.slots, key=lambda s: (s.llm, s.replica))]

@@ -1,0 +1,244 @@
+"""openb replay (FGD's Alibaba GPU-sharing simulation) and the FGD fragmentation measure."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scepsy_place.fgd import node_fragmentation, task_mix, typical_tasks
+from scepsy_place.openb import (
+    POLICIES,
+    ClusterState,
+    NodeSpec,
+    OpenBError,
+    Task,
+    build_workload,
+    read_nodes,
+    read_pods,
+    replay,
+    run_cli,
+)
+
+OPENB = Path(__file__).resolve().parents[2] / "shared" / "data" / "cluster-traces" / "alibaba-openb"
+
+
+# --------------------------------------------------------------------- FGD measure (hand-computed)
+
+def test_fragmentation_hand_values():
+    mix = [(1, 500, 0.5), (2, 1000, 0.5)]
+    # half-GPU task: only the 300 left on GPU 1 is unusable; 2-GPU task: whole node (1300)
+    assert node_fragmentation([1000, 300], mix) == pytest.approx(0.5 * 300 + 0.5 * 1300)
+    assert node_fragmentation([1000, 1000], mix) == 0.0
+    assert node_fragmentation([0, 0], mix) == 0.0
+    # one idle GPU: the 2-GPU task cannot run -> all 1000 is fragment for it
+    assert node_fragmentation([1000, 0], mix) == pytest.approx(500.0)
+    # a 400-milli GPU cannot serve a 500 task
+    assert node_fragmentation([400], [(1, 500, 1.0)]) == 400.0
+
+
+def test_fragmentation_cpu_memory_and_cpu_only_types():
+    mix = [(1, 500, 1.0)]
+    assert node_fragmentation([1000, 300], mix, cpu_free=4000, mix_cpu_mem=[(2000, None)]) == 300
+    # not enough CPU: every free milli-GPU is a fragment
+    assert node_fragmentation([1000, 300], mix, cpu_free=1000, mix_cpu_mem=[(2000, None)]) == 1300
+    assert node_fragmentation([1000, 300], mix, mem_free=10, mix_cpu_mem=[(None, 20)]) == 1300
+    # a CPU-only task can use none of the GPU capacity (the artifact counts it as fragment)
+    assert node_fragmentation([700], [(0, 0, 0.25), (1, 500, 0.75)]) == pytest.approx(175.0)
+    with pytest.raises(ValueError):
+        node_fragmentation([1000], mix, mix_cpu_mem=[])
+
+
+def test_task_mix_and_typical_tasks():
+    tasks = [Task("a", 1, 1, 1, 500), Task("b", 1, 1, 1, 500), Task("c", 1, 1, 2, 1000),
+             Task("d", 1, 1, 0, 0)]
+    assert task_mix(tasks) == [(1, 500, pytest.approx(2 / 3)), (2, 1000, pytest.approx(1 / 3))]
+    assert task_mix([(1, 250)]) == [(1, 250, 1.0)]
+    assert task_mix([]) == []
+    typ = typical_tasks(tasks, threshold=0.5)  # the most popular type covers half
+    assert typ == [(1, 500, 1, 1.0)]
+    assert sum(p for *_, p in typical_tasks(tasks)) == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------- CSV validation
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("sn,cpu_milli,memory_mib\nn0,1,1\n", "line 1: missing column(s) gpu"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,100,two,T4\n", "line 2, field gpu"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,-5,100,2,T4\n", "line 2, field cpu_milli"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,T4\nn0,1,1,2,T4\n", "line 3, field sn"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,0,\n", "no GPUs"),
+])
+def test_nodes_csv_errors(tmp_path, text, expect):
+    path = _write(tmp_path, "nodes.csv", text)
+    with pytest.raises(OpenBError, match=r"nodes\.csv") as e:
+        read_nodes(path)
+    assert expect in str(e.value)
+
+
+@pytest.mark.parametrize("row, expect", [
+    ("p0,1000,100,2,500", "line 2, field gpu_milli: multi-GPU"),
+    ("p0,1000,100,1,1500", "line 2, field gpu_milli"),
+    ("p0,1000,100,0,300", "line 2, field gpu_milli"),
+    ("p0,1000,x,1,300", "line 2, field memory_mib"),
+])
+def test_pods_csv_errors(tmp_path, row, expect):
+    path = _write(tmp_path, "pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + row + "\n")
+    with pytest.raises(OpenBError, match=r"pods\.csv") as e:
+        read_pods(path)
+    assert expect in str(e.value)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(OpenBError, match="cannot read"):
+        read_pods(tmp_path / "nope.csv")
+
+
+def test_pods_sorted_by_creation_time(tmp_path):
+    path = _write(tmp_path, "pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time\n"
+                  "late,1,1,1,1000,50\nearly,1,1,1,1000,10\n")
+    assert [t.name for t in read_pods(path)] == ["early", "late"]
+
+
+# --------------------------------------------------------------------- tiny cluster, known outcome
+
+NODES = [NodeSpec("A", 8000, 1000, 2), NodeSpec("B", 8000, 1000, 1)]
+TASKS = [Task("t1", 1000, 100, 1, 500), Task("t2", 1000, 100, 1, 500), Task("t3", 1000, 100, 2, 1000)]
+
+
+def _run(policy: str, **kw):
+    return replay(NODES, TASKS, policy, seed=1, order="trace", tune=False, **kw)
+
+
+def test_first_fit_hand_outcome():
+    r = _run("first-fit")
+    # t1, t2 share A's GPU 0; t3 needs two idle GPUs: A has one, B has one -> fails
+    assert r.placements == ((0, (0,)), (0, (0,)), None)
+    assert (r.placed, r.failed) == (2, 1)
+    assert r.at_end.alloc_ratio == pytest.approx(1000 / 3000)
+
+
+@pytest.mark.parametrize("quantize", [True, False])
+@pytest.mark.parametrize("policy", ["best-fit", "fgd"])
+def test_packing_policies_hand_outcome(policy, quantize):
+    # best-fit: B leaves less GPU (500 vs 1500). FGD: on B the 2-GPU type's fragment drops
+    # 333 -> 167 (gain 167), on A it grows 0 -> 500. Both then put t3 on A's two idle GPUs.
+    r = _run(policy, quantize=quantize)
+    assert r.placements == ((1, (0,)), (1, (0,)), (0, (0, 1)))
+    assert r.failed == 0 and r.at_end.alloc_ratio == 1.0
+    assert r.at_end.frag_gpus == 0.0
+
+
+def test_snapshots_at_100_percent():
+    r = _run("fgd")
+    assert r.at_100 is not None and r.at_100.demand >= 1.0 and r.at_100.arrived == 3
+    assert [round(s.demand, 3) for s in r.curve][-1] == 1.0
+
+
+def test_unknown_policy_and_bad_options():
+    with pytest.raises(KeyError):
+        replay(NODES, TASKS, "worst-fit")
+    with pytest.raises(ValueError):
+        replay(NODES, TASKS, "fgd", order="sorted")
+    with pytest.raises(ValueError):
+        replay(NODES, TASKS, "fgd", tie="first")
+
+
+def test_place_refuses_over_allocation():
+    st = ClusterState(NODES)
+    st.place(1, [0], Task("x", 1000, 100, 1, 700))
+    with pytest.raises(ValueError, match="over-allocated"):
+        st.place(1, [0], Task("y", 1000, 100, 1, 400))
+    with pytest.raises(ValueError, match="over-allocated"):
+        st.place(0, [], Task("z", 9000, 1, 0, 0))
+    with pytest.raises(ValueError, match="distinct"):
+        st.place(0, [0, 0], Task("w", 1, 1, 2, 1000))
+
+
+def test_build_workload_reaches_target_and_is_seeded():
+    w1 = build_workload(NODES, TASKS, seed=3, until=4.0)
+    w2 = build_workload(NODES, TASKS, seed=3, until=4.0)
+    assert [t.name for t in w1] == [t.name for t in w2]
+    total = sum(t.total_gpu_milli for t in w1)
+    assert 3000 <= total <= 12000 and len(w1) > 3
+    down = build_workload(NODES, TASKS, seed=3, until=0.5)
+    assert sum(t.total_gpu_milli for t in down) <= 1500
+
+
+# --------------------------------------------------------------------- invariants, random clusters
+
+def _random_instance(seed: int):
+    rng = np.random.default_rng(seed)
+    nodes = [NodeSpec(f"n{i}", int(rng.choice([8000, 32000, 96000])), int(rng.choice([64, 512])),
+                      int(rng.choice([1, 2, 4, 8]))) for i in range(12)]
+    tasks = []
+    for i in range(80):
+        kind = rng.integers(4)
+        n, g = [(0, 0), (1, int(rng.choice([100, 250, 500, 810]))), (1, 1000),
+                (int(rng.choice([2, 4, 8])), 1000)][kind]
+        tasks.append(Task(f"t{i}", int(rng.choice([1000, 4000, 16000])), int(rng.choice([8, 64])),
+                          n, g))
+    return nodes, tasks
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("seed", [0, 1])
+def test_invariants_and_determinism(policy, seed):
+    nodes, tasks = _random_instance(seed)
+    r = replay(nodes, tasks, policy, seed=seed)
+    workload = build_workload(nodes, tasks, seed)
+    assert r.tasks == len(workload) == len(r.placements) == r.placed + r.failed
+    st = ClusterState(nodes)  # re-apply: place() raises on any over-allocation
+    for t, p in zip(workload, r.placements, strict=True):
+        if p is not None:
+            st.place(p[0], list(p[1]), t)
+    assert (st.cpu_free >= 0).all() and (st.mem_free >= 0).all()
+    assert (st.gpu_free[:, :1] >= 0).all()
+    assert r.at_end.alloc_ratio == pytest.approx(st.allocated_gpu_milli() / st.gpu_capacity)
+    assert 0 <= r.at_end.frag_ratio <= 1 + 1e-9
+    again = replay(nodes, tasks, policy, seed=seed)
+    assert again.placements == r.placements and again.at_end == r.at_end
+
+
+# --------------------------------------------------------------------- CLI helper
+
+def test_run_cli_json_and_bad_input(tmp_path, capsys):
+    nodes = _write(tmp_path, "n.csv", "sn,cpu_milli,memory_mib,gpu,model\nA,8000,1000,2,T4\n"
+                   "B,8000,1000,1,T4\n")
+    pods = _write(tmp_path, "p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
+                  "t1,1000,100,1,500\nt2,1000,100,2,1000\n")
+    args = argparse.Namespace(nodes=nodes, pods=pods, policy="best-fit,fgd", seed=7, json=True)
+    assert run_cli(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert [r["policy"] for r in out["results"]] == ["best-fit", "fgd"]
+    assert 2500 / 3000 <= out["results"][0]["at_end"]["demand"] <= 1.3
+    args.json = False
+    assert run_cli(args) == 0
+    assert "alloc@100%" in capsys.readouterr().out
+    args.policy = "nope"
+    assert run_cli(args) == 2
+    assert "unknown policy" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- real trace (small prefix)
+
+@pytest.mark.skipif(not OPENB.is_dir(), reason="needs ../shared/data/cluster-traces/alibaba-openb")
+def test_real_trace_prefix():
+    nodes = read_nodes(OPENB / "openb_node_list_gpu_node.csv")
+    pods = read_pods(OPENB / "openb_pod_list_default.csv")
+    assert len(nodes) == 1213 and sum(n.gpus for n in nodes) == 6212 and len(pods) == 8152
+    sub = nodes[::12]  # ~100 nodes of every kind, and a prefix of the tasks
+    res = {p: replay(sub, pods[:800], p, seed=42) for p in ("best-fit", "fgd", "random")}
+    for r in res.values():
+        assert r.at_100 is not None and 0.5 < r.at_100.alloc_ratio <= 1.0
+        assert r.placed + r.failed == r.tasks
+    assert res["fgd"].at_end.alloc_ratio >= res["random"].at_end.alloc_ratio
