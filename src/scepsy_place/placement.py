@@ -306,7 +306,9 @@ class _State:
 def _choose_gpus(st: _State, node: Node, dom: range, d: Demand, rule: str) -> tuple[int, ...] | None:
     """``d.tp`` GPUs of one domain that fit ``d``: lowest indices (``first``) or tightest fit
     (``best``), or None."""
-    ok = [g for g in dom if st.fits(node.name, g, d)]
+    u, need = d.units, d.memory_gib - MEMORY_TOL_GIB
+    free, mem = st.free[node.name], st.mem[node.name]
+    ok = [g for g in dom if free[g] >= u and mem[g] >= need]
     if len(ok) < d.tp:
         return None
     if rule == "best":
@@ -324,7 +326,9 @@ def _reason(topology: Topology, st: _State, d: Demand) -> str:
     if d.memory_gib > max(n.memory_gib for n in mine) + MEMORY_TOL_GIB:
         return f"needs {d.memory_gib:g} GiB per GPU, more than a {d.gpu} has"
     free = sum(sum(st.free[n.name]) for n in mine) / UNITS
-    fitting = sum(1 for n in mine for g in range(n.gpus) if st.fits(n.name, g, d))
+    u, need = d.units, d.memory_gib - MEMORY_TOL_GIB
+    fitting = sum(1 for n in mine for f, m in zip(st.free[n.name], st.mem[n.name], strict=True)
+                  if f >= u and m >= need)
     return (f"no NVLink domain of {d.gpu} nodes has {d.tp} GPU(s) with {d.share:g} share and "
             f"{d.memory_gib:g} GiB free ({free:g} GPUs of capacity free in total, {fitting} "
             f"single GPUs fit the share: capacity is fragmented)" if free >= d.tp * d.share
@@ -344,7 +348,14 @@ def _check_demands(ds: Sequence[Demand]) -> None:
 
 def _greedy(topology: Topology, ds: Sequence[Demand], order: Callable[[Demand], Any],
             pick: Callable[[_State, Demand, list[tuple[Node, tuple[int, ...]]]], int], rule: str,
-            policy: str, placed: Sequence[Slot] = ()) -> Placement:
+            policy: str, placed: Sequence[Slot] = (), by_llm: bool = False) -> Placement:
+    """Place ``ds`` one by one in ``order``, each at the candidate position ``pick`` chooses.
+
+    Nodes in the same state (shape, free share and memory per GPU; with ``by_llm`` also rack
+    and the LLMs they hold) are interchangeable: only the first of each, in input order, is a
+    candidate. Every placer breaks ties towards input order, so this changes no answer and keeps
+    a 512-node cluster with mostly empty nodes cheap.
+    """
     _check_demands(ds)
     st = _State(topology)
     for s in placed:  # slots already on the topology: only for spreading / colocating counts
@@ -356,9 +367,17 @@ def _greedy(topology: Topology, ds: Sequence[Demand], order: Callable[[Demand], 
     unplaced: list[tuple[str, int, str]] = []
     for d in sorted(ds, key=order):
         cands: list[tuple[Node, tuple[int, ...]]] = []
+        seen: set[tuple[Any, ...]] = set()
         for n in topology.nodes:
             if n.gpu != d.gpu or d.tp > n.nvlink_domain:
                 continue
+            key = (n.gpus, n.nvlink_domain, n.memory_gib, tuple(st.free[n.name]),
+                   tuple(st.mem[n.name]), tuple(st.fresh[n.name]))
+            if by_llm:
+                key += (n.rack, tuple(sorted(st.llms[n.name].items())))
+            if key in seen:
+                continue
+            seen.add(key)
             for dom in n.domains():
                 gs = _choose_gpus(st, n, dom, d, rule)
                 if gs is not None:
@@ -480,7 +499,8 @@ class Hierarchical:
 
         best: tuple[Any, ...] | None = None
         for i, order in enumerate(_ORDERS[:self.orders]):
-            pl = _greedy(topology, demands, order, pick, "best", self.name, placed)
+            pl = _greedy(topology, demands, order, pick, "best", self.name, placed,
+                         by_llm=self.spread_replicas or bool(self.colocate))
             opened = sum(1 for n, g in pl.gpus() if topology.node(n).used[g] == (0.0, 0.0))
             nodes = sum(1 for n in pl.nodes() if not topology.node(n).busy)
             key = (len(pl.unplaced), opened, len(pl.gpus()), nodes, i)
