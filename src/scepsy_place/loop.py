@@ -90,8 +90,8 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
         if placement.complete:
             return PlacedPlan(plan, placement, rnd, tuple(history), quality(topology, placement, dem),
                               None, exact)
-        if name != "milp":  # baselines have no cuts: report what did not fit
-            break
+        if name != "milp" or problem.options.objective != "min-latency":
+            break  # baselines and max-throughput plans get no cuts: report what did not fit
         if cset is None:
             # every candidate on small clusters (exact); the dominance-pruned ones above
             # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
