@@ -3,6 +3,7 @@ allocation (brute force over every candidate combination, the placer as the orac
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -10,7 +11,15 @@ import pytest
 
 from scepsy_opt.cluster import uniform_cluster
 from scepsy_opt.instances import random_problem
-from scepsy_opt.planning import PlanOptions, fits_budget, generate_candidates, plan_from_choice
+from scepsy_opt.milp import max_scale
+from scepsy_opt.pipeline import llm_demand
+from scepsy_opt.planning import (
+    PlanOptions,
+    fits_budget,
+    generate_candidates,
+    plan_from_choice,
+    price,
+)
 from scepsy_place.check import violations
 from scepsy_place.loop import plan_and_place
 from scepsy_place.placement import demands, place
@@ -90,3 +99,19 @@ def test_no_placeable_allocation_is_reported():
                        cluster=cl)
     res = plan_and_place(p, from_cluster(cl))
     assert not res.placed and res.reason
+
+
+def test_max_throughput_plans_are_placed_at_the_largest_placeable_scale():
+    cl = uniform_cluster("A100-80GB", 3, 3)
+    mt = random_problem(3, 3, ROOF, seed=0, load=0.6, cluster=cl,
+                        options=dataclasses.replace(OPTS, objective="max-throughput"))
+    topo = from_cluster(cl)
+    res = plan_and_place(mt, topo)
+    cap, _, _ = max_scale(mt)
+    assert res.placed and 0 < res.plan.scale <= cap
+    assert violations(topo, demands(res.plan.allocation), res.placement) == []
+    # the placed allocation carries the targets at the scale it reports
+    at = mt.scaled(res.plan.scale)
+    for m, c in price(at, res.plan.allocation).items():
+        load = llm_demand(at.stats, at.models, at.targets, m).rate
+        assert c.capacity * at.options.max_utilisation >= load * (1 - 1e-9)

@@ -22,7 +22,7 @@ after round: the loop then keeps the dominance-pruned candidates and reports ``e
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from scepsy_opt.milp import solve_min_latency
@@ -90,8 +90,12 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
         if placement.complete:
             return PlacedPlan(plan, placement, rnd, tuple(history), quality(topology, placement, dem),
                               None, exact)
+        if name == "milp" and problem.options.objective == "max-throughput" and plan.scale > 0:
+            return _placeable_scale(problem, topology, plan.scale, tuple(history), name=name,
+                                    policy=policy, max_rounds=max_rounds,
+                                    exact_rounds=exact_rounds, placer_options=placer_options)
         if name != "milp" or problem.options.objective != "min-latency":
-            break  # baselines and max-throughput plans get no cuts: report what did not fit
+            break  # baselines get no cuts: report what did not fit
         if cset is None:
             # every candidate on small clusters (exact); the dominance-pruned ones above
             # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
@@ -115,6 +119,31 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
            f"({last.get('unplaced', 0)} replica(s) unplaced)")
     return PlacedPlan(plan, placement, len(history), tuple(history),
                       quality(topology, placement, dem), why, exact)
+
+
+def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
+                     history: tuple[Mapping[str, Any], ...], *, steps: int = 7,
+                     **kw: Any) -> PlacedPlan:
+    """Max-throughput whose capacity optimum does not place: bisect the scale (``steps``
+    halvings of the bracket below ``top``) with min-latency optimise-place loops; the largest
+    scale that placed wins (``exact`` False: the scale is a bracket, not an optimum)."""
+    base = replace(problem, options=replace(problem.options, objective="min-latency"))
+    lo, hi, best = 0.0, top, None
+    rounds = len(history)
+    for i in range(steps):
+        mid = hi * (1 - 1e-9) if i == 0 else (lo + hi) / 2  # just below the capacity optimum first
+        res = plan_and_place(base.scaled(mid), topology, **kw)
+        rounds += res.rounds
+        history = history + res.history
+        if res.placed:
+            lo, best = mid, res
+        else:
+            hi = mid
+    if best is None:
+        return PlacedPlan(replace(res.plan, scale=0.0), None, rounds, history, None,
+                          "no scale of the targets could be placed", False)
+    return replace(best, plan=replace(best.plan, scale=lo), rounds=rounds, history=history,
+                   exact=False)
 
 
 def packing_inequalities(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
