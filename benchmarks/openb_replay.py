@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from _common import require_shared, table, write_results
-from scepsy_place.openb import POLICIES, read_nodes, read_pods, replay
+from scepsy_place.openb import POLICIES, TIES, read_nodes, read_pods, replay
 
 TRACE = Path("cluster-traces") / "alibaba-openb"
 PUBLISHED_100 = {"best-fit": 0.929, "fgd": 0.952}  # default trace, FGD paper artifact
@@ -36,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"comma list of {', '.join(sorted(POLICIES))}")
     ap.add_argument("--seeds", default="42", help="comma list of seeds (artifact: 42..51)")
     ap.add_argument("--until", type=float, default=1.3)
-    ap.add_argument("--tie", default="least-allocated", choices=["least-allocated", "random"])
+    ap.add_argument("--tie", default="name", choices=list(TIES),
+                    help="tie-break among best-scored nodes (name: the artifact's; default)")
     ap.add_argument("--quick", action="store_true", help="every 8th node, proportional tasks")
     args = ap.parse_args(argv)
 

@@ -12,6 +12,7 @@ import pytest
 from scepsy_place.fgd import node_fragmentation, task_mix, typical_tasks
 from scepsy_place.openb import (
     POLICIES,
+    TIES,
     ClusterState,
     NodeSpec,
     OpenBError,
@@ -136,6 +137,22 @@ def test_packing_policies_hand_outcome(policy, quantize):
     assert r.placements == ((1, (0,)), (1, (0,)), (0, (0, 1)))
     assert r.failed == 0 and r.at_end.alloc_ratio == 1.0
     assert r.at_end.frag_gpus == 0.0
+
+
+@pytest.mark.parametrize("policy", ["best-fit", "fgd"])
+def test_ties_go_to_the_first_node_name(policy):
+    # three identical idle nodes listed out of name order: every score ties, and the artifact's
+    # selectHost takes the lexicographically smallest name ("n0", at list position 1)
+    nodes = [NodeSpec("n2", 8000, 1000, 2), NodeSpec("n0", 8000, 1000, 2),
+             NodeSpec("n1", 8000, 1000, 2)]
+    tasks = [Task("t", 1000, 100, 1, 1000)]
+    r = replay(nodes, tasks, policy, seed=3, order="trace", tune=False)
+    assert r.placements == ((1, (0,)),)
+    for tie in TIES:  # every rule places it somewhere valid, deterministically per seed
+        a = replay(nodes, tasks, policy, seed=3, order="trace", tune=False, tie=tie)
+        assert a.placed == 1
+        assert a.placements == replay(nodes, tasks, policy, seed=3, order="trace", tune=False,
+                                      tie=tie).placements
 
 
 def test_snapshots_at_100_percent():

@@ -27,7 +27,7 @@ import numpy as np
 from scepsy_place.fgd import MILLI, fragmentation_batch, typical_tasks
 
 __all__ = [
-    "POLICIES", "ClusterState", "NodeSpec", "OpenBError", "ReplayResult", "Snapshot", "Task",
+    "POLICIES", "TIES", "ClusterState", "NodeSpec", "OpenBError", "ReplayResult", "Snapshot", "Task",
     "build_workload", "main", "read_nodes", "read_pods", "replay", "run_cli",
 ]
 
@@ -174,6 +174,9 @@ class ClusterState:
             self.gpu_free[i, :x.gpus] = MILLI
         self.models = [x.model for x in self.nodes]
         self.gpu_capacity = int(self.gpu_count.sum()) * MILLI
+        # rank of each node's name in lexicographic order (the artifact's tie-break)
+        self.name_rank = np.empty(n, dtype=np.int64)
+        self.name_rank[sorted(range(n), key=lambda i: self.nodes[i].name)] = np.arange(n)
         self._spec_cache: dict[str, np.ndarray] = {}
 
     def free_for_frag(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
@@ -229,7 +232,7 @@ class Context:
     mix_p: np.ndarray
     quantize: bool = True  # integer scores 0..100 as kube-scheduler plugins return (the artifact)
     node_frag: np.ndarray | None = None  # cached FGD fragmentation of every node
-    tie: str = "least-allocated"  # or "random" (see replay)
+    tie: str = "name"  # or "least-allocated", "random" (see replay)
 
     def frag(self, free: np.ndarray, cpu_free: np.ndarray) -> np.ndarray:
         return fragmentation_batch(free, self.mix_n, self.mix_g, self.mix_p,
@@ -248,9 +251,14 @@ def _pick_max(scores: np.ndarray, rng: np.random.Generator) -> int:
 
 def _pick_node(scores: np.ndarray, nodes: np.ndarray, state: ClusterState, t: Task,
                ctx: Context) -> int:
-    """Position in ``nodes`` of the best score; with ``ctx.tie == "least-allocated"`` ties go
-    to the node with most CPU/memory left after placing (kube's LeastAllocated, weight 1 vs the
-    policy's 1000), then at random."""
+    """Position in ``nodes`` of the best score. Ties: ``ctx.tie == "name"`` takes the node whose
+    name sorts first (the artifact's patched kube-scheduler ``selectHost``: "for reproducibility,
+    choose the smallest lexicographical order"); ``"least-allocated"`` the node with most
+    CPU/memory left after placing, then a seeded random one; ``"random"`` a seeded random one
+    (stock kube-scheduler)."""
+    if ctx.tie == "name":
+        best = np.flatnonzero(scores == scores.max())
+        return int(best[np.argmin(state.name_rank[nodes[best]])])
     if ctx.tie == "least-allocated":
         cpu = (state.cpu_free[nodes] - t.cpu_milli) / np.maximum(state.cpu_cap[nodes], 1)
         mem = (state.mem_free[nodes] - t.memory_mib) / np.maximum(state.mem_cap[nodes], 1)
@@ -367,6 +375,8 @@ def fgd(state: ClusterState, t: Task, ctx: Context) -> Choice:
     return node, _whole_gpus(state, node, t) if t.num_gpu else []
 
 
+TIES = ("name", "least-allocated", "random")
+
 POLICIES: dict[str, Policy] = {
     "best-fit": best_fit,
     "first-fit": first_fit,
@@ -467,16 +477,17 @@ def _snapshot(state: ClusterState, ctx: Context, arrived_milli: int, arrived: in
 
 def replay(nodes: Sequence[NodeSpec], pods: Sequence[Task], policy: str = "fgd", seed: int = 42,
            until: float = 1.3, *, order: str = "shuffle", quantize: bool = True,
-           tie: str = "least-allocated", tune: bool = True,
+           tie: str = "name", tune: bool = True,
            mix_threshold: float = 0.95, curve_step: float = 0.1,
            progress: bool | Callable[[int, int], None] = False) -> ReplayResult:
     """Replay ``pods`` onto ``nodes`` with ``policy``; see the module docstring.
 
     Deterministic per (inputs, policy, seed). ``quantize`` keeps the artifact's integer 0..100
-    scores; ``False`` scores exactly. Ties go to the node with most CPU/memory left
-    (``tie="least-allocated"``: kube-scheduler's default LeastAllocated scorer, weight 1 against
-    the policy's 1000, as in the artifact's scheduler profile), then at random (seeded);
-    ``tie="random"`` skips the first step. ``tune=False`` replays exactly ``pods`` (no sampling).
+    scores; ``False`` scores exactly. Ties go to the node whose name sorts first (``tie="name"``,
+    the artifact's patched kube-scheduler ``selectHost``); ``tie="least-allocated"`` prefers the
+    node with most CPU/memory left, then a seeded random one (the previous default, our guess at a
+    LeastAllocated scorer the artifact's profile in fact disables); ``tie="random"`` is stock
+    kube-scheduler's reservoir sampling (seeded). ``tune=False`` replays exactly ``pods``.
     ``progress=True`` reports on stderr every few seconds.
     """
     if policy not in POLICIES:
@@ -487,8 +498,8 @@ def replay(nodes: Sequence[NodeSpec], pods: Sequence[Task], policy: str = "fgd",
     state = ClusterState(nodes)
     workload = build_workload(nodes, pods, seed, until, order, tune)
     n, g, cpu, p = _mix_arrays(pods, mix_threshold)
-    if tie not in ("random", "least-allocated"):
-        raise ValueError(f"tie must be 'random' or 'least-allocated', got {tie!r}")
+    if tie not in TIES:
+        raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
     ctx = Context(np.random.default_rng([seed, 1]), n, g, cpu, p, quantize, tie=tie)
     fn = POLICIES[policy]
     tracks_frag = fn is fgd
