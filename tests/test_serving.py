@@ -228,8 +228,7 @@ def test_serving_curve_closed_form_with_constant_steps(inst, share, i, o, max_ba
     def closed_form(b: float) -> float:
         bb = max(b, 1.0)
         g = max(1.0, bb / o)  # one call per group at low load, B/O per iteration under load
-        decoding = (o - 1) * d
-        return b / (p + decoding + bb / g * p * decoding / (p + decoding)) * 1e3
+        return b / (p + (o - 1) * d + max(bb - g, 0.0) * p / g) * 1e3
 
     assert curve.mu == pytest.approx(max(closed_form(b) for b in range(1, b_max + 1)), rel=1e-12)
     for b in range(1, min(b_max, 4)):  # whole batches: the closed form

@@ -192,8 +192,7 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     k = np.concatenate([np.full(rs[j].shape, curves[j].prefill_batch) for j in live])
     g = np.maximum(k, np.maximum(b, 1.0) / c0.output_tokens)
     ctx = c0.input_tokens + c0.output_tokens / 2.0
-    d = np.asarray(latency.decode_ms(c0.model, c0.gpu, c0.tp, share, np.maximum(b, k), ctx),
-                   float) * np.ones(b.shape)
+    d = np.asarray(latency.decode_ms(c0.model, c0.gpu, c0.tp, share, b, ctx), float) * np.ones(b.shape)
     p_mix = np.asarray(latency.prefill_ms(c0.model, c0.gpu, c0.tp, share, g, c0.input_tokens),
                        float) * np.ones(b.shape)
     mix_all = np.concatenate(mixes)

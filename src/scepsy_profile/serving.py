@@ -20,20 +20,15 @@ GPU's compute (MPS) and memory. For calls with mean input ``I`` and output ``O``
   predictor passes the LLM's mean concurrency within a request). For one-token outputs (a
   reranker, a reward model) every call of the batch is in one group, ``g = B``.
 * **Throughput at batch B**: prefill produces the first output token, so a call lives for its
-  group's prefill and ``O − 1`` decode steps of ``d(max(B, k), I + O/2)`` (a fan-out decodes as
-  one batch), and each decode step of its is stalled by the prefills of groups admitted
-  meanwhile. Other requests' groups arrive independently of it (Poisson arrivals see time
-  averages), ``B/g`` of them per call lifetime, and a fraction
-  ``f = (O − 1)·d / (P(g) + (O − 1)·d)`` of the lifetime is decoding, so
-  ``λ(B) = B / (P(g) + (O − 1)·d + (B/g)·f·P(g))``; ``μ = max_B≤B_max λ(B)``. (Counting only the
-  *other* calls in the batch, ``(B − g)/g`` groups, missed this stall below a few calls in
-  service, where the simulator shows it: benchmarks/predictor_accuracy.py.)
+  group's prefill and ``O − 1`` decode steps of ``d(B', I + O/2)``, and is stalled by the
+  prefills of the other groups admitted meanwhile (``(B' − g)/g`` of them, by Little's law), so
+  ``λ(B) = B / (P(g) + (O − 1)·d(B', I + O/2) + max(B' − g, 0)·P(g)/g)``; ``μ = max_B≤B_max λ(B)``.
 * **Latency at rate λ < μ**: ``B(λ)`` solves ``λ(B) = λ`` (``λ(B)`` is increasing up to its
-  maximum; it is computed at whole batches and taken as linear in between), the in-service time
-  is ``B/λ``; below one call in service it runs linearly from the zero-load time
-  ``P(k) + (O − 1)·d(k, I + O/2)`` at λ = 0 to the one-call time at ``λ(1)``. A queueing wait
-  grows as λ → μ, taken from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of
-  service time ``B_max/μ``: ``W_q ≈ ρ^(√(2(c+1)) − 1) / (c(1 − ρ)) · B_max/μ``, ``ρ = λ/μ``.
+  maximum; it is computed at whole batches and taken as linear in between, and as ``B·λ(1)``
+  below one call in service), the in-service time is ``B/λ``, plus a queueing wait that grows as λ → μ, taken
+  from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of service time ``B_max/μ``:
+  ``W_q ≈ ρ^(√(2(c+1)) − 1) / (c(1 − ρ)) · B_max/μ``, ``ρ = λ/μ``. At λ → 0 the latency is
+  ``P + (O − 1)·d(1, I + O/2)``.
 The discrete-event simulator checks these forms (scepsy_opt).
 """
 
@@ -132,7 +127,6 @@ class ServingCurve:
     prefill_batch: float  # k
     latency_model: LatencyModel
     service_ms: NDArray[np.float64] = field(default_factory=lambda: np.empty(0))  # B = 1..max_batch
-    zero_load_ms: float = math.nan  # P(k) + (O − 1)·d(k): one request's calls alone
 
     @property
     def feasible(self) -> bool:
@@ -182,10 +176,9 @@ class ServingCurve:
         if np.any(ok):
             x = r[ok]
             b, rates = self._grid()
-            # below one call in service: linear from the zero-load time to the one-call time
-            s0, s1 = self.zero_load_ms / 1e3, float(self.service_ms[0]) / 1e3
-            in_service = np.where(x <= rates[1], s0 + (s1 - s0) * np.minimum(x / rates[1], 1.0),
-                                  np.interp(x, rates, b) / np.maximum(x, 1e-300))
+            # below one call in service B = λ/λ(1): the in-service time is exactly service(1)
+            in_service = np.where(x <= rates[1], float(self.service_ms[0]) / 1e3,
+                                  np.interp(x, rates, b) / x)
             rho = x / self.mu
             c = self.max_batch
             wait = rho ** (math.sqrt(2.0 * (c + 1)) - 1.0) / (c * (1.0 - rho)) * (c / self.mu)
@@ -194,11 +187,10 @@ class ServingCurve:
 
     @property
     def zero_load_latency_s(self) -> float:
-        """``P(k) + (O − 1)·d(k)``: one request's calls alone on the instance."""
-        if math.isfinite(self.zero_load_ms):
-            return self.zero_load_ms / 1e3
-        d = float(self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share,
-                                               self.prefill_batch,
+        """``P(k) + (O − 1)·d(1)``: one request's calls alone on the instance."""
+        if len(self.service_ms):
+            return float(self.service_ms[0]) / 1e3
+        d = float(self.latency_model.decode_ms(self.model, self.gpu, self.tp, self.share, 1.0,
                                                self.input_tokens + self.output_tokens / 2.0))
         return (self.prefill_ms + (self.output_tokens - 1.0) * d) / 1e3
 
@@ -242,17 +234,13 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
     top = int(b_max[live].max())
     batches = np.arange(1, top + 1, dtype=float)[None, :]
     s2, k2 = sh[live][:, None], k[live][:, None]
-    ctx = input_tokens + output_tokens / 2.0
-    d = np.asarray(latency.decode_ms(model, gpu, tp, s2, np.maximum(batches, k2), ctx),
+    d = np.asarray(latency.decode_ms(model, gpu, tp, s2, batches, input_tokens + output_tokens / 2.0),
                    dtype=float) * np.ones((len(live), top))
-    d0 = np.asarray(latency.decode_ms(model, gpu, tp, sh[live], k[live], ctx), dtype=float) \
-        * np.ones(len(live))
     groups = np.maximum(k2, batches / output_tokens)
     pg = np.asarray(latency.prefill_ms(model, gpu, tp, s2, groups, input_tokens), dtype=float)
     pg = np.where(groups == k2, p[live][:, None], pg)  # the same float as the base group's
-    decoding = (output_tokens - 1.0) * d
-    stall = batches / groups * pg * decoding / (pg + decoding)
-    service = pg + decoding + stall
+    stall = np.maximum(batches - groups, 0.0) * pg / groups
+    service = pg + (output_tokens - 1.0) * d + stall
     rates = 1e3 * batches / service
     for row, j in enumerate(live):
         r = rates[row, : b_max[j]]
@@ -264,5 +252,5 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
             model=model, gpu=gpu, tp=tp, share=float(shares[j]), input_tokens=float(input_tokens),
             output_tokens=float(output_tokens), memory=mems[j], max_batch=best, mu=float(r[best - 1]),
             prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency,
-            service_ms=table, zero_load_ms=float(p[j] + (output_tokens - 1.0) * d0[row]))
+            service_ms=table)
     return curves
