@@ -231,14 +231,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         "reason": res.reason}}
     if not res.placed:  # never hand on an allocation that cannot be placed
         plan = replace(plan, allocation=None, status="infeasible")
-    write_plan(args.out, problem, plan, timings=not args.no_timings, extra=extra)
+    doc = plan_to_dict(problem, plan, timings=not args.no_timings, extra=extra)
+    write_plan(args.out, doc)
     if args.json:
-        print(dumps(plan_to_dict(problem, plan, timings=not args.no_timings, extra=extra)), end="")
+        print(dumps(doc), end="")
     elif plan.allocation is not None:
         print(format_table([{k: _round(v) for k, v in r.items()} for r in plan_rows(problem, plan)],
                            ["llm", "model", "gpu", "tp", "share", "replicas", "gpus", "mu_calls_s",
                             "call_latency_s", "latency_share"]))
-        doc = plan_to_dict(problem, plan)
         print()
         print(format_table([{"workflow": w, **{k: _round(v) for k, v in o.items()}}
                             for w, o in doc["workflows"].items()],

@@ -69,10 +69,11 @@ from scepsy_opt.planning import (
     Plan,
     PlanningProblem,
     generate_candidates,
+    gpu_units,
     plan_from_choice,
     price,
     register,
-    shapes,
+    shape_groups,
 )
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.errors import InputError
@@ -192,15 +193,12 @@ def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
     for m in problem.llms:
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         raw: list[_CapOption] = []
-        by_shape: dict[tuple[str, int], list[float]] = {}
-        for gpu, tp, share in shapes(problem, m):
-            by_shape.setdefault((gpu, tp), []).append(share)
-        for (gpu, tp), shares in by_shape.items():
+        for (gpu, tp), shares in shape_groups(problem, m).items():
             for curve in instance_curves(dem, problem.latency, gpu, tp, shares,
                                          catalog=problem.catalog, policy=problem.policy):
                 if not curve.feasible:
                     continue
-                per = round(tp * curve.share * UNITS)
+                per = gpu_units(tp, curve.share)
                 top = min(budgets.get(gpu, 0) // per, problem.options.max_replicas)
                 raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
                                       u * r * curve.mu / dem.rate if dem.rate > 0 else math.inf)
@@ -599,8 +597,37 @@ class Hierarchical:
 # --------------------------------------------------------------------------- naive splits
 
 
+class _SliceBaseline:
+    """Each LLM takes its cheapest candidate within its own slice of the budget; subclasses say
+    how the budget is sliced (:meth:`slices`)."""
+
+    name = ""
+
+    def slices(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> dict[str, dict[str, int]]:
+        raise NotImplementedError
+
+    def solve(self, problem: PlanningProblem) -> Plan:
+        if problem.options.objective == "max-throughput":
+            return _max_throughput_by_bisection(problem, self.name, self._min_latency)
+        return self._min_latency(problem)
+
+    def _min_latency(self, problem: PlanningProblem) -> Plan:
+        t0 = time.perf_counter()
+        cset = generate_candidates(problem)
+        stats = _cset_stats(cset)
+        if _unsolvable(cset):
+            return diagnose(problem, cset, self.name, stats)
+        choice = _slice_choice(cset.by_llm, self.slices(problem, cset.by_llm))
+        stats.update(total_s=time.perf_counter() - t0)
+        if choice is None:
+            return _not_found(problem, cset, self.name, stats)
+        return plan_from_choice(problem, self.name, "heuristic", choice, stats,
+                                bound_s=_relaxed_bound(problem, cset))
+
+
 @register("independent")
-class Independent:
+class Independent(_SliceBaseline):
     """Every LLM sized alone within its slice of the budget (module docstring)."""
 
     name = "independent"
@@ -609,11 +636,6 @@ class Independent:
         if by not in ("units", "time"):
             raise InputError("independent", "by", "one of ['units', 'time']", by)
         self.by = by
-
-    def solve(self, problem: PlanningProblem) -> Plan:
-        if problem.options.objective == "max-throughput":
-            return _max_throughput_by_bisection(problem, self.name, self._min_latency)
-        return self._min_latency(problem)
 
     def slices(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
                ) -> dict[str, dict[str, int]]:
@@ -633,45 +655,17 @@ class Independent:
                 out[m][g] = math.floor(b * key[m].get(g, 0.0) / total) if total > 0 else 0
         return out
 
-    def _min_latency(self, problem: PlanningProblem) -> Plan:
-        t0 = time.perf_counter()
-        cset = generate_candidates(problem)
-        stats = _cset_stats(cset)
-        if _unsolvable(cset):
-            return diagnose(problem, cset, self.name, stats)
-        choice = _slice_choice(cset.by_llm, self.slices(problem, cset.by_llm))
-        stats.update(total_s=time.perf_counter() - t0)
-        if choice is None:
-            return _not_found(problem, cset, self.name, stats)
-        return plan_from_choice(problem, self.name, "heuristic", choice, stats,
-                                bound_s=_relaxed_bound(problem, cset))
-
 
 @register("equal-split")
-class EqualSplit:
+class EqualSplit(_SliceBaseline):
     """Every LLM gets an equal slice of every GPU type (module docstring)."""
 
     name = "equal-split"
 
-    def solve(self, problem: PlanningProblem) -> Plan:
-        if problem.options.objective == "max-throughput":
-            return _max_throughput_by_bisection(problem, self.name, self._min_latency)
-        return self._min_latency(problem)
-
-    def _min_latency(self, problem: PlanningProblem) -> Plan:
-        t0 = time.perf_counter()
-        cset = generate_candidates(problem)
-        stats = _cset_stats(cset)
-        if _unsolvable(cset):
-            return diagnose(problem, cset, self.name, stats)
-        n = len(cset.by_llm)
-        each = {g: b // n for g, b in _budget_units(problem).items()}
-        choice = _slice_choice(cset.by_llm, dict.fromkeys(cset.by_llm, each))
-        stats.update(total_s=time.perf_counter() - t0)
-        if choice is None:
-            return _not_found(problem, cset, self.name, stats)
-        return plan_from_choice(problem, self.name, "heuristic", choice, stats,
-                                bound_s=_relaxed_bound(problem, cset))
+    def slices(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> dict[str, dict[str, int]]:
+        each = {g: b // len(by_llm) for g, b in _budget_units(problem).items()}
+        return dict.fromkeys(by_llm, each)
 
 
 # --------------------------------------------------------------------------- a user's allocation
@@ -714,7 +708,7 @@ class UserAllocation:
         budgets = problem.cluster.budgets()
         used: dict[str, int] = {}
         for inst in alloc.llms.values():
-            used[inst.gpu] = used.get(inst.gpu, 0) + round(inst.tp * inst.share * UNITS) * inst.replicas
+            used[inst.gpu] = used.get(inst.gpu, 0) + gpu_units(inst.tp, inst.share, inst.replicas)
         stats: dict[str, Any] = {"gpus_used": {g: v / UNITS for g, v in sorted(used.items())}}
         zero = {w: 0.0 for w in problem.targets}
 

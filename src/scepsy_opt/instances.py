@@ -15,6 +15,8 @@ from types import MappingProxyType
 import numpy as np
 
 from scepsy_opt.cluster import Cluster, uniform_cluster
+from scepsy_opt.milp import capacity_shapes
+from scepsy_opt.pipeline import llm_demand
 from scepsy_opt.planning import PlanningProblem, PlanOptions
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
 from scepsy_profile.latency import LatencyModel
@@ -72,9 +74,6 @@ def random_problem(n_llms: int, gpus: int, latency: LatencyModel, *, seed: int =
     # target, scaled so that they come to ``load`` of the cluster
     unit = PlanningProblem(stats, models, dict.fromkeys(stats, 1.0), cl, latency,
                            options or PlanOptions())
-    from scepsy_opt.milp import capacity_shapes
-    from scepsy_opt.pipeline import llm_demand
-
     need = 0.0
     for m, shp in capacity_shapes(unit).items():
         if shp:

@@ -30,6 +30,7 @@ from typing import Any
 import highspy
 import pulp
 
+from scepsy_opt.pipeline import instance_curves, llm_demand
 from scepsy_opt.planning import (
     UNITS,
     Candidate,
@@ -38,8 +39,12 @@ from scepsy_opt.planning import (
     Plan,
     PlanningProblem,
     generate_candidates,
+    gpu_units,
     plan_from_choice,
+    price,
     register,
+    shape_groups,
+    units_by_gpu,
 )
 
 SEED = 0
@@ -67,10 +72,15 @@ SOLVER = (f"HiGHS {highspy.HIGHS_VERSION_MAJOR}.{highspy.HIGHS_VERSION_MINOR}."
           f"{highspy.HIGHS_VERSION_PATCH}")
 
 
-def _solver(problem: PlanningProblem, time_limit_s: float | None = None) -> pulp.HiGHS:
+def _solver(problem: PlanningProblem, time_limit_s: float | None = None,
+            gap_rel: float | None = None, mip: bool = True) -> pulp.HiGHS:
+    """HiGHS as every solve here runs it: one thread, fixed seed, the problem's limits unless
+    overridden (``mip=False`` solves the LP relaxation)."""
     opts = problem.options
-    return pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s or opts.time_limit_s,
-                      gapRel=opts.gap_rel, gapAbs=0.0, random_seed=SEED,
+    return pulp.HiGHS(mip=mip, msg=False, threads=1,
+                      timeLimit=time_limit_s or opts.time_limit_s,
+                      gapRel=opts.gap_rel if gap_rel is None else gap_rel, gapAbs=0.0,
+                      random_seed=SEED,
                       # at HiGHS's default 1e-6 a share-1.0 column can stand in for share 0.9
                       # and the plan be called optimal 2e-8 above the optimum (found by the
                       # brute-force oracle); tighter integrality makes it exact
@@ -132,7 +142,7 @@ def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[s
 def _prices(problem: PlanningProblem, cands: CandidateSet) -> dict[str, float]:
     """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0)."""
     prob, _ = _knapsack(problem, cands.by_llm)
-    prob.solve(pulp.HiGHS(msg=False, mip=False, threads=1, random_seed=SEED))
+    prob.solve(_solver(problem, mip=False))
     prices = {}
     for i, gpu in enumerate(problem.cluster.budgets()):
         con = prob.get_constraint_by_name(f"budget_{i}")
@@ -149,10 +159,7 @@ def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
     choice = {m: min(cs, key=lambda c: (c.cost + prices[c.gpu] * c.units, c.units))
               for m, cs in cands.items()}
     for _ in range(10 * len(choice) + 10):
-        used: dict[str, int] = {}
-        for c in choice.values():
-            used[c.gpu] = used.get(c.gpu, 0) + c.units
-        over = sorted(g for g, u in used.items() if u > budgets[g] * UNITS)
+        over = sorted(g for g, u in units_by_gpu(choice.values()).items() if u > budgets[g] * UNITS)
         if not over:
             return sum(c.cost for c in choice.values())
         g = over[0]
@@ -195,8 +202,8 @@ def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
                                 key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share)))
                 for m in coarse.by_llm}
         prob, xs = _knapsack(problem, pool)
-        prob.solve(pulp.HiGHS(msg=False, threads=1, random_seed=SEED, gapRel=1e-6,
-                              timeLimit=min(problem.options.time_limit_s, 5.0)))
+        prob.solve(_solver(problem, time_limit_s=min(problem.options.time_limit_s, 5.0),
+                           gap_rel=1e-6))
         if _status(prob)[0] in ("optimal", "time_limit"):
             ub = min(ub, sum(c.cost for c in _chosen(xs).values()))
     generated = coarse.generated + near.generated
@@ -248,22 +255,19 @@ def capacity_shapes(problem: PlanningProblem) -> dict[str, list[tuple[str, int, 
     For max-throughput only capacity matters, and per GPU type and units per replica only the
     shape with the largest μ is kept (a smaller μ for the same GPUs never helps).
     """
-    from scepsy_opt.pipeline import instance_curve, llm_demand
-    from scepsy_opt.planning import _units, shapes
-
     out: dict[str, list[tuple[str, int, float, int, float]]] = {}
     for m in problem.llms:
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         best: dict[tuple[str, int], tuple[str, int, float, int, float]] = {}
-        for gpu, tp, share in shapes(problem, m):
-            curve = instance_curve(dem, problem.latency, gpu, tp, share, catalog=problem.catalog,
-                                   policy=problem.policy)
-            if not curve.feasible:
-                continue
-            per = _units(tp, share)
-            key = (gpu, per)
-            if key not in best or curve.mu > best[key][4]:
-                best[key] = (gpu, tp, share, per, curve.mu)
+        for (gpu, tp), shares in shape_groups(problem, m).items():
+            for curve in instance_curves(dem, problem.latency, gpu, tp, shares,
+                                         catalog=problem.catalog, policy=problem.policy):
+                if not curve.feasible:
+                    continue
+                per = gpu_units(tp, curve.share)
+                key = (gpu, per)
+                if key not in best or curve.mu > best[key][4]:
+                    best[key] = (gpu, tp, curve.share, per, curve.mu)
         out[m] = [best[k] for k in sorted(best)]
     return out
 
@@ -299,7 +303,7 @@ def max_scale(problem: PlanningProblem,
             n += 1
     prob += pulp.LpAffineExpression([(s, 1.0)])
     for j, m in enumerate(ys):
-        lam = sum(p[0] for p in _demand(problem, m))
+        lam = _rate(problem, m)
         prob += pulp.LpAffineExpression([(y, 1) for _, y, _ in ys[m]]) == 1, f"one{j}"
         prob += (pulp.LpAffineExpression([(s, lam)] + [(r, -u * sh[4]) for sh, _, r in ys[m]])
                  <= 0, f"load{j}")
@@ -328,7 +332,7 @@ def _max_scale_one_type(problem: PlanningProblem,
     """
     u = problem.options.max_utilisation
     budget = next(iter(budgets.values())) * UNITS
-    lam = {m: sum(p[0] for p in _demand(problem, m)) for m in shp}
+    lam = {m: _rate(problem, m) for m in shp}
 
     def pick(scale: float) -> tuple[int, dict[str, tuple[tuple[str, int, float, int, float], int]]]:
         total, choice = 0, {}
@@ -363,9 +367,9 @@ def _max_scale_one_type(problem: PlanningProblem,
     return max(scale, lo), cands, "optimal"
 
 
-def _demand(problem: PlanningProblem, m: str) -> tuple[tuple[float, float, float], ...]:
-    from scepsy_opt.pipeline import llm_demand
-    return llm_demand(problem.stats, problem.models, problem.targets, m).parts
+def _rate(problem: PlanningProblem, m: str) -> float:
+    """LLM ``m``'s call rate at the problem's targets (calls/s)."""
+    return llm_demand(problem.stats, problem.models, problem.targets, m).rate
 
 
 def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
@@ -379,11 +383,9 @@ def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
     scale, choice, _ = max_scale(problem)
     budgets = problem.cluster.budgets()
-    used: dict[str, int] = {}
-    for c in choice.values():
-        used[c.gpu] = used.get(c.gpu, 0) + c.units
+    used = units_by_gpu(choice.values())
     # the LLM with the least headroom bounds the scale; GPU types it could grow on are binding
-    heads = {m: c.capacity * problem.options.max_utilisation / sum(p[0] for p in _demand(problem, m))
+    heads = {m: c.capacity * problem.options.max_utilisation / _rate(problem, m)
              for m, c in choice.items()}
     bottleneck = min(heads, key=lambda m: (heads[m], m)) if heads else None
     binding = tuple(sorted(g for g in budgets if g in used)) or tuple(sorted(budgets))
@@ -405,7 +407,6 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp") -> Plan:
         return diagnose(problem, cset, name, {"total_s": time.perf_counter() - t0})
     if not bounds:  # the capacity optimum; price its latency at that load
         scaled = problem.scaled(scale * (1 - 1e-9))
-        from scepsy_opt.planning import price
         priced = price(scaled, plan_from_choice(scaled, name, "optimal", choice, {}).allocation)  # type: ignore[arg-type]
         return plan_from_choice(scaled, name, status, priced,  # type: ignore[arg-type]
                                 {"total_s": time.perf_counter() - t0}, scale=scale)

@@ -75,7 +75,6 @@ def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def write_plan(path: str | Path, problem: PlanningProblem, plan: Plan, *, timings: bool = True,
-               extra: dict[str, Any] | None = None) -> None:
-    """Write plan.json atomically (nothing half-written on failure)."""
-    atomic_write_text(path, dumps(plan_to_dict(problem, plan, timings=timings, extra=extra)))
+def write_plan(path: str | Path, doc: dict[str, Any]) -> None:
+    """Write a plan.json document (:func:`plan_to_dict`) atomically: nothing half-written."""
+    atomic_write_text(path, dumps(doc))

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, Protocol
@@ -220,8 +220,17 @@ class CandidateSet:
     least_price: Mapping[str, float] = field(default_factory=dict)  # v*_m under prices
 
 
-def _units(tp: int, share: float, replicas: int = 1) -> int:
+def gpu_units(tp: int, share: float, replicas: int = 1) -> int:
+    """GPU capacity of ``replicas`` × (tp, share) in thousandths of a GPU."""
     return round(tp * share * UNITS) * replicas
+
+
+def units_by_gpu(cands: Iterable[Candidate]) -> dict[str, int]:
+    """GPU units the candidates use, per GPU type."""
+    used: dict[str, int] = {}
+    for c in cands:
+        used[c.gpu] = used.get(c.gpu, 0) + c.units
+    return used
 
 
 def changed_replicas(inst: Instance, current: Instance | None) -> int:
@@ -266,6 +275,14 @@ def shapes(problem: PlanningProblem, llm: str) -> list[tuple[str, int, float]]:
     return out
 
 
+def shape_groups(problem: PlanningProblem, llm: str) -> dict[tuple[str, int], list[float]]:
+    """:func:`shapes` grouped by (gpu, tp): the shares of each, for one batched curve query."""
+    out: dict[tuple[str, int], list[float]] = {}
+    for gpu, tp, share in shapes(problem, llm):
+        out.setdefault((gpu, tp), []).append(share)
+    return out
+
+
 def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candidate]:
     """Each LLM's instance of ``allocation`` as a :class:`Candidate` (priced like the optimiser's)."""
     out = {}
@@ -280,7 +297,7 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
         cur = problem.options.current.llms.get(m) if problem.options.current else None
         change = problem.options.change_penalty_s * changed_replicas(inst, cur) if problem.options.current else 0.0
         out[m] = Candidate(m, inst.gpu, inst.tp, inst.share, inst.replicas,
-                           _units(inst.tp, inst.share, inst.replicas), curve.mu, float(mix[0]),
+                           gpu_units(inst.tp, inst.share, inst.replicas), curve.mu, float(mix[0]),
                            float(total[0]), change,
                            tuple((w, float(v[0])) for w, v in sorted(per_wf.items())),
                            curve.memory.available_gib)
@@ -320,10 +337,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
         cur = opts.current.llms.get(m) if opts.current else None
         rows: list[tuple[Any, ...]] = []
         any_fit = False
-        by_shape: dict[tuple[str, int], list[float]] = {}
-        for gpu, tp, share in shapes(problem, m):
-            by_shape.setdefault((gpu, tp), []).append(share)
-        for (gpu, tp), shares in by_shape.items():
+        for (gpu, tp), shares in shape_groups(problem, m).items():
             key = (m, gpu, tp)
             if curve_cache is not None and key in curve_cache:
                 curves_ = curve_cache[key]
@@ -339,7 +353,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                 continue
             pending: dict[Any, tuple[int, int, int, float]] = {}
             for c in live:
-                per = _units(tp, c.share)
+                per = gpu_units(tp, c.share)
                 r_cap = min(caps.get(gpu, 0) // per, opts.max_replicas)
                 r_min = max(1, math.ceil(dem.rate / (opts.max_utilisation * c.mu) - 1e-12))
                 while r_min > 1 and dem.rate / ((r_min - 1) * c.mu) <= opts.max_utilisation:
@@ -514,9 +528,7 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
 
 
 def fits_budget(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> bool:
-    used: dict[str, int] = {}
-    for c in choice.values():
-        used[c.gpu] = used.get(c.gpu, 0) + c.units
+    used = units_by_gpu(choice.values())
     budgets = problem.cluster.budgets()
     return all(u <= budgets.get(g, 0) * UNITS for g, u in used.items())
 

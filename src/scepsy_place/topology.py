@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from scepsy_opt.cluster import Cluster, GPUPool
+from scepsy_opt.cluster import Cluster, GPUPool, parse_cluster
 from scepsy_opt.planning import UNITS
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
@@ -268,8 +268,6 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
     the field."""
     cat = catalog or default_catalog()
     if isinstance(data, dict) and "pools" in data and "racks" not in data:
-        from scepsy_opt.cluster import parse_cluster
-
         cluster = parse_cluster(data, source, cat)
         return from_cluster(cluster, cat)
     if isinstance(data, dict) and "racks" not in data and "name" in data:

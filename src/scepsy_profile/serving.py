@@ -143,14 +143,11 @@ class ServingCurve:
         rates[1:] = 1e3 * b[1:] / self.service_ms
         return b, np.maximum.accumulate(rates)
 
-    def _grid(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-        return self._table
-
     def rate_at_batch(self, batch: ArrayLike) -> Any:
         """λ(B), calls/s: ``B / service(B)`` at whole batches, linear in between (module doc)."""
         if not self.feasible:
             raise InputError("query", "batch", "a feasible serving curve (the instance fits)", batch)
-        b, rates = self._grid()
+        b, rates = self._table
         out = np.interp(np.asarray(batch, dtype=float), b, rates)
         return float(out) if np.ndim(batch) == 0 else out
 
@@ -159,7 +156,7 @@ class ServingCurve:
         r = np.asarray(rate, dtype=float)
         if not np.all((r > 0) & (r < self.mu)):
             raise InputError("query", "rate", f"rates in (0, μ={self.mu:.6g}) calls/s", rate)
-        b, rates = self._grid()
+        b, rates = self._table
         out = np.interp(r, rates, b)
         return float(out) if np.ndim(rate) == 0 else out
 
@@ -175,7 +172,7 @@ class ServingCurve:
         ok = (r > 0) & (r < self.mu) if self.feasible else np.zeros(r.shape, dtype=bool)
         if np.any(ok):
             x = r[ok]
-            b, rates = self._grid()
+            b, rates = self._table
             # below one call in service B = λ/λ(1): the in-service time is exactly service(1)
             in_service = np.where(x <= rates[1], float(self.service_ms[0]) / 1e3,
                                   np.interp(x, rates, b) / x)
