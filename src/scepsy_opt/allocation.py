@@ -20,9 +20,9 @@ from pathlib import Path
 from types import MappingProxyType
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.errors import InputError, validated
 from scepsy_profile.files import atomic_write_text, read_yaml
 
 
@@ -87,10 +87,7 @@ def parse_allocation(raw: object, source: str) -> Allocation:
             raise InputError(source, "allocation", "a plan with an allocation (this plan's status "
                              f"is {raw.get('status')!r})")
         raw = raw["allocation"]
-    try:
-        rec = _AllocationRec.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, source) from None
+    rec = validated(_AllocationRec, raw, source)
     return Allocation({name: Instance(**r.model_dump()) for name, r in rec.llms.items()})
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
+from scepsy_profile.errors import InputError, UnknownEntryError, validated
 from scepsy_profile.files import read_yaml
 
 
@@ -80,10 +80,7 @@ class _ClusterModel(BaseModel):
 def parse_cluster(data: Any, source: str, catalog: Catalog | None = None) -> Cluster:
     """Validate a parsed cluster document; errors name ``source`` and the field."""
     cat = catalog or default_catalog()
-    try:
-        m = _ClusterModel.model_validate(data)
-    except ValidationError as e:
-        raise from_validation(e, source) from None
+    m = validated(_ClusterModel, data, source)
     pools = []
     for i, p in enumerate(m.pools):
         try:

@@ -25,10 +25,10 @@ from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from scepsy_opt.workflows import Distribution
-from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.errors import InputError, validated
 from scepsy_profile.files import read_jsonl_objects
 
 BLOCK_TOKENS = 512
@@ -87,11 +87,8 @@ def load_mooncake_lengths(path: str | os.PathLike[str]) -> MooncakeLengths:
     outputs: list[int] = []
     blocks: list[int] = []
     for lineno, raw in read_jsonl_objects(p, "Mooncake trace (.jsonl)", "request"):
-        try:
-            rec = _MooncakeRecord.model_validate(raw)
-        except ValidationError as exc:
-            raise from_validation(exc, src, f"line {lineno}: ",
-                                  allowed=lambda _loc: list(_MooncakeRecord.model_fields)) from None
+        rec = validated(_MooncakeRecord, raw, src, f"line {lineno}: ",
+                                  allowed=lambda _loc: list(_MooncakeRecord.model_fields))
         if any(h < 0 for h in rec.hash_ids):
             raise InputError(src, f"line {lineno}: hash_ids", "non-negative block ids",
                              min(rec.hash_ids))

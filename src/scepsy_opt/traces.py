@@ -21,9 +21,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.errors import InputError, validated
 from scepsy_profile.files import atomic_write_text, read_jsonl_objects
 
 _EPS = 1e-9
@@ -147,10 +147,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
     calls: list[CallRecord] = []
     lines: list[int] = []
     for lineno, raw in read_jsonl_objects(p, "trace file (.jsonl)", "call"):
-        try:
-            rec = _Record.model_validate(raw)
-        except ValidationError as exc:
-            raise from_validation(exc, str(p), f"line {lineno}: ") from None
+        rec = validated(_Record, raw, str(p), f"line {lineno}: ")
         calls.append(CallRecord(
             workflow=rec.workflow, request_id=rec.request_id, call_id=rec.call_id,
             start_s=rec.start_s, end_s=rec.end_s, llm=rec.llm, tool=rec.tool, role=rec.role,

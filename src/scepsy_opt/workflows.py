@@ -35,12 +35,12 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import poisson as _poisson
 
 from scepsy_opt.traces import CallRecord
 from scepsy_profile.catalog import _UniqueKeyLoader, default_catalog
-from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.errors import InputError, validated
 from scepsy_profile.files import read_yaml
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.roofline import roofline_model
@@ -412,11 +412,8 @@ def parse_distribution(raw: object, source: str = "distribution", where: str = "
         raise InputError(source, f"{prefix}kind", f"one of {', '.join(KINDS)}",
                          kind if kind is not None else None)
     record = _DIST_RECORDS[kind]
-    try:
-        rec = record.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, source, prefix,
-                              allowed=lambda _loc: list(record.model_fields)) from None
+    rec = validated(record, raw, source, prefix,
+                              allowed=lambda _loc: list(record.model_fields))
     params = {k: v for k, v in rec.model_dump(exclude={"kind", "min", "max"}).items()
               if v is not None}
     try:
@@ -579,11 +576,8 @@ def parse_workflow(raw: object, source: str = "<workflow>") -> WorkflowSpec:
     if not isinstance(raw, dict):
         raise InputError(source, "", "a YAML mapping with name, program, llms, tools, params",
                          None if raw is None else type(raw).__name__)
-    try:
-        rec = _WorkflowFile.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, source,
-                              allowed=lambda _loc: list(_WorkflowFile.model_fields)) from None
+    rec = validated(_WorkflowFile, raw, source,
+                              allowed=lambda _loc: list(_WorkflowFile.model_fields))
     tools = {t: parse_distribution(v, source, f"tools.{t}") for t, v in rec.tools.items()}
     params: dict[str, Param] = {}
     for name, value in rec.params.items():
@@ -618,11 +612,8 @@ def load_workload(path: str | os.PathLike[str]) -> tuple[WorkflowSpec, ...]:
     if not isinstance(raw, dict):
         raise InputError(src, "", "a YAML mapping with workflows and optional weights",
                          None if raw is None else type(raw).__name__)
-    try:
-        rec = _WorkloadFile.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, src,
-                              allowed=lambda _loc: list(_WorkloadFile.model_fields)) from None
+    rec = validated(_WorkloadFile, raw, src,
+                              allowed=lambda _loc: list(_WorkloadFile.model_fields))
     weights = rec.weights if rec.weights is not None else [1.0] * len(rec.workflows)
     if len(weights) != len(rec.workflows):
         raise InputError(src, "weights", f"{len(rec.workflows)} weights, one per workflow",

@@ -35,12 +35,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from scepsy_opt.cluster import Cluster, GPUPool, parse_cluster
 from scepsy_opt.planning import UNITS
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
+from scepsy_profile.errors import InputError, UnknownEntryError, validated
 from scepsy_profile.files import read_yaml
 
 MEMORY_TOL_GIB = 1e-6
@@ -272,10 +272,7 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
         return from_cluster(cluster, cat)
     if isinstance(data, dict) and "racks" not in data and "name" in data:
         raise InputError(source, "racks", "a list of racks (or the optimiser's `pools:`)")
-    try:
-        rec = _TopologyRec.model_validate(data)
-    except ValidationError as exc:
-        raise from_validation(exc, source, allowed=_allowed) from None
+    rec = validated(_TopologyRec, data, source, allowed=_allowed)
     nodes: list[Node] = []
     seen: dict[str, str] = {}
     racks: set[str] = set()

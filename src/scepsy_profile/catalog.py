@@ -31,9 +31,9 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
+from scepsy_profile.errors import InputError, UnknownEntryError, validated
 from scepsy_profile.files import atomic_write_text, parse_yaml, read_text
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.models import ModelSpec
@@ -316,10 +316,7 @@ def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = N
     if not isinstance(raw, dict):
         raise InputError(source, "", "a YAML mapping with keys gpus, models and/or aliases",
                          None if raw is None else type(raw).__name__)
-    try:
-        doc = _CatalogFile.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, source, allowed=_allowed_fields) from None
+    doc = validated(_CatalogFile, raw, source, allowed=_allowed_fields)
     gpus: dict[str, GPUSpec] = {}
     models: dict[str, ModelSpec] = {}
     for name, grec in (doc.gpus or {}).items():

@@ -8,9 +8,11 @@ The CLI turns it into one line on stderr and exit code 2, never a traceback.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class InputError(ValueError):
@@ -42,6 +44,16 @@ _SIMPLE = {
     "string_type": "a string", "string_too_short": "a non-empty string", "dict_type": "a mapping",
     "list_type": "a list", "too_short": "a longer list",
 }
+
+
+def validated(model: type[M], raw: Any, source: str, prefix: str = "",
+              allowed: Callable[[tuple[Any, ...]], Iterable[str]] | None = None) -> M:
+    """``model.model_validate(raw)``, its first error turned into an :class:`InputError`
+    (:func:`from_validation`)."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        raise from_validation(exc, source, prefix, allowed) from None
 
 
 def from_validation(

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import isotonic_regression, least_squares, nnls
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.gaussian_process import GaussianProcessRegressor
@@ -45,7 +45,7 @@ from sklearn.gaussian_process.kernels import RBF, WhiteKernel
 from sklearn.gaussian_process.kernels import ConstantKernel as C
 from sklearn.model_selection import KFold
 
-from scepsy_profile.errors import InputError, UnknownEntryError, from_validation
+from scepsy_profile.errors import InputError, UnknownEntryError, validated
 from scepsy_profile.files import atomic_write_text, read_text
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase, group_by_curve
@@ -548,10 +548,7 @@ def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
         raw = json.loads(read_text(p, "curves file (JSON)"))
     except json.JSONDecodeError as exc:
         raise InputError(str(p), "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
-    try:
-        doc = _CurvesFile.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, str(p)) from None
+    doc = validated(_CurvesFile, raw, str(p))
     if doc.format != CURVES_FORMAT:
         raise InputError(str(p), "format", f"'{CURVES_FORMAT}'", doc.format)
     curves: dict[CurveKey, CurveTable] = {}

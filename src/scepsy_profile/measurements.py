@@ -20,9 +20,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.errors import InputError, validated
 from scepsy_profile.files import atomic_write_text, read_jsonl_objects
 
 Phase = Literal["prefill", "decode"]
@@ -69,10 +69,7 @@ def validate_measurement(raw: object, source: str, where: str) -> Measurement:
 
     ``source`` names the file, ``where`` the position inside it (e.g. ``"line 3"``).
     """
-    try:
-        rec = _MeasurementRecord.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, source, f"{where}: ") from None
+    rec = validated(_MeasurementRecord, raw, source, f"{where}: ")
     return Measurement(**rec.model_dump())
 
 

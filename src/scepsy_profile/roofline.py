@@ -33,11 +33,11 @@ from pathlib import Path
 import numpy as np
 import yaml
 from numpy.typing import ArrayLike, NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import least_squares
 
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, from_validation
+from scepsy_profile.errors import InputError, validated
 from scepsy_profile.files import atomic_write_text, read_yaml
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase
@@ -296,10 +296,7 @@ def load_calibration(path: str | os.PathLike[str]) -> RooflineCalibration:
 
 
 def _parse_calibration(raw: object, source: str) -> RooflineCalibration:
-    try:
-        rec = _CalRec.model_validate(raw)
-    except ValidationError as exc:
-        raise from_validation(exc, source) from None
+    rec = validated(_CalRec, raw, source)
     return RooflineCalibration(
         prefill=PhaseEfficiency(**rec.prefill.model_dump()),
         decode=PhaseEfficiency(**rec.decode.model_dump()),
