@@ -496,12 +496,16 @@ def _placement(llms: Sequence[str], min_units: Mapping[str, Mapping[str, int]],
     return out
 
 
-@register("heuristic")
-class Hierarchical:
-    """The paper's hierarchical heuristic allocation search (module docstring)."""
+class _CandidateHeuristic:
+    """A heuristic over the priced candidates: :meth:`choose` picks one per LLM (or None);
+    this frame prices the answer like the MILP's, diagnoses unsolvable problems and answers
+    max-throughput problems by bisection on the scale."""
 
-    name = "heuristic"
-    exponents: tuple[float, ...] = (1.0, 0.5, 2.0, 0.0)  # ordered share profiles, α
+    name = ""
+
+    def choose(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> tuple[dict[str, Candidate] | None, dict[str, Any]]:
+        raise NotImplementedError
 
     def solve(self, problem: PlanningProblem) -> Plan:
         if problem.options.objective == "max-throughput":
@@ -514,12 +518,38 @@ class Hierarchical:
         stats = _cset_stats(cset)
         if _unsolvable(cset):
             return diagnose(problem, cset, self.name, stats)
-        choice, alpha = self.search(problem, cset.by_llm)
-        stats.update(total_s=time.perf_counter() - t0, profile_alpha=alpha)
+        choice, extra = self.choose(problem, cset.by_llm)
+        stats.update(total_s=time.perf_counter() - t0, **extra)
         if choice is None:
             return _not_found(problem, cset, self.name, stats)
         return plan_from_choice(problem, self.name, "heuristic", choice, stats,
                                 bound_s=_relaxed_bound(problem, cset))
+
+
+class _SliceBaseline(_CandidateHeuristic):
+    """Each LLM takes its cheapest candidate within its own slice of the budget; subclasses say
+    how the budget is sliced (:meth:`slices`)."""
+
+    def slices(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> dict[str, dict[str, int]]:
+        raise NotImplementedError
+
+    def choose(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> tuple[dict[str, Candidate] | None, dict[str, Any]]:
+        return _slice_choice(by_llm, self.slices(problem, by_llm)), {}
+
+
+@register("heuristic")
+class Hierarchical(_CandidateHeuristic):
+    """The paper's hierarchical heuristic allocation search (module docstring)."""
+
+    name = "heuristic"
+    exponents: tuple[float, ...] = (1.0, 0.5, 2.0, 0.0)  # ordered share profiles, α
+
+    def choose(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> tuple[dict[str, Candidate] | None, dict[str, Any]]:
+        choice, alpha = self.search(problem, by_llm)
+        return choice, {"profile_alpha": alpha}
 
     def search(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
                ) -> tuple[dict[str, Candidate] | None, float | None]:
@@ -595,35 +625,6 @@ class Hierarchical:
 
 
 # --------------------------------------------------------------------------- naive splits
-
-
-class _SliceBaseline:
-    """Each LLM takes its cheapest candidate within its own slice of the budget; subclasses say
-    how the budget is sliced (:meth:`slices`)."""
-
-    name = ""
-
-    def slices(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
-               ) -> dict[str, dict[str, int]]:
-        raise NotImplementedError
-
-    def solve(self, problem: PlanningProblem) -> Plan:
-        if problem.options.objective == "max-throughput":
-            return _max_throughput_by_bisection(problem, self.name, self._min_latency)
-        return self._min_latency(problem)
-
-    def _min_latency(self, problem: PlanningProblem) -> Plan:
-        t0 = time.perf_counter()
-        cset = generate_candidates(problem)
-        stats = _cset_stats(cset)
-        if _unsolvable(cset):
-            return diagnose(problem, cset, self.name, stats)
-        choice = _slice_choice(cset.by_llm, self.slices(problem, cset.by_llm))
-        stats.update(total_s=time.perf_counter() - t0)
-        if choice is None:
-            return _not_found(problem, cset, self.name, stats)
-        return plan_from_choice(problem, self.name, "heuristic", choice, stats,
-                                bound_s=_relaxed_bound(problem, cset))
 
 
 @register("independent")

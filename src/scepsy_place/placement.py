@@ -43,8 +43,26 @@ from scepsy_profile.errors import InputError
 Key = tuple[str, int]
 
 
+class _Replica:
+    """What a replica's demand and its slot share: the (llm, replica) key and the share."""
+
+    __slots__ = ()
+    llm: str
+    replica: int
+    share: float
+
+    @property
+    def key(self) -> Key:
+        return (self.llm, self.replica)
+
+    @property
+    def units(self) -> int:
+        """Share per GPU in thousandths."""
+        return to_units(self.share)
+
+
 @dataclass(frozen=True, slots=True)
-class Demand:
+class Demand(_Replica):
     """One replica to place: ``tp`` GPUs of type ``gpu``, ``share`` and ``memory_gib`` of each."""
 
     llm: str
@@ -63,14 +81,6 @@ class Demand:
         if not self.memory_gib >= 0:
             raise InputError(src, "memory_gib", "memory >= 0 GiB", self.memory_gib)
 
-    @property
-    def key(self) -> Key:
-        return (self.llm, self.replica)
-
-    @property
-    def units(self) -> int:
-        """Share per GPU in thousandths."""
-        return to_units(self.share)
 
     @property
     def size(self) -> int:
@@ -83,7 +93,7 @@ class Demand:
 
 
 @dataclass(frozen=True, slots=True)
-class Slot:
+class Slot(_Replica):
     """Where one replica runs: ``gpus`` (indices on ``node``), each giving ``share`` and
     ``memory_gib``."""
 
@@ -94,13 +104,6 @@ class Slot:
     share: float
     memory_gib: float
 
-    @property
-    def key(self) -> Key:
-        return (self.llm, self.replica)
-
-    @property
-    def units(self) -> int:
-        return to_units(self.share)
 
 
 @dataclass(frozen=True)
