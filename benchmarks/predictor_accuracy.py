@@ -2,6 +2,7 @@
 
     python benchmarks/predictor_accuracy.py [--allocations 20] [--requests 1600] [--jobs 2]
     python benchmarks/predictor_accuracy.py --reprice   # new predictor, stored simulator figures
+    python benchmarks/predictor_accuracy.py --workflows beam-search   # rerun one, keep the others
 
 For each bundled workflow (RAG + reranker, beam search + PRM, coding agent) and cluster size (4, 8
 and 16 A100-80GB GPUs), draw random feasible allocations (seeded), and compare
@@ -37,6 +38,11 @@ WORKFLOWS = ("rag", "beam-search", "coding-agent")
 # at 1,600 it settles within about ±8%; a coding-agent request lasts ~2 minutes, so its runs need many arrivals to pass the ramp-up
 # (the saturation search judges queue growth between the middle and the last third of a run)
 REQUEST_SCALE = {"rag": 1.0, "beam-search": 1.0, "coding-agent": 2.5}
+# arrivals of the saturation search, relative to --requests: the stability test judges queue growth
+# against the arrivals of one third of a run, and beam-search requests stay ~4 minutes at
+# saturation, so short runs pass overloaded rates: one allocation measured 0.136 req/s (1,600
+# arrivals, two seeds), 0.119-0.121 (6,400, two seeds) and 0.121 (12,800)
+SATURATION_SCALE = {"rag": 1.0, "beam-search": 4.0, "coding-agent": 2.5}
 TRACE_REQUESTS = {"rag": 2000, "beam-search": 400, "coding-agent": 1000}
 GPU = "A100-80GB"
 SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -77,13 +83,14 @@ def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dic
     roof = roofline_model()
     rng = np.random.default_rng(seed * 1000 + gpus)
     rows = []
+    sat_requests = max(200, int(requests * SATURATION_SCALE[name]))
     requests = max(200, int(requests * REQUEST_SCALE[name]))
     for i in range(k):
         alloc = random_allocation(dict(spec.llms), gpus, rng)
         if alloc is None:
             continue
         sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roof, seed=seed + i)
-        sat = saturation_rate(trace, rates={spec.name: 1.0}, requests=requests, rel_tol=0.05,
+        sat = saturation_rate(trace, rates={spec.name: 1.0}, requests=sat_requests, rel_tol=0.05,
                               **sim_kw)
         row = {"workflow": name, "gpus": gpus, "alloc": i, "sim_saturation": sat}
         for form in FORMS:
@@ -144,20 +151,34 @@ def main() -> None:
     ap.add_argument("--reprice", action="store_true",
                     help="keep the simulator figures of results/predictor_accuracy.json and "
                          "recompute only the predictions (seconds instead of ~40 minutes)")
+    ap.add_argument("--workflows", default=",".join(WORKFLOWS),
+                    help="comma-separated workflows to simulate; the stored rows of the others "
+                         "(results/predictor_accuracy.json) are kept")
     args = ap.parse_args()
+    chosen = [w.strip() for w in args.workflows.split(",") if w.strip()]
+    if not chosen or any(w not in WORKFLOWS for w in chosen):
+        raise SystemExit(f"--workflows: expected a comma-separated subset of {list(WORKFLOWS)}, "
+                         f"got {args.workflows!r}")
     from joblib import Parallel, delayed
 
     t0 = time.perf_counter()
+    stored = REPO / "results" / "predictor_accuracy.json"
     if args.reprice:
-        stored = REPO / "results" / "predictor_accuracy.json"
         if not stored.exists():
             raise SystemExit(f"--reprice needs {stored} from a full run")
         rows = reprice(json.loads(stored.read_text())["rows"], args.seed)
     else:
-        jobs = [(w, g) for w in WORKFLOWS for g in (4, 8, 16)]
+        kept = []
+        if len(chosen) < len(WORKFLOWS):
+            if not stored.exists():
+                raise SystemExit(f"--workflows {args.workflows} keeps the other rows of {stored}, "
+                                 "which does not exist: run all workflows first")
+            kept = [r for r in json.loads(stored.read_text())["rows"] if r["workflow"] not in chosen]
+        jobs = [(w, g) for w in chosen for g in (4, 8, 16)]
         results = Parallel(n_jobs=args.jobs)(
             delayed(evaluate)(w, g, args.allocations, args.seed, args.requests) for w, g in jobs)
-        rows = [r for rs in results for r in rs]
+        fresh = [r for rs in results for r in rs]
+        rows = sorted(kept + fresh, key=lambda r: (WORKFLOWS.index(r["workflow"]), r["gpus"], r["alloc"]))
     summary = []
     for w in WORKFLOWS:
         for g in (4, 8, 16):

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.pipeline import predict
+from scepsy_opt.pipeline import (
+    LLMDemand,
+    instance_curve,
+    llm_demand,
+    predict,
+    station_latency,
+)
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import CallRecord, validate_calls
 from scepsy_profile.errors import InputError
@@ -50,25 +57,111 @@ def parallel_trace():
 ALLOC = Allocation({"a": Instance(GPU, 1, 0.5, 2), "b": Instance(GPU, 1, 0.3, 1)})
 
 
+def exact_station(curve, critical_rate: float, group: float, replicas: int) -> float:
+    """The request-level station summed state by state (the oracle of ``station_latency``):
+    ``π(N)/π(N−1) = (Λ·p/r) / λ(min(N·p/r, B_max))``, mean call latency ``E[N]/Λ``."""
+    x = critical_rate * group / replicas
+    pi, total, mean_n, n = 1.0, 1.0, 0.0, 0
+    while True:
+        n += 1
+        pi *= x / curve.rate_at_batch(min(n * group / replicas, curve.max_batch))
+        total += pi
+        mean_n += n * pi
+        if pi > 1e100:  # rescale: only ratios matter
+            pi, total, mean_n = pi / 1e100, total / 1e100, mean_n / 1e100
+        if n * group / replicas >= curve.max_batch and pi < 1e-18 * total:
+            return mean_n / total / critical_rate
+
+
 def test_single_llm_matches_the_serving_curve_closed_form():
     calls = [call(f"r{r}", f"c{k}", "a", start=k, end=k + 1, parents=[f"c{k - 1}"] if k else [])
              for r in range(3) for k in range(2)]
     stats = {"w": workflow_stats(validate_calls(calls), "w")}
     alloc = Allocation({"a": Instance(GPU, 1, 0.5, 3)})
     curve = serving_curve(ROOF, MODELS["a"], GPU, 1, 0.5, 512, 64)
+    want = {"paper": 2 * curve.latency_s(1.0 * 2 / 3),  # n·L(λn/r): calls one at a time
+            # two serial calls per request: Λ = 2 critical-path calls/s, p = 1
+            "critical-path": 2 * exact_station(curve, 2.0, 1.0, 3)}
     for form in ("paper", "critical-path"):
         pred = predict(stats, MODELS, alloc, ROOF, {"w": 1.0}, form=form)
         wp = pred.workflows["w"]
         assert wp.max_throughput == pytest.approx(3 * curve.mu / 2, rel=1e-12)  # r·μ/n, n = 2
         assert wp.bottleneck == "a"
-        assert wp.mean_latency_s == pytest.approx(2 * curve.latency_s(1.0 * 2 / 3), rel=1e-9)
+        assert wp.mean_latency_s == pytest.approx(want[form], rel=1e-9)
 
 
-def test_serial_chain_both_forms_agree():
+def _demand(rate: float, group: float, critical_rate: float) -> LLMDemand:
+    return LLMDemand("a", MODELS["a"], rate, 512.0, 64.0, group, ((rate, 512.0, 64.0),),
+                     (("w", critical_rate / max(rate, 1e-300), 512.0, 64.0),), critical_rate)
+
+
+@settings(max_examples=60, deadline=None)
+@given(share=st.sampled_from([0.3, 0.5, 1.0]), replicas=st.integers(1, 12),
+       group=st.sampled_from([1.0, 2.5, 4.0, 8.0]), load=st.floats(0.02, 0.97),
+       slowest=st.floats(1.0, 1.6))
+def test_station_matches_the_state_by_state_chain(share, replicas, group, load, slowest):
+    """The windowed, blocked sum equals the chain summed state by state."""
+    curve = serving_curve(ROOF, MODELS["a"], GPU, 1, share, 512, 64, prefill_batch=group)
+    rate = load * curve.mu * replicas / slowest  # calls/s; Λ·p = slowest · rate
+    crit = slowest * rate / group
+    got = float(station_latency(curve, _demand(rate, group, crit), [replicas])[0])
+    assert got == pytest.approx(exact_station(curve, crit, group, replicas), rel=2e-4)
+
+
+def test_station_blocks_of_states_on_a_wide_chain():
+    """Hundreds of replicas of one-call requests: thousands of states, summed in blocks."""
+    curve = serving_curve(ROOF, MODELS["b"], GPU, 1, 1.0, 512, 64)
+    for load in (0.3, 0.7, 0.95):
+        rate = load * curve.mu * 300
+        got = float(station_latency(curve, _demand(rate, 1.0, rate), [300])[0])
+        assert got == pytest.approx(exact_station(curve, rate, 1.0, 300), rel=1e-3)
+
+
+@settings(max_examples=40, deadline=None)
+@given(share=st.sampled_from([0.3, 0.5, 1.0]), group=st.sampled_from([1.0, 4.0]),
+       load=st.floats(0.05, 0.9))
+def test_station_latency_falls_with_replicas_to_the_zero_load_floor(share, group, load):
+    curve = serving_curve(ROOF, MODELS["a"], GPU, 1, share, 512, 64, prefill_batch=group)
+    rate = load * curve.mu
+    lat = station_latency(curve, _demand(rate, group, rate / group),
+                          np.array([1, 2, 3, 5, 8, 16, 64, 1024, math.inf], dtype=float))
+    assert np.all(np.diff(lat) <= 1e-12 * lat[:-1])
+    assert lat[-1] == curve.zero_load_latency_s
+    assert lat[-2] == pytest.approx(curve.zero_load_latency_s, rel=1e-9)
+    assert lat[0] > curve.zero_load_latency_s
+
+
+@settings(max_examples=40, deadline=None)
+@given(share=st.sampled_from([0.3, 0.5, 1.0]), replicas=st.integers(1, 6),
+       group=st.sampled_from([1.0, 4.0]))
+def test_station_latency_grows_with_load_and_diverges_at_saturation(share, replicas, group):
+    curve = serving_curve(ROOF, MODELS["a"], GPU, 1, share, 512, 64, prefill_batch=group)
+    lats = [float(station_latency(curve, _demand(f * curve.mu * replicas, group,
+                                                 f * curve.mu * replicas / group), [replicas])[0])
+            for f in (1e-6, 0.2, 0.5, 0.8, 0.95, 0.999, 1.0)]
+    assert all(a <= b * (1 + 1e-9) for a, b in zip(lats, lats[1:]))
+    assert lats[-1] == math.inf and lats[-2] > 10 * lats[1]
+    # at vanishing load one request's group alone on the replicas it reaches
+    b = min(group / replicas, curve.max_batch)
+    lone = curve.service_ms[0] / 1e3 if b <= 1 else b / curve.rate_at_batch(b)
+    assert lats[0] == pytest.approx(lone, rel=1e-3)
+
+
+def test_station_prices_bursts_above_the_call_level_queue():
+    """Four-call requests at a quarter of saturation wait longer than Poisson calls would: the
+    request-level chain counts the bursts the M/M/c call queue cannot see."""
+    curve = serving_curve(ROOF, MODELS["a"], GPU, 1, 0.5, 512, 64, prefill_batch=4.0)
+    rate = 0.25 * curve.mu
+    station = float(station_latency(curve, _demand(rate, 4.0, rate / 4.0), [1])[0])
+    assert station > curve.latency_s(rate) > curve.zero_load_latency_s
+
+
+def test_serial_chain_both_forms_agree_at_vanishing_load():
+    """A serial chain has no concurrency and no tools: the forms differ only in queueing."""
     stats = {"w": workflow_stats(serial_trace(), "w")}
-    paper = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5}, form="paper").workflows["w"]
-    crit = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5}, form="critical-path").workflows["w"]
-    assert crit.mean_latency_s == pytest.approx(paper.mean_latency_s, rel=1e-9)
+    paper = predict(stats, MODELS, ALLOC, ROOF, {"w": 1e-7}, form="paper").workflows["w"]
+    crit = predict(stats, MODELS, ALLOC, ROOF, {"w": 1e-7}, form="critical-path").workflows["w"]
+    assert crit.mean_latency_s == pytest.approx(paper.mean_latency_s, rel=1e-5)
     assert crit.max_throughput == paper.max_throughput
 
 
@@ -76,10 +169,17 @@ def test_concurrency_and_tools_are_counted_on_the_critical_path_only():
     stats = {"w": workflow_stats(parallel_trace(), "w")}
     pred = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5})
     paper = predict(stats, MODELS, ALLOC, ROOF, {"w": 0.5}, form="paper")
-    la, lb = pred.llms["a"].call_latency_s, pred.llms["b"].call_latency_s
+    la = pred.llms["a"].call_latency_s
     # critical path: the tool and the a call (a ends last among the tool's parents)
     assert pred.workflows["w"].mean_latency_s == pytest.approx(la + 0.5, rel=1e-9)
-    assert paper.workflows["w"].mean_latency_s == pytest.approx(la + lb, rel=1e-9)
+    # the paper's form: one call of each LLM in sequence, each at its call-level latency
+    paper_calls = 0.0
+    for m in ("a", "b"):
+        dem = llm_demand(stats, MODELS, {"w": 0.5}, m)
+        inst = ALLOC.llms[m]
+        curve = instance_curve(dem, ROOF, inst.gpu, inst.tp, inst.share)
+        paper_calls += curve.latency_s(dem.rate / inst.replicas)
+    assert paper.workflows["w"].mean_latency_s == pytest.approx(paper_calls, rel=1e-9)
 
 
 def test_shared_llm_sums_the_load_of_both_workflows():

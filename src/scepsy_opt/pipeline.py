@@ -21,11 +21,30 @@ tokens of the calls it receives (the call-rate-weighted mixture over workflows a
 
 Calls a request issues concurrently (a reranker's fan-out, a beam's candidates) reach the
 instance together and are prefilled as one group: the serving curve's ``prefill_batch`` is the
-LLM's mean concurrency ``p`` (call-rate weighted over workflows). Per-class latency on a shared
+LLM's mean concurrency ``p`` (call-rate weighted over workflows).
+
+**Queueing of requests, not of calls** (:func:`station_latency`, the critical-path form). Calls
+do not arrive as a Poisson stream: a request keeps ``p`` calls in flight at an LLM for as long as
+it works there (a beam search of 6 to 211 steps), so the load comes in long bursts. Each LLM is
+therefore a processor-sharing station whose jobs are the requests visiting it (BCMP): with ``N``
+requests at the LLM, its ``r`` replicas each serve ``b = N·p/r`` calls and a request's call group
+takes ``κ·s(b)`` (``s(b)`` the serving curve's in-service time at batch ``b``, ``κ`` the
+slowest-of-the-group factor from the critical path), so ``N`` is a birth-death chain with
+``π(N)/π(N−1) = (Λ·p/r) / λ(b)`` — ``Λ`` the LLM's critical-path call rate ``Σ_w λ_w·k_wm``,
+``λ(b)`` the curve's call throughput — and its rate is ``x/μ`` once ``b`` reaches the batch limit
+(calls then queue). By Little's law the LLM's mean call latency on the critical path is
+``E[N]/Λ``. This distribution is insensitive to the heavy tail of the requests' work
+(processor sharing) and reduces to the serving curve's zero-load latency as ``λ → 0``; it
+replaces the per-call M/M/c wait, which saw a Poisson stream of calls and missed the bursts
+(beam-search latency error 24-31% → 11-13%, docs/benchmarks.md).
+
+Per-class latency on a shared
 instance: the mixture's latency scaled by the class's own work,
 ``T_c = T_mix · (P(g, I_c) + (O_c − 1)·d) / (P(g, I_mix) + (O_mix − 1)·d)`` at the load's batch and
-prefill group (:func:`class_latencies`, shared with the optimiser). The simulator (``scepsy_opt.simulate``) measures both forms' errors
-(benchmarks/predictor_accuracy.py, docs/benchmarks.md).
+prefill group (:func:`class_latencies`, shared with the optimiser). The simulator
+(``scepsy_opt.simulate``) measures both forms' errors (benchmarks/predictor_accuracy.py,
+docs/benchmarks.md). The paper's form keeps the paper's per-call latency (the serving curve's
+mean in-service time plus an M/M/c wait at the call rate).
 """
 
 from __future__ import annotations
@@ -116,6 +135,7 @@ class LLMDemand:
     group: float
     parts: tuple[tuple[float, float, float], ...]
     terms: tuple[tuple[str, float, float, float], ...]
+    critical_rate: float  # Σ_w λ_w · k_wm: critical-path calls per second (units of a mean call)
 
 
 def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
@@ -129,7 +149,8 @@ def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
     i_mix = sum(p[0] * p[1] for p in parts) / lam if lam > 0 else parts[0][1]
     o_mix = sum(p[0] * p[2] for p in parts) / lam if lam > 0 else parts[0][2]
     terms = tuple((w, k, i, o) for w, st in live for _, k, i, o in _classes(st, llm))
-    return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms)
+    crit = sum(rates[w] * k for w, st in live for _, k, _, _ in _classes(st, llm))
+    return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms, crit)
 
 
 def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, share: float,
@@ -146,6 +167,71 @@ def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
     return serving_curves(latency, demand.model, gpu, tp, shares, max(demand.input_mean, 1.0),
                           max(demand.output_mean, 1.0), catalog=catalog,
                           policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
+
+
+STATION_NODES = 256  # chain states (or blocks of states) summed per replica count
+
+
+def station_latency(curve: ServingCurve, demand: LLMDemand, replicas: ArrayLike) -> NDArray[np.float64]:
+    """Mean call latency (s) of ``demand`` on ``replicas`` replicas of ``curve``, requests queued
+    as jobs of a processor-sharing station (module docstring); ``inf`` at or beyond saturation.
+
+    Vectorised over ``replicas`` (``inf`` prices the zero-load floor). The chain's mass lies
+    around its mode ``N̂ = b̂·r/p`` (``λ(b̂) = Λp/r``, the mean-value batch) within a few
+    standard deviations ``σ = (−dℓ/dN)^(−1/2)``, ``ℓ`` the log ratio: the sum runs over
+    :data:`STATION_NODES` states there, one by one when the window is that narrow and in equal
+    blocks (midpoint rule) when wider, plus the geometric tail beyond the batch limit.
+    """
+    r = np.atleast_1d(np.asarray(replicas, dtype=float))
+    out = np.full(r.shape, math.inf)
+    out[~np.isfinite(r)] = curve.zero_load_latency_s if curve.feasible else math.inf
+    lam_c = demand.critical_rate
+    fin = np.isfinite(r)
+    if not curve.feasible or not np.any(fin):
+        return out
+    if lam_c <= 0:  # no call of this LLM on any critical path: the call stream alone
+        out[fin] = np.asarray(curve.latency_s(demand.rate / r[fin]), dtype=float)
+        return out
+    p = max(demand.group, 1.0)
+    x = lam_c * p / r  # π(N)/π(N−1) = x / λ(b_N)
+    ok = fin & (x < curve.mu * (1.0 - 1e-12))  # λ·p/r at μ up to rounding is saturation
+    if not np.any(ok):
+        return out
+    b_tab, rate_tab = curve._table
+    bmax = float(curve.max_batch)
+    ro, xo = r[ok], x[ok]
+    per_state = p / ro  # batch per replica added by one more request
+    n_cap = bmax / per_state  # requests that fill every replica's batch
+    b_mode = np.interp(xo, rate_tab, b_tab)
+    seg = np.clip(np.floor(b_mode).astype(int), 0, len(b_tab) - 2)
+    slope = (rate_tab[seg + 1] - rate_tab[seg]) / xo  # dλ/db / λ at the mode
+    curv = slope * per_state  # −dℓ/dN
+    sigma = np.where(curv > 0, 1.0 / np.sqrt(np.maximum(curv, 1e-300)), np.inf)
+    mode = b_mode / per_state
+    lo = np.floor(np.maximum(0.0, mode - 12.0 * sigma - 2.0))
+    hi = np.minimum(mode + 12.0 * sigma + 2.0, n_cap + 1.0)
+    hi = np.maximum(hi, lo + 1.0)
+    h = np.maximum(1.0, (hi - lo) / STATION_NODES)
+    j = np.arange(1, STATION_NODES + 1, dtype=float)[None, :]
+    ends = lo[:, None] + j * h[:, None]  # last state of each block
+    mid = ends - (h[:, None] - 1.0) / 2.0  # the block's mean state
+    lam_b = np.interp(np.minimum(mid * per_state[:, None], bmax), b_tab, rate_tab)
+    ell = np.log(xo[:, None] / lam_b)
+    logpi = np.cumsum(h[:, None] * ell, axis=1)  # log π(end of block) − log π(lo)
+    log_mass = logpi - (h[:, None] - 1.0) / 2.0 * ell + np.log(h[:, None])
+    top = np.maximum(log_mass.max(axis=1), 0.0)
+    w = np.exp(log_mass - top[:, None])
+    w_lo = np.exp(-top)
+    # beyond the last block every state multiplies by its ratio (x/μ past the batch limit)
+    last = ends[:, -1]
+    q = np.minimum(xo / np.interp(np.minimum((last + 1.0) * per_state, bmax), b_tab, rate_tab),
+                   1.0 - 1e-12)
+    w_end = np.exp(logpi[:, -1] - top)
+    tail_mass = w_end * q / (1.0 - q)
+    tail_n = w_end * (last * q / (1.0 - q) + q / (1.0 - q) ** 2)
+    mean_n = ((w * mid).sum(axis=1) + w_lo * lo + tail_n) / (w.sum(axis=1) + w_lo + tail_mass)
+    out[ok] = mean_n / lam_c
+    return out
 
 
 ClassLatencies = tuple[NDArray[np.float64], dict[tuple[float, float], NDArray[np.float64]]]
@@ -178,7 +264,7 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     for j in live:
         c, r = curves[j], rs[j]
         per_replica = demand.rate / r
-        mix = np.asarray(c.latency_s(per_replica), dtype=float)
+        mix = station_latency(c, demand, r)
         ok = np.isfinite(mix) & (per_replica > 0)
         b = np.ones(r.shape)
         if np.any(ok):
@@ -244,6 +330,7 @@ def predict(
 
     loads: dict[str, LLMLoad] = {}
     class_lat: dict[tuple[str, float, float], float] = {}
+    paper_call: dict[str, float] = {}
     for m in used:
         inst = allocation.llms[m]
         dem = llm_demand(stats, models, rates, m)
@@ -251,6 +338,8 @@ def predict(
                                policy=policy)
         mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
         util = dem.rate / inst.replicas / curve.mu if curve.mu > 0 else math.inf
+        paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) if curve.feasible
+                         else math.inf)
         loads[m] = LLMLoad(m, models[m], dem.rate, inst.replicas, dem.input_mean,
                            dem.output_mean, curve.mu, util, float(mix[0]))
         for (i, o), v in per_class.items():
@@ -269,7 +358,7 @@ def predict(
         for m in st.llms:
             s = st.llms[m]
             if form == "paper":
-                total += loads[m].call_latency_s * s.n / max(s.p, 1e-12)
+                total += paper_call[m] * s.n / max(s.p, 1e-12)
             else:
                 for _, k, i, o in _classes(st, m):
                     total += k * class_lat[(m, i, o)]
