@@ -133,8 +133,13 @@ def _parser() -> argparse.ArgumentParser:
                            "or per workflow (repeat the flag)")
     plan.add_argument("--optimiser", default="milp",
                       help="milp (default), brute-force, heuristic, independent, equal-split")
+    plan.add_argument("--formulation", choices=["auto", "aggregate", "blocks"], default="auto",
+                      help="aggregate: MILP then place, cut and re-solve; blocks: whole-GPU blocks "
+                           "of one LLM each, placeable by construction; auto (default): both up "
+                           "to 64 GPUs, the better placed plan wins, blocks above")
     plan.add_argument("--placer", default="hierarchical",
-                      help="placement policy: hierarchical (default), ffd, best-fit")
+                      help="placement policy of the aggregate formulation: hierarchical "
+                           "(default), ffd, best-fit")
     plan.add_argument("--spread-replicas", action="store_true",
                       help="place replicas of one LLM on different nodes when possible")
     plan.add_argument("--max-rounds", type=int, default=25,
@@ -221,10 +226,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     problem = PlanningProblem(stats, _models(specs), targets, cluster, _latency(args), opts)
     opts_place = {"spread_replicas": True} if args.spread_replicas else {}
     res = plan_and_place(problem, topology, name=args.optimiser, policy=args.placer,
-                         max_rounds=args.max_rounds, placer_options=opts_place)
+                         max_rounds=args.max_rounds, placer_options=opts_place,
+                         formulation=args.formulation)
     plan = res.plan
+    policy = res.placement.policy if res.placement is not None else args.placer
     extra: dict[str, object] = {"placement": {
-        "policy": args.placer, "rounds": res.rounds, "placed": res.placed, "exact": res.exact,
+        "policy": policy, "formulation": res.formulation,
+        "compared": {k: (v if math.isfinite(v) else None) for k, v in res.compared.items()},
+        "rounds": res.rounds, "placed": res.placed, "exact": res.exact,
         "history": list(res.history), "quality": dict(res.quality) if res.quality else None,
         "instances": list(placement_rows(res.placement)) if res.placement else [],
         "unplaced": [list(u) for u in res.placement.unplaced] if res.placement else [],
@@ -248,7 +257,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               f"{plan.gap:.3g}, candidates {st.get('candidates_generated', '-')} -> "
               f"{st.get('candidates_kept', '-')}, {st.get('total_s', 0.0):.3f} s")
         q = res.quality or {}
-        print(f"placed by {args.placer} in {res.rounds} round(s): {q.get('gpus_used')} GPUs "
+        tried = ", ".join(f"{k} {v:.6g} s" if math.isfinite(v) else f"{k} unplaced"
+                          for k, v in res.compared.items())
+        print(f"{res.formulation} formulation" + (f" (of {tried})" if tried else "")
+              + f", placed by {policy} in {res.rounds} round(s): {q.get('gpus_used')} GPUs "
               f"(bound {q.get('bound_l2')}), {q.get('nodes_used')} nodes (bound "
               f"{q.get('bound_nodes')}); wrote {args.out}")
     if plan.allocation is None:

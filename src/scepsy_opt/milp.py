@@ -22,9 +22,10 @@ The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import highspy
@@ -48,6 +49,7 @@ from scepsy_opt.planning import (
 )
 
 SEED = 0
+Row = tuple[Mapping[Candidate, float], float]  # an extra MILP row: Σ coeff·x_c ≤ rhs
 
 
 def _quiet_banner() -> None:
@@ -174,7 +176,9 @@ def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
     return math.inf
 
 
-def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
+def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
+                       rows: Callable[[Mapping[str, Sequence[Candidate]]], list[Row]] | None = None,
+                       ) -> CandidateSet:
     """Candidates after exact Lagrangian reduced-cost fixing (:func:`generate_candidates`).
 
     1. A coarse sample of replica counts gives prices π (LP duals) and a feasible allocation.
@@ -183,37 +187,43 @@ def reduced_candidates(problem: PlanningProblem) -> CandidateSet:
     3. If ``UB − LB`` exceeds that hair, a last scan keeps every candidate whose reduced cost is
        at most ``UB − LB``: no cheaper allocation uses any other. The MILP over the result has
        the optimum of the full candidate set.
+
+    ``blocks`` counts GPUs as whole-GPU blocks (:func:`generate_candidates`); ``rows`` gives the
+    extra rows of the final MILP for a candidate set (the block capacity rows). ``LB`` relaxes
+    them (still a bound), and ``UB`` then comes from the MILP over the sample and the near set
+    with those rows, so that it is feasible for the final problem.
     """
     t0 = time.perf_counter()
     cache: dict[tuple[str, str, int], list[Any]] = {}
-    coarse = generate_candidates(problem, coarse=True, curve_cache=cache)
+    gen = functools.partial(generate_candidates, problem, curve_cache=cache, blocks=blocks)
+    coarse = gen(coarse=True)
     if coarse.unfit or any(not c for c in coarse.by_llm.values()):
-        return generate_candidates(problem)
+        return gen()
     prices = _prices(problem, coarse)
     budgets = problem.cluster.budgets()
     fixed = sum(prices[g] * budgets[g] * UNITS for g in budgets)
-    ub = _greedy(problem, coarse.by_llm, prices)
+    ub = _greedy(problem, coarse.by_llm, prices) if rows is None else math.inf
     hair = 1e-4 * abs(ub) if math.isfinite(ub) else 0.0
-    near = generate_candidates(problem, prices=prices, slack=hair, curve_cache=cache)
+    near = gen(prices=prices, slack=hair)
     lb = sum(near.least_price.values()) - fixed
-    ub = min(ub, _greedy(problem, near.by_llm, prices))
+    if rows is None:
+        ub = min(ub, _greedy(problem, near.by_llm, prices))
     if ub - lb > hair:  # a tighter UB: the MILP over the sample and the near-optimal candidates
         pool = {m: tuple(sorted(set(coarse.by_llm[m]) | set(near.by_llm.get(m, ())),
                                 key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share)))
                 for m in coarse.by_llm}
-        prob, xs = _knapsack(problem, pool)
+        prob, xs = _knapsack(problem, pool, rows(pool) if rows is not None else None)
         prob.solve(_solver(problem, time_limit_s=min(problem.options.time_limit_s, 5.0),
                            gap_rel=1e-6))
         if _status(prob)[0] in ("optimal", "time_limit"):
             ub = min(ub, sum(c.cost for c in _chosen(xs).values()))
     generated = coarse.generated + near.generated
     if not math.isfinite(ub):
-        full = generate_candidates(problem, curve_cache=cache)
+        full = gen()
     elif ub - lb <= hair:
         full = near
     else:
-        full = generate_candidates(problem, prices=prices, slack=(ub - lb) * (1 + 1e-9) + 1e-12,
-                                   curve_cache=cache)
+        full = gen(prices=prices, slack=(ub - lb) * (1 + 1e-9) + 1e-12)
         generated += full.generated
     return CandidateSet(full.by_llm, generated, full.kept, full.curves, full.unfit,
                         time.perf_counter() - t0, full.least_price)

@@ -225,6 +225,11 @@ def gpu_units(tp: int, share: float, replicas: int = 1) -> int:
     return round(tp * share * UNITS) * replicas
 
 
+def replicas_per_gpu(share: float) -> int:
+    """Replicas of one shape that share a GPU when it serves that shape only: ``floor(1/share)``."""
+    return max(1, UNITS // round(share * UNITS))
+
+
 def units_by_gpu(cands: Iterable[Candidate]) -> dict[str, int]:
     """GPU units the candidates use, per GPU type."""
     used: dict[str, int] = {}
@@ -309,7 +314,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         prices: Mapping[str, float] | None = None,
                         slack: float = math.inf,
                         curve_cache: dict[tuple[str, str, int], list[Any]] | None = None,
-                        ) -> CandidateSet:
+                        blocks: bool = False) -> CandidateSet:
     """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
     is False. ``max_units`` caps the GPU units one LLM may use per type (default: the budget).
 
@@ -322,6 +327,13 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     passes ``v*_m + slack``) nor kept. The caller checks ``slack ≥ UB − LB`` afterwards
     (:attr:`CandidateSet.least_price` gives ``v*_m``). ``curve_cache`` keeps the serving curves
     between calls on the same problem.
+
+    ``blocks``: count GPUs as whole-GPU blocks of one LLM shape (``scepsy_place.blocks``): a
+    block of ``tp`` GPUs holds ``k = replicas_per_gpu(share)`` replicas, so only replica counts
+    that fill their blocks (multiples of ``k``) are candidates (fewer replicas cost as many GPUs
+    and are slower), ``units = 1000·tp·replicas/k``, and pruning keeps a candidate unless another
+    uses no more units, costs no more and has no larger TP degree (the block capacity rows weigh
+    larger TP groups more).
     """
     t0 = time.perf_counter()
     opts = problem.options
@@ -351,15 +363,19 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
             any_fit = any_fit or bool(live)
             if not live:
                 continue
+            # the scan runs over steps s: replicas k·s, units per·s (k = 1 unless blocks)
             pending: dict[Any, tuple[int, int, int, float]] = {}
+            step: dict[Any, int] = {}
             for c in live:
-                per = gpu_units(tp, c.share)
-                r_cap = min(caps.get(gpu, 0) // per, opts.max_replicas)
+                k = replicas_per_gpu(c.share) if blocks else 1
+                per = UNITS * tp if blocks else gpu_units(tp, c.share)
                 r_min = max(1, math.ceil(dem.rate / (opts.max_utilisation * c.mu) - 1e-12))
                 while r_min > 1 and dem.rate / ((r_min - 1) * c.mu) <= opts.max_utilisation:
                     r_min -= 1
-                if r_min <= r_cap:
-                    pending[c] = (r_min, r_cap, per, math.nan)
+                s_min, s_cap = math.ceil(r_min / k), min(caps.get(gpu, 0) // per, opts.max_replicas // k)
+                if s_min <= s_cap:
+                    pending[c] = (s_min, s_cap, per, math.nan)
+                    step[c] = k
             r0 = cur.replicas if cur is not None else 0
             price = prices.get(gpu, 0.0) if prices is not None else 0.0
             chunk, first = 16, True
@@ -372,12 +388,14 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                 else:
                     rs = [np.arange(pending[c][0], min(pending[c][1], pending[c][0] + chunk - 1) + 1,
                                     dtype=float) for c in batch]
+                rs = [r * step[c] for c, r in zip(batch, rs, strict=True)]  # steps -> replicas
                 if first:  # r = ∞ prices the zero-load floor: more replicas cannot get below it
                     rs = [np.concatenate(([math.inf], r)) for r in rs]
                 results = class_latencies_many(dem, batch, problem.latency, rs)
                 nxt = {}
                 for c, r_arr, (mix, per_class) in zip(batch, rs, results, strict=True):
                     _, r_cap, per, floor = pending[c]
+                    k = step[c]
                     total, per_wf = _weighted(problem, dem, per_class, r_arr.shape)
                     if first:
                         floor = float(total[0])
@@ -392,15 +410,17 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                     else:
                         change = opts.change_penalty_s * (r_arr + cur.replicas)
                     stop = (r_arr >= r0) & (total <= floor * (1.0 + opts.prune_rel))
+                    units = per * (r_arr // k)
                     if prices is not None:  # beyond this, v ≥ floor + π·units > v*_m + slack
-                        v = total + change + price * per * r_arr
+                        v = total + change + price * units
                         best_v = min(best_v, float(v.min()))
-                        stop |= (r_arr >= r0) & (floor + price * per * r_arr > best_v + slack)
+                        stop |= (r_arr >= r0) & (floor + price * units > best_v + slack)
                     done = bool(stop.any()) or coarse
                     n = int(np.argmax(stop)) + 1 if stop.any() else len(r_arr)  # more gain < prune_rel
-                    rows.append((gpu, tp, c.share, c.mu, per, r_arr[:n], mix[:n], total[:n], change[:n],
-                                 {w: v[:n] for w, v in per_wf.items()}, c.memory.available_gib))
-                    last = int(r_arr[-1])
+                    rows.append((gpu, tp, c.share, c.mu, units[:n], r_arr[:n], mix[:n], total[:n],
+                                 change[:n], {w: v[:n] for w, v in per_wf.items()},
+                                 c.memory.available_gib))
+                    last = int(r_arr[-1]) // k
                     if not done and last < r_cap:
                         nxt[c] = (last + 1, r_cap, per, floor)
                 pending, first = nxt, False
@@ -408,7 +428,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
         if not any_fit:
             unfit.append(m)
         generated += sum(len(row[5]) for row in rows)
-        cands = _candidates(m, rows, prune)
+        cands = _candidates(m, rows, prune, by_tp=blocks)
         if prices is not None and cands:
             v = np.array([c.cost + prices.get(c.gpu, 0.0) * c.units for c in cands])
             least[m] = float(v.min())
@@ -419,9 +439,11 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         time.perf_counter() - t0, MappingProxyType(least))
 
 
-def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool) -> list[Candidate]:
+def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool,
+                by_tp: bool = False) -> list[Candidate]:
     """Candidate objects from the priced rows; with ``prune``, per GPU type only those no other
-    beats on both units and cost (on equal cost the fewest units, then tp, share, replicas)."""
+    beats on both units and cost (on equal cost the fewest units, then tp, share, replicas);
+    with ``by_tp`` the other must also have no larger TP degree."""
     out = []
     for gpu in sorted({row[0] for row in rows}):
         mine = [row for row in rows if row[0] == gpu]
@@ -429,21 +451,29 @@ def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool) -> list[Cand
             continue
         idx = np.concatenate([np.column_stack((np.full(len(row[5]), i), np.arange(len(row[5]))))
                               for i, row in enumerate(mine)]).astype(int)
-        units = np.concatenate([row[4] * row[5] for row in mine])
+        units = np.concatenate([row[4] for row in mine])
         cost = np.concatenate([row[7] + row[8] for row in mine])
         tp = np.concatenate([np.full(len(row[5]), row[1]) for row in mine])
         share = np.concatenate([np.full(len(row[5]), row[2]) for row in mine])
         reps = np.concatenate([row[5] for row in mine])
         order = np.lexsort((reps, share, tp, cost, units))
-        if prune:
+        if prune and by_tp:
+            c, t = cost[order], tp[order]
+            keep = np.zeros(len(order), dtype=bool)
+            for level in np.unique(t):  # beaten by an earlier candidate of no larger TP degree?
+                seen = np.where(t <= level, c, math.inf)
+                best = np.minimum.accumulate(np.concatenate(([math.inf], seen)))[:-1]
+                keep |= (t == level) & (c < best)
+            order = order[keep]
+        elif prune:
             c = cost[order]
             best = np.minimum.accumulate(np.concatenate(([math.inf], c)))[:-1]
             order = order[c < best]
         for k in order.tolist():
             i, j = idx[k]
-            g, t, sh, mu, per, r_arr, mix, total, change, per_wf, mem = mine[i]
+            g, t, sh, mu, u_arr, r_arr, mix, total, change, per_wf, mem = mine[i]
             r = int(r_arr[j])
-            out.append(Candidate(llm, g, t, sh, r, per * r, mu, float(mix[j]), float(total[j]),
+            out.append(Candidate(llm, g, t, sh, r, int(u_arr[j]), mu, float(mix[j]), float(total[j]),
                                  float(change[j]),
                                  tuple((w, float(v[j])) for w, v in sorted(per_wf.items())), mem))
     return out

@@ -17,13 +17,24 @@ so few rounds of no-good cuts remain. The loop's answer is then the cheapest
 allocation the placer can place — exact when the placer is (tests check it against brute force
 with the placer as the oracle). Above 64 GPUs the unpruned set is too large to re-solve round
 after round: the loop then keeps the dominance-pruned candidates and reports ``exact=False``.
+
+Formulations (``formulation``): ``aggregate`` is the loop above; ``blocks`` solves the
+placeable-by-construction formulation of :mod:`scepsy_place.blocks` (one LLM shape per GPU,
+whole-GPU blocks) and places it with the ``blocks`` placer in one round; ``auto`` (the CLI's
+default) solves ``blocks`` and, up to :data:`UNPRUNED_MAX_GPUS` GPUs where the aggregate loop is
+exact and cheap, the aggregate loop too, and keeps the better placed plan (lower objective; the
+aggregate one on a tie). Above that size the aggregate loop needs many rounds of placements that
+cost seconds each at thousands of GPUs (docs/benchmarks.md), so ``auto`` is ``blocks`` there.
 """
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
 
 from scepsy_opt.milp import solve_min_latency
 from scepsy_opt.planning import (
@@ -34,11 +45,15 @@ from scepsy_opt.planning import (
     generate_candidates,
     optimiser,
 )
+from scepsy_place.blocks import block_candidates, capacity_rows
 from scepsy_place.bounds import quality
 from scepsy_place.placement import Placement, demands, place
 from scepsy_place.topology import Topology
+from scepsy_profile.errors import InputError
 
 UNPRUNED_MAX_GPUS = 64
+Formulation = Literal["aggregate", "blocks", "auto"]
+FORMULATIONS: tuple[Formulation, ...] = ("aggregate", "blocks", "auto")
 
 
 @dataclass(frozen=True)
@@ -52,6 +67,9 @@ class PlacedPlan:
     quality: Mapping[str, Any] | None
     reason: str | None = None  # why no placeable plan exists (None when placed)
     exact: bool = True  # only valid cuts were used: the cheapest allocation the placer places
+    formulation: str = "aggregate"  # the formulation whose plan this is
+    # objective (s) per formulation tried (auto); inf where that formulation placed nothing
+    compared: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
     @property
     def placed(self) -> bool:
@@ -64,7 +82,53 @@ def _failed_types(placement: Placement, plan: Plan) -> set[str]:
 
 def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
                    policy: str = "hierarchical", max_rounds: int = 25, exact_rounds: int = 8,
-                   placer_options: Mapping[str, Any] | None = None) -> PlacedPlan:
+                   placer_options: Mapping[str, Any] | None = None,
+                   formulation: Formulation = "aggregate") -> PlacedPlan:
+    """A placed plan for ``problem`` on ``topology`` by ``formulation`` (module docstring).
+
+    ``blocks`` and ``auto`` apply to the MILP's min-latency objective; other optimisers and
+    max-throughput use the aggregate loop whatever ``formulation`` says.
+    """
+    if formulation not in FORMULATIONS:
+        raise InputError("plan", "formulation", f"one of {', '.join(FORMULATIONS)}", formulation)
+    if formulation == "aggregate" or name != "milp" or problem.options.objective != "min-latency":
+        return _aggregate_loop(problem, topology, name=name, policy=policy, max_rounds=max_rounds,
+                               exact_rounds=exact_rounds, placer_options=placer_options)
+    blocks = plan_blocks(problem, topology)
+    if formulation == "blocks" or problem.cluster.total_gpus > UNPRUNED_MAX_GPUS:
+        return blocks
+    agg = _aggregate_loop(problem, topology, name=name, policy=policy, max_rounds=max_rounds,
+                          exact_rounds=exact_rounds, placer_options=placer_options)
+    tried = MappingProxyType({"aggregate": agg.plan.objective_s if agg.placed else math.inf,
+                              "blocks": blocks.plan.objective_s if blocks.placed else math.inf})
+    best = agg if agg.placed and (not blocks.placed or tried["aggregate"] <= tried["blocks"]) else (
+        blocks if blocks.placed else agg)
+    return replace(best, compared=tried)
+
+
+def plan_blocks(problem: PlanningProblem, topology: Topology) -> PlacedPlan:
+    """The placeable-by-construction plan (:mod:`scepsy_place.blocks`), placed by ``blocks``."""
+    cset = block_candidates(problem, topology)
+    plan = solve_min_latency(problem, cset, capacity_rows(topology, cset.by_llm))
+    if plan.allocation is None:
+        why = (plan.infeasible.detail if plan.infeasible is not None else
+               "no allocation fits the free GPUs as whole-GPU blocks of one LLM each "
+               "(the aggregate formulation may still find one)")
+        return PlacedPlan(plan, None, 1, ({"round": 1, "objective_s": plan.objective_s,
+                                           "unplaced": 0},), None, why, True, "blocks")
+    dem = demands(plan.allocation, problem.catalog)
+    placement = place(topology, dem, "blocks")
+    history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)},)
+    why = None if placement.complete else (
+        f"{len(placement.unplaced)} block replica(s) did not fit: TP degrees that do not divide "
+        "one another void the capacity rows' guarantee")
+    return PlacedPlan(plan, placement, 1, history, quality(topology, placement, dem), why, True,
+                      "blocks")
+
+
+def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
+                    policy: str = "hierarchical", max_rounds: int = 25, exact_rounds: int = 8,
+                    placer_options: Mapping[str, Any] | None = None) -> PlacedPlan:
     """Optimise, place, cut and re-optimise until the plan is placed (module docstring).
 
     The first ``exact_rounds`` rounds add only valid cuts (no-good cuts); later rounds also
@@ -132,7 +196,7 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     rounds = len(history)
     for i in range(steps):
         mid = hi * (1 - 1e-9) if i == 0 else (lo + hi) / 2  # just below the capacity optimum first
-        res = plan_and_place(base.scaled(mid), topology, **kw)
+        res = _aggregate_loop(base.scaled(mid), topology, **kw)
         rounds += res.rounds
         history = history + res.history
         if res.placed:

@@ -19,6 +19,11 @@ Placers (one protocol, registry :data:`PLACERS`, docs/placement.md):
   node (input order), domain and GPUs that fit.
 * ``best-fit``: the same order; the position leaving the least free share on the chosen GPUs,
   then in the domain, then on the node.
+* ``blocks``: GPU blocks, one LLM per GPU: an LLM's replicas of one shape are grouped
+  ``floor(1/share)`` at a time into blocks of ``tp`` wholly free GPUs of one NVLink domain, and
+  the blocks placed largest first, each in the domain with the fewest free GPUs that holds it.
+  With power-of-two TP degrees every block set that passes :mod:`scepsy_place.blocks`' capacity
+  rows is placed (the optimiser's placeable-by-construction formulation, docs/placement.md).
 
 All three are deterministic: ``seed`` is accepted for randomised placers and unused here.
 Incremental use: place new demands on a topology that already has use (:func:`apply` marks a
@@ -35,7 +40,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planning import UNITS
+from scepsy_opt.planning import UNITS, replicas_per_gpu
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology, _clean, to_units
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError
@@ -531,10 +536,67 @@ _ORDERS: tuple[Callable[[Demand], Any], ...] = (
 )
 
 
+def whole_free_gpus(topology: Topology, gpu: str) -> list[tuple[Node, range, list[int]]]:
+    """Per NVLink domain of the ``gpu`` nodes (input order): its wholly free GPUs (no share and
+    no memory in use)."""
+    out = []
+    for n in topology.nodes:
+        if n.gpu != gpu:
+            continue
+        for dom in n.domains():
+            out.append((n, dom, [g for g in dom if n.used[g] == (0.0, 0.0)]))
+    return out
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """GPU blocks, one LLM shape per GPU (see the module docstring).
+
+    Demands of one (llm, gpu, tp, share, memory) are taken in replica order, ``floor(1/share)``
+    per block; blocks go largest ``tp`` first (then by LLM and first replica) to the NVLink
+    domain with the fewest wholly free GPUs that holds them (ties: input order), on its lowest
+    free indices. Partly used GPUs are never touched.
+    """
+
+    name: str = "blocks"
+
+    def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
+              placed: Sequence[Slot] = ()) -> Placement:
+        _check_demands(demands)
+        groups: dict[tuple[str, str, int, int, float], list[Demand]] = {}
+        for d in sorted(demands, key=lambda d: d.key):
+            groups.setdefault((d.llm, d.gpu, d.tp, d.units, d.memory_gib), []).append(d)
+        blocks = []
+        for (llm, gpu, tp, units, _), ds in groups.items():
+            k = replicas_per_gpu(ds[0].share)
+            blocks.extend((tp, gpu, llm, ds[i:i + k]) for i in range(0, len(ds), k))
+        blocks.sort(key=lambda b: (-b[0], b[1], b[2], b[3][0].replica))
+        free = {gpu: whole_free_gpus(topology, gpu) for gpu in {b[1] for b in blocks}}
+        slots: list[Slot] = []
+        unplaced: list[tuple[str, int, str]] = []
+        for tp, gpu, llm, ds in blocks:
+            need = len(ds) * ds[0].memory_gib - MEMORY_TOL_GIB  # per GPU of the block
+            fits = [i for i, (n, _, gs) in enumerate(free[gpu])
+                    if len(gs) >= tp and n.memory_gib >= need]
+            if not fits:
+                why = (f"no NVLink domain of the {gpu} nodes has {tp} wholly free GPU(s) left "
+                       "for a block")
+                unplaced.extend((d.llm, d.replica, why) for d in ds)
+                continue
+            i = min(fits, key=lambda j: (len(free[gpu][j][2]), j))
+            node, dom, gs = free[gpu][i]
+            take, rest = tuple(gs[:tp]), gs[tp:]
+            free[gpu][i] = (node, dom, rest)
+            slots.extend(Slot(d.llm, d.replica, node.name, take, d.share, d.memory_gib)
+                         for d in ds)
+        return Placement(tuple(slots), tuple(unplaced), self.name)
+
+
 PLACERS: dict[str, Callable[..., Placer]] = {
     "hierarchical": Hierarchical,
     "ffd": FirstFitDecreasing,
     "best-fit": BestFit,
+    "blocks": Blocks,
 }
 
 

@@ -1,0 +1,66 @@
+"""The placeable-by-construction formulation: GPU blocks, one LLM shape per GPU.
+
+The aggregate MILP (:mod:`scepsy_opt.milp`) budgets GPU *capacity*; whether its allocation fits
+on whole GPUs and NVLink domains is learnt afterwards, by placing it
+(:func:`scepsy_place.loop.plan_and_place`). At thousands of GPUs that loop is slow: the optimum
+fills the cluster with fractional-share TP groups that fragment the nodes, and every round costs
+a placement. This formulation is placeable by construction instead.
+
+It is the pattern formulation (integer counts of node fillings) restricted to the patterns that
+need no enumeration: a *block* is ``tp`` wholly free GPUs of one NVLink domain serving
+``k = floor(1/share)`` replicas of one LLM shape (each replica takes ``share`` of every GPU of
+the block). A candidate ``replicas × (gpu, tp, share)`` then uses ``tp·ceil(replicas/k)`` whole
+GPUs (``generate_candidates(blocks=True)`` counts them so), and the MILP gets, per GPU type and per TP degree ``t`` the
+candidates use, the capacity row
+
+    Σ_{c: tp_c ≥ t} GPUs_c · x_c  ≤  Σ_domains t · floor(free_d / t)
+
+(``free_d`` the wholly free GPUs of domain ``d``). With TP degrees that divide one another
+(1, 2, 4, 8) these rows are necessary and sufficient: blocks placed largest first take from each
+domain multiples of the current size, so a domain's room for size ``t`` stays a multiple of
+``t``, and size ``t`` fits as long as its row holds. The ``blocks`` placer
+(:class:`scepsy_place.placement.Blocks`) does exactly that, so every plan of this formulation is
+placed in one round.
+
+What it gives up: two LLMs never share a GPU, and the rest of a GPU (0.1 of it at share 0.3) stays
+idle. The aggregate optimum is a lower bound on both, so :func:`scepsy_place.loop.plan_and_place`
+reports the gap, and its ``auto`` formulation keeps the better placed plan of the two where the
+aggregate loop is affordable (docs/placement.md). GPUs already in use are never touched by a
+block: re-planning on a busy cluster counts only the wholly free GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from scepsy_opt.milp import Row, reduced_candidates
+from scepsy_opt.planning import UNITS, Candidate, CandidateSet, PlanningProblem, generate_candidates
+from scepsy_place.placement import whole_free_gpus
+from scepsy_place.topology import Topology
+
+REDUCE_MIN_GPUS = 64  # from this size on, block candidates go through reduced-cost fixing
+
+
+def block_candidates(problem: PlanningProblem, topology: Topology) -> CandidateSet:
+    """Every LLM's block candidates (``generate_candidates(blocks=True)``): all of them below
+    :data:`REDUCE_MIN_GPUS` GPUs, after exact reduced-cost fixing from there on."""
+    if problem.cluster.total_gpus < REDUCE_MIN_GPUS:
+        return generate_candidates(problem, blocks=True)
+    return reduced_candidates(problem, blocks=True, rows=lambda cs: capacity_rows(topology, cs))
+
+
+def level_capacity(topology: Topology, gpu: str, tp: int) -> int:
+    """GPUs of type ``gpu`` that blocks of ``tp`` or more GPUs can use: ``Σ_d tp·floor(free_d/tp)``."""
+    return sum(tp * (len(free) // tp) for _, _, free in whole_free_gpus(topology, gpu))
+
+
+def capacity_rows(topology: Topology, by_llm: Mapping[str, Sequence[Candidate]]) -> list[Row]:
+    """The capacity rows of the module docstring, per GPU type and TP degree in use."""
+    rows: list[Row] = []
+    flat = [c for cs in by_llm.values() for c in cs]
+    for gpu in sorted({c.gpu for c in flat}):
+        mine = [c for c in flat if c.gpu == gpu]
+        for t in sorted({c.tp for c in mine}):
+            coeffs = {c: float(c.units) for c in mine if c.tp >= t}
+            rows.append((coeffs, float(UNITS * level_capacity(topology, gpu, t))))
+    return rows
