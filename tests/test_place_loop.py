@@ -115,3 +115,23 @@ def test_max_throughput_plans_are_placed_at_the_largest_placeable_scale():
     for m, c in price(at, res.plan.allocation).items():
         load = llm_demand(at.stats, at.models, at.targets, m).rate
         assert c.capacity * at.options.max_utilisation >= load * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_replanning_on_a_busy_cluster_budgets_the_free_capacity(seed):
+    """Half of the GPUs are taken: the loop's MILP sees only the free capacity, so its plan fits
+    what is left and is placed around the running work (the cluster's budget counts every GPU)."""
+    p = random_problem(3, 16, ROOF, seed=seed, load=0.3, options=OPTS)
+    free = from_cluster(p.cluster)
+    busy = free.with_nodes(dataclasses.replace(n, used=((0.5, 40.0),) * n.gpus)
+                           if i == 0 else n for i, n in enumerate(free.nodes))
+    res = plan_and_place(p, busy, formulation="aggregate")
+    assert res.placed
+    left = sum(n.free_units(g) for n in busy.nodes for g in range(n.gpus))
+    assert sum(c.units for c in res.plan.candidates.values()) <= left
+    ds = demands(res.plan.allocation)
+    assert violations(busy, ds, res.placement) == []
+    # on the idle cluster the optimum uses more than is left here: the rows bind
+    unconstrained = plan_and_place(p, free, formulation="aggregate")
+    assert sum(c.units for c in unconstrained.plan.candidates.values()) > left
+    assert res.plan.objective_s >= unconstrained.plan.objective_s - 1e-9

@@ -18,6 +18,10 @@ allocation the placer can place — exact when the placer is (tests check it aga
 with the placer as the oracle). Above 64 GPUs the unpruned set is too large to re-solve round
 after round: the loop then keeps the dominance-pruned candidates and reports ``exact=False``.
 
+On a cluster with GPUs already in use (re-planning), the loop's MILP also gets one row per GPU
+type bounding the units by the topology's free capacity (:func:`free_capacity_rows`): the
+optimiser's cluster budgets count every GPU.
+
 Formulations (``formulation``): ``aggregate`` is the loop above; ``blocks`` solves the
 placeable-by-construction formulation of :mod:`scepsy_place.blocks` (one LLM shape per GPU,
 whole-GPU blocks) and places it with the ``blocks`` placer in one round; ``auto`` (the CLI's
@@ -98,7 +102,8 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
     if formulation == "blocks" or problem.cluster.total_gpus > UNPRUNED_MAX_GPUS:
         return blocks
     agg = _aggregate_loop(problem, topology, name=name, policy=policy, max_rounds=max_rounds,
-                          exact_rounds=exact_rounds, placer_options=placer_options)
+                          exact_rounds=exact_rounds, placer_options=placer_options,
+                          cutoff_s=blocks.plan.objective_s if blocks.placed else math.inf)
     tried = MappingProxyType({"aggregate": agg.plan.objective_s if agg.placed else math.inf,
                               "blocks": blocks.plan.objective_s if blocks.placed else math.inf})
     best = agg if agg.placed and (not blocks.placed or tried["aggregate"] <= tried["blocks"]) else (
@@ -128,8 +133,13 @@ def plan_blocks(problem: PlanningProblem, topology: Topology) -> PlacedPlan:
 
 def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
                     policy: str = "hierarchical", max_rounds: int = 25, exact_rounds: int = 8,
-                    placer_options: Mapping[str, Any] | None = None) -> PlacedPlan:
+                    placer_options: Mapping[str, Any] | None = None,
+                    cutoff_s: float = math.inf) -> PlacedPlan:
     """Optimise, place, cut and re-optimise until the plan is placed (module docstring).
+
+    ``cutoff_s``: the objective of a placed plan in hand (``auto``'s blocks plan). Rounds only
+    add constraints, so their objectives never fall: once one reaches the cutoff the loop stops
+    without placing, as it cannot beat the plan in hand.
 
     The first ``exact_rounds`` rounds add only valid cuts (no-good cuts); later rounds also
     tighten the failing GPU type's budget by the units that did not fit, which converges fast
@@ -137,16 +147,31 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
     """
     opts = dict(placer_options or {})
     exact = True
-    plan = optimiser(name).solve(problem)
     history: list[dict[str, Any]] = []
     cuts: list[tuple[Mapping[Candidate, float], float]] = []
     cset = None
+    unpruned = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+    looping = name == "milp" and problem.options.objective == "min-latency"
+    if looping and any(n.busy for n in topology.nodes):
+        # re-planning on a busy cluster: budget the free capacity, not every GPU
+        exact = unpruned
+        cset = generate_candidates(problem, prune=not unpruned)
+        cuts.extend(free_capacity_rows(topology, cset.by_llm))
+        cuts.extend(packing_inequalities(problem, cset.by_llm))
+        plan = solve_min_latency(problem, cset, cuts)
+    else:
+        plan = optimiser(name).solve(problem)
     for rnd in range(1, max_rounds + 1):
         if plan.allocation is None:
             why = (plan.infeasible.detail if plan.infeasible is not None else
                    f"no allocation is placeable: {len(cuts)} unplaceable allocation(s) cut, "
                    "and the MILP has no other")
             return PlacedPlan(plan, None, rnd, tuple(history), None, why)
+        if plan.objective_s >= cutoff_s:
+            history.append({"round": rnd, "objective_s": plan.objective_s, "unplaced": None})
+            return PlacedPlan(plan, None, rnd, tuple(history), None,
+                              f"stopped at an objective of {plan.objective_s:.6g} s, no better "
+                              f"than the plan in hand ({cutoff_s:.6g} s)", exact)
         dem = demands(plan.allocation, problem.catalog)
         placement = place(topology, dem, policy, **opts)
         history.append({"round": rnd, "objective_s": plan.objective_s,
@@ -158,12 +183,11 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
             return _placeable_scale(problem, topology, plan.scale, tuple(history), name=name,
                                     policy=policy, max_rounds=max_rounds,
                                     exact_rounds=exact_rounds, placer_options=placer_options)
-        if name != "milp" or problem.options.objective != "min-latency":
+        if not looping:
             break  # baselines get no cuts: report what did not fit
         if cset is None:
             # every candidate on small clusters (exact); the dominance-pruned ones above
             # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
-            unpruned = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
             exact = exact and unpruned
             cset = generate_candidates(problem, prune=not unpruned)
             cuts.extend(packing_inequalities(problem, cset.by_llm))
@@ -208,6 +232,21 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
                           "no scale of the targets could be placed", False)
     return replace(best, plan=replace(best.plan, scale=lo), rounds=rounds, history=history,
                    exact=False)
+
+
+def free_capacity_rows(topology: Topology, cands: Mapping[str, Sequence[Candidate]],
+                       ) -> list[tuple[Mapping[Candidate, float], float]]:
+    """Per GPU type, the units the candidates use within the topology's free capacity (the
+    cluster's budgets count every GPU, in use or not)."""
+    free = {}
+    for n in topology.nodes:
+        free[n.gpu] = free.get(n.gpu, 0) + sum(n.free_units(i) for i in range(n.gpus))
+    rows: list[tuple[Mapping[Candidate, float], float]] = []
+    for gpu, units in sorted(free.items()):
+        coeffs = {c: float(c.units) for cs in cands.values() for c in cs if c.gpu == gpu}
+        if coeffs:
+            rows.append((coeffs, float(units)))
+    return rows
 
 
 def packing_inequalities(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],

@@ -1,0 +1,204 @@
+"""The placeable-by-construction formulation: whole-GPU blocks of one LLM shape.
+
+Oracles: the capacity rows' guarantee (every block set they admit is placed, on random
+topologies with GPUs in use), brute force over every block candidate for the MILP, the full
+candidate set for reduced-cost fixing, and the aggregate bound below every placed plan.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from scepsy.cli import main
+from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.instances import random_problem
+from scepsy_opt.milp import solve_min_latency
+from scepsy_opt.planning import UNITS, generate_candidates, replicas_per_gpu
+from scepsy_place import Node, Topology, demands, place, violations
+from scepsy_place import blocks as blocks_mod
+from scepsy_place.blocks import block_candidates, capacity_rows, level_capacity
+from scepsy_place.loop import plan_and_place, plan_blocks
+from scepsy_place.topology import from_cluster
+from scepsy_profile.roofline import roofline_model
+
+ROOF = roofline_model()
+GPU = "A100-80GB"
+SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+FAST = settings(derandomize=True, deadline=None, database=None, max_examples=60,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@st.composite
+def busy_topology(draw):
+    """1-4 nodes of 2, 4 or 8 A100s in power-of-two NVLink domains, some GPUs partly in use."""
+    nodes = []
+    for i in range(draw(st.integers(1, 4))):
+        gpus = draw(st.sampled_from([2, 4, 8]))
+        dom = draw(st.sampled_from([d for d in (1, 2, 4, 8) if d <= gpus]))
+        used = tuple((0.3, 24.0) if draw(st.booleans()) and draw(st.booleans()) else (0.0, 0.0)
+                     for _ in range(gpus))
+        nodes.append(Node(f"n{i}", f"r{i % 2}", GPU, gpus, dom, 80.0, used))
+    return Topology("busy", tuple(nodes))
+
+
+def block_gpus(inst: Instance) -> int:
+    return inst.tp * math.ceil(inst.replicas / replicas_per_gpu(inst.share))
+
+
+def rows_hold(topology: Topology, alloc: Allocation) -> bool:
+    """The capacity rows for an allocation taken as blocks."""
+    tps = sorted({i.tp for i in alloc.llms.values()})
+    return all(sum(block_gpus(i) for i in alloc.llms.values() if i.tp >= t)
+               <= level_capacity(topology, GPU, t) for t in tps)
+
+
+@FAST
+@given(top=busy_topology(), shapes=st.lists(
+    st.tuples(st.sampled_from([1, 2, 4, 8]), st.sampled_from(SHARES), st.integers(1, 7)),
+    min_size=1, max_size=4))
+def test_every_block_set_the_rows_admit_is_placed(top, shapes):
+    """The rows are sufficient (TP degrees dividing one another); the placement breaks no
+    invariant, never touches a GPU in use and never mixes LLMs on a GPU."""
+    alloc = Allocation({f"m{i}": Instance(GPU, tp, share, r) for i, (tp, share, r) in enumerate(shapes)})
+    ds = demands(alloc)
+    pl = place(top, ds, "blocks")
+    assert violations(top, ds, pl) == []
+    if rows_hold(top, alloc):
+        assert pl.complete, pl.unplaced
+    owners: dict[tuple[str, int], set[str]] = {}
+    for s in pl.slots:
+        node = top.node(s.node)
+        for g in s.gpus:
+            assert node.used[g] == (0.0, 0.0)
+            owners.setdefault((s.node, g), set()).add(s.llm)
+        assert len({node.domain(g) for g in s.gpus}) == 1
+    assert all(len(v) == 1 for v in owners.values())
+
+
+def test_rows_are_necessary_too():
+    """One more GPU than a level's capacity leaves a block unplaced."""
+    top = Topology("t", (Node("a", "r", GPU, 4, 4, 80.0, ((0.5, 40.0),) + ((0.0, 0.0),) * 3),))
+    assert level_capacity(top, GPU, 2) == 2 and level_capacity(top, GPU, 1) == 3
+    fits = Allocation({"x": Instance(GPU, 2, 0.5, 2), "y": Instance(GPU, 1, 1.0, 1)})
+    assert rows_hold(top, fits) and place(top, demands(fits), "blocks").complete
+    over = Allocation({"x": Instance(GPU, 2, 0.5, 3)})  # two blocks of 2 GPUs: level 2 holds 2
+    assert not rows_hold(top, over) and not place(top, demands(over), "blocks").complete
+
+
+def _brute_force(problem, topology):
+    """The cheapest combination of block candidates (all of them, unpruned) within the rows."""
+    cands = generate_candidates(problem, blocks=True, prune=False).by_llm
+    best = math.inf
+    for combo in itertools.product(*(cands[m] for m in problem.llms)):
+        rows = capacity_rows(topology, {c.llm: [c] for c in combo})
+        if all(sum(coef for c, coef in row.items() if c in combo) <= rhs for row, rhs in rows):
+            best = min(best, math.fsum(sorted(c.cost for c in combo)))
+    return best + problem.constant_s
+
+
+@settings(FAST, max_examples=25)
+@given(n=st.integers(1, 2), gpus=st.sampled_from([2, 4, 8]), seed=st.integers(0, 10**6),
+       load=st.sampled_from([0.3, 0.6, 0.9]))
+def test_blocks_milp_equals_brute_force(n, gpus, seed, load):
+    p = random_problem(n, gpus, ROOF, seed=seed, load=load)
+    top = from_cluster(p.cluster)
+    res = plan_blocks(p, top)
+    oracle = _brute_force(p, top)
+    if math.isinf(oracle):
+        assert res.plan.allocation is None and not res.placed
+        return
+    assert res.placed and res.rounds == 1 and res.formulation == "blocks"
+    assert res.plan.objective_s == pytest.approx(oracle, rel=1e-9)
+    # the aggregate optimum is a lower bound on every placed plan
+    assert solve_min_latency(p).objective_s <= res.plan.objective_s * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(("n", "gpus", "seed"), [(4, 16, 0), (6, 32, 1), (5, 24, 2)])
+def test_reduced_block_candidates_keep_the_optimum(n, gpus, seed, monkeypatch):
+    p = random_problem(n, gpus, ROOF, seed=seed)
+    top = from_cluster(p.cluster)
+    full = plan_blocks(p, top)
+    monkeypatch.setattr(blocks_mod, "REDUCE_MIN_GPUS", 1)
+    reduced = block_candidates(p, top)
+    assert reduced.kept <= generate_candidates(p, blocks=True).kept
+    again = plan_blocks(p, top)
+    assert again.plan.objective_s == pytest.approx(full.plan.objective_s, rel=1e-9)
+    assert again.placed and full.placed
+
+
+def test_block_units_count_whole_gpus_and_full_blocks_only():
+    p = random_problem(3, 8, ROOF, seed=4)
+    for cs in generate_candidates(p, blocks=True, prune=False).by_llm.values():
+        for c in cs:
+            k = replicas_per_gpu(c.share)
+            assert c.replicas % k == 0
+            assert c.units == UNITS * c.tp * c.replicas // k
+
+
+def test_blocks_use_only_free_gpus_when_replanning():
+    """A busy cluster: the block plan avoids the GPUs in use and still places in one round."""
+    p = random_problem(3, 16, ROOF, seed=5, load=0.3)
+    free = from_cluster(p.cluster)
+    node = free.nodes[0]
+    busy = free.with_nodes([Node(node.name, node.rack, node.gpu, node.gpus, node.nvlink_domain,
+                                 node.memory_gib, ((0.5, 40.0),) * node.gpus), *free.nodes[1:]])
+    res = plan_blocks(p, busy)
+    if res.placed:
+        assert node.name not in res.placement.nodes()
+    else:
+        assert res.reason
+
+
+@pytest.mark.parametrize(("n", "gpus", "seed"), [(3, 8, 0), (4, 16, 1), (5, 16, 7)])
+def test_auto_keeps_the_better_placed_plan(n, gpus, seed):
+    p = random_problem(n, gpus, ROOF, seed=seed)
+    top = from_cluster(p.cluster)
+    agg = plan_and_place(p, top, formulation="aggregate")
+    blk = plan_and_place(p, top, formulation="blocks")
+    auto = plan_and_place(p, top, formulation="auto")
+    assert auto.placed
+    assert set(auto.compared) == {"aggregate", "blocks"}
+    best = min(x.plan.objective_s for x in (agg, blk) if x.placed)
+    assert auto.plan.objective_s == pytest.approx(best, rel=1e-12)
+    assert auto.formulation == ("aggregate" if agg.placed and agg.plan.objective_s
+                                <= blk.plan.objective_s else "blocks")
+
+
+def test_auto_is_blocks_above_the_loop_size(monkeypatch):
+    import scepsy_place.loop as loop
+
+    p = random_problem(3, 16, ROOF, seed=3)
+    monkeypatch.setattr(loop, "UNPRUNED_MAX_GPUS", 8)
+    res = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
+    assert res.formulation == "blocks" and res.rounds == 1 and not res.compared
+
+
+def test_unknown_formulation_is_an_input_error():
+    from scepsy_profile.errors import InputError
+
+    p = random_problem(2, 4, ROOF, seed=0)
+    with pytest.raises(InputError, match="formulation"):
+        plan_and_place(p, from_cluster(p.cluster), formulation="patterns")  # type: ignore[arg-type]
+
+
+def test_plan_cli_blocks(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    rc = main(["plan", "--workflow", "datasets/workflows/rag.yaml", "--cluster",
+               "datasets/clusters/a100-16.yaml", "--target", "2", "--trace-requests", "100",
+               "--formulation", "blocks", "--no-timings", "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    pl = doc["placement"]
+    assert pl["formulation"] == "blocks" and pl["policy"] == "blocks" and pl["placed"]
+    assert pl["rounds"] == 1 and pl["instances"]
+    assert "blocks formulation" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as bad:
+        main(["plan", "--workflow", "datasets/workflows/rag.yaml", "--cluster",
+              "datasets/clusters/a100-16.yaml", "--target", "2", "--formulation", "magic"])
+    assert bad.value.code == 2
