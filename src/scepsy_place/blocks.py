@@ -10,8 +10,8 @@ It is the pattern formulation (integer counts of node fillings) restricted to th
 need no enumeration: a *block* is ``tp`` wholly free GPUs of one NVLink domain serving
 ``k = floor(1/share)`` replicas of one LLM shape (each replica takes ``share`` of every GPU of
 the block). A candidate ``replicas × (gpu, tp, share)`` then uses ``tp·ceil(replicas/k)`` whole
-GPUs (``generate_candidates(blocks=True)`` counts them so), and the MILP gets, per GPU type and per TP degree ``t`` the
-candidates use, the capacity row
+GPUs (``generate_candidates(blocks=True)`` counts them so), and the MILP gets, per GPU type and
+per TP degree ``t`` the candidates use, the capacity row
 
     Σ_{c: tp_c ≥ t} GPUs_c · x_c  ≤  Σ_domains t · floor(free_d / t)
 
@@ -23,9 +23,9 @@ domain multiples of the current size, so a domain's room for size ``t`` stays a 
 placed in one round.
 
 What it gives up: two LLMs never share a GPU, and the rest of a GPU (0.1 of it at share 0.3) stays
-idle. The aggregate optimum is a lower bound on both, so :func:`scepsy_place.loop.plan_and_place`
-reports the gap, and its ``auto`` formulation keeps the better placed plan of the two where the
-aggregate loop is affordable (docs/placement.md). GPUs already in use are never touched by a
+idle. The aggregate optimum is a lower bound on it (``solvers/formulations_bench.py`` reports the
+gap), and :func:`scepsy_place.loop.plan_and_place`'s ``auto`` formulation keeps the better placed
+plan of the two where the aggregate loop is affordable (docs/optimiser.md). GPUs already in use are never touched by a
 block: re-planning on a busy cluster counts only the wholly free GPUs.
 """
 
