@@ -169,7 +169,7 @@ def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
                           policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
 
 
-STATION_NODES = 256  # chain states (or blocks of states) summed per replica count
+STATION_NODES = 64  # chain states (or blocks of states) summed per replica count
 
 
 def station_latency(curve: ServingCurve, demand: LLMDemand, replicas: ArrayLike) -> NDArray[np.float64]:
@@ -177,61 +177,112 @@ def station_latency(curve: ServingCurve, demand: LLMDemand, replicas: ArrayLike)
     as jobs of a processor-sharing station (module docstring); ``inf`` at or beyond saturation.
 
     Vectorised over ``replicas`` (``inf`` prices the zero-load floor). The chain's mass lies
-    around its mode ``N̂ = b̂·r/p`` (``λ(b̂) = Λp/r``, the mean-value batch) within a few
-    standard deviations ``σ = (−dℓ/dN)^(−1/2)``, ``ℓ`` the log ratio: the sum runs over
-    :data:`STATION_NODES` states there, one by one when the window is that narrow and in equal
-    blocks (midpoint rule) when wider, plus the geometric tail beyond the batch limit.
+    around its mode ``N̂ = b̂·r/p`` (``λ(b̂) = Λp/r``, the mean-value batch) within ten standard
+    deviations ``σ = (−dℓ/dN)^(−1/2)``, ``ℓ`` the log ratio: the sum runs over the states there
+    one by one, or in at most :data:`STATION_NODES` equal blocks (midpoint rule) when the window
+    is wider, plus the geometric tail beyond the batch limit. Where the chain stays below one
+    call per replica (a Poisson chain, mean ``Λ·s(1)``, ten standard deviations inside) the
+    answer is exactly the zero-load ``s(1)``: no sum.
     """
-    r = np.atleast_1d(np.asarray(replicas, dtype=float))
-    out = np.full(r.shape, math.inf)
-    out[~np.isfinite(r)] = curve.zero_load_latency_s if curve.feasible else math.inf
+    return station_latencies(demand, [curve], [replicas])[0]
+
+
+def station_latencies(demand: LLMDemand, curves: Sequence[ServingCurve],
+                      replicas: Sequence[ArrayLike]) -> list[NDArray[np.float64]]:
+    """:func:`station_latency` for several curves of one demand at once: one array pass over
+    every (curve, replica count) pair (the optimiser prices thousands per LLM)."""
+    rs = [np.atleast_1d(np.asarray(r, dtype=float)) for r in replicas]
+    outs = [np.full(r.shape, math.inf) for r in rs]
     lam_c = demand.critical_rate
-    fin = np.isfinite(r)
-    if not curve.feasible or not np.any(fin):
-        return out
-    if lam_c <= 0:  # no call of this LLM on any critical path: the call stream alone
-        out[fin] = np.asarray(curve.latency_s(demand.rate / r[fin]), dtype=float)
-        return out
     p = max(demand.group, 1.0)
-    x = lam_c * p / r  # π(N)/π(N−1) = x / λ(b_N)
-    ok = fin & (x < curve.mu * (1.0 - 1e-12))  # λ·p/r at μ up to rounding is saturation
-    if not np.any(ok):
-        return out
-    b_tab, rate_tab = curve._table
-    bmax = float(curve.max_batch)
-    ro, xo = r[ok], x[ok]
+    todo: list[tuple[int, NDArray[np.intp]]] = []
+    for j, (c, r) in enumerate(zip(curves, rs, strict=True)):
+        if not c.feasible:
+            continue
+        fin = np.isfinite(r)
+        outs[j][~fin] = c.zero_load_latency_s
+        if lam_c <= 0:  # no call of this LLM on any critical path: the call stream alone
+            outs[j][fin] = np.asarray(c.latency_s(demand.rate / r[fin]), dtype=float)
+            continue
+        x = lam_c * p / r  # π(N)/π(N−1) = x / λ(b_N)
+        ok = fin & (x < c.mu * (1.0 - 1e-12))  # λ·p/r at μ up to rounding is saturation
+        # below one call per replica (N ≤ r/p) the ratio is Λ·s(1)/N: a Poisson chain; with
+        # its mass inside (mean + 10 sd + 3 states), E[N]/Λ is exactly s(1)
+        s1 = float(c.service_ms[0]) / 1e3
+        m0 = lam_c * s1
+        light = ok & (m0 + 10.0 * math.sqrt(m0) + 3.0 <= r / p)
+        outs[j][light] = s1
+        idx = np.flatnonzero(ok & ~light)
+        if len(idx):
+            todo.append((j, idx))
+    if not todo:
+        return outs
+    # one row per (curve, replica count); each curve's λ(b) at whole batches, padded with μ
+    width = max(curves[j].max_batch for j, _ in todo) + 2
+    table = np.empty((len(todo), width))
+    for k, (j, _) in enumerate(todo):
+        rates = curves[j]._table[1]
+        table[k, :len(rates)] = rates
+        table[k, len(rates):] = rates[-1]
+    which = np.concatenate([np.full(len(idx), k) for k, (_, idx) in enumerate(todo)])
+    ro = np.concatenate([rs[j][idx] for j, idx in todo])
+    bmax = np.array([float(curves[j].max_batch) for j, _ in todo])[which]
+    xo = lam_c * p / ro
+    flat = table.ravel()
+    base = which * width  # row offsets into the flattened tables
+
+    def lam_at(b: NDArray[np.float64]) -> NDArray[np.float64]:
+        """λ(b) per row, linear between whole batches (b ≤ the row's batch limit)."""
+        i = np.clip(np.floor(b).astype(int), 0, width - 2)
+        at = (base if b.ndim == 1 else base[:, None]) + i
+        lo_v = flat[at]
+        return lo_v + (b - i) * (flat[at + 1] - lo_v)
+
     per_state = p / ro  # batch per replica added by one more request
     n_cap = bmax / per_state  # requests that fill every replica's batch
-    b_mode = np.interp(xo, rate_tab, b_tab)
-    seg = np.clip(np.floor(b_mode).astype(int), 0, len(b_tab) - 2)
-    slope = (rate_tab[seg + 1] - rate_tab[seg]) / xo  # dλ/db / λ at the mode
-    curv = slope * per_state  # −dℓ/dN
+    # the mean-value batch: λ(b̂) = x on the first segment that reaches x
+    seg = np.concatenate([np.searchsorted(curves[j]._table[1], xo[which == k], side="left") - 1
+                          for k, (j, _) in enumerate(todo)])
+    seg = np.clip(seg, 0, bmax.astype(int) - 1)
+    l0, l1 = flat[base + seg], flat[base + seg + 1]
+    rise = l1 - l0
+    b_mode = seg + np.where(rise > 0, (xo - l0) / np.where(rise > 0, rise, 1.0), 1.0)
+    b_mode = np.clip(b_mode, 0.0, bmax)
+    curv = rise / xo * per_state  # −dℓ/dN at the mode
     sigma = np.where(curv > 0, 1.0 / np.sqrt(np.maximum(curv, 1e-300)), np.inf)
     mode = b_mode / per_state
-    lo = np.floor(np.maximum(0.0, mode - 12.0 * sigma - 2.0))
-    hi = np.minimum(mode + 12.0 * sigma + 2.0, n_cap + 1.0)
+    lo = np.floor(np.maximum(0.0, mode - 10.0 * sigma - 2.0))
+    hi = np.minimum(mode + 10.0 * sigma + 2.0, n_cap + 1.0)
     hi = np.maximum(hi, lo + 1.0)
-    h = np.maximum(1.0, (hi - lo) / STATION_NODES)
-    j = np.arange(1, STATION_NODES + 1, dtype=float)[None, :]
-    ends = lo[:, None] + j * h[:, None]  # last state of each block
+    # each row's own block count (never its batch-mates'): the answer is a function of the row
+    nodes = np.minimum(STATION_NODES, np.ceil(hi - lo)).astype(int)
+    h = np.maximum(1.0, (hi - lo) / nodes)
+    jj = np.arange(1, int(nodes.max()) + 1, dtype=float)[None, :]
+    inside = jj <= nodes[:, None]
+    ends = lo[:, None] + jj * h[:, None]  # last state of each block
     mid = ends - (h[:, None] - 1.0) / 2.0  # the block's mean state
-    lam_b = np.interp(np.minimum(mid * per_state[:, None], bmax), b_tab, rate_tab)
-    ell = np.log(xo[:, None] / lam_b)
+    lam_b = lam_at(np.minimum(mid * per_state[:, None], bmax[:, None]))
+    ell = np.where(inside, np.log(xo[:, None] / lam_b), 0.0)
     logpi = np.cumsum(h[:, None] * ell, axis=1)  # log π(end of block) − log π(lo)
-    log_mass = logpi - (h[:, None] - 1.0) / 2.0 * ell + np.log(h[:, None])
+    log_mass = np.where(inside, logpi - (h[:, None] - 1.0) / 2.0 * ell + np.log(h[:, None]),
+                        -np.inf)
     top = np.maximum(log_mass.max(axis=1), 0.0)
     w = np.exp(log_mass - top[:, None])
     w_lo = np.exp(-top)
     # beyond the last block every state multiplies by its ratio (x/μ past the batch limit)
-    last = ends[:, -1]
-    q = np.minimum(xo / np.interp(np.minimum((last + 1.0) * per_state, bmax), b_tab, rate_tab),
-                   1.0 - 1e-12)
+    last = lo + nodes * h
+    q = np.minimum(xo / lam_at(np.minimum((last + 1.0) * per_state, bmax)), 1.0 - 1e-12)
     w_end = np.exp(logpi[:, -1] - top)
     tail_mass = w_end * q / (1.0 - q)
     tail_n = w_end * (last * q / (1.0 - q) + q / (1.0 - q) ** 2)
-    mean_n = ((w * mid).sum(axis=1) + w_lo * lo + tail_n) / (w.sum(axis=1) + w_lo + tail_mass)
-    out[ok] = mean_n / lam_c
-    return out
+    # sequential row sums (cumsum): the padding zeros of a shorter row change no rounding
+    mass_n = np.cumsum(w * np.where(inside, mid, 0.0), axis=1)[:, -1]
+    mean_n = (mass_n + w_lo * lo + tail_n) / (np.cumsum(w, axis=1)[:, -1] + w_lo + tail_mass)
+    at = 0
+    for j, idx in todo:
+        outs[j][idx] = mean_n[at:at + len(idx)] / lam_c
+        at += len(idx)
+    return outs
 
 
 ClassLatencies = tuple[NDArray[np.float64], dict[tuple[float, float], NDArray[np.float64]]]
@@ -261,10 +312,10 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     if not live:
         return out
     mixes, bs, shares = [], [], []
-    for j in live:
+    stations = station_latencies(demand, [curves[j] for j in live], [rs[j] for j in live])
+    for j, mix in zip(live, stations, strict=True):
         c, r = curves[j], rs[j]
         per_replica = demand.rate / r
-        mix = station_latency(c, demand, r)
         ok = np.isfinite(mix) & (per_replica > 0)
         b = np.ones(r.shape)
         if np.any(ok):
