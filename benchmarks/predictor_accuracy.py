@@ -3,6 +3,8 @@
     python benchmarks/predictor_accuracy.py [--allocations 20] [--requests 1600] [--jobs 2]
     python benchmarks/predictor_accuracy.py --reprice   # new predictor, stored simulator figures
     python benchmarks/predictor_accuracy.py --workflows beam-search   # rerun one, keep the others
+    python benchmarks/predictor_accuracy.py --workflows beam-search --latency-only
+        # keep the stored saturation references, re-simulate only the latency points
 
 For each bundled workflow (RAG + reranker, beam search + PRM, coding agent) and cluster size (4, 8
 and 16 A100-80GB GPUs), draw random feasible allocations (seeded), and compare
@@ -43,6 +45,10 @@ REQUEST_SCALE = {"rag": 1.0, "beam-search": 1.0, "coding-agent": 2.5}
 # saturation, so short runs pass overloaded rates: one allocation measured 0.136 req/s (1,600
 # arrivals, two seeds), 0.119-0.121 (6,400, two seeds) and 0.121 (12,800)
 SATURATION_SCALE = {"rag": 1.0, "beam-search": 4.0, "coding-agent": 2.5}
+# arrivals of the latency runs, relative to --requests: near the knee (80% of saturation) the
+# mean latency of heavy-tailed beam-search requests needs runs as long as the saturation search's
+LATENCY_SCALE = {"rag": 1.0, "beam-search": 4.0, "coding-agent": 2.5}
+FRACTIONS = (0.3, 0.55, 0.8)
 TRACE_REQUESTS = {"rag": 2000, "beam-search": 400, "coding-agent": 1000}
 GPU = "A100-80GB"
 SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
@@ -84,7 +90,7 @@ def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dic
     rng = np.random.default_rng(seed * 1000 + gpus)
     rows = []
     sat_requests = max(200, int(requests * SATURATION_SCALE[name]))
-    requests = max(200, int(requests * REQUEST_SCALE[name]))
+    requests = max(200, int(requests * LATENCY_SCALE[name]))
     for i in range(k):
         alloc = random_allocation(dict(spec.llms), gpus, rng)
         if alloc is None:
@@ -96,7 +102,7 @@ def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dic
         for form in FORMS:
             pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0}, form=form)
             row[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
-        for frac in (0.3, 0.55, 0.8):
+        for frac in FRACTIONS:
             rate = frac * sat
             res = simulate(trace, rates={spec.name: rate}, requests=requests, **sim_kw)
             row[f"sim_latency@{frac}"] = res.workflows[spec.name].mean_latency_s
@@ -106,6 +112,24 @@ def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dic
         rows.append(row)
     print(f"{name} on {gpus} GPUs: {len(rows)} allocations", flush=True)
     return rows
+
+
+def latency_runs(name: str, gpus: int, index: int, seed: int, requests: int,
+                 saturation: float) -> dict:
+    """The simulated mean latency at FRACTIONS of a stored saturation reference, for allocation
+    ``index`` of (name, gpus) (the allocations of :func:`evaluate`, same seeds)."""
+    spec = load_workflow(REPO / "datasets" / "workflows" / f"{name}.yaml")
+    trace = validate_calls(generate_trace(spec, TRACE_REQUESTS[name], seed=seed))
+    rng = np.random.default_rng(seed * 1000 + gpus)
+    alloc = [random_allocation(dict(spec.llms), gpus, rng) for _ in range(index + 1)][-1]
+    sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roofline_model(),
+                  seed=seed + index)
+    n = max(200, int(requests * LATENCY_SCALE[name]))
+    out = {"workflow": name, "gpus": gpus, "alloc": index}
+    for frac in FRACTIONS:
+        res = simulate(trace, rates={spec.name: frac * saturation}, requests=n, **sim_kw)
+        out[f"sim_latency@{frac}"] = res.workflows[spec.name].mean_latency_s
+    return out
 
 
 def reprice(rows: list[dict], seed: int) -> list[dict]:
@@ -132,7 +156,7 @@ def reprice(rows: list[dict], seed: int) -> list[dict]:
                     pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0},
                                    form=form)
                     row[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
-                    for frac in (0.3, 0.55, 0.8):
+                    for frac in FRACTIONS:
                         rate = frac * r["sim_saturation"]
                         pred = predict({spec.name: st}, dict(spec.llms), alloc, roof,
                                        {spec.name: rate}, form=form)
@@ -154,6 +178,9 @@ def main() -> None:
     ap.add_argument("--workflows", default=",".join(WORKFLOWS),
                     help="comma-separated workflows to simulate; the stored rows of the others "
                          "(results/predictor_accuracy.json) are kept")
+    ap.add_argument("--latency-only", action="store_true",
+                    help="with --workflows: keep the stored saturation references of those "
+                         "workflows and re-simulate only their latency points")
     args = ap.parse_args()
     chosen = [w.strip() for w in args.workflows.split(",") if w.strip()]
     if not chosen or any(w not in WORKFLOWS for w in chosen):
@@ -167,6 +194,17 @@ def main() -> None:
         if not stored.exists():
             raise SystemExit(f"--reprice needs {stored} from a full run")
         rows = reprice(json.loads(stored.read_text())["rows"], args.seed)
+    elif args.latency_only:
+        if not stored.exists():
+            raise SystemExit(f"--latency-only needs {stored} from a full run")
+        old = json.loads(stored.read_text())["rows"]
+        redo = [r for r in old if r["workflow"] in chosen]
+        fresh = Parallel(n_jobs=args.jobs)(
+            delayed(latency_runs)(r["workflow"], r["gpus"], r["alloc"], args.seed, args.requests,
+                                  r["sim_saturation"]) for r in redo)
+        new = {(f["workflow"], f["gpus"], f["alloc"]): f for f in fresh}
+        merged = [{**r, **new.get((r["workflow"], r["gpus"], r["alloc"]), {})} for r in old]
+        rows = reprice(merged, args.seed)
     else:
         kept = []
         if len(chosen) < len(WORKFLOWS):
@@ -190,9 +228,9 @@ def main() -> None:
                 sat_err = [abs(r[f"{form}:saturation"] / r["sim_saturation"] - 1) for r in sel
                            if r["sim_saturation"] > 0]
                 lat_err = [abs(r[f"{form}:latency@{f}"] / r[f"sim_latency@{f}"] - 1)
-                           for r in sel for f in (0.3, 0.55, 0.8)
+                           for r in sel for f in FRACTIONS
                            if math.isfinite(r[f"{form}:latency@{f}"]) and r[f"sim_latency@{f}"] > 0]
-                lat_err += [math.inf for r in sel for f in (0.3, 0.55, 0.8)
+                lat_err += [math.inf for r in sel for f in FRACTIONS
                             if not math.isfinite(r[f"{form}:latency@{f}"])]
                 line[f"{form} sat"] = pct(float(np.median(sat_err))) if sat_err else "-"
                 line[f"{form} lat"] = pct(float(np.median(lat_err))) if lat_err else "-"

@@ -27,20 +27,19 @@ placeable-by-construction formulation of :mod:`scepsy_place.blocks` (one LLM sha
 whole-GPU blocks) and places it with the ``blocks`` placer in one round; ``auto`` (the CLI's
 default) solves ``blocks`` and, up to :data:`UNPRUNED_MAX_GPUS` GPUs where the aggregate loop is
 exact and cheap, the aggregate loop too, and keeps the better placed plan (lower objective; the
-aggregate one on a tie). Above that size the aggregate loop needs many rounds of placements that
+loop stops once its objective reaches the blocks plan's, so blocks win ties). Above that size the aggregate loop needs many rounds of placements that
 cost seconds each at thousands of GPUs (docs/benchmarks.md), so ``auto`` is ``blocks`` there.
 """
 
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from scepsy_opt.milp import solve_min_latency
+from scepsy_opt.milp import Row, solve_min_latency
 from scepsy_opt.planning import (
     UNITS,
     Candidate,
@@ -234,14 +233,13 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
                    exact=False)
 
 
-def free_capacity_rows(topology: Topology, cands: Mapping[str, Sequence[Candidate]],
-                       ) -> list[tuple[Mapping[Candidate, float], float]]:
+def free_capacity_rows(topology: Topology, cands: Mapping[str, Sequence[Candidate]]) -> list[Row]:
     """Per GPU type, the units the candidates use within the topology's free capacity (the
     cluster's budgets count every GPU, in use or not)."""
-    free = {}
+    free: dict[str, int] = {}
     for n in topology.nodes:
         free[n.gpu] = free.get(n.gpu, 0) + sum(n.free_units(i) for i in range(n.gpus))
-    rows: list[tuple[Mapping[Candidate, float], float]] = []
+    rows: list[Row] = []
     for gpu, units in sorted(free.items()):
         coeffs = {c: float(c.units) for cs in cands.values() for c in cs if c.gpu == gpu}
         if coeffs:
