@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import platform
+import resource
 import sys
 from datetime import date
 from pathlib import Path
@@ -25,6 +27,20 @@ def require_shared() -> Path:
 
 def pct(x: float) -> str:
     return f"{100 * x:.2f}%"
+
+
+def sig(x: float, digits: int = 3) -> float:
+    """A float rounded to ``digits`` significant digits, for the tables."""
+    return float(f"{x:.{digits}g}") if math.isfinite(x) else x
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident memory, MB (``ru_maxrss`` is in KiB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
 
 def write_results(name: str, payload: dict) -> Path:

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import resource
 import statistics
 import sys
 import time
@@ -58,7 +57,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
-from _common import table, write_results  # noqa: E402
+from _common import peak_rss_mb, progress, sig, table, write_results  # noqa: E402
 from scepsy_opt.instances import random_problem  # noqa: E402
 from scepsy_opt.milp import solve_min_latency  # noqa: E402
 from scepsy_place.loop import plan_and_place  # noqa: E402
@@ -80,17 +79,7 @@ COLS = ["size", "seed", "formulation", "wall_s", "milp_s", "place_s", "rounds", 
         "gap", "placed", "unplaced", "gpus_used", "exact", "kept", "status"]
 
 
-def _g(x: float, digits: int = 3) -> float:
-    """A float rounded to ``digits`` significant digits, for the tables."""
-    return float(f"{x:.{digits}g}") if math.isfinite(x) else x
 
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 def _gap(objective: float, bound: float) -> float:
@@ -135,7 +124,7 @@ def run_instance(n: int, g: int, seed: int, latency: Any) -> tuple[list[dict[str
         problems.append(f"{where}: the aggregate MILP has no plan ({agg.status})")
 
     # b. blocks: one round, placeable by construction
-    _progress(f"  {where}: blocks")
+    progress(f"  {where}: blocks")
     t0 = time.perf_counter()
     res = plan_and_place(problem, topo, formulation="blocks", max_rounds=MAX_ROUNDS)
     t1 = time.perf_counter()
@@ -162,7 +151,7 @@ def run_instance(n: int, g: int, seed: int, latency: Any) -> tuple[list[dict[str
 
     # c. aggregate: the closed loop up to LOOP_MAX_GPUS, one hierarchical placement above
     if g <= LOOP_MAX_GPUS:
-        _progress(f"  {where}: aggregate loop")
+        progress(f"  {where}: aggregate loop")
         t0 = time.perf_counter()
         loop = plan_and_place(problem, topo, formulation="aggregate", max_rounds=MAX_ROUNDS)
         t1 = time.perf_counter()
@@ -181,7 +170,7 @@ def run_instance(n: int, g: int, seed: int, latency: Any) -> tuple[list[dict[str
                             f"bound {bound:.12g}")
         rows.append(row)
     elif agg.allocation is not None:
-        _progress(f"  {where}: one hierarchical placement of the aggregate allocation")
+        progress(f"  {where}: one hierarchical placement of the aggregate allocation")
         place_s, placement = _timed_place(topo, problem, agg.allocation, "hierarchical")
         rows.append(_row(n, g, seed, "aggregate-1", wall_s=(rows[0]["wall_s"] + place_s),
                          milp_s=rows[0]["milp_s"], place_s=place_s, rounds=1, objective_s=bound,
@@ -253,11 +242,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     failures: list[str] = []
     for n, g in sizes:
         for seed in seeds:
-            _progress(f"{n} LLMs / {g} GPUs, seed {seed}")
+            progress(f"{n} LLMs / {g} GPUs, seed {seed}")
             rs, probs = run_instance(n, g, seed, latency)
             rows += rs
             failures += probs
-    peak_mb = _rss_mb()
+    peak_mb = peak_rss_mb()
     summary = summarise(rows)
     notes = [f"{r['size']} seed {r['seed']}: the aggregate loop did not place after {r['rounds']} "
              f"round(s) ({r['unplaced']} replica(s) unplaced)"
@@ -267,11 +256,11 @@ def main(argv: Sequence[str] | None = None) -> int:
               for r in rows if r["formulation"] == "aggregate-1" and r["unplaced"]]
 
     print("Per instance (seconds; objective = weighted latency, s; gap = objective / bound - 1)")
-    print(table([{k: (_g(v, 12 if k == "objective_s" else 3) if isinstance(v, float) else v)
+    print(table([{k: (sig(v, 12 if k == "objective_s" else 3) if isinstance(v, float) else v)
                   for k, v in r.items()} for r in rows], COLS))
     print()
     print("Summary per size and formulation (medians / max over seeds)")
-    print(table([{k: (_g(v) if isinstance(v, float) else v) for k, v in s.items()} for s in summary],
+    print(table([{k: (sig(v) if isinstance(v, float) else v) for k, v in s.items()} for s in summary],
                 ["size", "formulation", "n", "wall_s_med", "wall_s_max", "place_s_med", "rounds_med",
                  "gap_med", "gap_max", "placed", "unplaced_med", "targets"]))
     print(f"peak RSS of the process (all sizes, largest {sizes[-1][0]}/{sizes[-1][1]}): {peak_mb:.0f} MB")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import resource
 import statistics
 import sys
 import time
@@ -47,7 +46,7 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))
 import numpy as np  # noqa: E402
 import pulp  # noqa: E402
 
-from _common import table, write_results  # noqa: E402
+from _common import peak_rss_mb, progress, sig, table, write_results  # noqa: E402
 from dp import solve_problem  # noqa: E402
 from scepsy_opt import milp  # noqa: E402
 from scepsy_opt.instances import random_problem  # noqa: E402
@@ -75,10 +74,6 @@ LOADS = (0.25, 0.5, 0.75, 1.0, 1.25)
 UNPRUNED = "brute-force/unpruned"
 
 
-def _g(x: float, digits: int = 3) -> float:
-    """A float rounded to ``digits`` significant digits, for the tables."""
-    return float(f"{x:.{digits}g}") if math.isfinite(x) else x
-
 
 def _rel(a: float, b: float) -> float:
     if a == b:
@@ -88,12 +83,6 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(a), abs(b), 1e-300)
 
 
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
-
-
-def _progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
 
 
 # --------------------------------------------------------------------------- a. scaling
@@ -280,7 +269,7 @@ def oracle(count: int, latency: Any) -> dict[str, Any]:
             times[name] += time.perf_counter() - t0
             per[name].append({**base, "other": other, "errors": errs, "refused": refused})
         if (i + 1) % 50 == 0:
-            _progress(f"  oracle {i + 1}/{count}")
+            progress(f"  oracle {i + 1}/{count}")
 
     exact_rows, base_rows, problems = [], [], []
     for name, rs in per.items():
@@ -351,17 +340,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, solver_rows = [], []
     for n, g, seeds in sizes:
         for seed in range(seeds):
-            _progress(f"scaling {n} LLMs / {g} GPUs, seed {seed}")
+            progress(f"scaling {n} LLMs / {g} GPUs, seed {seed}")
             row, problem, cset, plan = run_instance(n, g, seed, latency)
             rows.append(row)
             cmp = compare_solvers(problem, cset, plan, cbc=not args.no_cbc, cbc_limit_s=args.cbc_limit)
             solver_rows.append({"size": f"{n}/{g}", "seed": seed, "kept": cset.kept, **cmp})
             del problem, cset, plan
-    peak_mb = _rss_mb()
+    peak_mb = peak_rss_mb()
     summary = summarise(rows)
 
     print("a. Scaling: MILP pipeline (median / max seconds per phase; HiGHS, 1 thread)")
-    print(table([{k: (_g(v) if isinstance(v, float) else v) for k, v in s.items()} for s in summary],
+    print(table([{k: (sig(v) if isinstance(v, float) else v) for k, v in s.items()} for s in summary],
                 ["size", "n", "candidates_s_med", "candidates_s_max", "build_s_med", "build_s_max",
                  "solve_s_med", "solve_s_max", "total_s_med", "total_s_max", "generated_med",
                  "kept_med", "status", "gap_max", "gpu_use_med", "target_s", "meets"]))
@@ -370,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'yes' if peak_mb <= TARGET_MEMORY_MB else 'NO'})")
     print()
     print("b. Solvers on the same candidate sets (seconds; objective = weighted latency, s)")
-    print(table([{k: (_g(v, 12 if k.endswith("obj") else 3) if isinstance(v, float) else v)
+    print(table([{k: (sig(v, 12 if k.endswith("obj") else 3) if isinstance(v, float) else v)
                   for k, v in r.items()} for r in solver_rows],
                 ["size", "seed", "kept", "build_s", "highs_s", "pre_s", "cbc_s", "dp_s", "dp_cells",
                  "highs_status", "pre_status", "cbc_status", "dp_status", "highs_obj",
@@ -378,18 +367,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
 
     # c
-    _progress(f"oracle suite: {count} instances")
+    progress(f"oracle suite: {count} instances")
     orc = oracle(count, latency)
     print(f"c. Oracle suite: {orc['instances']} instances (<= 4 LLMs, <= 8 GPUs, loads {LOADS}); "
           f"MILP feasible on {orc['milp_feasible']}, budget binding on {orc['budget_binding']}; "
           f"MILP {orc['milp_seconds']:.2f} s in all")
-    print(table([{k: (_g(v) if isinstance(v, float) else v) for k, v in r.items()} for r in orc["exact"]],
+    print(table([{k: (sig(v) if isinstance(v, float) else v) for k, v in r.items()} for r in orc["exact"]],
                 ["vs", "instances", "refused", "rel_diff>1e-9", "max_rel_diff", "invalid_plans",
                  "seconds"]))
     if orc["baselines"]:
         print()
         print("MILP vs baselines (improvement = (baseline - milp) / baseline where the MILP is better)")
-        print(table([{k: (_g(v) if isinstance(v, float) else v) for k, v in r.items()}
+        print(table([{k: (sig(v) if isinstance(v, float) else v) for k, v in r.items()}
                      for r in orc["baselines"]],
                     ["baseline", "both_feasible", "milp_better", "improvement_med", "improvement_max",
                      "baseline_better", "baseline_no_plan", "milp_no_plan", "invalid_plans", "seconds"]))
