@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -81,35 +82,56 @@ def random_allocation(models: dict[str, str], gpus: int, rng: np.random.Generato
     return None
 
 
-def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dict]:
+def workload(name: str, seed: int) -> tuple[Any, Any]:
+    """A bundled workflow and its seeded trace (the simulator compiles every recorded request it
+    may replay: traces stay moderate, TRACE_REQUESTS)."""
     spec = load_workflow(REPO / "datasets" / "workflows" / f"{name}.yaml")
-    # the simulator compiles every recorded request it may replay: keep big traces moderate
-    trace = validate_calls(generate_trace(spec, TRACE_REQUESTS[name], seed=seed))
+    return spec, validate_calls(generate_trace(spec, TRACE_REQUESTS[name], seed=seed))
+
+
+def allocations(spec: Any, gpus: int, seed: int, count: int) -> list[Allocation | None]:
+    """The benchmark's first ``count`` random allocations of ``spec`` on ``gpus`` GPUs."""
+    rng = np.random.default_rng(seed * 1000 + gpus)
+    return [random_allocation(dict(spec.llms), gpus, rng) for _ in range(count)]
+
+
+def predictions(spec: Any, st: Any, alloc: Allocation, roof: Any, saturation: float) -> dict:
+    """Both forms' predicted saturation and their latency at FRACTIONS of the simulated one."""
+    out = {}
+    for form in FORMS:
+        pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0}, form=form)
+        out[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
+        for frac in FRACTIONS:
+            pred = predict({spec.name: st}, dict(spec.llms), alloc, roof,
+                           {spec.name: frac * saturation}, form=form)
+            out[f"{form}:latency@{frac}"] = pred.workflows[spec.name].mean_latency_s
+    return out
+
+
+def simulated_latencies(spec: Any, trace: Any, sim_kw: dict, requests: int,
+                        saturation: float) -> dict:
+    """The simulated mean latency at FRACTIONS of ``saturation``."""
+    return {f"sim_latency@{frac}": simulate(trace, rates={spec.name: frac * saturation},
+                                            requests=requests, **sim_kw)
+            .workflows[spec.name].mean_latency_s for frac in FRACTIONS}
+
+
+def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dict]:
+    spec, trace = workload(name, seed)
     st = workflow_stats(trace, spec.name, seed=seed)
     roof = roofline_model()
-    rng = np.random.default_rng(seed * 1000 + gpus)
     rows = []
     sat_requests = max(200, int(requests * SATURATION_SCALE[name]))
     requests = max(200, int(requests * LATENCY_SCALE[name]))
-    for i in range(k):
-        alloc = random_allocation(dict(spec.llms), gpus, rng)
+    for i, alloc in enumerate(allocations(spec, gpus, seed, k)):
         if alloc is None:
             continue
         sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roof, seed=seed + i)
         sat = saturation_rate(trace, rates={spec.name: 1.0}, requests=sat_requests, rel_tol=0.05,
                               **sim_kw)
-        row = {"workflow": name, "gpus": gpus, "alloc": i, "sim_saturation": sat}
-        for form in FORMS:
-            pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0}, form=form)
-            row[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
-        for frac in FRACTIONS:
-            rate = frac * sat
-            res = simulate(trace, rates={spec.name: rate}, requests=requests, **sim_kw)
-            row[f"sim_latency@{frac}"] = res.workflows[spec.name].mean_latency_s
-            for form in FORMS:
-                pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: rate}, form=form)
-                row[f"{form}:latency@{frac}"] = pred.workflows[spec.name].mean_latency_s
-        rows.append(row)
+        rows.append({"workflow": name, "gpus": gpus, "alloc": i, "sim_saturation": sat,
+                     **simulated_latencies(spec, trace, sim_kw, requests, sat),
+                     **predictions(spec, st, alloc, roof, sat)})
     print(f"{name} on {gpus} GPUs: {len(rows)} allocations", flush=True)
     return rows
 
@@ -118,18 +140,13 @@ def latency_runs(name: str, gpus: int, index: int, seed: int, requests: int,
                  saturation: float) -> dict:
     """The simulated mean latency at FRACTIONS of a stored saturation reference, for allocation
     ``index`` of (name, gpus) (the allocations of :func:`evaluate`, same seeds)."""
-    spec = load_workflow(REPO / "datasets" / "workflows" / f"{name}.yaml")
-    trace = validate_calls(generate_trace(spec, TRACE_REQUESTS[name], seed=seed))
-    rng = np.random.default_rng(seed * 1000 + gpus)
-    alloc = [random_allocation(dict(spec.llms), gpus, rng) for _ in range(index + 1)][-1]
+    spec, trace = workload(name, seed)
+    alloc = allocations(spec, gpus, seed, index + 1)[index]
     sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roofline_model(),
                   seed=seed + index)
     n = max(200, int(requests * LATENCY_SCALE[name]))
-    out = {"workflow": name, "gpus": gpus, "alloc": index}
-    for frac in FRACTIONS:
-        res = simulate(trace, rates={spec.name: frac * saturation}, requests=n, **sim_kw)
-        out[f"sim_latency@{frac}"] = res.workflows[spec.name].mean_latency_s
-    return out
+    return {"workflow": name, "gpus": gpus, "alloc": index,
+            **simulated_latencies(spec, trace, sim_kw, n, saturation)}
 
 
 def reprice(rows: list[dict], seed: int) -> list[dict]:
@@ -139,29 +156,15 @@ def reprice(rows: list[dict], seed: int) -> list[dict]:
     roof = roofline_model()
     out = []
     for name in WORKFLOWS:
-        spec = load_workflow(REPO / "datasets" / "workflows" / f"{name}.yaml")
-        trace = validate_calls(generate_trace(spec, TRACE_REQUESTS[name], seed=seed))
+        spec, trace = workload(name, seed)
         st = workflow_stats(trace, spec.name, seed=seed)
         for gpus in (4, 8, 16):
             sel = [r for r in rows if r["workflow"] == name and r["gpus"] == gpus]
             if not sel:
                 continue
-            rng = np.random.default_rng(seed * 1000 + gpus)
-            allocs = [random_allocation(dict(spec.llms), gpus, rng)
-                      for _ in range(max(r["alloc"] for r in sel) + 1)]
-            for r in sel:
-                alloc = allocs[r["alloc"]]
-                row = dict(r)
-                for form in FORMS:
-                    pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0},
-                                   form=form)
-                    row[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
-                    for frac in FRACTIONS:
-                        rate = frac * r["sim_saturation"]
-                        pred = predict({spec.name: st}, dict(spec.llms), alloc, roof,
-                                       {spec.name: rate}, form=form)
-                        row[f"{form}:latency@{frac}"] = pred.workflows[spec.name].mean_latency_s
-                out.append(row)
+            allocs = allocations(spec, gpus, seed, max(r["alloc"] for r in sel) + 1)
+            out += [{**r, **predictions(spec, st, allocs[r["alloc"]], roof, r["sim_saturation"])}
+                    for r in sel]
     return out
 
 

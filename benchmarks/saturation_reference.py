@@ -21,13 +21,11 @@ import time
 import numpy as np
 from scipy import stats as sps
 
-from _common import REPO, table, write_results
-from predictor_accuracy import TRACE_REQUESTS, random_allocation
+from _common import table, write_results
+from predictor_accuracy import allocations, workload
 from scepsy_opt.pipeline import predict
 from scepsy_opt.simulate import saturation_rate
 from scepsy_opt.stats import workflow_stats
-from scepsy_opt.traces import validate_calls
-from scepsy_opt.workflows import generate_trace, load_workflow
 from scepsy_profile.roofline import roofline_model
 
 WORKFLOW = "beam-search"
@@ -38,10 +36,8 @@ def _ints(text: str) -> list[int]:
 
 
 def run(alloc_index: int, gpus: int, requests: int, sim_seed: int) -> dict:
-    spec = load_workflow(REPO / "datasets" / "workflows" / f"{WORKFLOW}.yaml")
-    trace = validate_calls(generate_trace(spec, TRACE_REQUESTS[WORKFLOW], seed=0))
-    rng = np.random.default_rng(0 * 1000 + gpus)  # the accuracy benchmark's allocations
-    alloc = [random_allocation(dict(spec.llms), gpus, rng) for _ in range(alloc_index + 1)][-1]
+    spec, trace = workload(WORKFLOW, 0)  # the accuracy benchmark's trace and allocations
+    alloc = allocations(spec, gpus, 0, alloc_index + 1)[alloc_index]
     t0 = time.perf_counter()
     sat = saturation_rate(trace, dict(spec.llms), alloc, roofline_model(), {spec.name: 1.0},
                           requests=requests, seed=sim_seed, rel_tol=0.05)
