@@ -51,7 +51,15 @@ def block_candidates(problem: PlanningProblem, topology: Topology) -> CandidateS
 
 def level_capacity(topology: Topology, gpu: str, tp: int) -> int:
     """GPUs of type ``gpu`` that blocks of ``tp`` or more GPUs can use: ``Σ_d tp·floor(free_d/tp)``."""
-    return sum(tp * (len(free) // tp) for _, _, free in whole_free_gpus(topology, gpu))
+    return _level(_free_per_domain(topology, gpu), tp)
+
+
+def _free_per_domain(topology: Topology, gpu: str) -> list[int]:
+    return [len(free) for _, _, free in whole_free_gpus(topology, gpu)]
+
+
+def _level(free: Sequence[int], tp: int) -> int:
+    return sum(tp * (f // tp) for f in free)
 
 
 def capacity_rows(topology: Topology, by_llm: Mapping[str, Sequence[Candidate]]) -> list[Row]:
@@ -60,7 +68,8 @@ def capacity_rows(topology: Topology, by_llm: Mapping[str, Sequence[Candidate]])
     flat = [c for cs in by_llm.values() for c in cs]
     for gpu in sorted({c.gpu for c in flat}):
         mine = [c for c in flat if c.gpu == gpu]
+        free = _free_per_domain(topology, gpu)  # once per type, not per level
         for t in sorted({c.tp for c in mine}):
             coeffs = {c: float(c.units) for c in mine if c.tp >= t}
-            rows.append((coeffs, float(UNITS * level_capacity(topology, gpu, t))))
+            rows.append((coeffs, float(UNITS * _level(free, t))))
     return rows

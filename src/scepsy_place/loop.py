@@ -43,6 +43,7 @@ from scepsy_opt.milp import Row, solve_min_latency
 from scepsy_opt.planning import (
     UNITS,
     Candidate,
+    CandidateSet,
     Plan,
     PlanningProblem,
     generate_candidates,
@@ -149,14 +150,22 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
     history: list[dict[str, Any]] = []
     cuts: list[tuple[Mapping[Candidate, float], float]] = []
     cset = None
+    # every candidate on small clusters (exact); the dominance-pruned ones above
+    # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
     unpruned = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
     looping = name == "milp" and problem.options.objective == "min-latency"
-    if looping and any(n.busy for n in topology.nodes):
-        # re-planning on a busy cluster: budget the free capacity, not every GPU
+    busy = any(n.busy for n in topology.nodes)
+
+    def loop_candidates() -> CandidateSet:
+        cs = generate_candidates(problem, prune=not unpruned)
+        if busy:  # re-planning on a busy cluster: budget the free capacity, not every GPU
+            cuts.extend(free_capacity_rows(topology, cs.by_llm))
+        cuts.extend(packing_inequalities(problem, cs.by_llm))
+        return cs
+
+    if looping and busy:
         exact = unpruned
-        cset = generate_candidates(problem, prune=not unpruned)
-        cuts.extend(free_capacity_rows(topology, cset.by_llm))
-        cuts.extend(packing_inequalities(problem, cset.by_llm))
+        cset = loop_candidates()
         plan = solve_min_latency(problem, cset, cuts)
     else:
         plan = optimiser(name).solve(problem)
@@ -185,11 +194,8 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
         if not looping:
             break  # baselines get no cuts: report what did not fit
         if cset is None:
-            # every candidate on small clusters (exact); the dominance-pruned ones above
-            # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
             exact = exact and unpruned
-            cset = generate_candidates(problem, prune=not unpruned)
-            cuts.extend(packing_inequalities(problem, cset.by_llm))
+            cset = loop_candidates()
         for gpu in sorted(_failed_types(placement, plan)):
             chosen = [c for c in plan.candidates.values() if c.gpu == gpu]
             cuts.append(({c: 1.0 for c in chosen}, len(chosen) - 1.0))
@@ -236,14 +242,11 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
 def free_capacity_rows(topology: Topology, cands: Mapping[str, Sequence[Candidate]]) -> list[Row]:
     """Per GPU type, the units the candidates use within the topology's free capacity (the
     cluster's budgets count every GPU, in use or not)."""
-    free: dict[str, int] = {}
-    for n in topology.nodes:
-        free[n.gpu] = free.get(n.gpu, 0) + sum(n.free_units(i) for i in range(n.gpus))
     rows: list[Row] = []
-    for gpu, units in sorted(free.items()):
+    for gpu, free in topology.free_budgets().items():
         coeffs = {c: float(c.units) for cs in cands.values() for c in cs if c.gpu == gpu}
         if coeffs:
-            rows.append((coeffs, float(units)))
+            rows.append((coeffs, float(round(free * UNITS))))
     return rows
 
 

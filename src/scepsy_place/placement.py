@@ -566,28 +566,28 @@ class Blocks:
         groups: dict[tuple[str, str, int, int, float], list[Demand]] = {}
         for d in sorted(demands, key=lambda d: d.key):
             groups.setdefault((d.llm, d.gpu, d.tp, d.units, d.memory_gib), []).append(d)
-        blocks = []
-        for (llm, gpu, tp, units, _), ds in groups.items():
+        blocks: list[list[Demand]] = []
+        for ds in groups.values():
             k = replicas_per_gpu(ds[0].share)
-            blocks.extend((tp, gpu, llm, ds[i:i + k]) for i in range(0, len(ds), k))
-        blocks.sort(key=lambda b: (-b[0], b[1], b[2], b[3][0].replica))
-        free = {gpu: whole_free_gpus(topology, gpu) for gpu in {b[1] for b in blocks}}
+            blocks.extend(ds[i:i + k] for i in range(0, len(ds), k))
+        blocks.sort(key=lambda b: (-b[0].tp, b[0].gpu, b[0].llm, b[0].replica))
+        free = {gpu: whole_free_gpus(topology, gpu) for gpu in {b[0].gpu for b in blocks}}
         slots: list[Slot] = []
         unplaced: list[tuple[str, int, str]] = []
-        for tp, gpu, llm, ds in blocks:
+        for ds in blocks:
+            tp, gpu = ds[0].tp, ds[0].gpu
             need = len(ds) * ds[0].memory_gib - MEMORY_TOL_GIB  # per GPU of the block
-            fits = [i for i, (n, _, gs) in enumerate(free[gpu])
+            fits = [(len(gs), i) for i, (n, _, gs) in enumerate(free[gpu])
                     if len(gs) >= tp and n.memory_gib >= need]
             if not fits:
                 why = (f"no NVLink domain of the {gpu} nodes has {tp} wholly free GPU(s) left "
                        "for a block")
                 unplaced.extend((d.llm, d.replica, why) for d in ds)
                 continue
-            i = min(fits, key=lambda j: (len(free[gpu][j][2]), j))
+            i = min(fits)[1]  # the fewest free GPUs that hold it, then input order
             node, dom, gs = free[gpu][i]
-            take, rest = tuple(gs[:tp]), gs[tp:]
-            free[gpu][i] = (node, dom, rest)
-            slots.extend(Slot(d.llm, d.replica, node.name, take, d.share, d.memory_gib)
+            free[gpu][i] = (node, dom, gs[tp:])
+            slots.extend(Slot(d.llm, d.replica, node.name, tuple(gs[:tp]), d.share, d.memory_gib)
                          for d in ds)
         return Placement(tuple(slots), tuple(unplaced), self.name)
 
