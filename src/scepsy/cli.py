@@ -199,7 +199,7 @@ def _per_workflow(values: Sequence[str], names: Sequence[str], flag: str,
 def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy_opt.planfile import dumps, plan_rows, plan_to_dict, write_plan
     from scepsy_opt.planning import PlanningProblem, PlanOptions
-    from scepsy_place.loop import placement_rows, plan_and_place
+    from scepsy_place.loop import plan_and_place
     from scepsy_place.placement import PLACERS
     from scepsy_place.topology import load_topology
 
@@ -235,7 +235,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         "compared": {k: (v if math.isfinite(v) else None) for k, v in res.compared.items()},
         "rounds": res.rounds, "placed": res.placed, "exact": res.exact,
         "history": list(res.history), "quality": dict(res.quality) if res.quality else None,
-        "instances": list(placement_rows(res.placement)) if res.placement else [],
+        "instances": res.placement.to_dict()["slots"] if res.placement else [],
         "unplaced": [list(u) for u in res.placement.unplaced] if res.placement else [],
         "reason": res.reason}}
     if not res.placed:  # never hand on an allocation that cannot be placed

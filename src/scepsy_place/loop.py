@@ -264,10 +264,3 @@ def packing_inequalities(problem: PlanningProblem, cands: Mapping[str, Sequence[
             if coeffs:
                 rows.append((coeffs, float(k * g)))
     return rows
-
-
-def placement_rows(placement: Placement) -> Sequence[Mapping[str, Any]]:
-    """plan.json's placement: one row per replica, sorted by LLM and replica."""
-    return [{"llm": s.llm, "replica": s.replica, "node": s.node, "gpus": list(s.gpus),
-             "share": s.share, "memory_gib": s.memory_gib}
-            for s in sorted(placement.slots, key=lambda s: (s.llm, s.replica))]
