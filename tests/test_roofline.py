@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from conftest import shared_file
 from scepsy_profile.catalog import default_catalog
-from scepsy_profile.errors import InputError, UnknownEntryError
+from scepsy_profile.errors import InputError
 from scepsy_profile.importers import load_muxserve_grid
 from scepsy_profile.roofline import (
     _LOWER,
@@ -72,30 +72,9 @@ def test_catalog_entries_used_here_support_all_tp_degrees() -> None:
         assert CAT.has_gpu(g)
 
 
-# --------------------------------------------------------------------------- monotonicity
-
-
-@FAST
-@given(phases, models, gpus, tps, shares, batches, batches, tokens)
-def test_step_time_non_decreasing_in_batch(phase, model, gpu, tp, share, b1, b2, n) -> None:
-    lo, hi = sorted((b1, b2))
-    assert step(phase, model, gpu, tp, share, hi, n) >= step(phase, model, gpu, tp, share, lo, n) * (
-        1 - REL)
-
-
-@FAST
-@given(phases, models, gpus, tps, shares, batches, tokens, tokens)
-def test_step_time_non_decreasing_in_tokens(phase, model, gpu, tp, share, b, n1, n2) -> None:
-    lo, hi = sorted((n1, n2))
-    assert step(phase, model, gpu, tp, share, b, hi) >= step(phase, model, gpu, tp, share, b, lo) * (
-        1 - REL)
-
-
-@FAST
-@given(phases, models, gpus, tps, shares, shares, batches, tokens)
-def test_step_time_non_increasing_in_share(phase, model, gpu, tp, s1, s2, b, n) -> None:
-    lo, hi = sorted((s1, s2))
-    assert step(phase, model, gpu, tp, hi, b, n) <= step(phase, model, gpu, tp, lo, b, n) * (1 + REL)
+# --------------------------------------------------------------------------- physics
+# (monotonicity in batch, tokens and share, scalar vs array, unknown instances and bad queries are
+# checked for every latency model in tests/test_latency_conformance.py)
 
 
 @FAST
@@ -124,23 +103,6 @@ def test_higher_tp_is_faster_for_large_prefill(model, gpu, share, work) -> None:
     assert b * n >= 8192
     times = [ROOF.prefill_ms(model, gpu, tp, share, b, n) for tp in TPS]
     assert all(t2 < t1 for t1, t2 in pairwise(times)), times
-
-
-@FAST
-@given(phases, models, gpus, tps,
-       st.lists(st.tuples(shares, batches, tokens), min_size=1, max_size=12))
-def test_scalar_and_vectorised_calls_agree_exactly(phase, model, gpu, tp, points) -> None:
-    s, b, n = (np.array(col) for col in zip(*points, strict=True))
-    vec = step(phase, model, gpu, tp, s, b, n)
-    assert isinstance(vec, np.ndarray) and vec.shape == s.shape
-    for i, (si, bi, ni) in enumerate(points):
-        one = step(phase, model, gpu, tp, si, bi, ni)
-        assert isinstance(one, float)
-        assert one == vec[i]
-    # broadcasting a scalar share against array batch/tokens gives the same numbers
-    mixed = step(phase, model, gpu, tp, points[0][0], b, n)
-    for i, (_, bi, ni) in enumerate(points):
-        assert mixed[i] == step(phase, model, gpu, tp, points[0][0], bi, ni)
 
 
 # --------------------------------------------------------------------------- breakdown
@@ -407,32 +369,6 @@ def test_unreadable_calibration_paths_are_input_errors(tmp_path: Path, kind: str
 ])
 def test_covers(model, gpu, tp, expected) -> None:
     assert ROOF.covers(model, gpu, tp) is expected
-
-
-@pytest.mark.parametrize("call", ["prefill_ms", "decode_ms"])
-def test_unknown_model_raises_unknown_entry_with_name(call) -> None:
-    with pytest.raises(UnknownEntryError, match="no-such-llm"):
-        getattr(ROOF, call)("no-such-llm", "A100-80GB", 1, 1.0, 1, 128)
-
-
-def test_unknown_gpu_raises_unknown_entry_with_name() -> None:
-    with pytest.raises(UnknownEntryError, match="Z9000"):
-        ROOF.prefill_ms("llama-2-7b", "Z9000", 1, 1.0, 1, 128)
-
-
-def test_unsupported_tp_raises_input_error() -> None:
-    with pytest.raises(InputError, match="tp"):
-        ROOF.decode_ms("llama-2-7b", "A100-80GB", 3, 1.0, 1, 128)
-
-
-@pytest.mark.parametrize(("share", "batch", "tok", "field"), [
-    (0.0, 1, 1, "share"), (1.5, 1, 1, "share"), (float("nan"), 1, 1, "share"),
-    (0.5, 0, 1, "batch"), (0.5, 1, 0, "seq"), (np.array([0.5, -1.0]), 1, 1, "share"),
-])
-def test_out_of_range_queries_are_input_errors(share, batch, tok, field) -> None:
-    with pytest.raises(InputError) as info:
-        ROOF.prefill_ms("llama-2-7b", "A100-80GB", 1, share, batch, tok)
-    assert info.value.field == field
 
 
 # --------------------------------------------------------------------------- bundled data

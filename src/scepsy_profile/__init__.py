@@ -19,7 +19,7 @@ from scepsy_profile.catalog import (
     parse_catalog,
     save_catalog,
 )
-from scepsy_profile.errors import InputError, UnknownEntryError
+from scepsy_profile.errors import InputError, UncoveredInstanceError, UnknownEntryError
 from scepsy_profile.fitted import (
     CurveTable,
     FittedLatencyModel,
@@ -60,7 +60,7 @@ __all__ = [
     "Catalog", "CollectiveTiming", "CompositeLatencyModel", "CurveTable", "DistServeCoefficients",
     "FittedLatencyModel", "GPUSpec", "InputError", "LatencyModel", "Measurement", "MemoryFit",
     "MemoryPolicy", "ModelSpec", "OperatorTiming", "RooflineCalibration", "RooflineModel",
-    "ServingCurve", "UnknownEntryError", "calibrate_roofline", "cross_validate",
+    "ServingCurve", "UncoveredInstanceError", "UnknownEntryError", "calibrate_roofline", "cross_validate",
     "default_catalog", "distserve_measurements", "dump_catalog", "fit_curve", "fit_latency_model",
     "load_calibration", "load_catalog", "load_curves", "load_distserve_profile",
     "load_max_num_tokens", "load_muxserve_grid", "load_vidur_all_reduce", "load_vidur_mlp",

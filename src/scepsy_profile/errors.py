@@ -35,6 +35,29 @@ class UnknownEntryError(InputError, KeyError):
         return ValueError.__str__(self)
 
 
+class UncoveredInstanceError(UnknownEntryError):
+    """A latency model was asked about an instance ``(model, gpu, tp)`` it does not cover.
+
+    Every latency model raises this one error, with one message shape::
+
+        SOURCE: (model, gpu, tp): expected WHAT IT COVERS (got 'MODEL@GPU tp=TP')
+
+    and the instance in ``model``, ``gpu`` and ``tp``; ``covers(model, gpu, tp)`` is False
+    exactly for the instances that raise it.
+    """
+
+    FIELD = "(model, gpu, tp)"
+
+    def __init__(self, source: str, model: str, gpu: str, tp: int, expected: str) -> None:
+        super().__init__(source, self.FIELD, expected, f"{model}@{gpu} tp={tp}")
+        self.model = model
+        self.gpu = gpu
+        self.tp = tp
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (self.source, self.model, self.gpu, self.tp, self.expected))
+
+
 _BOUNDS = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<",
            "less_than_equal": "<="}
 _SIMPLE = {

@@ -9,7 +9,13 @@ A latency model answers two questions for one LLM instance (model, gpu, tp, shar
 
 ``share``, ``batch`` and ``seq``/``ctx`` may be numpy arrays (broadcast together); the answer is a
 float for scalar input and an array otherwise. ``covers(model, gpu, tp)`` says whether the model
-can answer for that instance without guessing.
+can answer for that instance without guessing; an instance it does not cover raises
+:class:`~scepsy_profile.errors.UncoveredInstanceError`.
+
+The contract every implementation keeps (docs/profiles.md, checked for each of them by
+``tests/test_latency_conformance.py``): one point gives the same answer within a relative 1e-12
+however it is asked (scalar, array element, broadcast); answers are finite, positive, never
+smaller with more batch or tokens and never larger with more share; pickling preserves answers.
 """
 
 from __future__ import annotations
@@ -71,7 +77,8 @@ class CompositeLatencyModel:
     """Measured curves where they exist, an analytical fallback elsewhere.
 
     ``primary`` (usually a :class:`~scepsy_profile.fitted.FittedLatencyModel`) answers for every
-    (model, gpu, tp) it covers; ``fallback`` (usually the roofline model) answers the rest.
+    (model, gpu, tp) it covers; ``fallback`` (usually the roofline model) answers the rest, and
+    raises its :class:`~scepsy_profile.errors.UncoveredInstanceError` where neither covers.
     """
 
     primary: LatencyModel

@@ -37,10 +37,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import least_squares
 
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, validated
+from scepsy_profile.errors import InputError, UncoveredInstanceError, validated
 from scepsy_profile.files import atomic_write_text, read_yaml
+from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase
+from scepsy_profile.models import ModelSpec
 
 BUNDLED_CALIBRATION = "data/roofline.yaml"
 
@@ -97,27 +99,40 @@ class RooflineModel:
 
     def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                    seq: ArrayLike) -> Number:
+        spec, g = self._instance(model, gpu, tp)
         s, b, n, scalar = check_point(share, batch, seq, "seq")
-        return as_output(self.step_ms(model, gpu, tp, "prefill", s, b, n), scalar)
+        return as_output(self._step(spec, g, tp, "prefill", s, b, n), scalar)
 
     def decode_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                   ctx: ArrayLike) -> Number:
+        spec, g = self._instance(model, gpu, tp)
         s, b, n, scalar = check_point(share, batch, ctx, "ctx")
-        return as_output(self.step_ms(model, gpu, tp, "decode", s, b, n), scalar)
+        return as_output(self._step(spec, g, tp, "decode", s, b, n), scalar)
 
     def step_ms(self, model: str, gpu: str, tp: int, phase: Phase, share: NDArray,
                 batch: NDArray, tokens: NDArray) -> NDArray[np.float64]:
         """Vectorised step time (ms) for validated, broadcast arrays."""
-        spec, g = self.catalog.model(model), self.catalog.gpu(gpu)
-        spec.check_tp(tp)
+        spec, g = self._instance(model, gpu, tp)
+        return self._step(spec, g, tp, phase, share, batch, tokens)
+
+    def _step(self, spec: ModelSpec, g: GPUSpec, tp: int, phase: Phase, share: NDArray,
+              batch: NDArray, tokens: NDArray) -> NDArray[np.float64]:
         terms = _terms(spec, tp, phase, batch, tokens)
         return _combine(terms, g, tp, share, self.calibration.phase(phase), self.calibration.allreduce)
+
+    def _instance(self, model: str, gpu: str, tp: int) -> tuple[ModelSpec, GPUSpec]:
+        """The catalog entries of an instance, or :class:`UncoveredInstanceError`."""
+        try:
+            spec, g = self.catalog.model(model), self.catalog.gpu(gpu)
+            spec.check_tp(tp)
+        except InputError as exc:
+            raise UncoveredInstanceError("roofline model", model, gpu, tp, exc.expected) from None
+        return spec, g
 
     def breakdown(self, model: str, gpu: str, tp: int, phase: Phase, share: float, batch: int,
                   tokens: int) -> dict[str, float]:
         """The terms of one step (ms), for explaining a prediction."""
-        spec, g = self.catalog.model(model), self.catalog.gpu(gpu)
-        spec.check_tp(tp)
+        spec, g = self._instance(model, gpu, tp)
         eff, ar = self.calibration.phase(phase), self.calibration.allreduce
         t = _terms(spec, tp, phase, np.array([batch], float), np.array([tokens], float))
         s = np.array([share])
