@@ -60,7 +60,7 @@ from typing import Any, Literal
 
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.milp import diagnose
-from scepsy_opt.pipeline import instance_curves, llm_demand
+from scepsy_opt.pipeline import carried_scale, instance_curves, llm_demand, llm_load
 from scepsy_opt.planning import (
     UNITS,
     Candidate,
@@ -186,12 +186,14 @@ class _CapOption:
 def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
     """Per LLM, every (shape, replicas) within the budget, Pareto-pruned per GPU type on
     (fewer units, larger scale). The mixture an LLM serves, hence its μ, does not depend on the
-    scale of the targets, so these scales are exact."""
+    scale of the targets, and its load (:func:`~scepsy_opt.pipeline.llm_load`) is linear in it,
+    so these scales (:func:`~scepsy_opt.pipeline.carried_scale`) are exact."""
     budgets = _budget_units(problem)
     u = problem.options.max_utilisation
     out: dict[str, list[_CapOption]] = {}
     for m in problem.llms:
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        load = llm_load(dem)
         raw: list[_CapOption] = []
         for (gpu, tp), shares in shape_groups(problem, m).items():
             for curve in instance_curves(dem, problem.latency, gpu, tp, shares,
@@ -201,7 +203,7 @@ def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
                 per = gpu_units(tp, curve.share)
                 top = min(budgets.get(gpu, 0) // per, problem.options.max_replicas)
                 raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
-                                      u * r * curve.mu / dem.rate if dem.rate > 0 else math.inf)
+                                      carried_scale(load, curve.mu, r, u))
                            for r in range(1, top + 1))
         kept: list[_CapOption] = []
         for gpu in sorted({o.gpu for o in raw}):
@@ -296,7 +298,7 @@ def _no_scale(problem: PlanningProblem, name: str, stats: dict[str, Any]) -> Pla
         "gpus", f"{name} found no scale of the targets at which the workflows meet their latency "
         f"bounds ({', '.join(f'{w} {b:.4g} s' for w, b in bounds.items())})" if bounds else
         f"{name} found no scale of the targets it can serve", 0.0,
-        {w: 0.0 for w in problem.targets}, None, tuple(sorted(problem.cluster.budgets())))
+        {w: 0.0 for w in problem.targets}, None, ())  # no GPU budget is known to bind
     return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats, info, 0.0)
 
 
@@ -509,19 +511,24 @@ class _CandidateHeuristic:
 
     def solve(self, problem: PlanningProblem) -> Plan:
         if problem.options.objective == "max-throughput":
-            return _max_throughput_by_bisection(problem, self.name, self._min_latency)
+            # the bisection needs only whether a scale works: no diagnosis of the failures
+            return _max_throughput_by_bisection(
+                problem, self.name, lambda p: self._min_latency(p, explain=False))
         return self._min_latency(problem)
 
-    def _min_latency(self, problem: PlanningProblem) -> Plan:
+    def _min_latency(self, problem: PlanningProblem, explain: bool = True) -> Plan:
+        """The heuristic's plan; an infeasible one says why (:func:`diagnose`) unless
+        ``explain`` is False."""
         t0 = time.perf_counter()
         cset = generate_candidates(problem)
         stats = _cset_stats(cset)
+        unexplained = Plan(self.name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats)
         if _unsolvable(cset):
-            return diagnose(problem, cset, self.name, stats)
+            return diagnose(problem, cset, self.name, stats) if explain else unexplained
         choice, extra = self.choose(problem, cset.by_llm)
         stats.update(total_s=time.perf_counter() - t0, **extra)
         if choice is None:
-            return _not_found(problem, cset, self.name, stats)
+            return _not_found(problem, cset, self.name, stats) if explain else unexplained
         return plan_from_choice(problem, self.name, "heuristic", choice, stats,
                                 bound_s=_relaxed_bound(problem, cset))
 
@@ -704,7 +711,7 @@ class UserAllocation:
                                  f"a TP degree {problem.models[m]} supports", inst.tp)
         priced = price(problem, alloc)
         u = problem.options.max_utilisation
-        rates = {m: llm_demand(problem.stats, problem.models, problem.targets, m).rate
+        loads = {m: llm_load(llm_demand(problem.stats, problem.models, problem.targets, m))
                  for m in problem.llms}
         budgets = problem.cluster.budgets()
         used: dict[str, int] = {}
@@ -733,7 +740,8 @@ class UserAllocation:
                                             + "; ".join(parts), 0.0, zero,
                                             wide[0] if wide else None,
                                             over or tuple(sorted({priced[m].gpu for m in wide})))), 0.0
-        heads = {m: u * priced[m].capacity / rates[m] for m in problem.llms if rates[m] > 0}
+        heads = {m: carried_scale(loads[m], priced[m].mu, priced[m].replicas, u)
+                 for m in problem.llms if loads[m] > 0}
         bottleneck = min(heads, key=lambda m: (heads[m], m))
         scale = heads[bottleneck]
         if scale < 1.0 - 1e-9:

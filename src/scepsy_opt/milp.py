@@ -6,7 +6,8 @@ One binary ``x_c`` per surviving candidate (``scepsy_opt.planning``):
   ``Σ_{c on type t} units_c·x_c ≤ 1000·G_t`` for every GPU type. Every candidate already carries
   the load at ``max_utilisation``, so the throughput targets hold by construction.
 * **max-throughput**: the largest scale ``s`` of the targets the cluster carries: ``max s`` s.t.
-  ``s·λ_m ≤ max_utilisation · Σ_{c∈m} capacity_c·x_c``; with per-workflow latency bounds the
+  ``s·ℓ_m ≤ max_utilisation · Σ_{c∈m} capacity_c·x_c`` (``ℓ_m`` the LLM's load,
+  :func:`scepsy_opt.pipeline.llm_load`: the same capacity as the candidates'); with per-workflow latency bounds the
   answer is refined by bisection on ``s`` with min-latency solves whose workflows' latencies
   (linear in ``x``) are constrained.
 
@@ -15,9 +16,12 @@ fixing (prices from the LP relaxation of a coarse candidate sample; docs/optimis
 clusters solve over a few percent of the candidates with the same optimum.
 
 HiGHS runs in-process through PuLP's ``HiGHS`` interface, single-threaded with a fixed seed
-(deterministic), with the time limit and relative gap of :class:`~scepsy_opt.planning.PlanOptions`.
-The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of its best bound,
-``infeasible``). When the targets cannot be met the plan says why (:func:`diagnose`).
+(deterministic), with the relative gap of :class:`~scepsy_opt.planning.PlanOptions`. Its time
+limit bounds the whole plan (a :class:`~scepsy_opt.planning.Deadline`): candidate generation,
+the reduction, every solver call (each gets the time that remains), the bisection and the
+diagnosis. The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of its
+best bound, ``infeasible``), or is ``time_limit_no_solution`` when the time ran out before any
+allocation was found. When the targets cannot be met the plan says why (:func:`diagnose`).
 """
 
 from __future__ import annotations
@@ -26,26 +30,31 @@ import functools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import highspy
+import numpy as np
 import pulp
 
-from scepsy_opt.pipeline import instance_curves, llm_demand
+from scepsy_opt.pipeline import carried_scale, instance_curves, llm_demand, llm_load, min_replicas
 from scepsy_opt.planning import (
     UNITS,
     Candidate,
     CandidateSet,
+    Deadline,
     Infeasibility,
     Plan,
     PlanningProblem,
+    TimeLimitReached,
+    fits_budget,
     generate_candidates,
     gpu_units,
     plan_from_choice,
     price,
     register,
     shape_groups,
-    units_by_gpu,
+    time_limit_plan,
 )
 
 SEED = 0
@@ -74,13 +83,19 @@ SOLVER = (f"HiGHS {highspy.HIGHS_VERSION_MAJOR}.{highspy.HIGHS_VERSION_MINOR}."
           f"{highspy.HIGHS_VERSION_PATCH}")
 
 
-def _solver(problem: PlanningProblem, time_limit_s: float | None = None,
-            gap_rel: float | None = None, mip: bool = True) -> pulp.HiGHS:
-    """HiGHS as every solve here runs it: one thread, fixed seed, the problem's limits unless
-    overridden (``mip=False`` solves the LP relaxation)."""
+def _solver(problem: PlanningProblem, deadline: Deadline | None = None, *,
+            time_limit_s: float | None = None, gap_rel: float | None = None,
+            mip: bool = True) -> pulp.HiGHS:
+    """HiGHS as every solve here runs it: one thread, fixed seed, the problem's gap unless
+    overridden (``mip=False`` solves the LP relaxation), and the time that remains of
+    ``deadline`` (a fresh one of the problem's time limit when None), at most ``time_limit_s``.
+    Raises :class:`TimeLimitReached` when none remains."""
     opts = problem.options
+    left = Deadline.of(problem, deadline)
+    left.check()
+    limit = left.remaining() if time_limit_s is None else min(left.remaining(), time_limit_s)
     return pulp.HiGHS(mip=mip, msg=False, threads=1,
-                      timeLimit=time_limit_s or opts.time_limit_s,
+                      timeLimit=limit,
                       gapRel=opts.gap_rel if gap_rel is None else gap_rel, gapAbs=0.0,
                       random_seed=SEED,
                       # at HiGHS's default 1e-6 a share-1.0 column can stand in for share 0.9
@@ -93,7 +108,8 @@ def _solver(problem: PlanningProblem, time_limit_s: float | None = None,
 
 
 def _status(prob: pulp.LpProblem) -> tuple[str, float, float]:
-    """(status, objective, dual bound) as HiGHS reports them."""
+    """(status, objective, dual bound) as HiGHS reports them: a limit reached with an incumbent
+    is ``time_limit``, without one ``time_limit_no_solution`` (nothing known: not infeasible)."""
     h: highspy.Highs = prob.solverModel
     st = h.getModelStatus()
     info = h.getInfo()
@@ -141,125 +157,251 @@ def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[s
     return out
 
 
-def _prices(problem: PlanningProblem, cands: CandidateSet) -> dict[str, float]:
-    """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0)."""
+def _prices(problem: PlanningProblem, cands: CandidateSet,
+            deadline: Deadline) -> tuple[dict[str, float], float] | None:
+    """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0), and the
+    relaxation's objective; None when it has no optimum (it is infeasible, and so is the MILP)."""
     prob, _ = _knapsack(problem, cands.by_llm)
-    prob.solve(_solver(problem, mip=False))
+    prob.solve(_solver(problem, deadline, mip=False))
+    st = prob.solverModel.getModelStatus()
+    if st == highspy.HighsModelStatus.kTimeLimit:
+        raise TimeLimitReached(f"the LP relaxation ran out of time ({deadline.limit_s:g} s)")
+    if st != highspy.HighsModelStatus.kOptimal:
+        return None
     prices = {}
     for i, gpu in enumerate(problem.cluster.budgets()):
         con = prob.get_constraint_by_name(f"budget_{i}")
         prices[gpu] = max(0.0, -(con.pi or 0.0)) if con is not None else 0.0
-    return prices
+    return prices, float(prob.solverModel.getInfo().objective_function_value)
 
 
 def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
-            prices: Mapping[str, float]) -> float:
-    """The cost of a feasible allocation near the Lagrangian optimum (``inf`` if none found):
-    per LLM the least ``v = cost + π·units`` (fewest units on ties), then, while a GPU type is
-    over budget, the move off it that adds the least cost per unit freed."""
+            prices: Mapping[str, float], deadline: Deadline | None = None,
+            ) -> dict[str, Candidate] | None:
+    """A feasible allocation near the Lagrangian optimum (None if none found): per LLM the least
+    ``v = cost + π·units`` (fewest units on ties); then, while a GPU type is over budget (the
+    first by name), the move of one LLM off its current candidate on that type, to one with
+    fewer units on it or to another type with room, that adds the least cost per unit of the
+    excess it frees (ties: the first LLM by name, then the fewest units). Vectorised over all
+    candidates; ``deadline`` is checked every move."""
     budgets = problem.cluster.budgets()
-    choice = {m: min(cs, key=lambda c: (c.cost + prices[c.gpu] * c.units, c.units))
-              for m, cs in cands.items()}
-    for _ in range(10 * len(choice) + 10):
-        over = sorted(g for g, u in units_by_gpu(choice.values()).items() if u > budgets[g] * UNITS)
-        if not over:
-            return sum(c.cost for c in choice.values())
-        g = over[0]
-        moves = [((c.cost - choice[m].cost) / max(choice[m].units - (c.units if c.gpu == g else 0), 1),
-                  m, c.units, c)
-                 for m, cs in cands.items() if choice[m].gpu == g
-                 for c in cs if c.units < choice[m].units or c.gpu != g]
-        if not moves:
-            return math.inf
-        _, m, _, c = min(moves, key=lambda t: t[:3])
-        choice[m] = c
-    return math.inf
+    types = sorted(budgets)
+    cap = np.array([budgets[g] * UNITS for g in types], dtype=np.int64)
+    llms = sorted(cands)
+    flat = [c for m in llms for c in cands[m]]
+    owner = np.array([j for j, m in enumerate(llms) for _ in cands[m]], dtype=np.int64)
+    cost = np.array([c.cost for c in flat])
+    units = np.array([c.units for c in flat], dtype=np.int64)
+    gpu = np.array([types.index(c.gpu) for c in flat], dtype=np.int64)
+    start = np.concatenate(([0], np.cumsum([len(cands[m]) for m in llms])))
+    pick = np.array([int(start[j]) + min(range(len(cands[m])), key=lambda i: (
+        cands[m][i].cost + prices[cands[m][i].gpu] * cands[m][i].units, cands[m][i].units))
+        for j, m in enumerate(llms)], dtype=np.int64)
+    for _ in range(100 * len(llms) + 100):
+        if deadline is not None:
+            deadline.check()
+        used = np.bincount(gpu[pick], weights=units[pick], minlength=len(types)).astype(np.int64)
+        over = np.flatnonzero(used > cap)
+        if not len(over):
+            return {m: flat[int(pick[j])] for j, m in enumerate(llms)}
+        g = int(over[0])
+        cur = pick[owner]  # each candidate's LLM's current choice
+        freed = np.where(gpu == g, units[cur] - units, units[cur])
+        room = (gpu == g) | (used[gpu] + units <= cap[gpu])
+        ok = np.flatnonzero((gpu[cur] == g) & (freed > 0) & room)
+        if not len(ok):
+            return None
+        ratio = (cost[ok] - cost[cur[ok]]) / np.minimum(freed[ok], used[g] - cap[g])
+        k = ok[np.lexsort((units[ok], owner[ok], ratio))[0]]
+        pick[owner[k]] = k
+    return None
+
+
+REDUCE_REL = 1e-9  # reduced-cost fixing's float tolerance: relative to the magnitudes summed ...
+REDUCE_ABS = 1e-12  # ... and absolute (s)
+
+
+def _cost(choice: Mapping[str, Candidate]) -> float:
+    return math.fsum(choice[m].cost for m in sorted(choice))
+
+
+def _better(a: dict[str, Candidate] | None, b: dict[str, Candidate] | None,
+            ) -> dict[str, Candidate] | None:
+    """The cheaper of two allocations (either may be None)."""
+    if a is None or (b is not None and _cost(b) < _cost(a)):
+        return b
+    return a
+
+
+def _satisfies(problem: PlanningProblem, choice: Mapping[str, Candidate], extra: Sequence[Row]) -> bool:
+    """``choice`` within the budgets (exact integer units) and the ``extra`` rows."""
+    return fits_budget(problem, choice) and all(
+        math.fsum(coeffs.get(c, 0.0) for c in choice.values()) <= rhs + 1e-9 * max(1.0, abs(rhs))
+        for coeffs, rhs in extra)
+
+
+def _covers(cands: Mapping[str, Sequence[Candidate]], choice: Mapping[str, Candidate],
+            by_tp: bool) -> bool:
+    """Every candidate of ``choice`` is in ``cands`` or has there a stand-in on its GPU type with
+    no more units (``by_tp``: and no larger TP degree): then ``cands`` holds an allocation that is
+    feasible wherever ``choice`` is (the budgets and the block capacity rows only count units per
+    type and TP level)."""
+    return all(any(c.gpu == a.gpu and c.units <= a.units and (not by_tp or c.tp <= a.tp)
+                   for c in cands.get(m, ()))
+               for m, a in choice.items())
 
 
 def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
                        rows: Callable[[Mapping[str, Sequence[Candidate]]], list[Row]] | None = None,
-                       ) -> CandidateSet:
-    """Candidates after exact Lagrangian reduced-cost fixing (:func:`generate_candidates`).
+                       deadline: Deadline | None = None) -> CandidateSet:
+    """Candidates after exact Lagrangian reduced-cost fixing (:func:`generate_candidates`): the
+    MILP over them has the optimum of the MILP over every candidate.
 
-    1. A coarse sample of replica counts gives prices π (LP duals) and a feasible allocation.
-    2. A full scan keeping only candidates within a hair of each LLM's least ``v = cost + π·units``
-       gives the exact Lagrangian bound ``LB`` and a tighter feasible allocation (``UB``).
-    3. If ``UB − LB`` exceeds that hair, a last scan keeps every candidate whose reduced cost is
-       at most ``UB − LB``: no cheaper allocation uses any other. The MILP over the result has
-       the optimum of the full candidate set.
+    1. A coarse sample of replica counts gives prices ``π ≥ 0`` (the LP relaxation's budget
+       duals) and, by :func:`_greedy`, a feasible allocation.
+    2. A scan of every candidate with ``v_c = cost_c + π·units_c`` within a guessed slack of each
+       LLM's least ``v*_m`` gives the exact Lagrangian bound
+       ``LB = Σ_m v*_m − Σ_t π_t·budget_t`` and the best known feasible allocation ``A`` (cost
+       ``UB``): the greedy again, or, when that leaves ``UB − LB`` above the guess (or ``rows``
+       are given), the MILP over the sample and the scanned candidates (with the rows).
+    3. The result keeps every candidate with ``v_c − v*_m ≤ max(UB − LB, 0) + tol``.
+
+    Why the optimum is unchanged: for any allocation ``x`` within the budgets,
+    ``cost(x) ≥ cost(x) − Σ_t π_t·(budget_t − units_t(x)) = LB + Σ_m (v_{x_m} − v*_m)``, every
+    term of the sum ≥ 0. An optimal ``x*`` costs at most ``UB``, so each of its candidates has
+    ``v − v*_m ≤ UB − LB``: all are kept, and the kept set (a subset of all candidates) has the
+    same optimum. ``tol = 1e-9·(|UB| + |LB| + Σ_m |v*_m| + Σ_t π_t·budget_t) + 1e-12`` bounds the
+    rounding of these float sums by orders of magnitude (relative and absolute), so a tie a few
+    ulps away is kept. The scan never skips a kept candidate: a shape's replica scan stops where
+    ``floor + π·units`` (the zero-load cost, below every cost of more replicas) passes
+    ``v*_m + slack``. The kept set is checked to hold ``A`` or a stand-in for each of its
+    candidates with no more units (:func:`_covers`), so it holds a feasible allocation; without a
+    known ``A`` (``UB = ∞``), or should that check fail, the result is every candidate.
 
     ``blocks`` counts GPUs as whole-GPU blocks (:func:`generate_candidates`); ``rows`` gives the
     extra rows of the final MILP for a candidate set (the block capacity rows). ``LB`` relaxes
-    them (still a bound), and ``UB`` then comes from the MILP over the sample and the near set
-    with those rows, so that it is feasible for the final problem.
+    them (still a bound) and ``A`` satisfies them. ``deadline``: the plan's time limit
+    (:class:`TimeLimitReached` once it passes).
     """
+    left = Deadline.of(problem, deadline)
     t0 = time.perf_counter()
     cache: dict[tuple[str, str, int], list[Any]] = {}
-    gen = functools.partial(generate_candidates, problem, curve_cache=cache, blocks=blocks)
-    coarse = gen(coarse=True)
+    gen = functools.partial(generate_candidates, problem, curve_cache=cache, blocks=blocks,
+                            deadline=left)
+    generated = 0
+
+    def run(**kw: Any) -> CandidateSet:
+        nonlocal generated
+        cs = gen(**kw)
+        generated += cs.generated
+        return cs
+
+    def result(cs: CandidateSet) -> CandidateSet:  # counts and time of the whole reduction
+        return CandidateSet(cs.by_llm, generated, cs.kept, cs.curves, cs.unfit,
+                            time.perf_counter() - t0, cs.least_price)
+
+    coarse = run(coarse=True)
     if coarse.unfit or any(not c for c in coarse.by_llm.values()):
-        return gen()
-    prices = _prices(problem, coarse)
+        return result(run())
+    priced = _prices(problem, coarse, left)
+    if priced is None:  # the relaxation is infeasible: nothing to price by
+        return result(run())
+    prices, relaxed = priced
     budgets = problem.cluster.budgets()
-    fixed = sum(prices[g] * budgets[g] * UNITS for g in budgets)
-    ub = _greedy(problem, coarse.by_llm, prices) if rows is None else math.inf
-    hair = 1e-4 * abs(ub) if math.isfinite(ub) else 0.0
-    near = gen(prices=prices, slack=hair)
-    lb = sum(near.least_price.values()) - fixed
+    fixed = math.fsum(prices[g] * budgets[g] * UNITS for g in budgets)
+    best = _greedy(problem, coarse.by_llm, prices, left) if rows is None else None
+    guess = 1e-4 * abs(_cost(best) if best is not None else relaxed)
+    near = run(prices=prices, slack=guess)
+    least = [near.least_price[m] for m in sorted(near.least_price)]
+    lb = math.fsum(least) - fixed
+
+    def slack(choice: Mapping[str, Candidate]) -> float:  # UB − LB and its float tolerance
+        ub = _cost(choice)
+        scale = abs(ub) + abs(lb) + math.fsum(abs(v) for v in least) + fixed
+        return max(ub - lb, 0.0) + REDUCE_REL * scale + REDUCE_ABS
+
     if rows is None:
-        ub = min(ub, _greedy(problem, near.by_llm, prices))
-    if ub - lb > hair:  # a tighter UB: the MILP over the sample and the near-optimal candidates
+        best = _better(best, _greedy(problem, near.by_llm, prices, left))
+    if best is None or slack(best) > guess:  # a tighter UB: the MILP over sample and scan
         pool = {m: tuple(sorted(set(coarse.by_llm[m]) | set(near.by_llm.get(m, ())),
-                                key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share)))
+                                key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share, c.replicas)))
                 for m in coarse.by_llm}
-        prob, xs = _knapsack(problem, pool, rows(pool) if rows is not None else None)
-        prob.solve(_solver(problem, time_limit_s=min(problem.options.time_limit_s, 5.0),
-                           gap_rel=1e-6))
+        extra = rows(pool) if rows is not None else []
+        prob, xs = _knapsack(problem, pool, extra)
+        prob.solve(_solver(problem, left, time_limit_s=5.0, gap_rel=1e-6))
         if _status(prob)[0] in ("optimal", "time_limit"):
-            ub = min(ub, sum(c.cost for c in _chosen(xs).values()))
-    generated = coarse.generated + near.generated
-    if not math.isfinite(ub):
-        full = gen()
-    elif ub - lb <= hair:
-        full = near
-    else:
-        full = gen(prices=prices, slack=(ub - lb) * (1 + 1e-9) + 1e-12)
-        generated += full.generated
-    return CandidateSet(full.by_llm, generated, full.kept, full.curves, full.unfit,
-                        time.perf_counter() - t0, full.least_price)
+            found = _chosen(xs)
+            if _satisfies(problem, found, extra):
+                best = _better(best, found)
+    if best is None:  # no feasible allocation known, so no bound to fix by
+        return result(run())
+    need = slack(best)
+    kept = near if need <= guess else run(prices=prices, slack=need)
+    if not _covers(kept.by_llm, best, by_tp=blocks):  # the proof says never; checked all the same
+        return result(run())
+    return result(kept)
 
 
 def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None,
                       extra: list[tuple[Mapping[Candidate, float], float]] | None = None,
-                      name: str = "milp") -> Plan:
-    """Min weighted latency at the targets (see the module docstring)."""
+                      name: str = "milp", *, deadline: Deadline | None = None) -> Plan:
+    """Min weighted latency at the targets (see the module docstring).
+
+    Everything runs within ``deadline`` (default: the problem's time limit from now): the
+    candidates when ``cset`` is not given, the solve, and the diagnosis of an infeasible problem.
+    When it passes before any allocation is found the status is ``time_limit_no_solution``.
+    """
+    left = Deadline.of(problem, deadline)
+    t0 = time.perf_counter()
     if cset is None:
         reduce = problem.options.reduce
         if reduce is None:
             reduce = problem.cluster.total_gpus >= 64
-        cset = reduced_candidates(problem) if reduce else generate_candidates(problem)
+        try:
+            cset = (reduced_candidates(problem, deadline=left) if reduce
+                    else generate_candidates(problem, deadline=left))
+        except TimeLimitReached:
+            return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
     stats: dict[str, Any] = {"candidates_generated": cset.generated, "candidates_kept": cset.kept,
                              "serving_curves": cset.curves, "candidates_s": cset.seconds}
     if cset.unfit or any(not c for c in cset.by_llm.values()):
-        return diagnose(problem, cset, name, stats)
+        return _diagnosed(problem, cset, name, stats, left)
     t1 = time.perf_counter()
     prob, xs = _knapsack(problem, cset.by_llm, extra)
     t2 = time.perf_counter()
-    prob.solve(_solver(problem))
+    try:
+        prob.solve(_solver(problem, left))
+    except TimeLimitReached:
+        return time_limit_plan(name, dict(stats, build_s=t2 - t1,
+                                          total_s=cset.seconds + (time.perf_counter() - t1)))
     t3 = time.perf_counter()
     status, _, bound = _status(prob)
     stats.update(build_s=t2 - t1, solve_s=t3 - t2, total_s=cset.seconds + (t3 - t1),
                  variables=sum(len(v) for v in xs.values()), solver=SOLVER)
+    if status == "time_limit_no_solution":
+        return time_limit_plan(name, stats)
     if status not in ("optimal", "time_limit"):
         if extra:  # a constrained solve (latency bounds) that has no answer
             return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats)
-        return diagnose(problem, cset, name, stats)
+        return _diagnosed(problem, cset, name, stats, left)
     choice = _chosen(xs)
     return plan_from_choice(problem, name, status, choice, stats,  # type: ignore[arg-type]
                             bound_s=bound + problem.constant_s)
 
 
-def capacity_shapes(problem: PlanningProblem) -> dict[str, list[tuple[str, int, float, int, float]]]:
+def _diagnosed(problem: PlanningProblem, cset: CandidateSet, name: str, stats: Mapping[str, Any],
+               deadline: Deadline) -> Plan:
+    """:func:`diagnose` within what remains of ``deadline``. The problem is infeasible (proven);
+    when the time runs out before the diagnosis it stays so, without one."""
+    try:
+        return diagnose(problem, cset, name, stats, deadline=deadline)
+    except TimeLimitReached:
+        return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {},
+                    dict(stats, diagnosis="time_limit"))
+
+
+def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
+                    ) -> dict[str, list[tuple[str, int, float, int, float]]]:
     """Per LLM, the shapes that fit: ``(gpu, tp, share, units per replica, μ per replica)``.
 
     For max-throughput only capacity matters, and per GPU type and units per replica only the
@@ -267,6 +409,8 @@ def capacity_shapes(problem: PlanningProblem) -> dict[str, list[tuple[str, int, 
     """
     out: dict[str, list[tuple[str, int, float, int, float]]] = {}
     for m in problem.llms:
+        if deadline is not None:  # the plan's time limit (TimeLimitReached)
+            deadline.check()
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         best: dict[tuple[str, int], tuple[str, int, float, int, float]] = {}
         for (gpu, tp), shares in shape_groups(problem, m).items():
@@ -284,16 +428,24 @@ def capacity_shapes(problem: PlanningProblem) -> dict[str, list[tuple[str, int, 
 
 def max_scale(problem: PlanningProblem,
               shapes_: Mapping[str, Sequence[tuple[str, int, float, int, float]]] | None = None,
+              *, budgets: Mapping[str, int] | None = None, deadline: Deadline | None = None,
               ) -> tuple[float, dict[str, Candidate], str]:
     """The largest ``s`` such that ``s`` × the targets fit at ``max_utilisation`` (exact MILP).
 
     One binary per (LLM, shape) chooses the shape, an integer counts its replicas:
-    ``s·λ_m ≤ u·Σ μ·r`` and ``Σ units·r ≤ budget`` per GPU type.
+    ``s·ℓ_m ≤ u·Σ μ·r`` (``ℓ_m`` the LLM's load, :func:`scepsy_opt.pipeline.llm_load`: every
+    candidate of the scaled problem carries it, and its latency is finite) and
+    ``Σ units·r ≤ budget`` per GPU type. ``budgets`` (GPUs per type) replaces the cluster's
+    (the shapes stay the cluster's). The scale returned is the one the chosen replicas carry
+    (:func:`scepsy_opt.pipeline.carried_scale`), not the solver's float.
     """
-    shp = shapes_ if shapes_ is not None else capacity_shapes(problem)
+    try:
+        shp = shapes_ if shapes_ is not None else capacity_shapes(problem, deadline)
+    except TimeLimitReached:
+        return 0.0, {}, "time_limit_no_solution"
     if any(not v for v in shp.values()):
         return 0.0, {}, "infeasible"
-    budgets = problem.cluster.budgets()
+    budgets = dict(budgets) if budgets is not None else problem.cluster.budgets()
     u = problem.options.max_utilisation
     if len(budgets) == 1:
         return _max_scale_one_type(problem, shp, budgets)
@@ -312,8 +464,9 @@ def max_scale(problem: PlanningProblem,
             ys[m].append((sh, y, r))
             n += 1
     prob += pulp.LpAffineExpression([(s, 1.0)])
+    loads = {m: _load(problem, m) for m in ys}
     for j, m in enumerate(ys):
-        lam = _rate(problem, m)
+        lam = loads[m]
         prob += pulp.LpAffineExpression([(y, 1) for _, y, _ in ys[m]]) == 1, f"one{j}"
         prob += (pulp.LpAffineExpression([(s, lam)] + [(r, -u * sh[4]) for sh, _, r in ys[m]])
                  <= 0, f"load{j}")
@@ -321,7 +474,10 @@ def max_scale(problem: PlanningProblem,
         terms = [(r, sh[3]) for m in ys for sh, _, r in ys[m] if sh[0] == gpu]
         if terms:
             prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{gpu}"
-    prob.solve(_solver(problem))
+    try:
+        prob.solve(_solver(problem, deadline))
+    except TimeLimitReached:
+        return 0.0, {}, "time_limit_no_solution"
     status, _, _ = _status(prob)
     if status not in ("optimal", "time_limit"):
         return 0.0, {}, status
@@ -330,7 +486,8 @@ def max_scale(problem: PlanningProblem,
         sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
         reps = max(1, round(r.value() or 0))
         choice[m] = Candidate(m, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0)
-    return float(s.value() or 0.0), choice, status
+    scale = min(carried_scale(loads[m], c.mu, c.replicas, u) for m, c in choice.items())
+    return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
 
 
 def _max_scale_one_type(problem: PlanningProblem,
@@ -338,18 +495,19 @@ def _max_scale_one_type(problem: PlanningProblem,
                         budgets: Mapping[str, int]) -> tuple[float, dict[str, Candidate], str]:
     """:func:`max_scale` on one GPU type, exactly and without a MILP: the LLMs do not interact
     except through the budget, so at scale ``s`` each takes its fewest-unit shape and replica
-    count ``max(1, ⌈s·λ/(u·μ)⌉)``; bisect on ``s``, then move to the breakpoint the choices reach.
+    count (:func:`scepsy_opt.pipeline.min_replicas` of its load ``s·ℓ``); bisect on ``s``, then
+    move to the breakpoint the choices reach.
     """
     u = problem.options.max_utilisation
     budget = next(iter(budgets.values())) * UNITS
-    lam = {m: _rate(problem, m) for m in shp}
+    lam = {m: _load(problem, m) for m in shp}
 
     def pick(scale: float) -> tuple[int, dict[str, tuple[tuple[str, int, float, int, float], int]]]:
         total, choice = 0, {}
         for m, options in shp.items():
             best = None
             for sh in options:
-                r = max(1, math.ceil(scale * lam[m] / (u * sh[4]) * (1 - 1e-12)))
+                r = min_replicas(scale * lam[m], sh[4], u)
                 if best is None or (sh[3] * r, -sh[4] * r) < (best[0][3] * best[1], -best[0][4] * best[1]):
                     best = (sh, r)
             assert best is not None
@@ -371,60 +529,128 @@ def _max_scale_one_type(problem: PlanningProblem,
         if hi - lo <= 1e-13 * hi:
             break
     _, choice = pick(lo)
-    scale = min(r * u * sh[4] / lam[m] for m, (sh, r) in choice.items())
+    scale = min(carried_scale(lam[m], sh[4], r, u) for m, (sh, r) in choice.items())
     cands = {m: Candidate(m, sh[0], sh[1], sh[2], r, sh[3] * r, sh[4], math.nan, 0.0, 0.0)
              for m, (sh, r) in choice.items()}
     return max(scale, lo), cands, "optimal"
 
 
-def _rate(problem: PlanningProblem, m: str) -> float:
-    """LLM ``m``'s call rate at the problem's targets (calls/s)."""
-    return llm_demand(problem.stats, problem.models, problem.targets, m).rate
+def _load(problem: PlanningProblem, m: str) -> float:
+    """LLM ``m``'s load at the problem's targets (calls/s, :func:`scepsy_opt.pipeline.llm_load`)."""
+    return llm_load(llm_demand(problem.stats, problem.models, problem.targets, m))
+
+
+GAIN_REL = 1e-9  # a max scale this much (relative) above another is a gain, not rounding
+
+
+def scale_gains(problem: PlanningProblem, scale: float,
+                shapes_: Mapping[str, Sequence[tuple[str, int, float, int, float]]] | None = None,
+                *, deadline: Deadline | None = None) -> tuple[tuple[str, ...], dict[str, float]]:
+    """Which GPU types bound the max scale ``scale`` (:func:`max_scale`), and what one more GPU
+    of each would add: ``(binding, gain per GPU)``.
+
+    A type is *binding* when more of it alone raises the max scale: :func:`max_scale` with that
+    type's budget doubled (the cluster's shapes, every other budget as it is) exceeds ``scale``
+    by more than :data:`GAIN_REL`. Its gain is the rise of the max scale with one more GPU of
+    it (0 when one GPU is not enough: a replica needs more, or another LLM bounds the scale
+    next); when that gain is positive the type binds without the doubled solve (the max scale
+    never falls with more GPUs). A type whose solve ends without proven optimum is left out of
+    the answer it would decide.
+    """
+    shp = shapes_ if shapes_ is not None else capacity_shapes(problem)
+    budgets = problem.cluster.budgets()
+    binding: list[str] = []
+    gains: dict[str, float] = {}
+
+    def more(gpu: str, gpus: int) -> float | None:
+        s, _, status = max_scale(problem, shp, budgets={**budgets, gpu: gpus}, deadline=deadline)
+        return s if status == "optimal" else None
+
+    for gpu in sorted(budgets):
+        if not any(sh[0] == gpu for v in shp.values() for sh in v):
+            gains[gpu] = 0.0  # no LLM runs there: more of it changes nothing
+            continue
+        one = more(gpu, budgets[gpu] + 1)
+        if one is not None and one > scale * (1 + GAIN_REL):  # then doubling raises it too
+            binding.append(gpu)
+            gains[gpu] = one - scale
+            continue
+        if one is not None:
+            gains[gpu] = 0.0
+        doubled = one if budgets[gpu] == 1 else more(gpu, 2 * budgets[gpu])
+        if doubled is not None and doubled > scale * (1 + GAIN_REL):
+            binding.append(gpu)
+    return tuple(binding), gains
 
 
 def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
-             stats: Mapping[str, Any]) -> Plan:
-    """An infeasible plan that says why: a model that fits nowhere, or how far the GPUs go."""
+             stats: Mapping[str, Any], *, deadline: Deadline | None = None) -> Plan:
+    """An infeasible plan that says why: a model that fits nowhere, or how far the GPUs go
+    (the max scale, its bottleneck LLM, the binding GPU types and what one more GPU of each
+    adds, :func:`scale_gains`)."""
     if cset.unfit:
         models = ", ".join(f"{m} ({problem.models[m]})" for m in cset.unfit)
         info = Infeasibility("memory", f"{models} fits on no GPU of the cluster with any TP degree "
                              "and share of the grid", 0.0, {w: 0.0 for w in problem.targets},
                              cset.unfit[0], tuple(cset.unfit))
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
-    scale, choice, _ = max_scale(problem)
-    budgets = problem.cluster.budgets()
-    used = units_by_gpu(choice.values())
-    # the LLM with the least headroom bounds the scale; GPU types it could grow on are binding
-    heads = {m: c.capacity * problem.options.max_utilisation / _rate(problem, m)
-             for m, c in choice.items()}
+    shp = capacity_shapes(problem, deadline)
+    scale, choice, st = max_scale(problem, shp, deadline=deadline)
+    if st == "time_limit_no_solution":
+        raise TimeLimitReached("the time limit ran out before the max scale was found")
+    u = problem.options.max_utilisation
+    # the LLM with the least headroom at the max-scale allocation bounds the scale
+    heads = {m: carried_scale(_load(problem, m), c.mu, c.replicas, u) for m, c in choice.items()}
     bottleneck = min(heads, key=lambda m: (heads[m], m)) if heads else None
-    binding = tuple(sorted(g for g in budgets if g in used)) or tuple(sorted(budgets))
+    binding, gains = scale_gains(problem, scale, shp, deadline=deadline)
     tput = {w: scale * t for w, t in problem.targets.items()}
+    if binding:
+        adds = ", ".join(f"{g} +{gains[g]:.4g}x" if g in gains else f"{g} unknown (time limit)"
+                         for g in binding)
+        where = f"more {', '.join(binding)} GPUs raise it (one more GPU: {adds})"
+    else:
+        both, _, _ = max_scale(problem, shp, budgets={g: 2 * n for g, n in
+                                                     problem.cluster.budgets().items()},
+                               deadline=deadline)
+        where = ("no GPU type alone raises it, only more GPUs of several types together"
+                 if both > scale * (1 + GAIN_REL) else "twice the GPUs of every type do not raise it")
     detail = (f"the targets need more GPUs than the cluster has: at most {scale:.4g}x the targets "
               f"({', '.join(f'{w} {v:.4g} req/s' for w, v in tput.items())}), bounded by "
-              f"{bottleneck} on the {', '.join(binding)} budget")
-    info = Infeasibility("gpus", detail, scale, tput, bottleneck, binding)
+              f"{bottleneck}; {where}")
+    info = Infeasibility("gpus", detail, scale, tput, bottleneck, binding,
+                         MappingProxyType(dict(sorted(gains.items()))))
     return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, scale)
 
 
-def solve_max_throughput(problem: PlanningProblem, name: str = "milp") -> Plan:
-    """The largest scale of the targets the cluster carries, within the latency bounds if set."""
+def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
+                         deadline: Deadline | None = None) -> Plan:
+    """The largest scale of the targets the cluster carries, within the latency bounds if set.
+
+    Within ``deadline`` (default: the problem's time limit from now): a bisection it cuts short
+    returns the largest scale found so far with status ``time_limit``; without any, the status
+    is ``time_limit_no_solution`` (:class:`TimeLimitReached` from the steps it cannot cut)."""
+    left = Deadline.of(problem, deadline)
     t0 = time.perf_counter()
-    scale, choice, status = max_scale(problem)
+    scale, choice, status = max_scale(problem, deadline=left)
+    if status == "time_limit_no_solution":
+        return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
     bounds = problem.options.latency_bound_s
     if not choice or scale <= 0:
-        cset = generate_candidates(problem)
-        return diagnose(problem, cset, name, {"total_s": time.perf_counter() - t0})
+        cset = generate_candidates(problem, deadline=left)
+        return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left)
     if not bounds:  # the capacity optimum; price its latency at that load
         scaled = problem.scaled(scale * (1 - 1e-9))
         priced = price(scaled, plan_from_choice(scaled, name, "optimal", choice, {}).allocation)  # type: ignore[arg-type]
         return plan_from_choice(scaled, name, status, priced,  # type: ignore[arg-type]
                                 {"total_s": time.perf_counter() - t0}, scale=scale)
     # bisection on the scale with latency-bounded min-latency solves
-    lo, hi, best = 0.0, scale, None
+    lo, hi, best, cut = 0.0, scale, None, False
     for i in range(40):
         mid = hi if i == 0 else (lo + hi) / 2  # full capacity first, then bisect
-        plan = _bounded(problem.scaled(mid), name)
+        plan = _bounded(problem.scaled(mid), name, left)
+        if plan.status == "time_limit_no_solution":  # out of time: the bracket so far
+            cut = True
+            break
         if plan.feasible:
             lo, best = mid, (plan, mid)
         else:
@@ -432,16 +658,23 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp") -> Plan:
         if hi - lo <= 1e-4 * hi:
             break
     if best is None:
-        cset = generate_candidates(problem)
-        return diagnose(problem, cset, name, {"total_s": time.perf_counter() - t0})
+        if cut:
+            return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
+        cset = generate_candidates(problem, deadline=left)
+        return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left)
     plan, s = best
     stats = dict(plan.stats, total_s=time.perf_counter() - t0)
-    return Plan(plan.optimiser, plan.status, plan.allocation, plan.objective_s, plan.bound_s,
+    return Plan(plan.optimiser, "time_limit" if cut else plan.status,
+                plan.allocation, plan.objective_s, plan.bound_s,
                 plan.gap, plan.candidates, stats, None, s)
 
 
-def _bounded(problem: PlanningProblem, name: str) -> Plan:
-    cset = generate_candidates(problem)
+def _bounded(problem: PlanningProblem, name: str, deadline: Deadline) -> Plan:
+    """Min-latency at ``problem``'s targets within the latency bounds (one bisection step)."""
+    try:
+        cset = generate_candidates(problem, deadline=deadline)
+    except TimeLimitReached:
+        return time_limit_plan(name)
     if cset.unfit or any(not c for c in cset.by_llm.values()):
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, {})
     extra = []
@@ -455,7 +688,7 @@ def _bounded(problem: PlanningProblem, name: str) -> Plan:
                 if v is not None:
                     coeffs[c] = v
         extra.append((coeffs, bound - problem.stats[w].tool_critical_s))
-    return solve_min_latency(problem, cset, extra, name)
+    return solve_min_latency(problem, cset, extra, name, deadline=deadline)
 
 
 @register("milp")
@@ -464,7 +697,12 @@ class MILPOptimiser:
 
     name = "milp"
 
-    def solve(self, problem: PlanningProblem) -> Plan:
+    def solve(self, problem: PlanningProblem, *, deadline: Deadline | None = None) -> Plan:
+        """The plan within ``deadline`` (default: the problem's time limit from now)."""
+        left = Deadline.of(problem, deadline)
         if problem.options.objective == "max-throughput":
-            return solve_max_throughput(problem, self.name)
-        return solve_min_latency(problem, name=self.name)
+            try:
+                return solve_max_throughput(problem, self.name, deadline=left)
+            except TimeLimitReached:
+                return time_limit_plan(self.name)
+        return solve_min_latency(problem, name=self.name, deadline=left)

@@ -6,8 +6,13 @@ the serving curve of its instance (``scepsy_profile.serving``) for the mean inpu
 tokens of the calls it receives (the call-rate-weighted mixture over workflows and roles).
 
 * **Throughput.** The workload scales until its first LLM saturates:
-  ``s* = min_m r_m·μ_m / λ_m``; workflow ``w``'s maximum throughput is ``T_w = s*·λ_w`` (for a
-  single workflow this is the paper's ``T_w = min_m r_m·μ_m / n_m``).
+  ``s* = min_m r_m·μ_m / ℓ_m``; workflow ``w``'s maximum throughput is ``T_w = s*·λ_w``. The
+  load ``ℓ_m`` (:func:`llm_load`) is the call rate ``λ_m`` in the paper's form and, in the
+  critical-path form, the larger of ``λ_m`` and the station's work ``Λ·p̄`` (below): exactly where
+  each form's latency becomes infinite. For a single serial workflow both are the paper's
+  ``T_w = min_m r_m·μ_m / n_m``. The optimiser's capacity (``max_utilisation``) is the same
+  utilisation ``ℓ_m / (r_m·μ_m)`` (:func:`utilisation`, :func:`min_replicas`,
+  :func:`carried_scale`).
 * **Latency, the paper's form** (``form="paper"``): ``L_w = Σ_m L_m(λ_m/r_m) · n_wm / p_wm``:
   every LLM's calls run in ``n/p`` sequential rounds, stages one after another, tools ignored.
 * **Latency, refined** (``form="critical-path"``, the default): ``L_w = Σ_m Σ_c k_wmc · L_mc +
@@ -52,7 +57,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -79,7 +84,7 @@ class LLMLoad:
     input_mean: float
     output_mean: float
     mu: float  # calls/s per replica
-    utilisation: float  # rate / (replicas · mu)
+    utilisation: float  # load / (replicas · mu), the load of :func:`llm_load` (saturated at 1)
     call_latency_s: float  # mean over its calls at this load (inf when saturated)
 
 
@@ -169,6 +174,84 @@ def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
                           policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
 
 
+# --------------------------------------------------------------------------- capacity
+
+SATURATION_REL = 1e-12  # a utilisation within this of 1 is saturation (rounding at μ)
+
+
+def llm_load(demand: LLMDemand, form: Form = "critical-path") -> float:
+    """The call rate (calls/s) that an LLM's replicas must carry: the one measure of its load
+    against their capacity ``r·μ``, for the predictor's throughput, the optimiser's candidates,
+    max-scale and the baselines alike.
+
+    Critical-path form: ``max(λ, Λ·p̄)``. The station (module docstring) is stable if and only if
+    ``Λ·p̄/r < μ``: a request keeps ``p̄`` calls in flight through its ``Λ``-weighted work, so
+    slow members of a call group (``κ > 1``) and workflows of different concurrency sharing the
+    LLM (``p̄`` is their call-rate-weighted mean) load it beyond its call rate ``λ``; and no
+    replica carries more than ``μ`` calls/s, whatever the critical path. ``Λ·p̄`` within
+    :data:`SATURATION_REL` of ``λ`` (a serial chain, up to rounding) is ``λ``.
+    Paper's form: ``λ`` (its call latency diverges at ``λ/r = μ``).
+
+    Linear in the rates: scaling every workflow's rate by ``s`` scales the load by ``s``.
+    """
+    lam = demand.rate
+    if form == "paper" or demand.critical_rate <= 0:
+        return lam
+    work = demand.critical_rate * max(demand.group, 1.0)
+    return work if work > lam * (1.0 + SATURATION_REL) else lam
+
+
+def utilisation(load: float, mu: float, replicas: ArrayLike) -> Any:
+    """``load / (r·μ)``: the fraction of ``r`` replicas' capacity that ``load`` (calls/s,
+    :func:`llm_load`) uses; ``inf`` where ``μ = 0`` (the instance does not fit) and the load is
+    positive. Vectorised over ``replicas``."""
+    if isinstance(replicas, int | float):  # the scalar path, as fast as the formula
+        return 0.0 if load <= 0 else load / (replicas * mu) if mu > 0 else math.inf
+    shape = np.shape(replicas)
+    if load <= 0:
+        return np.zeros(shape)
+    if mu <= 0:
+        return np.full(shape, math.inf)
+    return load / (np.asarray(replicas, dtype=float) * mu)
+
+
+def saturated(util: ArrayLike) -> Any:
+    """Whether a utilisation (:func:`utilisation`) saturates the station: ``≥ 1`` up to
+    :data:`SATURATION_REL`. The predicted latency is finite exactly where this is False."""
+    if isinstance(util, int | float):
+        return util >= 1.0 - SATURATION_REL
+    return np.asarray(util, dtype=float) >= 1.0 - SATURATION_REL
+
+
+def min_replicas(load: float, mu: float, max_utilisation: float) -> int:
+    """The fewest replicas of an instance of saturation throughput ``μ`` that carry ``load`` at
+    ``max_utilisation`` (``utilisation ≤ max_utilisation``, never saturated); 1 at zero load."""
+    if load <= 0:
+        return 1
+    if mu <= 0:
+        raise ValueError("min_replicas: an instance with μ = 0 carries no load")
+
+    def carries(r: int) -> bool:
+        u = utilisation(load, mu, r)
+        return u <= max_utilisation and not saturated(u)
+
+    r = max(1, math.ceil(load / (max_utilisation * mu) - 1e-12))
+    while r > 1 and carries(r - 1):
+        r -= 1
+    while not carries(r):
+        r += 1
+    return r
+
+
+def carried_scale(load: float, mu: float, replicas: float, max_utilisation: float = 1.0) -> float:
+    """The largest factor of ``load`` that ``replicas`` × ``μ`` carry at ``max_utilisation``:
+    ``u·r·μ/load`` (``inf`` at zero load). At ``max_utilisation = 1`` it is the factor at which
+    the station saturates (the predictor's maximum throughput)."""
+    if load <= 0:
+        return math.inf
+    return max_utilisation * replicas * mu / load
+
+
 STATION_NODES = 64  # chain states (or blocks of states) summed per replica count
 
 
@@ -195,17 +278,18 @@ def station_latencies(demand: LLMDemand, curves: Sequence[ServingCurve],
     outs = [np.full(r.shape, math.inf) for r in rs]
     lam_c = demand.critical_rate
     p = max(demand.group, 1.0)
+    load = llm_load(demand)
     todo: list[tuple[int, NDArray[np.intp]]] = []
     for j, (c, r) in enumerate(zip(curves, rs, strict=True)):
         if not c.feasible:
             continue
         fin = np.isfinite(r)
         outs[j][~fin] = c.zero_load_latency_s
+        # finite exactly below saturation (llm_load: the call rate and the station's work)
+        ok = fin & ~np.asarray(saturated(utilisation(load, c.mu, r)), dtype=bool)
         if lam_c <= 0:  # no call of this LLM on any critical path: the call stream alone
-            outs[j][fin] = np.asarray(c.latency_s(demand.rate / r[fin]), dtype=float)
+            outs[j][ok] = np.asarray(c.latency_s(demand.rate / r[ok]), dtype=float)
             continue
-        x = lam_c * p / r  # π(N)/π(N−1) = x / λ(b_N)
-        ok = fin & (x < c.mu * (1.0 - 1e-12))  # λ·p/r at μ up to rounding is saturation
         # below one call per replica (N ≤ r/p) the ratio is Λ·s(1)/N: a Poisson chain; with
         # its mass inside (mean + 10 sd + 3 states), E[N]/Λ is exactly s(1)
         s1 = float(c.service_ms[0]) / 1e3
@@ -382,22 +466,23 @@ def predict(
     loads: dict[str, LLMLoad] = {}
     class_lat: dict[tuple[str, float, float], float] = {}
     paper_call: dict[str, float] = {}
+    headroom: dict[str, float] = {}  # the factor of the rates at which each LLM saturates
     for m in used:
         inst = allocation.llms[m]
         dem = llm_demand(stats, models, rates, m)
         curve = instance_curve(dem, latency, inst.gpu, inst.tp, inst.share, catalog=catalog,
                                policy=policy)
         mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
-        util = dem.rate / inst.replicas / curve.mu if curve.mu > 0 else math.inf
+        load = llm_load(dem, form)
+        util = utilisation(load, curve.mu, inst.replicas)
         paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) if curve.feasible
                          else math.inf)
         loads[m] = LLMLoad(m, models[m], dem.rate, inst.replicas, dem.input_mean,
                            dem.output_mean, curve.mu, util, float(mix[0]))
+        headroom[m] = carried_scale(load, curve.mu, inst.replicas)
         for (i, o), v in per_class.items():
             class_lat[(m, i, o)] = float(v[0])
 
-    headroom = {m: (ld.replicas * ld.mu / ld.rate if ld.rate > 0 else math.inf)
-                for m, ld in loads.items()}
     bottleneck = min(headroom, key=lambda m: (headroom[m], m))
     scale = headroom[bottleneck]
     out: dict[str, WorkflowPrediction] = {}

@@ -64,7 +64,8 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
         doc["infeasible"] = {"reason": inf.reason, "detail": inf.detail,
                              "max_scale": inf.max_scale,
                              "max_throughput": dict(inf.max_throughput),
-                             "bottleneck": inf.bottleneck, "binding": list(inf.binding)}
+                             "bottleneck": inf.bottleneck, "binding": list(inf.binding),
+                             "gain_per_gpu": dict(sorted(inf.gain_per_gpu.items()))}
     doc.update(extra or {})
     if timings:
         doc["timings"] = {k: plan.stats[k] for k in TIMING_KEYS if k in plan.stats}

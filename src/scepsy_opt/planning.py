@@ -41,11 +41,14 @@ from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import Cluster
 from scepsy_opt.pipeline import (
     LLMDemand,
+    carried_scale,
     class_latencies,
     class_latencies_many,
     instance_curve,
     instance_curves,
     llm_demand,
+    llm_load,
+    min_replicas,
     predict,
 )
 from scepsy_opt.stats import WorkflowStats
@@ -55,6 +58,22 @@ from scepsy_profile.latency import LatencyModel
 from scepsy_profile.serving import MemoryPolicy
 
 UNITS = 1000  # GPU units per GPU: budgets and uses are exact integers
+SHARE_TOL_UNITS = 1e-6  # float noise forgiven when a share is counted in units
+
+
+def share_units(share: float) -> int:
+    """A GPU share in thousandths of a GPU (:data:`UNITS`): the one share-to-units rule.
+
+    Rounded *up* to the next thousandth (a replica gets at least its share, so units never
+    over-commit a GPU: four 0.2501 shares take 251 units each and do not fit on one GPU), with a
+    :data:`SHARE_TOL_UNITS` tolerance so that float noise (``0.1 + 0.2``) does not add a unit.
+    Every positive share takes at least one unit; 0 takes none. The planner's budgets
+    (:func:`gpu_units`), the blocks (:func:`replicas_per_gpu`), every placer and the placement
+    checker count shares with this function.
+    """
+    if share <= 0:
+        return 0
+    return max(1, math.ceil(share * UNITS - SHARE_TOL_UNITS))
 TENTHS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 Objective = Literal["min-latency", "max-throughput"]
 OBJECTIVES: tuple[Objective, ...] = ("min-latency", "max-throughput")
@@ -73,6 +92,8 @@ class PlanOptions:
     current: Allocation | None = None
     change_penalty_s: float = 0.0
     prune_rel: float = 1e-9
+    # wall-clock limit of one whole plan (candidates, reduction, every solver call, bisection,
+    # optimise-place rounds): a :class:`Deadline` started when the plan starts
     time_limit_s: float = 60.0
     gap_rel: float = 0.0
     max_replicas: int = 100_000
@@ -110,6 +131,42 @@ class PlanOptions:
         object.__setattr__(self, "tps", tuple(sorted(set(self.tps))))
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         object.__setattr__(self, "latency_bound_s", MappingProxyType(dict(self.latency_bound_s)))
+
+
+class TimeLimitReached(Exception):
+    """The plan's :class:`Deadline` passed: no allocation can be returned from this point on.
+
+    Raised by the steps that take time (candidate generation, reduced-cost fixing, solver calls);
+    the optimiser's entry points turn it into a plan of status ``time_limit_no_solution``
+    (:func:`time_limit_plan`)."""
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """The time limit of one whole plan (``PlanOptions.time_limit_s``) as a point on the
+    monotonic clock: every step of the plan gets what remains of it."""
+
+    at: float  # time.monotonic() seconds
+    limit_s: float  # the limit it was started with
+
+    @classmethod
+    def after(cls, seconds: float) -> Deadline:
+        """A deadline ``seconds`` from now."""
+        return cls(time.monotonic() + seconds, seconds)
+
+    @classmethod
+    def of(cls, problem: PlanningProblem, deadline: Deadline | None = None) -> Deadline:
+        """``deadline``, or a new one for ``problem``'s time limit (a plan's entry point)."""
+        return deadline if deadline is not None else cls.after(problem.options.time_limit_s)
+
+    def remaining(self) -> float:
+        """Seconds left (0 once passed)."""
+        return max(0.0, self.at - time.monotonic())
+
+    def check(self) -> None:
+        """Raise :class:`TimeLimitReached` once the deadline has passed."""
+        if time.monotonic() >= self.at:
+            raise TimeLimitReached(time_limit_detail(self.limit_s))
 
 
 @dataclass(frozen=True)
@@ -221,13 +278,16 @@ class CandidateSet:
 
 
 def gpu_units(tp: int, share: float, replicas: int = 1) -> int:
-    """GPU capacity of ``replicas`` × (tp, share) in thousandths of a GPU."""
-    return round(tp * share * UNITS) * replicas
+    """GPU capacity of ``replicas`` × (tp, share) in thousandths of a GPU: ``tp`` GPUs of
+    :func:`share_units` each."""
+    return tp * share_units(share) * replicas
 
 
 def replicas_per_gpu(share: float) -> int:
-    """Replicas of one shape that share a GPU when it serves that shape only: ``floor(1/share)``."""
-    return max(1, UNITS // round(share * UNITS))
+    """Replicas of one shape that share a GPU when it serves that shape only:
+    ``floor(UNITS / share_units(share))`` (``floor(1/share)`` for multiples of 0.001; a share is
+    in (0, 1])."""
+    return max(1, UNITS // share_units(share))
 
 
 def units_by_gpu(cands: Iterable[Candidate]) -> dict[str, int]:
@@ -314,7 +374,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         prices: Mapping[str, float] | None = None,
                         slack: float = math.inf,
                         curve_cache: dict[tuple[str, str, int], list[Any]] | None = None,
-                        blocks: bool = False) -> CandidateSet:
+                        blocks: bool = False, deadline: Deadline | None = None) -> CandidateSet:
     """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
     is False. ``max_units`` caps the GPU units one LLM may use per type (default: the budget).
 
@@ -334,6 +394,8 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     and are slower), ``units = 1000·tp·replicas/k``, and pruning keeps a candidate unless another
     uses no more units, costs no more and has no larger TP degree (the block capacity rows weigh
     larger TP groups more).
+
+    ``deadline``: raise :class:`TimeLimitReached` once it passes (checked per batch of curves).
     """
     t0 = time.perf_counter()
     opts = problem.options
@@ -346,10 +408,13 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     for m in problem.llms:
         best_v = math.inf
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        load = llm_load(dem)  # the capacity every candidate carries at max_utilisation
         cur = opts.current.llms.get(m) if opts.current else None
         rows: list[tuple[Any, ...]] = []
         any_fit = False
         for (gpu, tp), shares in shape_groups(problem, m).items():
+            if deadline is not None:
+                deadline.check()
             key = (m, gpu, tp)
             if curve_cache is not None and key in curve_cache:
                 curves_ = curve_cache[key]
@@ -369,9 +434,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
             for c in live:
                 k = replicas_per_gpu(c.share) if blocks else 1
                 per = UNITS * tp if blocks else gpu_units(tp, c.share)
-                r_min = max(1, math.ceil(dem.rate / (opts.max_utilisation * c.mu) - 1e-12))
-                while r_min > 1 and dem.rate / ((r_min - 1) * c.mu) <= opts.max_utilisation:
-                    r_min -= 1
+                r_min = min_replicas(load, c.mu, opts.max_utilisation)
                 s_min, s_cap = math.ceil(r_min / k), min(caps.get(gpu, 0) // per, opts.max_replicas // k)
                 if s_min <= s_cap:
                     pending[c] = (s_min, s_cap, per, math.nan)
@@ -380,6 +443,8 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
             price = prices.get(gpu, 0.0) if prices is not None else 0.0
             chunk, first = 16, True
             while pending:
+                if deadline is not None:
+                    deadline.check()
                 batch = list(pending)
                 if coarse:
                     steps = np.concatenate(([0], 2 ** np.arange(0, 40)))
@@ -481,7 +546,13 @@ def _candidates(llm: str, rows: list[tuple[Any, ...]], prune: bool,
 
 # --------------------------------------------------------------------------- plans
 
-Status = Literal["optimal", "time_limit", "infeasible", "heuristic", "evaluated"]
+# optimal: proven optimal; time_limit: the time limit ended the search with an allocation (its
+# gap says how far from proven); time_limit_no_solution: it ran out before any allocation was
+# found (nothing is known about feasibility); infeasible: no allocation meets the targets;
+# unplaced: an allocation was found but no placement of it (nor of any other tried) on the
+# concrete GPUs was (scepsy_place.loop)
+Status = Literal["optimal", "time_limit", "time_limit_no_solution", "infeasible", "unplaced",
+                 "heuristic", "evaluated"]
 
 
 @dataclass(frozen=True)
@@ -493,7 +564,10 @@ class Infeasibility:
     max_scale: float  # the largest fraction of the targets the cluster carries
     max_throughput: Mapping[str, float]  # per workflow, req/s
     bottleneck: str | None  # the LLM that bounds it
-    binding: tuple[str, ...]  # the GPU types whose budget binds (or the unfit LLMs)
+    # the GPU types whose extra capacity raises max_scale (or the unfit LLMs); milp.scale_gains
+    binding: tuple[str, ...]
+    # per GPU type, how much one more GPU of it raises max_scale (fraction of the targets)
+    gain_per_gpu: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
@@ -544,10 +618,29 @@ def optimiser(name: str) -> Optimiser:
     return OPTIMISERS[name]()
 
 
+def time_limit_detail(limit_s: float) -> str:
+    """What a ``time_limit_no_solution`` plan says (the CLI's message)."""
+    return (f"the time limit of {limit_s:g} s ran out before any allocation was found "
+            "(a longer time limit may find one; nothing is known about feasibility)")
+
+
+def time_limit_plan(name: str, stats: Mapping[str, Any] | None = None) -> Plan:
+    """The plan of a run whose time limit ran out before any allocation was found: no
+    allocation, no diagnosis, and no scale of the targets reached (0)."""
+    return Plan(name, "time_limit_no_solution", None, math.inf, math.inf, math.inf, {},
+                MappingProxyType(dict(stats or {})), None, 0.0)
+
+
 def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
                      choice: Mapping[str, Candidate], stats: Mapping[str, Any],
                      bound_s: float | None = None, scale: float = 1.0) -> Plan:
-    """A :class:`Plan` for one candidate per LLM (objective includes the constant tool time)."""
+    """A :class:`Plan` for one candidate per LLM (objective includes the constant tool time).
+
+    A choice with a saturated LLM (infinite predicted latency: its replicas do not carry its
+    load) is no plan of any status but ``infeasible``: the answer says how far the choice
+    carries the targets (:func:`saturated_plan`)."""
+    if any(not math.isfinite(c.latency_s) for c in choice.values()):
+        return saturated_plan(problem, name, choice, stats)
     alloc = Allocation({m: c.instance for m, c in choice.items()})
     obj = math.fsum([choice[m].cost for m in sorted(choice)]) + problem.constant_s
     bound = obj if bound_s is None else bound_s
@@ -555,6 +648,27 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
     gap = 0.0 if gap < 1e-12 else gap  # float noise between HiGHS's bound and our sum
     return Plan(name, status, alloc, obj, bound, gap, MappingProxyType(dict(sorted(choice.items()))),
                 MappingProxyType(dict(stats)), None, scale)
+
+
+def saturated_plan(problem: PlanningProblem, name: str, choice: Mapping[str, Candidate],
+                   stats: Mapping[str, Any]) -> Plan:
+    """The infeasible plan of a choice whose replicas do not all carry their LLM's load: its
+    ``max_scale`` is the fraction of the targets the choice carries at ``max_utilisation``
+    (:func:`scepsy_opt.pipeline.carried_scale` of each LLM's :func:`~scepsy_opt.pipeline.llm_load`)."""
+    u = problem.options.max_utilisation
+    heads = {m: carried_scale(llm_load(llm_demand(problem.stats, problem.models, problem.targets, m)),
+                              c.mu, c.replicas, u) for m, c in choice.items()}
+    bottleneck = min(heads, key=lambda m: (heads[m], m))
+    scale = heads[bottleneck]
+    full = [m for m, c in sorted(choice.items()) if not math.isfinite(c.latency_s)]
+    tput = {w: scale * t for w, t in problem.targets.items()}
+    info = Infeasibility(
+        "gpus", f"{', '.join(full)} saturated: the allocation carries at most {scale:.4g}x the "
+        f"targets at utilisation {u:g} ({', '.join(f'{w} {v:.4g} req/s' for w, v in tput.items())}), "
+        f"bounded by {bottleneck}", scale, tput, bottleneck, ())
+    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf,
+                MappingProxyType(dict(sorted(choice.items()))), MappingProxyType(dict(stats)),
+                info, scale)
 
 
 def fits_budget(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> bool:
