@@ -19,8 +19,8 @@ from scepsy.cli import main
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.instances import random_problem
 from scepsy_opt.milp import solve_min_latency
-from scepsy_opt.planning import UNITS, generate_candidates, replicas_per_gpu
-from scepsy_place import Node, Topology, demands, place, violations
+from scepsy_opt.planning import UNITS, generate_candidates, gpu_units, replicas_per_gpu, share_units
+from scepsy_place import Demand, Node, Topology, demands, place, violations
 from scepsy_place import blocks as blocks_mod
 from scepsy_place.blocks import block_candidates, capacity_rows, level_capacity
 from scepsy_place.loop import plan_and_place, plan_blocks
@@ -202,3 +202,64 @@ def test_plan_cli_blocks(tmp_path, capsys):
         main(["plan", "--workflow", "datasets/workflows/rag.yaml", "--cluster",
               "datasets/clusters/a100-16.yaml", "--target", "2", "--formulation", "magic"])
     assert bad.value.code == 2
+
+
+# --------------------------------------------------------------------------- one share-to-units rule
+
+
+@settings(FAST, max_examples=200)
+@given(share=st.one_of(st.sampled_from([1 / 3, 0.2501, 0.1 + 0.2, 0.999, 0.0005, 1 / 7, 0.25]),
+                       st.floats(1e-4, 1.0)),
+       name=st.sampled_from(["hierarchical", "ffd", "best-fit", "blocks"]))
+def test_planner_placers_and_checker_count_a_share_alike(share, name):
+    """``share_units`` is the only rule: the planner's units, a demand's units and a used share's
+    units agree, ``replicas_per_gpu`` replicas of a share fit one GPU for every placer and the
+    checker, and one more does not (three 1/3 shares take 334 units each: two per GPU)."""
+    u = share_units(share)
+    assert u == gpu_units(1, share) == Demand("m", 0, GPU, 1, share, 0.0).units
+    assert gpu_units(4, share, 3) == 12 * u
+    assert math.ceil(share * UNITS - 1e-6) <= u <= math.ceil(share * UNITS) and u >= 1
+    k = replicas_per_gpu(share)
+    assert k * u <= UNITS < (k + 1) * u
+    used = Node("u", "r", GPU, 1, 1, 80.0, ((share, 0.0),))
+    assert used.free_units(0) == UNITS - u
+    one = Topology("one", (Node("n", "r", GPU, 1, 1, 80.0),))
+    fit = [Demand("m", r, GPU, 1, share, 0.0) for r in range(k)]
+    pl = place(one, fit, name)
+    assert pl.complete and violations(one, fit, pl) == []
+    over = [*fit, Demand("m", k, GPU, 1, share, 0.0)]
+    pl = place(one, over, name)
+    assert len(pl.unplaced) == 1 and violations(one, over, pl) == []
+
+
+def test_blocks_never_overfill_a_gpu():
+    """Four 0.2501 shares need 1.0004 GPUs: a block holds three, the fourth opens a GPU."""
+    two = Topology("two", (Node("n", "r", GPU, 2, 2, 80.0),))
+    ds = demands(Allocation({"m": Instance(GPU, 1, 0.2501, 4)}))
+    assert replicas_per_gpu(0.2501) == 3
+    pl = place(two, ds, "blocks")
+    assert violations(two, ds, pl) == []
+    assert pl.complete and sorted(pl.per_gpu().values()) == [251, 753]
+    one = Topology("one", (Node("n", "r", GPU, 1, 1, 80.0),))
+    pl = place(one, ds, "blocks")
+    assert violations(one, ds, pl) == [] and len(pl.unplaced) == 1
+    assert "wholly free" in pl.unplaced[0][2]
+
+
+def test_blocks_respect_memory_and_say_so():
+    """A block takes as many replicas as the GPU's memory holds (four 0.25 shares of 30 GiB:
+    two per 80 GiB GPU); a replica that needs more memory than any GPU of its type is unplaced
+    for that reason, by every placer."""
+    two = Topology("two", (Node("n", "r", GPU, 2, 2, 80.0),))
+    ds = [Demand("m", r, GPU, 1, 0.25, 30.0) for r in range(4)]
+    pl = place(two, ds, "blocks")
+    assert pl.complete and violations(two, ds, pl) == []
+    assert [sum(g in s.gpus for s in pl.slots) for g in (0, 1)] == [2, 2]  # 60 of 80 GiB each
+    three = [*ds, Demand("m", 4, GPU, 1, 0.25, 30.0)]
+    pl = place(two, three, "blocks")
+    assert len(pl.unplaced) == 1 and "wholly free" in pl.unplaced[0][2]
+    big = [Demand("h", 0, GPU, 1, 0.5, 100.0)]
+    for name in ("blocks", "hierarchical", "ffd", "best-fit"):
+        pl = place(two, big, name)
+        assert violations(two, big, pl) == []
+        assert "needs 100 GiB per GPU, more than a A100-80GB has (80 GiB)" in pl.unplaced[0][2]

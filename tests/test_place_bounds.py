@@ -96,3 +96,37 @@ def test_bound_is_tight_for_equal_shares(n):
 def test_brute_force_helper():
     assert _opt_bins([600, 600, 400, 400]) == 2
     assert all(_opt_bins(list(p)) == 2 for p in itertools.permutations([700, 300, 500, 500]))
+
+
+@settings(FAST, max_examples=200)
+@given(st.sampled_from([1, 2, 4, 8]), st.data())
+def test_fragmentation_counts_what_each_nvlink_domain_holds(gpus, data):
+    """Oracle: FGD of each domain scored as a node of its own. One domain per node is FGD's
+    node measure; a TP group larger than every domain makes all free capacity a fragment."""
+    from scepsy_place.fgd import domain_fragmentation, node_fragmentation
+
+    dom = data.draw(st.sampled_from([d for d in (1, 2, 4, 8) if gpus % d == 0 and d <= gpus]))
+    free = data.draw(st.lists(st.sampled_from([0, 100, 300, 500, 1000]), min_size=gpus,
+                              max_size=gpus))
+    mix = data.draw(st.lists(st.tuples(st.sampled_from([1, 2, 4, 8]),
+                                       st.sampled_from([100, 250, 500, 1000]),
+                                       st.sampled_from([0.25, 0.5, 1.0])), min_size=1, max_size=3))
+    want = sum(node_fragmentation(free[k:k + dom], mix) for k in range(0, gpus, dom))
+    assert domain_fragmentation(free, dom, mix) == pytest.approx(want, rel=1e-12, abs=1e-9)
+    assert domain_fragmentation(free, gpus, mix) == pytest.approx(node_fragmentation(free, mix),
+                                                                 rel=1e-12, abs=1e-9)
+    if all(tp > dom for tp, _, _ in mix):
+        assert domain_fragmentation(free, dom, mix) == pytest.approx(
+            sum(free) * sum(p for _, _, p in mix), rel=1e-12)
+
+
+def test_quality_fragmentation_sees_nvlink_domains():
+    """Eight free GPUs hold a TP-4 group in one 8-GPU domain, never in 2-GPU domains: there all
+    8,000 thousandths are a fragment for it."""
+    ds = [Demand("t", 0, "A100-80GB", 4, 0.5, 40.0)]
+    wide = Topology("w", (Node("a", "r", "A100-80GB", 8, 8, 80.0),))
+    narrow = Topology("n", (Node("a", "r", "A100-80GB", 8, 2, 80.0),))
+    from scepsy_place import fragmentation, task_mix
+
+    assert fragmentation(wide, task_mix(ds)) == 0.0
+    assert fragmentation(narrow, task_mix(ds)) == 8000.0

@@ -136,3 +136,18 @@ def test_node_and_topology_checks():
     with pytest.raises(InputError, match="at least one node"):
         Topology("t", ())
     assert n.used == ((0.0, 0.0), (0.0, 0.0)) and not n.busy
+
+
+def test_canonical_node_order_ignores_input_order():
+    """Larger nodes first, then content, then the rack's content, then names: the same order
+    from every input order."""
+    import itertools
+
+    from scepsy_place import Node, Topology
+
+    nodes = [Node("c", "r0", "A100-80GB", 2, 2, 80.0), Node("a", "r0", "A100-80GB", 8, 8, 80.0),
+             Node("b", "r1", "A100-80GB", 2, 2, 80.0), Node("d", "r1", "A100-80GB", 2, 1, 80.0)]
+    orders = {tuple(n.name for n in Topology("t", perm).canonical_nodes())
+              for perm in itertools.permutations(nodes)}
+    # d (one-GPU domains) sorts before b and c; b's rack (2-GPU nodes only) before c's
+    assert orders == {("a", "d", "b", "c")}

@@ -11,7 +11,6 @@ import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from scepsy.tables import format_table
@@ -31,7 +30,9 @@ from scepsy_profile.measurements import read_measurements
 from scepsy_profile.roofline import load_calibration, roofline_model
 from scepsy_profile.serving import MemoryPolicy, serving_curve
 
+EXIT_INFEASIBLE = 1  # plan: no allocation meets the targets (proven)
 EXIT_USAGE = 2
+EXIT_TIME_LIMIT = 3  # plan: the time limit ran out before any (placeable) allocation was found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -154,7 +155,9 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
     plan.add_argument("--tp", default="1,2,4,8", help="comma-separated TP degrees")
     plan.add_argument("--max-utilisation", type=float, default=0.95)
-    plan.add_argument("--time-limit", type=float, default=60.0, help="solver time limit, s")
+    plan.add_argument("--time-limit", type=float, default=60.0,
+                      help="time limit of the whole plan, s (default %(default)s; exit 3 when it "
+                           "runs out before any allocation is found)")
     plan.add_argument("--gap", type=float, default=0.0, help="relative optimality gap to stop at")
     plan.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
     plan.add_argument("--trace-requests", type=int, default=2000)
@@ -197,9 +200,9 @@ def _per_workflow(values: Sequence[str], names: Sequence[str], flag: str,
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from scepsy_opt.planfile import dumps, plan_rows, plan_to_dict, write_plan
-    from scepsy_opt.planning import PlanningProblem, PlanOptions
-    from scepsy_place.loop import plan_and_place
+    from scepsy_opt.planfile import dumps, plan_rows, write_plan
+    from scepsy_opt.planning import PlanningProblem, PlanOptions, time_limit_detail
+    from scepsy_place.loop import plan_and_place, plan_document
     from scepsy_place.placement import PLACERS
     from scepsy_place.topology import load_topology
 
@@ -228,19 +231,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     res = plan_and_place(problem, topology, name=args.optimiser, policy=args.placer,
                          max_rounds=args.max_rounds, placer_options=opts_place,
                          formulation=args.formulation)
-    plan = res.plan
-    policy = res.placement.policy if res.placement is not None else args.placer
-    extra: dict[str, object] = {"placement": {
-        "policy": policy, "formulation": res.formulation,
-        "compared": {k: (v if math.isfinite(v) else None) for k, v in res.compared.items()},
-        "rounds": res.rounds, "placed": res.placed, "exact": res.exact,
-        "history": list(res.history), "quality": dict(res.quality) if res.quality else None,
-        "instances": res.placement.to_dict()["slots"] if res.placement else [],
-        "unplaced": [list(u) for u in res.placement.unplaced] if res.placement else [],
-        "reason": res.reason}}
-    if not res.placed:  # never hand on an allocation that cannot be placed
-        plan = replace(plan, allocation=None, status="infeasible")
-    doc = plan_to_dict(problem, plan, timings=not args.no_timings, extra=extra)
+    plan = res.answer  # never hand on an allocation that is not placed
+    policy = ((res.placement.placed_by or res.placement.policy) if res.placement is not None
+              else args.placer)  # the placer whose placement it is (`exact`: the exact test)
+    doc = plan_document(problem, res, policy=args.placer, timings=not args.no_timings)
     write_plan(args.out, doc)
     if args.json:
         print(dumps(doc), end="")
@@ -257,17 +251,21 @@ def _cmd_plan(args: argparse.Namespace) -> int:
               f"{plan.gap:.3g}, candidates {st.get('candidates_generated', '-')} -> "
               f"{st.get('candidates_kept', '-')}, {st.get('total_s', 0.0):.3f} s")
         q = res.quality or {}
-        tried = ", ".join(f"{k} {v:.6g} s" if math.isfinite(v) else f"{k} unplaced"
-                          for k, v in res.compared.items())
+        tried = ", ".join(f"{k} {o.objective_s:.6g} s" if o.status == "placed" else
+                          f"{k} {o.status}" for k, o in res.compared.items())
         print(f"{res.formulation} formulation" + (f" (of {tried})" if tried else "")
               + f", placed by {policy} in {res.rounds} round(s): {q.get('gpus_used')} GPUs "
               f"(bound {q.get('bound_l2')}), {q.get('nodes_used')} nodes (bound "
               f"{q.get('bound_nodes')}); wrote {args.out}")
+    if plan.status == "time_limit_no_solution":
+        print(f"scepsy: {plan.status}: {time_limit_detail(args.time_limit)} (wrote {args.out})",
+              file=sys.stderr)
+        return EXIT_TIME_LIMIT
     if plan.allocation is None:
         why = (res.reason if res.reason else plan.infeasible.detail if plan.infeasible
                else "no allocation meets the targets")
-        print(f"scepsy: infeasible: {why} (wrote {args.out})", file=sys.stderr)
-        return 1
+        print(f"scepsy: {plan.status}: {why} (wrote {args.out})", file=sys.stderr)
+        return EXIT_INFEASIBLE
     return 0
 
 

@@ -93,13 +93,14 @@ def bound(demands: Sequence[Demand], topology: Topology | None = None) -> Bounds
 
 
 def fragmentation(topology: Topology, mix: Sequence[tuple[int, int, float]]) -> float | None:
-    """Σ over nodes of FGD's expected unusable GPU capacity (thousandths) for ``mix``; None
-    without :mod:`scepsy_place.fgd`."""
+    """Σ over NVLink domains of FGD's expected unusable GPU capacity (thousandths) for ``mix``
+    (:func:`scepsy_place.fgd.domain_fragmentation`: a domain that cannot hold a TP group counts
+    its free capacity as a fragment for it); None without :mod:`scepsy_place.fgd`."""
     frag = _fgd()
     if frag is None or not mix:
         return None
-    return float(sum(frag([n.free_units(i) for i in range(n.gpus)], list(mix))
-                     for n in topology.nodes))
+    return math.fsum(frag([n.free_units(i) for i in range(n.gpus)], n.nvlink_domain, list(mix))
+                     for n in topology.canonical_nodes())
 
 
 def quality(topology: Topology, placement: Placement, demands: Sequence[Demand]) -> dict[str, Any]:

@@ -2,8 +2,9 @@
 
 :func:`violations` returns one line per broken rule (empty: the placement is valid):
 
-1. capacity: per GPU, pre-existing use + Σ shares ≤ 1 and Σ memory ≤ device memory; GPU
-   indices inside the node;
+1. capacity: per GPU, pre-existing use + Σ shares ≤ 1 (in thousandths of a GPU, counted by
+   :func:`scepsy_opt.planning.share_units` like everywhere else) and Σ memory ≤ device memory;
+   GPU indices inside the node;
 2. locality: a TP group's GPUs are distinct, ``tp`` of them, inside one NVLink domain, with one
    share (a :class:`~scepsy_place.placement.Slot` carries one share for all its GPUs);
 3. exactly once: every demand placed once or listed unplaced with a reason, nothing else;
@@ -16,9 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from scepsy_opt.planning import UNITS
+from scepsy_opt.planning import UNITS, share_units
 from scepsy_place.placement import Demand, Placement
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology, to_units
+from scepsy_place.topology import MEMORY_TOL_GIB, Topology
 
 
 def violations(topology: Topology, demands: Sequence[Demand], placement: Placement) -> list[str]:
@@ -62,7 +63,7 @@ def violations(topology: Topology, demands: Sequence[Demand], placement: Placeme
                 out.append(f"{who}: on {n.gpu} node {n.name}, demand is {d.gpu}")
             if len(s.gpus) != d.tp:
                 out.append(f"{who}: {len(s.gpus)} GPUs for tp {d.tp}")
-            if to_units(s.share) != d.units:
+            if share_units(s.share) != d.units:
                 out.append(f"{who}: share {s.share} for a demand of {d.share}")
             if s.memory_gib < d.memory_gib - MEMORY_TOL_GIB:
                 out.append(f"{who}: {s.memory_gib} GiB per GPU for a demand of {d.memory_gib}")
@@ -72,7 +73,7 @@ def violations(topology: Topology, demands: Sequence[Demand], placement: Placeme
             u[1] += s.memory_gib
     for (name, g), (units, mem) in sorted(load.items()):
         n = topology.node(name)
-        total = units + to_units(n.used[g][0])
+        total = units + share_units(n.used[g][0])
         if total > UNITS:
             out.append(f"{name} GPU {g}: shares sum to {total / UNITS:g} > 1")
         if mem + n.used[g][1] > n.memory_gib + MEMORY_TOL_GIB:

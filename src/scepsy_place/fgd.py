@@ -28,7 +28,8 @@ import numpy as np
 
 MILLI = 1000
 
-__all__ = ["MILLI", "fragmentation_batch", "node_fragmentation", "task_mix", "typical_tasks"]
+__all__ = ["MILLI", "domain_fragmentation", "fragmentation_batch", "node_fragmentation",
+           "task_mix", "typical_tasks"]
 
 
 def fragmentation_batch(free: np.ndarray, num_gpu: np.ndarray, gpu_milli: np.ndarray,
@@ -98,6 +99,33 @@ def node_fragmentation(free_milli: Sequence[int], mix: Sequence[tuple[int, int, 
         cpu_free=None if cpu_free is None else np.asarray([cpu_free], dtype=float), cpu_req=cpu_req,
         mem_free=None if mem_free is None else np.asarray([mem_free], dtype=float), mem_req=mem_req)
     return float(out[0])
+
+
+def domain_fragmentation(free_milli: Sequence[int], nvlink_domain: int,
+                         mix: Sequence[tuple[int, int, float]]) -> float:
+    """FGD's measure for a node of NVLink domains of ``nvlink_domain`` consecutive GPUs.
+
+    A task's GPUs never span domains, so every domain is scored as a node of its own and the
+    node's value is their sum: a domain that can no longer hold a task type (a TP group of more
+    GPUs than it has left with the task's share free) counts all its free capacity as a
+    fragment for that type, even when the node as a whole still has enough GPUs. With one domain
+    per node this is :func:`node_fragmentation`.
+
+    >>> mix = [(4, 100, 1.0)]
+    >>> domain_fragmentation([1000] * 8, 8, mix), domain_fragmentation([1000] * 8, 2, mix)
+    (0.0, 8000.0)
+    """
+    free = list(free_milli)
+    d = int(nvlink_domain)
+    if len(mix) == 0 or not free:
+        return 0.0
+    if d < 1 or len(free) % d:
+        raise ValueError(f"nvlink_domain {d} does not divide the node's {len(free)} GPUs")
+    rows = np.asarray(free, dtype=np.int64).reshape(len(free) // d, d)
+    n = np.asarray([m[0] for m in mix], dtype=np.int64)
+    g = np.asarray([m[1] for m in mix], dtype=np.int64)
+    p = np.asarray([m[2] for m in mix], dtype=np.float64)
+    return float(fragmentation_batch(rows, n, g, p).sum())
 
 
 def _shape(t: Any) -> tuple[int, int, int]:

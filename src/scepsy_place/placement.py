@@ -7,25 +7,33 @@ of its compute and ``memory_gib`` of its memory, or an entry in ``unplaced`` wit
 
 Placers (one protocol, registry :data:`PLACERS`, docs/placement.md):
 
-* ``hierarchical`` (default): TP groups first, largest first, each inside one NVLink domain on
-  distinct GPUs with equal shares; then fractional shares, packed onto partly used GPUs. Among
-  the feasible positions it picks the best by a lexicographic score: (replica spreading, if
-  asked) → fewest newly opened GPUs → no newly opened node → (closeness to the LLM's workflow
-  mates, if asked) → least fragmentation added (FGD, :mod:`scepsy_place.fgd`, when present) →
-  best fit (least share left on the chosen GPUs, then in the domain, then on the node). Ties go
-  to the node whose state sorts first, then its name: the result does not depend on the order
-  of the demands or of the nodes, and equal nodes are interchangeable.
+* ``hierarchical`` (default): TP groups by degree, largest first (whole GPUs before fractional
+  shares of one degree), each inside one NVLink domain on distinct GPUs with equal shares,
+  fractional shares packed onto partly used GPUs. Among the feasible positions it picks the
+  best by a lexicographic score: (replica spreading, if asked) → fewest newly opened GPUs → no
+  newly opened node → (closeness to the LLM's workflow mates, if asked) → least fragmentation
+  added (FGD per NVLink domain, :func:`scepsy_place.fgd.domain_fragmentation`, when present) →
+  best fit (least share left on the chosen GPUs, then in the domain, then on the node) → the
+  node whose state sorts first, then canonical order.
 * ``ffd``: first-fit decreasing: demands by GPU capacity (``tp × share``) descending, the first
-  node (input order), domain and GPUs that fit.
+  node (canonical order), domain and GPUs that fit.
 * ``best-fit``: the same order; the position leaving the least free share on the chosen GPUs,
   then in the domain, then on the node.
 * ``blocks``: GPU blocks, one LLM per GPU: an LLM's replicas of one shape are grouped
-  ``floor(1/share)`` at a time into blocks of ``tp`` wholly free GPUs of one NVLink domain, and
-  the blocks placed largest first, each in the domain with the fewest free GPUs that holds it.
-  With power-of-two TP degrees every block set that passes :mod:`scepsy_place.blocks`' capacity
-  rows is placed (the optimiser's placeable-by-construction formulation, docs/placement.md).
+  :func:`block_size` (``floor(1/share)``, fewer if memory says so) at a time into blocks of
+  ``tp`` wholly free GPUs of one NVLink domain, and the blocks placed largest first, each in the
+  domain with the fewest free GPUs that holds it. With power-of-two TP degrees every block set
+  that passes :mod:`scepsy_place.blocks`' capacity rows is placed (the optimiser's
+  placeable-by-construction formulation, docs/placement.md).
 
-All three are deterministic: ``seed`` is accepted for randomised placers and unused here.
+A placer whose own strategy (``place_alone``) leaves replicas unplaced tries the simpler placers
+of :data:`FALLBACKS` and keeps the placement with fewest unplaced replicas (``placed_by`` names
+the placer that produced it). Nodes are walked in :meth:`Topology.canonical_nodes` order and
+demands tie by :func:`demand_ranks`, so no placer depends on the order of its input, and names
+decide only between interchangeable nodes, racks and LLMs. Shares count in thousandths by
+:func:`scepsy_opt.planning.share_units`.
+
+All four are deterministic: ``seed`` is accepted for randomised placers and unused here.
 Incremental use: place new demands on a topology that already has use (:func:`apply` marks a
 placement as used, :func:`remove` frees some replicas for scale-in or failures without moving the
 others).
@@ -37,11 +45,12 @@ import importlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planning import UNITS, replicas_per_gpu
-from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology, _clean, to_units
+from scepsy_opt.planning import UNITS, replicas_per_gpu, share_units
+from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology, _clean
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError
 
@@ -62,8 +71,8 @@ class _Replica:
 
     @property
     def units(self) -> int:
-        """Share per GPU in thousandths."""
-        return to_units(self.share)
+        """Share per GPU in thousandths (:func:`scepsy_opt.planning.share_units`)."""
+        return share_units(self.share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +95,11 @@ class Demand(_Replica):
         if not self.memory_gib >= 0:
             raise InputError(src, "memory_gib", "memory >= 0 GiB", self.memory_gib)
 
+
+    @property
+    def content(self) -> tuple[Any, ...]:
+        """Everything about the replica but its names (LLM, replica number)."""
+        return (self.gpu, self.tp, self.units, self.share, self.memory_gib)
 
     @property
     def size(self) -> int:
@@ -113,15 +127,23 @@ class Slot(_Replica):
 
 @dataclass(frozen=True)
 class Placement:
-    """Slots of the placed replicas and ``(llm, replica, reason)`` of those that did not fit."""
+    """Slots of the placed replicas and ``(llm, replica, reason)`` of those that did not fit.
+
+    ``policy``: the placer asked for; ``placed_by``: the placer whose placement this is (the
+    same unless ``policy`` left replicas unplaced and a simpler placer did better, see
+    :data:`FALLBACKS`; defaults to ``policy``).
+    """
 
     slots: tuple[Slot, ...]
     unplaced: tuple[tuple[str, int, str], ...] = ()
     policy: str = ""
+    placed_by: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "slots", tuple(sorted(self.slots, key=lambda s: s.key)))
         object.__setattr__(self, "unplaced", tuple(sorted(self.unplaced)))
+        if not self.placed_by:
+            object.__setattr__(self, "placed_by", self.policy)
 
     @property
     def complete(self) -> bool:
@@ -173,7 +195,8 @@ class Placement:
         of its replicas)."""
         drop = _resolve(self, keys)
         return Placement(tuple(s for s in self.slots if s.key not in drop),
-                         tuple(u for u in self.unplaced if (u[0], u[1]) not in drop), self.policy)
+                         tuple(u for u in self.unplaced if (u[0], u[1]) not in drop), self.policy,
+                         self.placed_by)
 
     def merge(self, other: Placement) -> Placement:
         """Both placements' slots (e.g. the running ones and a scale-out placed on top)."""
@@ -182,10 +205,11 @@ class Placement:
             raise InputError("placement", "slots", "disjoint replicas", sorted(clash)[0])
         placed = self.replicas() | other.replicas()
         unplaced = tuple(u for u in self.unplaced + other.unplaced if (u[0], u[1]) not in placed)
-        return Placement(self.slots + other.slots, unplaced, other.policy or self.policy)
+        return Placement(self.slots + other.slots, unplaced, other.policy or self.policy,
+                         other.placed_by or self.placed_by)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"policy": self.policy,
+        return {"policy": self.policy, "placed_by": self.placed_by,
                 "slots": [{"llm": s.llm, "replica": s.replica, "node": s.node,
                            "gpus": list(s.gpus), "share": s.share, "memory_gib": s.memory_gib}
                           for s in self.slots],
@@ -262,7 +286,7 @@ def _shift(topology: Topology, slots: Iterable[Slot], sign: int) -> Topology:
             if u[0] < 0 or u[1] < -MEMORY_TOL_GIB:
                 raise InputError("placement", f"{s.llm}[{s.replica}]",
                                  "a replica that is applied on the topology (nothing to free)")
-            if to_units(u[0]) > UNITS or u[1] > n.memory_gib + MEMORY_TOL_GIB:
+            if share_units(u[0]) > UNITS or u[1] > n.memory_gib + MEMORY_TOL_GIB:
                 raise InputError("placement", f"{s.llm}[{s.replica}]",
                                  f"capacity left on {s.node} GPU {g}")
     return topology.with_nodes(replace(n, used=tuple((s, max(m, 0.0)) for s, m in used[n.name]))
@@ -282,10 +306,12 @@ class Placer(Protocol):
 
 
 class _State:
-    """Mutable free capacity while a placer runs (never escapes it)."""
+    """Mutable free capacity while a placer runs (never escapes it). Nodes in canonical order
+    (:meth:`Topology.canonical_nodes`); ``pos`` gives each node's position in it."""
 
     def __init__(self, topology: Topology) -> None:
-        self.nodes = topology.nodes
+        self.nodes = topology.canonical_nodes()
+        self.pos = {n.name: i for i, n in enumerate(self.nodes)}
         self.free = {n.name: [n.free_units(i) for i in range(n.gpus)] for n in self.nodes}
         self.mem = {n.name: [n.free_memory(i) for i in range(n.gpus)] for n in self.nodes}
         self.fresh = {n.name: [n.used[i] == (0.0, 0.0) for i in range(n.gpus)] for n in self.nodes}
@@ -324,24 +350,34 @@ def _choose_gpus(st: _State, node: Node, dom: range, d: Demand, rule: str) -> tu
     return tuple(sorted(ok[:d.tp]))
 
 
-def _reason(topology: Topology, st: _State, d: Demand) -> str:
+def _cannot_fit(topology: Topology, d: Demand) -> str | None:
+    """Why ``d`` fits on no node of ``topology`` even with every GPU free (None: one holds it)."""
     mine = [n for n in topology.nodes if n.gpu == d.gpu]
     if not mine:
         return f"no node has {d.gpu} GPUs"
     top = max(n.nvlink_domain for n in mine)
     if d.tp > top:
         return f"tp {d.tp} exceeds the largest NVLink domain of {d.gpu} nodes ({top} GPUs)"
-    if d.memory_gib > max(n.memory_gib for n in mine) + MEMORY_TOL_GIB:
-        return f"needs {d.memory_gib:g} GiB per GPU, more than a {d.gpu} has"
+    most = max(n.memory_gib for n in mine if n.nvlink_domain >= d.tp)
+    if d.memory_gib > most + MEMORY_TOL_GIB:
+        return f"needs {d.memory_gib:g} GiB per GPU, more than a {d.gpu} has ({most:g} GiB)"
+    return None
+
+
+def _reason(topology: Topology, st: _State, d: Demand) -> str:
+    why = _cannot_fit(topology, d)
+    if why is not None:
+        return why
+    mine = [n for n in st.nodes if n.gpu == d.gpu]
     free = sum(sum(st.free[n.name]) for n in mine) / UNITS
     u, need = d.units, d.memory_gib - MEMORY_TOL_GIB
     fitting = sum(1 for n in mine for f, m in zip(st.free[n.name], st.mem[n.name], strict=True)
                   if f >= u and m >= need)
     return (f"no NVLink domain of {d.gpu} nodes has {d.tp} GPU(s) with {d.share:g} share and "
             f"{d.memory_gib:g} GiB free ({free:g} GPUs of capacity free in total, {fitting} "
-            f"single GPUs fit the share: capacity is fragmented)" if free >= d.tp * d.share
+            f"single GPUs fit the share: capacity is fragmented)" if free >= d.tp * d.units / UNITS
             else f"not enough free {d.gpu} capacity ({free:g} GPUs free, "
-                 f"{d.tp * d.share:g} needed)")
+                 f"{d.tp * d.units / UNITS:g} needed)")
 
 
 def _check_demands(ds: Sequence[Demand]) -> None:
@@ -354,18 +390,33 @@ def _check_demands(ds: Sequence[Demand]) -> None:
         seen.add(d.key)
 
 
+def demand_ranks(ds: Sequence[Demand]) -> dict[Key, int]:
+    """Each demand's position in the canonical demand order: by content (:attr:`Demand.content`),
+    then the content of its LLM (the sorted contents of all of that LLM's demands), then LLM name
+    and replica number. Placers break every tie between demands by it, so the order of the input
+    never matters and names decide only between interchangeable demands."""
+    per_llm: dict[str, list[tuple[Any, ...]]] = {}
+    for d in ds:
+        per_llm.setdefault(d.llm, []).append(d.content)
+    llm_content = {m: tuple(sorted(v)) for m, v in per_llm.items()}
+    order = sorted(ds, key=lambda d: (d.content, llm_content[d.llm], d.llm, d.replica))
+    return {d.key: i for i, d in enumerate(order)}
+
+
 def _greedy(topology: Topology, ds: Sequence[Demand], order: Callable[[Demand], Any],
             pick: Callable[[_State, Demand, list[tuple[Node, tuple[int, ...]]]], int], rule: str,
             policy: str, placed: Sequence[Slot] = (), by_llm: bool = False) -> Placement:
-    """Place ``ds`` one by one in ``order``, each at the candidate position ``pick`` chooses.
+    """Place ``ds`` one by one in ``order`` (ties: :func:`demand_ranks`), each at the candidate
+    position ``pick`` chooses among those listed in canonical node order.
 
     Nodes in the same state (shape, free share and memory per GPU; with ``by_llm`` also rack
-    and the LLMs they hold) are interchangeable: only the first of each, in input order, is a
-    candidate. Every placer breaks ties towards input order, so this changes no answer and keeps
-    a 512-node cluster with mostly empty nodes cheap.
+    and the LLMs they hold) are interchangeable: only the first of each, in canonical order, is
+    a candidate. Every placer breaks ties towards canonical order, so this changes no answer and
+    keeps a 512-node cluster with mostly empty nodes cheap.
     """
     _check_demands(ds)
     st = _State(topology)
+    rank = demand_ranks(ds)
     for s in placed:  # slots already on the topology: only for spreading / colocating counts
         if topology.has_node(s.node):
             n = topology.node(s.node)
@@ -373,10 +424,10 @@ def _greedy(topology: Topology, ds: Sequence[Demand], order: Callable[[Demand], 
             st.rack_llms[n.rack][s.llm] += 1
     slots: list[Slot] = []
     unplaced: list[tuple[str, int, str]] = []
-    for d in sorted(ds, key=order):
+    for d in sorted(ds, key=lambda d: (order(d), rank[d.key])):
         cands: list[tuple[Node, tuple[int, ...]]] = []
         seen: set[tuple[Any, ...]] = set()
-        for n in topology.nodes:
+        for n in st.nodes:
             if n.gpu != d.gpu or d.tp > n.nvlink_domain:
                 continue
             key = (n.gpus, n.nvlink_domain, n.memory_gib, tuple(st.free[n.name]),
@@ -399,7 +450,7 @@ def _greedy(topology: Topology, ds: Sequence[Demand], order: Callable[[Demand], 
 
 
 def _decreasing(d: Demand) -> tuple[Any, ...]:
-    return (-d.size, -d.tp, -d.memory_gib, d.llm, d.replica)
+    return (-d.size, -d.tp, -d.memory_gib)
 
 
 def _residual(st: _State, d: Demand, n: Node, gs: tuple[int, ...]) -> tuple[int, int, int]:
@@ -409,14 +460,61 @@ def _residual(st: _State, d: Demand, n: Node, gs: tuple[int, ...]) -> tuple[int,
     return (on, sum(st.free[n.name][g] for g in dom) - d.size, sum(st.free[n.name]) - d.size)
 
 
+def _cost(topology: Topology, pl: Placement) -> tuple[int, int, int, int]:
+    """How good a placement is, smaller first: (unplaced replicas, newly opened GPUs, GPUs used,
+    newly opened nodes)."""
+    opened = sum(1 for n, g in pl.gpus() if topology.node(n).used[g] == (0.0, 0.0))
+    nodes = sum(1 for n in pl.nodes() if not topology.node(n).busy)
+    return (len(pl.unplaced), opened, pl.gpus_used(), nodes)
+
+
+# The simpler placers each placer tries, in this order, when its own strategy leaves replicas
+# unplaced: the placement with fewest unplaced replicas (then lowest :func:`_cost`) is kept,
+# its own on ties. ``blocks`` has none: one LLM shape per wholly free GPU is its contract.
+FALLBACKS: Mapping[str, tuple[str, ...]] = MappingProxyType({
+    "hierarchical": ("best-fit", "ffd", "blocks"),
+    "best-fit": ("ffd", "blocks"),
+    "ffd": ("blocks",),
+    "blocks": (),
+})
+
+
+class _Strategy(Protocol):
+    name: str
+
+    def place_alone(self, topology: Topology, demands: Sequence[Demand],
+                    placed: Sequence[Slot] = ()) -> Placement:
+        ...
+
+
+def _place(strategy: _Strategy, topology: Topology, demands: Sequence[Demand],
+           placed: Sequence[Slot]) -> Placement:
+    """``strategy``'s placement, or, when it leaves replicas unplaced, the best of it and its
+    :data:`FALLBACKS` (``policy`` names ``strategy``, ``placed_by`` the placer kept)."""
+    best = strategy.place_alone(topology, demands, placed)
+    if best.complete:
+        return best
+    key = _cost(topology, best)
+    for other in FALLBACKS.get(strategy.name, ()):
+        pl = _SIMPLER[other]().place_alone(topology, demands, placed)
+        k = _cost(topology, pl)
+        if k < key:
+            best, key = pl, k
+    return replace(best, policy=strategy.name)
+
+
 @dataclass(frozen=True)
 class FirstFitDecreasing:
-    """Demands by GPU capacity descending; the first node (input order) and domain that fit."""
+    """Demands by GPU capacity descending; the first node (canonical order) and domain that fit."""
 
     name: str = "ffd"
 
     def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
               placed: Sequence[Slot] = ()) -> Placement:
+        return _place(self, topology, demands, placed)
+
+    def place_alone(self, topology: Topology, demands: Sequence[Demand],
+                    placed: Sequence[Slot] = ()) -> Placement:
         return _greedy(topology, demands, _decreasing, lambda st, d, c: 0, "first", self.name,
                        placed)
 
@@ -429,6 +527,10 @@ class BestFit:
 
     def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
               placed: Sequence[Slot] = ()) -> Placement:
+        return _place(self, topology, demands, placed)
+
+    def place_alone(self, topology: Topology, demands: Sequence[Demand],
+                    placed: Sequence[Slot] = ()) -> Placement:
         def pick(st: _State, d: Demand, cands: list[tuple[Node, tuple[int, ...]]]) -> int:
             return min(range(len(cands)), key=lambda i: (_residual(st, d, *cands[i]), i))
         return _greedy(topology, demands, _decreasing, pick, "best", self.name, placed)
@@ -439,7 +541,7 @@ def _fgd() -> Callable[..., float] | None:
         mod = importlib.import_module("scepsy_place.fgd")
     except ImportError:
         return None
-    return getattr(mod, "node_fragmentation", None)
+    return getattr(mod, "domain_fragmentation", None)
 
 
 def task_mix(ds: Sequence[Demand]) -> tuple[tuple[int, int, float], ...]:
@@ -456,11 +558,12 @@ class Hierarchical:
     ``spread_replicas``: put an LLM's replicas on different nodes, then racks, when possible (it
     ranks before GPU consolidation). ``colocate``: groups of LLM names (e.g. one per workflow)
     kept close: a node, then a rack, already holding group mates is preferred. ``mix``: the task
-    mix FGD scores against (default: the demands' own mix). ``fragmentation``: use FGD when
-    :mod:`scepsy_place.fgd` is importable (best fit otherwise). ``orders``: how many demand
-    orders to try (TP groups first; GPU capacity descending; share descending): the placement
-    with fewest unplaced replicas, then fewest newly opened GPUs, GPUs and nodes wins; the search
-    stops at the first complete placement that meets the L2 bound.
+    mix FGD scores against (default: the demands' own mix). ``fragmentation``: use FGD, per
+    NVLink domain (:func:`scepsy_place.fgd.domain_fragmentation`), when :mod:`scepsy_place.fgd`
+    is importable (best fit otherwise). ``orders``: how many demand orders to try (TP degree
+    descending; GPU capacity descending; share descending): the placement with fewest unplaced
+    replicas, then fewest newly opened GPUs, GPUs and nodes wins; the search stops at the first
+    complete placement that meets the L2 bound.
     """
 
     spread_replicas: bool = False
@@ -472,19 +575,23 @@ class Hierarchical:
 
     def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
               placed: Sequence[Slot] = ()) -> Placement:
+        return _place(self, topology, demands, placed)
+
+    def place_alone(self, topology: Topology, demands: Sequence[Demand],
+                    placed: Sequence[Slot] = ()) -> Placement:
         frag = _fgd() if self.fragmentation else None
         mix = self.mix if self.mix is not None else task_mix(demands)
         mates: dict[str, set[str]] = {}
         for group in self.colocate:
             for m in group:
                 mates.setdefault(m, set()).update(x for x in group if x != m)
-        cache: dict[tuple[str, tuple[int, ...]], float] = {}
+        cache: dict[tuple[int, ...], float] = {}
 
-        def fragment(free: Sequence[int], name: str) -> float:
-            key = (name, tuple(free))
-            if key not in cache:
-                cache[key] = float(frag(list(free), list(mix))) if frag and mix else 0.0
-            return cache[key]
+        def fragment(free: tuple[int, ...]) -> float:
+            """FGD of one NVLink domain (its GPUs' free thousandths)."""
+            if free not in cache:
+                cache[free] = float(frag(list(free), len(free), list(mix))) if frag and mix else 0.0
+            return cache[free]
 
         def score(st: _State, d: Demand, n: Node, gs: tuple[int, ...]) -> tuple[Any, ...]:
             spread = ((st.llms[n.name][d.llm], st.rack_llms[n.rack][d.llm])
@@ -495,12 +602,13 @@ class Hierarchical:
             close = ((-sum(st.llms[n.name][m] for m in near),
                       -sum(st.rack_llms[n.rack][m] for m in near)) if near else (0, 0))
             delta = 0.0
-            if frag is not None:
-                before = st.free[n.name]
-                after = [f - d.units if g in gs else f for g, f in enumerate(before)]
-                delta = round(fragment(after, n.name) - fragment(before, n.name), 9)
+            if frag is not None:  # only the chosen domain changes: the others cancel
+                k = n.domain(gs[0]) * n.nvlink_domain
+                before = tuple(st.free[n.name][k:k + n.nvlink_domain])
+                after = tuple(f - d.units if k + i in gs else f for i, f in enumerate(before))
+                delta = round(fragment(after) - fragment(before), 9)
             return (spread, new_gpus, new_node, close, delta, _residual(st, d, n, gs),
-                    st.state_key(n.name), gs, n.name)
+                    st.state_key(n.name), gs, st.pos[n.name])
 
         def pick(st: _State, d: Demand, cands: list[tuple[Node, tuple[int, ...]]]) -> int:
             return min(range(len(cands)), key=lambda i: score(st, d, *cands[i]))
@@ -509,9 +617,7 @@ class Hierarchical:
         for i, order in enumerate(_ORDERS[:self.orders]):
             pl = _greedy(topology, demands, order, pick, "best", self.name, placed,
                          by_llm=self.spread_replicas or bool(self.colocate))
-            opened = sum(1 for n, g in pl.gpus() if topology.node(n).used[g] == (0.0, 0.0))
-            nodes = sum(1 for n in pl.nodes() if not topology.node(n).busy)
-            key = (len(pl.unplaced), opened, len(pl.gpus()), nodes, i)
+            key = (*_cost(topology, pl), i)
             if best is None or key < best[0]:
                 best = (key, pl)
             if not pl.unplaced and len(pl.gpus()) <= _l2(demands):
@@ -527,20 +633,23 @@ def _l2(ds: Sequence[Demand]) -> int:
 
 
 _ORDERS: tuple[Callable[[Demand], Any], ...] = (
-    # TP groups (whole GPUs first), largest first; then fractional shares, largest first
-    lambda d: (0 if d.whole else 1, -d.tp, -d.units, -d.memory_gib, d.llm, d.replica),
+    # TP groups, largest TP degree first (whole GPUs before fractional shares of one degree):
+    # a large group needs a domain with that many GPUs free, so it must not come after smaller
+    # groups that could take them (a fractional TP-4 group after whole TP-1 groups is unplaced
+    # when they fill the only 4-GPU domain)
+    lambda d: (-d.tp, 0 if d.whole else 1, -d.units, -d.memory_gib),
     # GPU capacity (tp × share) descending
     _decreasing,
     # share per GPU descending, then TP
-    lambda d: (-d.units, -d.tp, -d.memory_gib, d.llm, d.replica),
+    lambda d: (-d.units, -d.tp, -d.memory_gib),
 )
 
 
 def whole_free_gpus(topology: Topology, gpu: str) -> list[tuple[Node, range, list[int]]]:
-    """Per NVLink domain of the ``gpu`` nodes (input order): its wholly free GPUs (no share and
-    no memory in use)."""
+    """Per NVLink domain of the ``gpu`` nodes (canonical order): its wholly free GPUs (no share
+    and no memory in use)."""
     out = []
-    for n in topology.nodes:
+    for n in topology.canonical_nodes():
         if n.gpu != gpu:
             continue
         for dom in n.domains():
@@ -548,49 +657,76 @@ def whole_free_gpus(topology: Topology, gpu: str) -> list[tuple[Node, range, lis
     return out
 
 
+def block_size(topology: Topology, d: Demand) -> int:
+    """Replicas of ``d``'s shape in one block: :func:`~scepsy_opt.planning.replicas_per_gpu`,
+    fewer when that many would not fit in the memory of the largest ``d.gpu`` GPU (never for
+    demands of an allocation, whose memory is their share of the GPU's); 0 when ``d`` fits on no
+    node at all (:func:`_cannot_fit`)."""
+    if _cannot_fit(topology, d) is not None:
+        return 0
+    k = replicas_per_gpu(d.share)
+    if d.memory_gib > 0:
+        most = max(n.memory_gib for n in topology.nodes
+                   if n.gpu == d.gpu and n.nvlink_domain >= d.tp)
+        k = min(k, int((most + MEMORY_TOL_GIB) // d.memory_gib))
+    return k
+
+
 @dataclass(frozen=True)
 class Blocks:
     """GPU blocks, one LLM shape per GPU (see the module docstring).
 
-    Demands of one (llm, gpu, tp, share, memory) are taken in replica order, ``floor(1/share)``
-    per block; blocks go largest ``tp`` first (then by LLM and first replica) to the NVLink
-    domain with the fewest wholly free GPUs that holds them (ties: input order), on its lowest
-    free indices. Partly used GPUs are never touched.
+    Demands of one LLM and content are taken in canonical order (:func:`demand_ranks`),
+    :func:`block_size` per block; blocks go largest ``tp`` first (then canonical order) to the
+    NVLink domain with the fewest wholly free GPUs that holds them (ties: canonical node order),
+    on its lowest free indices. Partly used GPUs are never touched.
     """
 
     name: str = "blocks"
 
     def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
               placed: Sequence[Slot] = ()) -> Placement:
+        return _place(self, topology, demands, placed)
+
+    def place_alone(self, topology: Topology, demands: Sequence[Demand],
+                    placed: Sequence[Slot] = ()) -> Placement:
         _check_demands(demands)
-        groups: dict[tuple[str, str, int, int, float], list[Demand]] = {}
-        for d in sorted(demands, key=lambda d: d.key):
-            groups.setdefault((d.llm, d.gpu, d.tp, d.units, d.memory_gib), []).append(d)
+        rank = demand_ranks(demands)
+        groups: dict[tuple[str, tuple[Any, ...]], list[Demand]] = {}
+        for d in sorted(demands, key=lambda d: rank[d.key]):
+            groups.setdefault((d.llm, d.content), []).append(d)
         blocks: list[list[Demand]] = []
+        unplaced: list[tuple[str, int, str]] = []
         for ds in groups.values():
-            k = replicas_per_gpu(ds[0].share)
+            k = block_size(topology, ds[0])
+            if k == 0:
+                why = _cannot_fit(topology, ds[0]) or ""
+                unplaced.extend((d.llm, d.replica, why) for d in ds)
+                continue
             blocks.extend(ds[i:i + k] for i in range(0, len(ds), k))
-        blocks.sort(key=lambda b: (-b[0].tp, b[0].gpu, b[0].llm, b[0].replica))
+        blocks.sort(key=lambda b: (-b[0].tp, b[0].gpu, rank[b[0].key]))
         free = {gpu: whole_free_gpus(topology, gpu) for gpu in {b[0].gpu for b in blocks}}
         slots: list[Slot] = []
-        unplaced: list[tuple[str, int, str]] = []
         for ds in blocks:
-            tp, gpu = ds[0].tp, ds[0].gpu
-            need = len(ds) * ds[0].memory_gib - MEMORY_TOL_GIB  # per GPU of the block
+            tp, gpu, mem = ds[0].tp, ds[0].gpu, ds[0].memory_gib
+            need = len(ds) * mem - MEMORY_TOL_GIB  # per GPU of the block
             fits = [(len(gs), i) for i, (n, _, gs) in enumerate(free[gpu])
                     if len(gs) >= tp and n.memory_gib >= need]
             if not fits:
                 why = (f"no NVLink domain of the {gpu} nodes has {tp} wholly free GPU(s) left "
-                       "for a block")
+                       f"for a block of {len(ds)} replica(s) ({len(ds) * mem:g} GiB per GPU)")
                 unplaced.extend((d.llm, d.replica, why) for d in ds)
                 continue
-            i = min(fits)[1]  # the fewest free GPUs that hold it, then input order
+            i = min(fits)[1]  # the fewest free GPUs that hold it, then canonical order
             node, dom, gs = free[gpu][i]
             free[gpu][i] = (node, dom, gs[tp:])
             slots.extend(Slot(d.llm, d.replica, node.name, tuple(gs[:tp]), d.share, d.memory_gib)
                          for d in ds)
         return Placement(tuple(slots), tuple(unplaced), self.name)
 
+
+_SIMPLER: Mapping[str, Callable[[], _Strategy]] = MappingProxyType({
+    "ffd": FirstFitDecreasing, "best-fit": BestFit, "blocks": Blocks})
 
 PLACERS: dict[str, Callable[..., Placer]] = {
     "hierarchical": Hierarchical,

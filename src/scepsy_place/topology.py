@@ -23,13 +23,12 @@ The optimiser's cluster format (``pools: [{gpu, nodes, gpus_per_node}]``, scepsy
 read as well: one rack per pool (``pool-<i>``), nodes named ``<gpu>-<j>`` with ``j`` counting the
 nodes of that GPU type in file order. So one file serves both the optimiser and placement.
 
-GPU shares are counted in thousandths (:data:`scepsy_opt.planning.UNITS`): a share is rounded
-up to the next 0.001, so float noise never makes a full GPU look over-full.
+GPU shares are counted in thousandths by :func:`scepsy_opt.planning.share_units` (rounded up to
+the next 0.001, float noise forgiven), the rule the optimiser, every placer and the checker share.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -38,17 +37,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from scepsy_opt.cluster import Cluster, GPUPool, parse_cluster
-from scepsy_opt.planning import UNITS
+from scepsy_opt.planning import UNITS, share_units
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.errors import InputError, UnknownEntryError, validated
 from scepsy_profile.files import read_yaml
 
 MEMORY_TOL_GIB = 1e-6
-
-
-def to_units(share: float) -> int:
-    """A GPU share in thousandths, rounded up (with a 1e-6 tolerance for float noise)."""
-    return math.ceil(share * UNITS - 1e-6)
 
 
 def _clean(x: float) -> float:
@@ -88,7 +82,7 @@ class Node:
         if len(used) != self.gpus:
             raise InputError(src, "used", f"one (share, memory_gib) per GPU ({self.gpus})", len(used))
         for i, (s, m) in enumerate(used):
-            if not (s >= 0 and to_units(s) <= UNITS):
+            if not (s >= 0 and share_units(s) <= UNITS):
                 raise InputError(src, f"used[{i}].share", "a used share in [0, 1]", s)
             if not (0 <= m <= self.memory_gib + MEMORY_TOL_GIB):
                 raise InputError(src, f"used[{i}].memory_gib",
@@ -97,7 +91,7 @@ class Node:
 
     def free_units(self, i: int) -> int:
         """Free share of GPU ``i`` in thousandths."""
-        return UNITS - to_units(self.used[i][0])
+        return UNITS - share_units(self.used[i][0])
 
     def free_memory(self, i: int) -> float:
         return self.memory_gib - self.used[i][1]
@@ -118,6 +112,12 @@ class Node:
 
     def busy_gpus(self) -> int:
         return sum(1 for s, m in self.used if s > 0 or m > 0)
+
+    @property
+    def content(self) -> tuple[Any, ...]:
+        """Everything about the node but its name and rack: two nodes with equal content are
+        interchangeable for a placer."""
+        return (self.gpu, self.gpus, self.nvlink_domain, self.memory_gib, self.used)
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,20 @@ class Topology:
             counts[key] = counts.get(key, 0) + k
         pools = tuple(GPUPool(g, c, size) for (g, size), c in counts.items())
         return Cluster(self.name, pools)
+
+    def canonical_nodes(self) -> tuple[Node, ...]:
+        """The nodes in an order that depends on content, not on input order: larger nodes
+        first (first fit then fills few nodes), then by node content, then the content of its
+        rack (the sorted contents of the rack's nodes), then rack name, then node name. Placers
+        walk nodes in this order and break every remaining tie by it, so their placements do not
+        depend on the order of the input, and renaming nodes or racks only permutes
+        interchangeable ones (equal content in racks of equal content)."""
+        racks: dict[str, list[tuple[Any, ...]]] = {}
+        for n in self.nodes:
+            racks.setdefault(n.rack, []).append(n.content)
+        rack_content = {r: tuple(sorted(v)) for r, v in racks.items()}
+        return tuple(sorted(self.nodes, key=lambda n: (-n.gpus, n.content, rack_content[n.rack],
+                                                       n.rack, n.name)))
 
     def with_nodes(self, nodes: Iterable[Node]) -> Topology:
         return Topology(self.name, tuple(nodes))
@@ -300,7 +314,7 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
                     raise InputError(source, f"{where}.in_use[{u}].gpu",
                                      f"a GPU index in 0..{nr.gpus - 1}", iu.gpu)
                 mem = iu.share * spec.memory_gib if iu.memory_gib is None else iu.memory_gib
-                used[iu.gpu][0] += to_units(iu.share)
+                used[iu.gpu][0] += share_units(iu.share)
                 used[iu.gpu][1] += mem
                 if used[iu.gpu][0] > UNITS:
                     raise InputError(source, f"{where}.in_use[{u}].share",
