@@ -27,8 +27,9 @@ with GPUs in use, the free capacity per GPU type (:func:`scepsy_place.cuts.free_
 Every row but ``no_good_placer`` cuts and ``tightened`` budgets holds for every placeable
 allocation, so the loop's answer is the cheapest placeable allocation of the candidate set
 (``exact``; tests check it against brute force), and the instance is called ``infeasible`` only
-when such rows alone leave no allocation. Above 64 GPUs the unpruned set is too large to re-solve round after round: the loop
-keeps the dominance-pruned candidates and reports ``exact=False``.
+when such rows alone leave no allocation. Above 64 GPUs the unpruned set is too large to
+re-solve round after round: the loop keeps the dominance-pruned candidates and reports
+``exact=False``.
 
 Statuses (:data:`LoopStatus`, per formulation in ``compared``): ``placed``; ``infeasible``
 (proven: the targets need more GPUs than the cluster has, or valid rows leave no allocation);

@@ -14,11 +14,12 @@ For each (model, gpu, tp, phase) the fit has three stages (docs/profiles.md says
    by a leave-one-out check): picks up what the form cannot — wave quantisation steps, the MPS
    knee, memory-pressure cliffs at large token counts.
 3. **Monotone lattice**: the model is evaluated on a lattice (measured batch and token values and
-   their midpoints, share levels), made monotone by cumulative maxima (never faster with more
-   batch or tokens, never slower with more share) and rounded to 6 significant digits. Queries
-   interpolate multilinearly in (batch, tokens, 1/share); outside the lattice they extrapolate
-   with the edge elasticities (linear tangents in batch and tokens, a power law below the smallest
-   share), so every prediction is monotone by construction and fast (a few µs per point).
+   their midpoints, share levels), projected onto monotone lattices by alternating isotonic
+   regressions (never faster with more batch or tokens, never slower with more share) and
+   rounded to 6 significant digits. Queries interpolate multilinearly in (batch, tokens,
+   1/share); outside the lattice they extrapolate with the edge elasticities (linear tangents in
+   batch and tokens, a power law below the smallest share), so every prediction is monotone by
+   construction and fast (a few µs per point).
 
 Unmeasured TP degrees between two measured ones are interpolated geometrically in log TP.
 
