@@ -48,18 +48,13 @@ import pulp  # noqa: E402
 
 from _common import peak_rss_mb, progress, sig, table, write_results  # noqa: E402
 from dp import solve_problem  # noqa: E402
+from scepsy_common.errors import InputError  # noqa: E402
+from scepsy_common.units import UNITS  # noqa: E402
 from scepsy_opt import milp  # noqa: E402
+from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price  # noqa: E402
 from scepsy_opt.instances import random_problem  # noqa: E402
-from scepsy_opt.planning import (  # noqa: E402
-    UNITS,
-    CandidateSet,
-    Plan,
-    PlanningProblem,
-    fits_budget,
-    generate_candidates,
-    price,
-)
-from scepsy_profile.errors import InputError  # noqa: E402
+from scepsy_opt.plans import Plan  # noqa: E402
+from scepsy_opt.problem import PlanningProblem  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
 
 GPU = "A100-80GB"
@@ -194,7 +189,7 @@ def oracle_instance(i: int) -> tuple[int, int, float]:
 def _baseline_registry() -> tuple[dict[str, Any], str | None]:
     """The registered baselines' factories, or why none are available."""
     try:
-        from scepsy_opt.planning import OPTIMISERS, optimiser
+        from scepsy_opt.optimisers import OPTIMISERS, optimiser
 
         optimiser("milp")
     except ImportError as e:

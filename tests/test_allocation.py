@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from tests.conftest import REPO
 
 from scepsy.cli import main
+from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, load_allocation, save_allocation
-from scepsy_profile.errors import InputError
 
 instances = st.builds(Instance, gpu=st.sampled_from(["A100-80GB", "H100-80GB"]),
                       tp=st.sampled_from([1, 2, 4, 8]),

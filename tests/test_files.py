@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import stat
 
 import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from scepsy_profile.errors import InputError
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_common.errors import NAME_PATTERN, InputError, check_name
+from scepsy_common.files import atomic_write_text, parse_json, parse_yaml, read_text
 
 
 def test_atomic_write_gives_the_umask_mode_and_replaces(tmp_path):
@@ -34,3 +39,61 @@ def test_read_text_names_the_file_and_what_was_expected(tmp_path, kind):
     with pytest.raises(InputError) as err:
         read_text(path, "curves file (JSON)")
     assert str(path) in str(err.value) and "curves file" in str(err.value)
+
+
+# --- one loader for every YAML/JSON file: duplicate keys, one-line messages -------------------
+
+_keys = st.lists(st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True), min_size=1, max_size=6,
+                 unique=True)
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(keys=_keys, data=st.data())
+def test_yaml_and_json_reject_a_repeated_key_and_name_it(keys: list[str], data) -> None:
+    values = data.draw(st.lists(st.integers(-5, 5), min_size=len(keys), max_size=len(keys)))
+    doc = dict(zip(keys, values, strict=True))
+    lines = [f"{k}: {v}" for k, v in doc.items()]
+    # without a repeat the project's loader agrees with PyYAML's and json's own
+    assert parse_yaml("\n".join(lines) + "\n", "f.yaml") == yaml.safe_load("\n".join(lines))
+    assert parse_json(json.dumps(doc), "f.json") == doc
+    # a key repeated anywhere later: an error naming the key (and, for YAML, its second line)
+    i = data.draw(st.integers(0, len(keys) - 1))
+    at = data.draw(st.integers(i + 1, len(lines)))
+    twice = [*lines[:at], f"{keys[i]}: 99", *lines[at:]]
+    with pytest.raises(InputError) as info:
+        parse_yaml("\n".join(twice) + "\n", "f.yaml")
+    assert (info.value.source, info.value.field) == ("f.yaml", f"line {at + 1}: {keys[i]}")
+    assert "duplicate key" in str(info.value)
+    text = "{" + ", ".join([*(json.dumps(k) + ": 0" for k in keys), json.dumps(keys[i]) + ": 1"]) + "}"
+    with pytest.raises(InputError) as info:
+        parse_json(text, "f.json")
+    assert (info.value.source, info.value.field) == ("f.json", keys[i])
+
+
+def test_a_repeated_key_in_a_nested_mapping_is_found_too() -> None:
+    with pytest.raises(InputError, match=r"f\.yaml: line 3: b: expected each key once"):
+        parse_yaml("a:\n  b: 1\n  b: 2\n", "f.yaml")
+    with pytest.raises(InputError, match=r"f\.json: b: expected each key once"):
+        parse_json('{"a": [{"b": 1, "b": 2}]}', "f.json")
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(text=st.text(max_size=12))
+def test_names_accepted_exactly_by_the_pattern_and_messages_stay_one_line(text: str) -> None:
+    ok = bool(re.match(NAME_PATTERN, text))
+    try:
+        assert check_name(text, "f.yaml", f"llms.{text}") == text
+        accepted = True
+    except InputError as exc:
+        accepted = False
+        assert "\n" not in str(exc) and "\r" not in str(exc)
+        assert str(exc).startswith("f.yaml: llms.")
+    assert accepted == ok
+
+
+def test_every_character_a_shell_gives_meaning_to_is_refused() -> None:
+    for ch in " ;|&$`'\"()<>*?!#~{}[]\\\n\t\r=,%^":
+        with pytest.raises(InputError):
+            check_name(f"a{ch}b", "f.yaml", "name")
+    for good in ("rag", "qwen2.5-7b", "A100-80GB", "BAAI/bge-reranker-large", "hgx_0", "a:b+c"):
+        assert check_name(good, "f.yaml", "name") == good

@@ -20,7 +20,7 @@ from sklearn.gaussian_process.kernels import ConstantKernel as C
 from tests.conftest import BUNDLED_CURVES, GPU, MODEL, REPO, shared_file
 
 from scepsy.cli import main
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
 from scepsy_profile.fitted import (
     CurveTable,
     FittedLatencyModel,

@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
+from scepsy_profile.catalog import default_catalog, parse_catalog
 from scepsy_profile.importers.distserve import (
     DistServeCoefficients,
     distserve_measurements,
@@ -455,7 +456,13 @@ def test_distserve_measurements_grid(tmp_path: Path) -> None:
     # the records pass the measurement store's validation
     store = tmp_path / "m.jsonl"
     write_measurements(store, pts)
-    assert read_measurements(store) == pts
+    opt = ("models:\n  facebook/opt-13b: {family: opt, layers: 40, hidden: 5120, heads: 40, "
+           "kv_heads: 40, intermediate: 20480, vocab: 50272, max_context: 2048}\n")
+    catalog = parse_catalog(opt, "opt.yaml", base=default_catalog())
+    assert read_measurements(store, catalog) == pts
+    # the bundled catalog has no OPT models: the file is refused, naming the model
+    with pytest.raises(InputError, match="line 1: model"):
+        read_measurements(store)
 
 
 def test_distserve_measurements_refuse_bad_grids(tmp_path: Path) -> None:

@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 
 from conftest import GPU as SYN_GPU
 from conftest import MODEL as SYN_MODEL
-from scepsy_profile.errors import InputError, UncoveredInstanceError
+from scepsy_common.errors import InputError, UncoveredInstanceError
 from scepsy_profile.fitted import FittedLatencyModel
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
 from scepsy_profile.roofline import RooflineModel

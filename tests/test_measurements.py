@@ -22,9 +22,12 @@ from hypothesis import strategies as st
 
 import scepsy_profile.measurements as measurements_module
 from conftest import shared_file
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
+from scepsy_profile.catalog import default_catalog
 from scepsy_profile.importers import load_muxserve_grid
 from scepsy_profile.measurements import (
+    MAX_BATCH,
+    MAX_TOKENS,
     PHASES,
     Measurement,
     read_measurements,
@@ -33,21 +36,25 @@ from scepsy_profile.measurements import (
 
 # --- strategies --------------------------------------------------------------------------------
 
-names = st.text(min_size=1, max_size=20)
+_CATALOG = default_catalog()
+# every (model, gpu, tp) the catalog supports: the instances a measurements file may name
+INSTANCES = [(m, g, tp) for m in sorted(_CATALOG.models) for g in sorted(_CATALOG.gpus)
+             for tp in (1, 2, 4, 8)
+             if _CATALOG.model(m).supports_tp(tp) and tp <= _CATALOG.gpu(g).nvlink_domain]
 positive_floats = st.floats(min_value=0.0, exclude_min=True, allow_nan=False, allow_infinity=False)
 shares = st.floats(min_value=0.0, max_value=1.0, exclude_min=True, allow_nan=False)
-measurements = st.builds(
+measurements = st.sampled_from(INSTANCES).flatmap(lambda inst: st.builds(
     Measurement,
-    model=names,
-    gpu=names,
-    tp=st.integers(min_value=1, max_value=1024),
+    model=st.just(inst[0]),
+    gpu=st.just(inst[1]),
+    tp=st.just(inst[2]),
     share=shares,
     phase=st.sampled_from(PHASES),
-    batch=st.integers(min_value=1, max_value=2**64),
-    tokens=st.integers(min_value=1, max_value=2**64),
+    batch=st.integers(min_value=1, max_value=MAX_BATCH),
+    tokens=st.integers(min_value=1, max_value=MAX_TOKENS),
     latency_ms=positive_floats,
     source=st.text(max_size=20),
-)
+))
 measurement_lists = st.lists(measurements, min_size=1, max_size=12)
 
 
@@ -93,8 +100,8 @@ def test_written_bytes_are_deterministic(rows: list[Measurement]) -> None:
 
 
 def test_rewriting_replaces_the_old_content(tmp_path: Path) -> None:
-    first = Measurement("m", "g", 1, 0.5, "prefill", 2, 64, 10.0)
-    second = Measurement("m", "g", 2, 1.0, "decode", 8, 128, 3.5, source="x")
+    first = Measurement("llama-2-7b", "A100-80GB", 1, 0.5, "prefill", 2, 64, 10.0)
+    second = Measurement("llama-2-7b", "A100-80GB", 2, 1.0, "decode", 8, 128, 3.5, source="x")
     path = tmp_path / "points.jsonl"
     write_measurements(path, [first, second])
     write_measurements(path, [second])
@@ -103,7 +110,7 @@ def test_rewriting_replaces_the_old_content(tmp_path: Path) -> None:
 
 # --- JSONL store: atomic writes ----------------------------------------------------------------
 
-OLD = [Measurement("old", "A100-80GB", 1, 1.0, "decode", 1, 32, 5.0)]
+OLD = [Measurement("llama-2-7b", "A100-80GB", 1, 1.0, "decode", 1, 32, 5.0)]
 
 
 @pytest.fixture
@@ -326,7 +333,7 @@ latencies = st.one_of(st.just(-1), st.floats(min_value=0.01, max_value=1e5, allo
 grid_keys = st.integers(min_value=1, max_value=4096).map(str)
 cells = st.fixed_dictionaries({"prefill": latencies, "decoding": latencies})
 grids = st.dictionaries(
-    st.text(alphabet="abcdefghijklmnopqrstuvwxyz-0123456789", min_size=1, max_size=8),
+    st.sampled_from(["llama-7b", "llama-13b", "llama-2-7b"]),  # catalog models, any TP of 1-8
     st.dictionaries(
         st.sampled_from(["1", "2", "4", "8"]),
         st.dictionaries(

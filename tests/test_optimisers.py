@@ -11,26 +11,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scepsy_common.errors import InputError
+from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.baselines import BruteForce, Independent, UserAllocation, capacity_scale
+from scepsy_opt.candidates import changed_replicas, generate_candidates, price
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
 from scepsy_opt.instances import random_problem, random_stats
+from scepsy_opt.optimisers import OPTIMISERS, optimiser
 from scepsy_opt.pipeline import instance_curve, llm_demand
-from scepsy_opt.planning import (
-    OPTIMISERS,
-    UNITS,
-    Plan,
-    PlanningProblem,
-    PlanOptions,
-    changed_replicas,
-    generate_candidates,
-    optimiser,
-    plan_from_choice,
-    price,
-    workflow_latencies,
-)
+from scepsy_opt.plans import Plan, plan_from_choice, workflow_latencies
+from scepsy_opt.problem import PlanningProblem, PlanOptions
 from scepsy_profile.catalog import default_catalog
-from scepsy_profile.errors import InputError
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.pipeline import (
     LLMDemand,
@@ -21,7 +22,6 @@ from scepsy_opt.pipeline import (
 )
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import CallRecord, validate_calls
-from scepsy_profile.errors import InputError
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import serving_curve
 

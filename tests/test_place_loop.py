@@ -9,17 +9,13 @@ import math
 
 import pytest
 
+from scepsy_opt.candidates import fits_budget, generate_candidates, price
 from scepsy_opt.cluster import uniform_cluster
 from scepsy_opt.instances import random_problem
 from scepsy_opt.milp import max_scale
 from scepsy_opt.pipeline import llm_demand
-from scepsy_opt.planning import (
-    PlanOptions,
-    fits_budget,
-    generate_candidates,
-    plan_from_choice,
-    price,
-)
+from scepsy_opt.plans import plan_from_choice
+from scepsy_opt.problem import PlanOptions
 from scepsy_place.check import violations
 from scepsy_place.loop import plan_and_place
 from scepsy_place.placement import demands, place
@@ -56,7 +52,7 @@ def cheapest_placeable(p, topo):
 def test_loop_recovers_from_an_unplaceable_optimum(seed, gpus):
     p, cl = problem(seed, gpus)
     topo = from_cluster(cl)
-    res = plan_and_place(p, topo)
+    res = plan_and_place(p, topo, formulation="aggregate")
     assert res.rounds > 1  # the aggregate optimum did not fit on whole GPUs
     assert res.history[0]["unplaced"] > 0 and res.history[-1]["unplaced"] == 0
     assert res.placed and res.reason is None
@@ -73,7 +69,7 @@ def test_whole_gpu_power_of_two_plans_place_in_one_round():
     # whole GPUs, TP degrees and nodes powers of two: the aggregate optimum is always placeable
     cl = uniform_cluster("A100-80GB", 16, 8)
     p = random_problem(4, 16, ROOF, seed=1, cluster=cl, options=PlanOptions(shares=(1.0,)))
-    res = plan_and_place(p, from_cluster(cl))
+    res = plan_and_place(p, from_cluster(cl), formulation="aggregate")
     assert res.placed and res.rounds == 1 and res.exact
     assert res.quality["gpus_used"] == res.quality["bound_l1"]
 
@@ -83,7 +79,7 @@ def test_loop_always_ends_placed_with_tp_groups_of_fractional_shares(seed):
     cl = uniform_cluster("A100-80GB", 16, 8)
     p = random_problem(4, 16, ROOF, seed=seed, cluster=cl)
     topo = from_cluster(cl)
-    res = plan_and_place(p, topo)
+    res = plan_and_place(p, topo, formulation="aggregate")
     assert res.placed, res.reason
     assert violations(topo, demands(res.plan.allocation), res.placement) == []
     assert res.rounds == len(res.history) and res.history[-1]["unplaced"] == 0
@@ -97,7 +93,7 @@ def test_no_placeable_allocation_is_reported():
     cl = uniform_cluster("A100-80GB", 1, 1)
     p = random_problem(2, 1, ROOF, seed=4, load=0.9, options=PlanOptions(shares=(0.6, 1.0), tps=(1,)),
                        cluster=cl)
-    res = plan_and_place(p, from_cluster(cl))
+    res = plan_and_place(p, from_cluster(cl), formulation="aggregate")
     assert not res.placed and res.reason
 
 
@@ -106,7 +102,7 @@ def test_max_throughput_plans_are_placed_at_the_largest_placeable_scale():
     mt = random_problem(3, 3, ROOF, seed=0, load=0.6, cluster=cl,
                         options=dataclasses.replace(OPTS, objective="max-throughput"))
     topo = from_cluster(cl)
-    res = plan_and_place(mt, topo)
+    res = plan_and_place(mt, topo, formulation="aggregate")
     cap, _, _ = max_scale(mt)
     assert res.placed and 0 < res.plan.scale <= cap
     assert violations(topo, demands(res.plan.allocation), res.placement) == []
@@ -149,10 +145,12 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from scepsy.cli import main  # noqa: E402
-from scepsy_opt.planning import Candidate, share_units  # noqa: E402
+from scepsy_common.units import share_units  # noqa: E402
+from scepsy_opt.candidates import Candidate  # noqa: E402
 from scepsy_place.cuts import configuration_cut, most_weight  # noqa: E402
 from scepsy_place.exact import place_exactly  # noqa: E402
-from scepsy_place.placement import Demand, Placement  # noqa: E402
+from scepsy_place.placement import Placement  # noqa: E402
+from scepsy_place.replicas import Demand  # noqa: E402
 from scepsy_place.topology import parse_topology  # noqa: E402
 
 FAST = settings(derandomize=True, deadline=None, database=None, max_examples=60)
@@ -265,7 +263,7 @@ def test_infeasible_is_reported_with_each_kind_of_cut_counted():
     cl = uniform_cluster("A100-80GB", 2, 2)
     p = random_problem(3, 2, ROOF, seed=0, load=0.3,
                        options=PlanOptions(shares=(0.6, 1.0), tps=(1,)), cluster=cl)
-    res = plan_and_place(p, from_cluster(cl))
+    res = plan_and_place(p, from_cluster(cl), formulation="aggregate")
     assert res.status == "infeasible" and res.exact and not res.placed
     assert cheapest_placeable(p, from_cluster(cl)) is None  # brute force agrees
     assert res.cuts["packing"] > 0 and res.cuts["no_good_placer"] == 0
@@ -351,9 +349,9 @@ def test_without_the_exact_test_the_loop_is_inexact_never_infeasible(monkeypatch
     cl = uniform_cluster("A100-80GB", 16, 8)
     p = random_problem(4, 16, ROOF, seed=seed, cluster=cl)
     topo = from_cluster(cl)
-    assert plan_and_place(p, topo).placed
+    assert plan_and_place(p, topo, formulation="aggregate").placed
     monkeypatch.setattr(scepsy_place.exact, "EXACT_MAX_GPUS", 0)
-    res = plan_and_place(p, topo)
+    res = plan_and_place(p, topo, formulation="aggregate")
     assert res.status in ("placed", "unplaced")
     if res.cuts["no_good_placer"] or res.cuts["tightened"]:
         assert not res.exact

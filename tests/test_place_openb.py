@@ -9,19 +9,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scepsy.bench_openb import run_cli
+from scepsy_common.errors import InputError
 from scepsy_place.fgd import node_fragmentation, task_mix, typical_tasks
 from scepsy_place.openb import (
     POLICIES,
     TIES,
     ClusterState,
     NodeSpec,
-    OpenBError,
     Task,
     build_workload,
     read_nodes,
     read_pods,
     replay,
-    run_cli,
 )
 
 OPENB = Path(__file__).resolve().parents[2] / "shared" / "data" / "cluster-traces" / "alibaba-openb"
@@ -72,35 +72,40 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("text, expect", [
-    ("sn,cpu_milli,memory_mib\nn0,1,1\n", "line 1: missing column(s) gpu"),
-    ("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,100,two,T4\n", "line 2, field gpu"),
-    ("sn,cpu_milli,memory_mib,gpu,model\nn0,-5,100,2,T4\n", "line 2, field cpu_milli"),
-    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,T4\nn0,1,1,2,T4\n", "line 3, field sn"),
-    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,0,\n", "no GPUs"),
+@pytest.mark.parametrize("text, field", [
+    ("sn,cpu_milli,memory_mib\nn0,1,1\n", "column gpu"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,8000,100,two,T4\n", "row 1 (line 2): gpu"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,-5,100,2,T4\n", "row 1 (line 2): cpu_milli"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,T4\nn0,1,1,2,T4\n", "row 2 (line 3): sn"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,0,\n", "gpu"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn;0,1,1,2,T4\n", "row 1 (line 2): sn"),
+    ("sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,1000000,T4\n", "row 1 (line 2): gpu"),
 ])
-def test_nodes_csv_errors(tmp_path, text, expect):
+def test_nodes_csv_errors(tmp_path, text, field):
     path = _write(tmp_path, "nodes.csv", text)
-    with pytest.raises(OpenBError, match=r"nodes\.csv") as e:
+    with pytest.raises(InputError) as e:
         read_nodes(path)
-    assert expect in str(e.value)
+    assert (e.value.source, e.value.field) == (str(path), field)
+    assert str(e.value).startswith(f"{path}: {field}: expected ")
 
 
-@pytest.mark.parametrize("row, expect", [
-    ("p0,1000,100,2,500", "line 2, field gpu_milli: multi-GPU"),
-    ("p0,1000,100,1,1500", "line 2, field gpu_milli"),
-    ("p0,1000,100,0,300", "line 2, field gpu_milli"),
-    ("p0,1000,x,1,300", "line 2, field memory_mib"),
+@pytest.mark.parametrize("row, field, expect", [
+    ("p0,1000,100,2,500", "row 1 (line 2): gpu_milli", "multi-GPU"),
+    ("p0,1000,100,1,1500", "row 1 (line 2): gpu_milli", "in [0, 1000]"),
+    ("p0,1000,100,0,300", "row 1 (line 2): gpu_milli", "0 when num_gpu is 0"),
+    ("p0,1000,x,1,300", "row 1 (line 2): memory_mib", "an integer"),
+    ("p0,1000,100", "row 1 (line 2)", "5 fields"),
 ])
-def test_pods_csv_errors(tmp_path, row, expect):
+def test_pods_csv_errors(tmp_path, row, field, expect):
     path = _write(tmp_path, "pods.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + row + "\n")
-    with pytest.raises(OpenBError, match=r"pods\.csv") as e:
+    with pytest.raises(InputError) as e:
         read_pods(path)
+    assert (e.value.source, e.value.field) == (str(path), field)
     assert expect in str(e.value)
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
-    with pytest.raises(OpenBError, match="cannot read"):
+    with pytest.raises(InputError, match=r"nope\.csv: expected an existing, readable"):
         read_pods(tmp_path / "nope.csv")
 
 
@@ -233,7 +238,8 @@ def test_run_cli_json_and_bad_input(tmp_path, capsys):
                    "B,8000,1000,1,T4\n")
     pods = _write(tmp_path, "p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
                   "t1,1000,100,1,500\nt2,1000,100,2,1000\n")
-    args = argparse.Namespace(nodes=nodes, pods=pods, policy="best-fit,fgd", seed=7, json=True)
+    args = argparse.Namespace(nodes=nodes, pods=pods, policy="best-fit,fgd", seed=7, until=1.3,
+                              json=True)
     assert run_cli(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["policy"] for r in out["results"]] == ["best-fit", "fgd"]

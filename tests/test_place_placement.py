@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
+from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_place import (
     FALLBACKS,
@@ -30,7 +31,6 @@ from scepsy_place import (
     remove,
     violations,
 )
-from scepsy_profile.errors import InputError
 
 TYPES = {"A100-80GB": 80.0, "H100-80GB": 79.65}
 SHARES = (0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 1.0)

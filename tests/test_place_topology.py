@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from scepsy_common.errors import InputError
 from scepsy_opt.cluster import load_cluster
 from scepsy_place import (
     Node,
@@ -16,7 +17,6 @@ from scepsy_place import (
     parse_topology,
     topology_to_dict,
 )
-from scepsy_profile.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTERS = REPO / "datasets" / "clusters"
@@ -87,7 +87,7 @@ def _node(**kw):
     ([_node(count=2), _node(name="n-1")], "racks[0].nodes[1].name", "used once"),
     ([_node(gpus=0)], "racks.0.nodes.0.gpus", ">= 1"),
     ([_node(colour="red")], "racks.0.nodes.0.colour", "unknown field"),
-    ([], "racks.0.nodes", "longer list"),
+    ([], "racks.0.nodes", "at least 1 item"),
 ])
 def test_errors_name_file_and_field(tmp_path, nodes, field, words):
     path = _write(tmp_path, {"name": "t", "racks": [{"name": "r", "nodes": nodes}]})
@@ -114,7 +114,7 @@ def test_document_errors(tmp_path, doc, field):
 
 
 def test_missing_file_and_bad_yaml(tmp_path):
-    with pytest.raises(InputError, match="topology file"):
+    with pytest.raises(InputError, match="topology or cluster file"):
         load_topology(tmp_path / "nope.yaml")
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: [\n")

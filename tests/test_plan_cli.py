@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from scepsy.cli import main
+from scepsy_common.units import UNITS
 from scepsy_opt.allocation import load_allocation
 from scepsy_opt.cluster import load_cluster
-from scepsy_opt.planning import UNITS
 
 REPO = Path(__file__).resolve().parents[1]
 RAG = str(REPO / "datasets" / "workflows" / "rag.yaml")
@@ -104,7 +104,7 @@ def test_model_that_fits_nowhere_is_a_memory_report(capsys, tmp_path):
     (["--target", "nope=3"], "nope"),
     (["--target", "rag=abc"], "--target"),
     (["--target", "1", "--optimiser", "magic"], "optimiser"),
-    (["--target", "1", "--max-utilisation", "1.5"], "max_utilisation"),
+    (["--target", "1", "--max-utilisation", "1.5"], "--max-utilisation"),
     (["--target", "1", "--shares", "0,2"], "--shares"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, tmp_path, args, needle):

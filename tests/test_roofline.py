@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import shared_file
+from scepsy_common.errors import InputError
 from scepsy_profile.catalog import default_catalog
-from scepsy_profile.errors import InputError
 from scepsy_profile.importers import load_muxserve_grid
 from scepsy_profile.roofline import (
     _LOWER,

@@ -16,8 +16,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from scepsy_common.errors import InputError
 from scepsy_profile.catalog import default_catalog
-from scepsy_profile.errors import InputError
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.roofline import (

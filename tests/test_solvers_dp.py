@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from scepsy_common.units import UNITS
+from scepsy_opt.candidates import Candidate, generate_candidates
 from scepsy_opt.milp import solve_min_latency
-from scepsy_opt.planning import UNITS, Candidate, generate_candidates
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "solvers"))
 from dp import solve_dp, solve_problem

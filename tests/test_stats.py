@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scepsy_common.errors import InputError
 from scepsy_opt.stats import (
     CallClass,
     WorkflowStats,
@@ -22,7 +23,6 @@ from scepsy_opt.stats import (
     workflow_stats,
 )
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
-from scepsy_profile.errors import InputError
 
 
 def _llm(req, cid, start, end, llm, parents=(), wf="w", **kw):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, shared_file
+from scepsy_common.errors import InputError
 from scepsy_opt.mooncake import load_mooncake_lengths
 from scepsy_opt.traces import CallRecord, read_trace, validate_calls, write_trace
 from scepsy_opt.workflows import (
@@ -25,7 +26,6 @@ from scepsy_opt.workflows import (
     parse_distribution,
     reference_timer,
 )
-from scepsy_profile.errors import InputError
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import serving_curve
 
@@ -374,7 +374,7 @@ def test_malformed_workflow_names_file_and_field(tmp_path, change, field):
     ("name: [unclosed", "line 1"),
     ("- a list", ""),
     ("", ""),
-    ("name: a\nname: b\n", "line 2"),
+    ("name: a\nname: b\n", "line 2: name"),
 ])
 def test_unreadable_workflow_files(tmp_path, text, field):
     path = tmp_path / "w.yaml"
@@ -415,7 +415,9 @@ def test_workload_weights_and_errors(tmp_path):
     path = _workload(tmp_path, {"workflows": ["rag.yaml", "missing.yaml"]})
     with pytest.raises(InputError) as info:
         load_workload(path)
-    assert info.value.source == str(tmp_path / "missing.yaml")
+    # the workload file and the entry that names the missing workflow file
+    assert (info.value.source, info.value.field) == (str(path), "workflows.1")
+    assert "missing.yaml" in str(info.value)
 
 
 # ------------------------------------------------------------------------------ Mooncake

@@ -15,15 +15,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_profile.errors import InputError, validated
-from scepsy_profile.files import atomic_write_text, read_yaml
+from scepsy_common.errors import InputError, Name, UnknownEntryError, validated
+from scepsy_common.files import atomic_write_text, read_yaml
+from scepsy_opt.cluster import MAX_GPUS_PER_NODE
+from scepsy_profile.catalog import Catalog, default_catalog
+from scepsy_profile.serving import MemoryPolicy, memory_fit
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,9 +54,10 @@ class Instance:
 
 @dataclass(frozen=True)
 class Allocation:
-    """LLM name -> :class:`Instance`."""
+    """LLM name -> :class:`Instance`; ``source`` names the file it was read from in errors."""
 
     llms: Mapping[str, Instance]
+    source: str = field(default="allocation", compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
@@ -67,34 +71,77 @@ class Allocation:
                                 "replicas": i.replicas} for name, i in self.llms.items()}}
 
 
+MAX_REPLICAS = 100_000
+"""The most replicas one LLM of an allocation file may have."""
+
+
 class _InstanceRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     gpu: str = Field(min_length=1)
-    tp: int = Field(ge=1)
+    tp: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     share: float = Field(gt=0, le=1)
-    replicas: int = Field(default=1, ge=1)
+    replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
 
 
 class _AllocationRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    llms: dict[str, _InstanceRec] = Field(min_length=1)
+    llms: dict[Name, _InstanceRec] = Field(min_length=1)
 
 
-def parse_allocation(raw: object, source: str) -> Allocation:
-    """An allocation document, or a plan.json (its ``allocation``)."""
+def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -> Allocation:
+    """An allocation document, or a plan.json (its ``allocation``); GPU names must be catalog
+    GPU types (aliases resolved), every error names ``source`` and the field."""
+    prefix = ""
     if isinstance(raw, dict) and "optimiser" in raw and "status" in raw:
         if not isinstance(raw.get("allocation"), dict):
             raise InputError(source, "allocation", "a plan with an allocation (this plan's status "
                              f"is {raw.get('status')!r})")
-        raw = raw["allocation"]
-    rec = validated(_AllocationRec, raw, source)
-    return Allocation({name: Instance(**r.model_dump()) for name, r in rec.llms.items()})
+        raw, prefix = raw["allocation"], "allocation."
+    rec = validated(_AllocationRec, raw, source, prefix)
+    cat = catalog or default_catalog()
+    llms: dict[str, Instance] = {}
+    for name, r in rec.llms.items():
+        try:
+            gpu = cat.gpu(r.gpu)
+        except UnknownEntryError:
+            raise InputError(source, f"{prefix}llms.{name}.gpu", "a GPU type of the catalog "
+                             f"({', '.join(sorted(cat.gpus))})", r.gpu) from None
+        if r.tp > gpu.nvlink_domain:
+            raise InputError(source, f"{prefix}llms.{name}.tp", f"a TP degree within one "
+                             f"{gpu.name} NVLink domain (at most {gpu.nvlink_domain})", r.tp)
+        llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas)
+    return Allocation(llms, source)
 
 
-def load_allocation(path: str | os.PathLike[str]) -> Allocation:
-    """Read an allocation from YAML or JSON (by content: JSON is YAML)."""
+def load_allocation(path: str | os.PathLike[str], catalog: Catalog | None = None) -> Allocation:
+    """Read an allocation from YAML or JSON (by content: JSON is YAML), or a plan.json."""
     p = Path(path)
-    return parse_allocation(read_yaml(p, "allocation file (YAML or JSON)"), str(p))
+    return parse_allocation(read_yaml(p, "allocation file (YAML or JSON)"), str(p), catalog)
+
+
+def check_allocation(alloc: Allocation, models: Mapping[str, str], *,
+                     catalog: Catalog | None = None, policy: MemoryPolicy | None = None) -> None:
+    """Every instance of ``alloc`` whose LLM is in ``models`` (LLM -> catalog model) can run:
+    the model supports its TP degree and its share of GPU memory holds the model's weights,
+    the reserve and the KV cache of at least one token. Otherwise an :class:`InputError`
+    naming the allocation's file and ``llms.NAME.tp`` or ``llms.NAME.share``."""
+    cat = catalog or default_catalog()
+    pol = policy or MemoryPolicy()
+    for name, inst in alloc.llms.items():
+        if name not in models:
+            continue
+        spec = cat.model(models[name])
+        if not spec.supports_tp(inst.tp):
+            raise InputError(alloc.source, f"llms.{name}.tp", f"a TP degree {spec.name} supports "
+                             f"(dividing its {spec.heads} attention heads; its KV heads "
+                             f"{spec.kv_heads} divide it or it divides them)", inst.tp)
+        fit = memory_fit(spec.name, inst.gpu, inst.tp, inst.share, 1, catalog=cat, policy=pol)
+        if not fit.feasible:
+            raise InputError(alloc.source, f"llms.{name}.share", f"a share of {inst.gpu} whose "
+                             f"memory ({fit.available_gib:.3g} GiB per GPU) holds {spec.name}'s "
+                             f"weights ({fit.weights_gib:.3g} GiB per GPU at tp {inst.tp}), the "
+                             f"reserve ({fit.reserve_gib:.3g} GiB) and a KV cache; the model "
+                             "does not fit", inst.share)
 
 
 def save_allocation(alloc: Allocation, path: str | os.PathLike[str]) -> None:

@@ -1,9 +1,9 @@
 """Baseline optimisers: the exact brute-force oracle, the paper's heuristic, naive splits, and
 the evaluation of a user's allocation.
 
-Every optimiser here prices its answer with :func:`~scepsy_opt.planning.plan_from_choice` (or
-:func:`~scepsy_opt.planning.price`), so its objective is comparable to the MILP's to the last
-bit; when it finds no allocation it returns an infeasible :class:`~scepsy_opt.planning.Plan`
+Every optimiser here prices its answer with :func:`~scepsy_opt.plans.plan_from_choice` (or
+:func:`~scepsy_opt.candidates.price`), so its objective is comparable to the MILP's to the last
+bit; when it finds no allocation it returns an infeasible :class:`~scepsy_opt.plans.Plan`
 that says why (:func:`scepsy_opt.milp.diagnose`).
 
 * ``brute-force`` (:class:`BruteForce`): the exact oracle (status ``optimal``). A depth-first
@@ -12,7 +12,7 @@ that says why (:func:`scepsy_opt.milp.diagnose`).
   minimum of the LLMs still to choose, or when its cost so far plus a lower bound on those LLMs
   (each alone at its cheapest candidate within what their GPU type has left) exceeds the best
   found. Ties go to fewer GPU units, then to the earlier candidate (in
-  :func:`~scepsy_opt.planning.generate_candidates`'s order) of the first LLM by name that
+  :func:`~scepsy_opt.candidates.generate_candidates`'s order) of the first LLM by name that
   differs. It refuses (``InputError``) when the product of the candidate counts exceeds
   ``max_product``. Max-throughput: the exact largest scale by the same kind of search over every
   (shape, replicas) of every LLM (:func:`capacity_scale`), then the min-latency allocation at
@@ -58,25 +58,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from scepsy_common.bisection import Probe, largest_accepted
+from scepsy_common.errors import InputError
+from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.milp import diagnose
-from scepsy_opt.pipeline import carried_scale, instance_curves, llm_demand, llm_load
-from scepsy_opt.planning import (
-    UNITS,
+from scepsy_opt.candidates import (
     Candidate,
     CandidateSet,
-    Infeasibility,
-    Plan,
-    PlanningProblem,
+    fitting_curves,
     generate_candidates,
-    gpu_units,
-    plan_from_choice,
     price,
-    register,
-    shape_groups,
 )
+from scepsy_opt.milp import diagnose
+from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load
+from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice
+from scepsy_opt.problem import PlanningProblem
 from scepsy_profile.catalog import default_catalog
-from scepsy_profile.errors import InputError
 
 DEFAULT_MAX_PRODUCT = 10**10
 BISECT_REL = 1e-4  # max-throughput bisection stops when hi - lo <= BISECT_REL * hi
@@ -195,16 +192,12 @@ def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         load = llm_load(dem)
         raw: list[_CapOption] = []
-        for (gpu, tp), shares in shape_groups(problem, m).items():
-            for curve in instance_curves(dem, problem.latency, gpu, tp, shares,
-                                         catalog=problem.catalog, policy=problem.policy):
-                if not curve.feasible:
-                    continue
-                per = gpu_units(tp, curve.share)
-                top = min(budgets.get(gpu, 0) // per, problem.options.max_replicas)
-                raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
-                                      carried_scale(load, curve.mu, r, u))
-                           for r in range(1, top + 1))
+        for gpu, tp, curve in fitting_curves(problem, m, dem):
+            per = gpu_units(tp, curve.share)
+            top = min(budgets.get(gpu, 0) // per, problem.options.max_replicas)
+            raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
+                                  carried_scale(load, curve.mu, r, u))
+                       for r in range(1, top + 1))
         kept: list[_CapOption] = []
         for gpu in sorted({o.gpu for o in raw}):
             best = -math.inf
@@ -276,19 +269,13 @@ def _bisect(problem: PlanningProblem, hi: float, solve_at: Callable[[PlanningPro
             ) -> tuple[Plan, float] | None:
     """The largest scale in (0, hi] at which ``solve_at`` gives a plan ``ok`` accepts, by
     bisection to ``rel`` (the highest first); None when no scale tried works."""
-    lo, best = 0.0, None
-    mid = hi
-    for _ in range(BISECT_STEPS):
-        scaled = problem.scaled(mid)
+    def probe(x: float) -> Probe[Plan]:
+        scaled = problem.scaled(x)
         plan = solve_at(scaled)
-        if plan.feasible and ok(scaled, plan):
-            lo, best = mid, (plan, mid)
-        else:
-            hi = mid
-        if hi - lo <= rel * hi:
-            break
-        mid = (lo + hi) / 2
-    return best
+        return Probe(plan.feasible and ok(scaled, plan), plan)
+
+    found = largest_accepted(probe, hi, rel=rel, max_steps=BISECT_STEPS)
+    return (found.best, found.best_at) if found.best is not None else None
 
 
 def _no_scale(problem: PlanningProblem, name: str, stats: dict[str, Any]) -> Plan:
@@ -428,7 +415,6 @@ def _search(problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
     return best[1], nodes[0]
 
 
-@register("brute-force")
 class BruteForce:
     """The exact oracle (module docstring): exhaustive search with bound and budget pruning."""
 
@@ -546,7 +532,6 @@ class _SliceBaseline(_CandidateHeuristic):
         return _slice_choice(by_llm, self.slices(problem, by_llm)), {}
 
 
-@register("heuristic")
 class Hierarchical(_CandidateHeuristic):
     """The paper's hierarchical heuristic allocation search (module docstring)."""
 
@@ -634,7 +619,6 @@ class Hierarchical(_CandidateHeuristic):
 # --------------------------------------------------------------------------- naive splits
 
 
-@register("independent")
 class Independent(_SliceBaseline):
     """Every LLM sized alone within its slice of the budget (module docstring)."""
 
@@ -664,7 +648,6 @@ class Independent(_SliceBaseline):
         return out
 
 
-@register("equal-split")
 class EqualSplit(_SliceBaseline):
     """Every LLM gets an equal slice of every GPU type (module docstring)."""
 
@@ -679,9 +662,9 @@ class EqualSplit(_SliceBaseline):
 # --------------------------------------------------------------------------- a user's allocation
 
 
-@register("user")
 class UserAllocation:
-    """Evaluates a given allocation (module docstring); without one, ``solve`` refuses."""
+    """Evaluates a given allocation (module docstring), by default the problem's current one
+    (``PlanOptions.current``); without either, ``solve`` refuses."""
 
     name = "user"
 
@@ -689,9 +672,11 @@ class UserAllocation:
         self.allocation = allocation
 
     def solve(self, problem: PlanningProblem) -> Plan:
-        if self.allocation is None:
-            raise InputError("plan", "allocation",
-                             "an allocation to evaluate (the 'user' optimiser prices one)")
+        if self.allocation is None:  # default: the problem's current allocation
+            if problem.options.current is None:
+                raise InputError("plan", "current", "an allocation to evaluate (the 'user' "
+                                 "optimiser prices the current allocation)")
+            return UserAllocation(problem.options.current).solve(problem)
         t0 = time.perf_counter()
         plan, scale = self._evaluate(problem)
         if problem.options.objective == "max-throughput" and (plan.feasible or scale > 0):

@@ -14,16 +14,16 @@ can hold; topology-aware placement (scepsy_place) reads the same pools.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from scepsy_common.errors import InputError, Name, UnknownEntryError, validated
+from scepsy_common.files import read_yaml
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, UnknownEntryError, validated
-from scepsy_profile.files import read_yaml
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,23 +64,39 @@ class Cluster:
         return sum(p.gpus for p in self.pools)
 
 
+MAX_NODES = 10_000
+"""The most nodes a cluster (or topology) file may describe, over all its pools or racks."""
+MAX_GPUS_PER_NODE = 4096
+"""The most GPUs one node may have."""
+
+
 class _PoolModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     gpu: str = Field(min_length=1)
-    nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1, le=4096)
+    nodes: int = Field(ge=1, le=MAX_NODES)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
 
 
 class _ClusterModel(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str = Field(min_length=1)
+    name: Name
     pools: list[_PoolModel] = Field(min_length=1)
+
+
+def check_node_count(counts: Iterable[int], source: str, field: str) -> None:
+    """An :class:`InputError` when the node ``counts`` of a file sum to more than
+    :data:`MAX_NODES` (checked before any node is built)."""
+    total = sum(counts)
+    if total > MAX_NODES:
+        raise InputError(source, field, f"at most {MAX_NODES} nodes in all (the largest "
+                         "cluster scepsy plans for)", total)
 
 
 def parse_cluster(data: Any, source: str, catalog: Catalog | None = None) -> Cluster:
     """Validate a parsed cluster document; errors name ``source`` and the field."""
     cat = catalog or default_catalog()
     m = validated(_ClusterModel, data, source)
+    check_node_count((p.nodes for p in m.pools), source, "pools")
     pools = []
     for i, p in enumerate(m.pools):
         try:
@@ -94,7 +110,7 @@ def parse_cluster(data: Any, source: str, catalog: Catalog | None = None) -> Clu
 
 def load_cluster(path: str | Path, catalog: Catalog | None = None) -> Cluster:
     """Read a cluster YAML/JSON file (see the module docstring)."""
-    return parse_cluster(read_yaml(path, "a cluster file (YAML or JSON)"), str(path), catalog)
+    return parse_cluster(read_yaml(path, "cluster file (YAML or JSON)"), str(path), catalog)
 
 
 def uniform_cluster(gpu: str, gpus: int, gpus_per_node: int = 8, name: str | None = None) -> Cluster:

@@ -17,7 +17,7 @@ import numpy as np
 from scepsy_opt.cluster import Cluster, uniform_cluster
 from scepsy_opt.milp import capacity_shapes
 from scepsy_opt.pipeline import llm_demand
-from scepsy_opt.planning import PlanningProblem, PlanOptions
+from scepsy_opt.problem import PlanningProblem, PlanOptions
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
 from scepsy_profile.latency import LatencyModel
 

@@ -1,6 +1,6 @@
 """The exact allocation optimiser: a multiple-choice knapsack MILP (PuLP + in-process HiGHS).
 
-One binary ``x_c`` per surviving candidate (``scepsy_opt.planning``):
+One binary ``x_c`` per surviving candidate (``scepsy_opt.candidates``):
 
 * **min-latency** (default): ``min Σ_c cost_c·x_c`` s.t. ``Σ_{c∈m} x_c = 1`` for every LLM and
   ``Σ_{c on type t} units_c·x_c ≤ 1000·G_t`` for every GPU type. Every candidate already carries
@@ -16,8 +16,8 @@ fixing (prices from the LP relaxation of a coarse candidate sample; docs/optimis
 clusters solve over a few percent of the candidates with the same optimum.
 
 HiGHS runs in-process through PuLP's ``HiGHS`` interface, single-threaded with a fixed seed
-(deterministic), with the relative gap of :class:`~scepsy_opt.planning.PlanOptions`. Its time
-limit bounds the whole plan (a :class:`~scepsy_opt.planning.Deadline`): candidate generation,
+(deterministic), with the relative gap of :class:`~scepsy_opt.problem.PlanOptions`. Its time
+limit bounds the whole plan (a :class:`~scepsy_opt.problem.Deadline`): candidate generation,
 the reduction, every solver call (each gets the time that remains), the bisection and the
 diagnosis. The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of its
 best bound, ``infeasible``), or is ``time_limit_no_solution`` when the time ran out before any
@@ -37,27 +37,24 @@ import highspy
 import numpy as np
 import pulp
 
-from scepsy_opt.pipeline import carried_scale, instance_curves, llm_demand, llm_load, min_replicas
-from scepsy_opt.planning import (
-    UNITS,
+from scepsy_common.bisection import Probe, largest_accepted
+from scepsy_common.units import UNITS, gpu_units
+from scepsy_opt.candidates import (
     Candidate,
     CandidateSet,
-    Deadline,
-    Infeasibility,
-    Plan,
-    PlanningProblem,
-    TimeLimitReached,
     fits_budget,
+    fitting_curves,
     generate_candidates,
-    gpu_units,
-    plan_from_choice,
     price,
-    register,
-    shape_groups,
-    time_limit_plan,
 )
+from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load, min_replicas
+from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice, time_limit_plan
+from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 
 SEED = 0
+BISECT_REL = 1e-4  # max-throughput within latency bounds: the scale's relative bracket
+BISECT_STEPS = 40
+ONE_TYPE_REL = 1e-13  # the max scale on one GPU type: bisected to float precision
 Row = tuple[Mapping[Candidate, float], float]  # an extra MILP row: Σ coeff·x_c ≤ rhs
 
 
@@ -413,15 +410,11 @@ def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
             deadline.check()
         dem = llm_demand(problem.stats, problem.models, problem.targets, m)
         best: dict[tuple[str, int], tuple[str, int, float, int, float]] = {}
-        for (gpu, tp), shares in shape_groups(problem, m).items():
-            for curve in instance_curves(dem, problem.latency, gpu, tp, shares,
-                                         catalog=problem.catalog, policy=problem.policy):
-                if not curve.feasible:
-                    continue
-                per = gpu_units(tp, curve.share)
-                key = (gpu, per)
-                if key not in best or curve.mu > best[key][4]:
-                    best[key] = (gpu, tp, curve.share, per, curve.mu)
+        for gpu, tp, curve in fitting_curves(problem, m, dem):
+            per = gpu_units(tp, curve.share)
+            key = (gpu, per)
+            if key not in best or curve.mu > best[key][4]:
+                best[key] = (gpu, tp, curve.share, per, curve.mu)
         out[m] = [best[k] for k in sorted(best)]
     return out
 
@@ -517,17 +510,8 @@ def _max_scale_one_type(problem: PlanningProblem,
 
     if pick(0.0)[0] > budget:
         return 0.0, {}, "infeasible"
-    lo, hi = 0.0, 1.0
-    while pick(hi)[0] <= budget:
-        lo, hi = hi, hi * 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if pick(mid)[0] <= budget:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-13 * hi:
-            break
+    lo = largest_accepted(lambda x: Probe(pick(x)[0] <= budget), math.inf,
+                          rel=ONE_TYPE_REL, max_steps=200).lo
     _, choice = pick(lo)
     scale = min(carried_scale(lam[m], sh[4], r, u) for m, (sh, r) in choice.items())
     cands = {m: Candidate(m, sh[0], sh[1], sh[2], r, sh[3] * r, sh[4], math.nan, 0.0, 0.0)
@@ -643,28 +627,23 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
         priced = price(scaled, plan_from_choice(scaled, name, "optimal", choice, {}).allocation)  # type: ignore[arg-type]
         return plan_from_choice(scaled, name, status, priced,  # type: ignore[arg-type]
                                 {"total_s": time.perf_counter() - t0}, scale=scale)
-    # bisection on the scale with latency-bounded min-latency solves
-    lo, hi, best, cut = 0.0, scale, None, False
-    for i in range(40):
-        mid = hi if i == 0 else (lo + hi) / 2  # full capacity first, then bisect
-        plan = _bounded(problem.scaled(mid), name, left)
+    # bisection on the scale with latency-bounded min-latency solves, full capacity first
+
+    def probe(x: float) -> Probe[Plan]:
+        plan = _bounded(problem.scaled(x), name, left)
         if plan.status == "time_limit_no_solution":  # out of time: the bracket so far
-            cut = True
-            break
-        if plan.feasible:
-            lo, best = mid, (plan, mid)
-        else:
-            hi = mid
-        if hi - lo <= 1e-4 * hi:
-            break
-    if best is None:
-        if cut:
+            return Probe(False, stop=True)
+        return Probe(plan.feasible, plan)
+
+    found = largest_accepted(probe, scale, rel=BISECT_REL, max_steps=BISECT_STEPS)
+    if found.best is None:
+        if found.stopped:
             return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
         cset = generate_candidates(problem, deadline=left)
         return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left)
-    plan, s = best
+    plan, s = found.best, found.best_at
     stats = dict(plan.stats, total_s=time.perf_counter() - t0)
-    return Plan(plan.optimiser, "time_limit" if cut else plan.status,
+    return Plan(plan.optimiser, "time_limit" if found.stopped else plan.status,
                 plan.allocation, plan.objective_s, plan.bound_s,
                 plan.gap, plan.candidates, stats, None, s)
 
@@ -691,7 +670,6 @@ def _bounded(problem: PlanningProblem, name: str, deadline: Deadline) -> Plan:
     return solve_min_latency(problem, cset, extra, name, deadline=deadline)
 
 
-@register("milp")
 class MILPOptimiser:
     """The exact optimiser (module docstring)."""
 

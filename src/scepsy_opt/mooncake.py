@@ -27,9 +27,9 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
+from scepsy_common.errors import InputError, validated
+from scepsy_common.files import read_jsonl_objects
 from scepsy_opt.workflows import Distribution
-from scepsy_profile.errors import InputError, validated
-from scepsy_profile.files import read_jsonl_objects
 
 BLOCK_TOKENS = 512
 """Tokens per ``hash_ids`` block in the Mooncake traces (``len(hash_ids) = ⌈input/512⌉``)."""

@@ -62,10 +62,10 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from scepsy_opt.allocation import Allocation
+from scepsy_common.errors import InputError
+from scepsy_opt.allocation import Allocation, check_allocation
 from scepsy_opt.stats import WorkflowStats
 from scepsy_profile.catalog import Catalog
-from scepsy_profile.errors import InputError
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curves
 
@@ -459,9 +459,11 @@ def predict(
     used = sorted({m for w, st in stats.items() if rates.get(w, 0.0) > 0 for m in st.llms})
     for m in used:
         if m not in allocation.llms:
-            raise InputError("allocation", f"llms.{m}", "an instance for every LLM the workflows call")
+            raise InputError(allocation.source, f"llms.{m}",
+                             "an instance for every LLM the workflows call")
         if m not in models:
             raise InputError("workflow", f"llms.{m}", "the catalog model this LLM runs")
+    check_allocation(allocation, {m: models[m] for m in used}, catalog=catalog, policy=policy)
 
     loads: dict[str, LLMLoad] = {}
     class_lat: dict[tuple[str, float, float], float] = {}
@@ -472,6 +474,11 @@ def predict(
         dem = llm_demand(stats, models, rates, m)
         curve = instance_curve(dem, latency, inst.gpu, inst.tp, inst.share, catalog=catalog,
                                policy=policy)
+        if not curve.feasible:  # the model fits, but not one call of this workload's length
+            raise InputError(allocation.source, f"llms.{m}.share", f"a share of {inst.gpu} whose "
+                             f"KV cache holds one call of {m} ({curve.memory.kv_tokens} tokens "
+                             f"fit; calls average {dem.input_mean + dem.output_mean:.0f})",
+                             inst.share)
         mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
         load = llm_load(dem, form)
         util = utilisation(load, curve.mu, inst.replicas)

@@ -11,9 +11,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from scepsy_common.files import atomic_write_text
 from scepsy_opt.cluster import cluster_to_dict
-from scepsy_opt.planning import Plan, PlanningProblem, workflow_latencies
-from scepsy_profile.files import atomic_write_text
+from scepsy_opt.plans import Plan, workflow_latencies
+from scepsy_opt.problem import PlanningProblem
 
 TIMING_KEYS = ("candidates_s", "build_s", "solve_s", "total_s")
 

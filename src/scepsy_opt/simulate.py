@@ -71,16 +71,18 @@ from typing import Any, Literal
 
 import numpy as np
 
-from scepsy_opt.allocation import Allocation
+from scepsy_common.errors import InputError
+from scepsy_opt.allocation import Allocation, check_allocation
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.serving import MemoryPolicy, memory_fit
 
 Routing = Literal["round_robin", "least_loaded"]
 ROUTINGS = ("round_robin", "least_loaded")
 DEFAULT_REQUESTS = 1000
+MAX_REQUESTS = 1_000_000
+"""The most requests one simulation may replay (by `requests`, or expected from `duration_s`)."""
 _DEFAULT_POLICY = MemoryPolicy()
 
 _GRID_STEP = 0.01  # log spacing of the step-time tables (1%)
@@ -669,6 +671,9 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
         raise InputError("simulate", "requests/duration_s", "at most one of the two")
     if requests is not None and not (isinstance(requests, int) and requests >= 1):
         raise InputError("simulate", "requests", "an integer >= 1", requests)
+    if requests is not None and requests > MAX_REQUESTS:
+        raise InputError("simulate", "requests", f"at most {MAX_REQUESTS} simulated requests",
+                         requests)
     if duration_s is not None and not (math.isfinite(duration_s) and duration_s > 0):
         raise InputError("simulate", "duration_s", "a duration > 0 s", duration_s)
     if not 0 <= warmup_fraction < 1:
@@ -680,6 +685,7 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
     if drain_s is not None and not drain_s >= 0:
         raise InputError("simulate", "drain_s", "a time >= 0 s or None", drain_s)
     cat = catalog or default_catalog()
+    check_allocation(allocation, models, catalog=cat, policy=policy)
     trace = _as_trace(trace)
     if rates is None:
         workflows = trace.workflows()
@@ -687,6 +693,10 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
         arrivals = _trace_arrivals(trace, requests, duration_s)
     else:
         checked = _check_rates(rates)
+        if duration_s is not None and sum(checked.values()) * duration_s > MAX_REQUESTS:
+            raise InputError("simulate", "duration_s", f"a duration that holds at most "
+                             f"{MAX_REQUESTS} expected arrivals at the total rate "
+                             f"{sum(checked.values()):g} req/s", duration_s)
         prep = _prepare(trace, list(checked), models, allocation, latency, policy, cat)
         if requests is None and duration_s is None:
             requests = DEFAULT_REQUESTS

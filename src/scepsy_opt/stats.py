@@ -37,8 +37,8 @@ from types import MappingProxyType
 
 import numpy as np
 
+from scepsy_common.errors import InputError
 from scepsy_opt.traces import CallRecord, Trace, request_span_s
-from scepsy_profile.errors import InputError
 
 
 @dataclass(frozen=True)

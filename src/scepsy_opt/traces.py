@@ -23,10 +23,12 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scepsy_profile.errors import InputError, validated
-from scepsy_profile.files import atomic_write_text, read_jsonl_objects
+from scepsy_common.errors import InputError, Name, validated
+from scepsy_common.files import atomic_write_text, read_jsonl_objects
 
 _EPS = 1e-9
+MAX_TOKENS = 10_000_000
+"""The most tokens one call of a trace file may read or write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,18 +71,18 @@ class CallRecord:
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
-    workflow: str = Field(min_length=1)
-    request_id: str = Field(min_length=1)
-    call_id: str = Field(min_length=1)
-    parents: list[str] = Field(default_factory=list)
-    llm: str | None = Field(default=None, min_length=1)
-    tool: str | None = Field(default=None, min_length=1)
-    role: str | None = Field(default=None, min_length=1)
+    workflow: Name
+    request_id: Name
+    call_id: Name
+    parents: list[Name] = Field(default_factory=list)
+    llm: Name | None = None
+    tool: Name | None = None
+    role: Name | None = None
     start_s: float = Field(ge=0)
     end_s: float = Field(ge=0)
-    input_tokens: int = Field(default=0, ge=0)
-    output_tokens: int = Field(default=0, ge=0)
-    prefix_tokens: int = Field(default=0, ge=0)
+    input_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    output_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
 
     @model_validator(mode="after")
     def _check(self) -> _Record:

@@ -38,10 +38,10 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.stats import poisson as _poisson
 
+from scepsy_common.errors import InputError, Name, check_name, validated
+from scepsy_common.files import read_yaml
 from scepsy_opt.traces import CallRecord
-from scepsy_profile.catalog import _UniqueKeyLoader, default_catalog
-from scepsy_profile.errors import InputError, validated
-from scepsy_profile.files import read_yaml
+from scepsy_profile.catalog import default_catalog
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.roofline import roofline_model
 
@@ -63,6 +63,15 @@ KINDS: tuple[str, ...] = tuple(_KIND_PARAMS)
 """The distribution kinds a workflow file may name."""
 
 DEFAULT_REFERENCE_GPU = "A100-80GB"
+MAX_PARAM_MEAN = 1e6
+"""The largest mean a workflow's param or tool distribution may have (tokens, seconds, counts)."""
+MAX_CALLS_PER_REQUEST = 100_000
+"""The most calls one generated request may make (a fan-out or loop count larger than this is
+an error, raised before its calls are built)."""
+MAX_REQUESTS = 100_000
+"""The most requests :func:`generate_trace` generates per workflow."""
+MAX_TRACE_CALLS = 5_000_000
+"""The most calls :func:`generate_trace` generates in all (checked after each request)."""
 JITTER_CV = 0.1
 """Coefficient of variation of the log-normal jitter on every LLM call's duration."""
 
@@ -463,11 +472,18 @@ class WorkflowSpec:
     reference_gpu: str = DEFAULT_REFERENCE_GPU
     weight: float = 1.0
     description: str = ""
+    source: str = field(default="", compare=False, repr=False)
+    """The file the spec was read from (named by errors found while generating its trace)."""
 
     def __post_init__(self) -> None:
         src = f"workflow {self.name!r}"
         if not isinstance(self.name, str) or not self.name:
             raise InputError("workflow", "name", "a non-empty string", self.name)
+        check_name(self.name, "workflow", "name")
+        for section in (self.llms, self.tools, self.params):
+            for key in section if isinstance(section, Mapping) else ():
+                check_name(key, src, "llms" if section is self.llms else
+                           "tools" if section is self.tools else "params")
         if not isinstance(self.program, str) or self.program not in PROGRAMS:
             raise InputError(src, "program", f"one of {', '.join(sorted(PROGRAMS))}", self.program)
         prog = PROGRAMS[self.program]
@@ -537,9 +553,15 @@ def _check_param(src: str, where: str, value: object, number_ok: bool) -> None:
         if lo < 0:
             raise InputError(src, where, "a distribution of non-negative values "
                              "(add min: 0)", lo)
+        mean = value.mean()
+        if not mean <= MAX_PARAM_MEAN:
+            raise InputError(src, where, f"a distribution whose mean (after min/max) is at most "
+                             f"{MAX_PARAM_MEAN:.0e} (the largest mean a workflow param or tool "
+                             "may have; lower mean or set max)", mean)
     elif number_ok and _is_number(value):
-        if not (math.isfinite(value) and value >= 0):
-            raise InputError(src, where, "a finite number >= 0", value)
+        if not (math.isfinite(value) and 0 <= value <= MAX_PARAM_MEAN):
+            raise InputError(src, where, f"a number in [0, {MAX_PARAM_MEAN:.0e}] (the largest "
+                             "value a workflow param may have)", value)
     else:
         raise InputError(src, where, "a distribution" + (" or a number" if number_ok else ""),
                          value)
@@ -551,23 +573,19 @@ def _check_param(src: str, where: str, value: object, number_ok: bool) -> None:
 class _WorkflowFile(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field(min_length=1)
+    name: Name
     program: str = Field(min_length=1)
     description: str = ""
     reference_gpu: str = Field(default=DEFAULT_REFERENCE_GPU, min_length=1)
-    llms: dict[str, str] = Field(min_length=1)
-    tools: dict[str, Any] = Field(default_factory=dict)
-    params: dict[str, Any] = Field(default_factory=dict)
-
-
-def _load_yaml(path: Path, expected: str) -> Any:
-    return read_yaml(path, expected, _UniqueKeyLoader)
+    llms: dict[Name, str] = Field(min_length=1)
+    tools: dict[Name, Any] = Field(default_factory=dict)
+    params: dict[Name, Any] = Field(default_factory=dict)
 
 
 def load_workflow(path: str | os.PathLike[str]) -> WorkflowSpec:
     """Read and check a workflow YAML file; every problem names the file and the field."""
     p = Path(path)
-    raw = _load_yaml(p, "workflow file (.yaml)")
+    raw = read_yaml(p, "workflow file (.yaml)")
     return parse_workflow(raw, str(p))
 
 
@@ -586,7 +604,7 @@ def parse_workflow(raw: object, source: str = "<workflow>") -> WorkflowSpec:
     try:
         return WorkflowSpec(name=rec.name, program=rec.program, llms=rec.llms, tools=tools,
                             params=params, reference_gpu=rec.reference_gpu,
-                            description=rec.description)
+                            description=rec.description, source=source)
     except InputError as exc:
         raise InputError(source, exc.field, exc.expected, exc.got) from None
 
@@ -608,7 +626,7 @@ def load_workload(path: str | os.PathLike[str]) -> tuple[WorkflowSpec, ...]:
     """
     p = Path(path)
     src = str(p)
-    raw = _load_yaml(p, "workload file (.yaml)")
+    raw = read_yaml(p, "workload file (.yaml)")
     if not isinstance(raw, dict):
         raise InputError(src, "", "a YAML mapping with workflows and optional weights",
                          None if raw is None else type(raw).__name__)
@@ -623,6 +641,9 @@ def load_workload(path: str | os.PathLike[str]) -> tuple[WorkflowSpec, ...]:
     for i, (rel, w) in enumerate(zip(rec.workflows, weights, strict=True)):
         if not (w > 0):
             raise InputError(src, f"weights.{i}", "a number > 0", w)
+        if not (p.parent / rel).is_file():
+            raise InputError(src, f"workflows.{i}", "the path of an existing workflow file "
+                             "(relative to the workload file)", rel)
         spec = load_workflow(p.parent / rel)
         if any(s.name == spec.name for s in specs):
             raise InputError(src, f"workflows.{i}", "workflows with unique names "
@@ -731,9 +752,18 @@ def draw(spec: WorkflowSpec, name: str, rng: np.random.Generator,
 
 def draw_count(spec: WorkflowSpec, name: str, rng: np.random.Generator, low: int = 0,
                size: int | tuple[int, ...] | None = None) -> Any:
-    """Param ``name`` rounded to the nearest integer, at least ``low`` (an int or int array)."""
+    """Param ``name`` rounded to the nearest integer, at least ``low`` (an int or int array).
+
+    ``size`` is a number of calls of one request: more than :data:`MAX_CALLS_PER_REQUEST` is an
+    :class:`InputError` naming the workflow's file, raised before anything is drawn.
+    """
     if size is None:
         return max(low, round(draw(spec, name, rng)))  # round half to even, as np.rint
+    n = math.prod(size) if isinstance(size, tuple) else int(size)
+    if n > MAX_CALLS_PER_REQUEST:
+        raise InputError(spec.source or f"workflow {spec.name!r}", "params",
+                         f"at most {MAX_CALLS_PER_REQUEST} calls per request (a sampled fan-out "
+                         "or loop count was larger; lower the count params' means or set max)", n)
     return np.maximum(np.rint(draw(spec, name, rng, size)), low).astype(np.int64)
 
 
@@ -750,6 +780,11 @@ class _Request:
 
     def _add(self, start: float, duration: float, parents: tuple[str, ...],
              **kw: Any) -> CallRecord:
+        if len(self.calls) >= MAX_CALLS_PER_REQUEST:
+            raise InputError(self.spec.source or f"workflow {self.spec.name!r}", "params",
+                             f"at most {MAX_CALLS_PER_REQUEST} calls per request (a sampled "
+                             "fan-out or loop count was larger; lower the count params' means "
+                             "or set max)", len(self.calls) + 1)
         rec = CallRecord(workflow=self.spec.name, request_id=self.request_id,
                          call_id=f"c{len(self.calls)}", start_s=start, end_s=start + duration,
                          parents=parents, **kw)
@@ -952,6 +987,9 @@ def generate_trace(spec: WorkflowSpec, requests: int, seed: int, *,
     """
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
         raise InputError("generate_trace", "requests", "an integer >= 1", requests)
+    if requests > MAX_REQUESTS:
+        raise InputError("trace", "requests", f"at most {MAX_REQUESTS} requests per "
+                         "workflow (the largest trace generated)", requests)
     if not (_is_number(gap_s) and math.isfinite(gap_s) and gap_s >= 0):
         raise InputError("generate_trace", "gap_s", "a number >= 0", gap_s)
     if token_source:
@@ -964,5 +1002,9 @@ def generate_trace(spec: WorkflowSpec, requests: int, seed: int, *,
     for i in range(requests):
         done = program.run(spec, rng, f"r{i}", t, timer)
         calls.extend(done)
+        if len(calls) > MAX_TRACE_CALLS:
+            raise InputError(spec.source or f"workflow {spec.name!r}", "requests",
+                             f"a trace of at most {MAX_TRACE_CALLS} calls (reached after {i + 1} "
+                             "requests; generate fewer requests)", requests)
         t = max(c.end_s for c in done) + gap_s
     return tuple(calls)

@@ -3,7 +3,7 @@
 See docs/placement.md. Imports scepsy_opt and scepsy_profile, never the reverse.
 """
 
-from scepsy_place.bounds import Bounds, bound, fragmentation, l1_bound, l2_bound, quality
+from scepsy_place.bounds import Bounds, bound, l1_bound, l2_bound
 from scepsy_place.check import violations
 from scepsy_place.cuts import configuration_cut, free_capacity_rows, packing_inequalities
 from scepsy_place.exact import ExactPlacement, place_exactly
@@ -13,20 +13,19 @@ from scepsy_place.placement import (
     PLACERS,
     BestFit,
     Blocks,
-    Demand,
     FirstFitDecreasing,
     Hierarchical,
     Placement,
     Placer,
-    Slot,
     apply,
     demands,
     place,
     place_allocation,
     placer,
     remove,
-    task_mix,
 )
+from scepsy_place.quality import fragmentation, quality
+from scepsy_place.replicas import Demand, Slot, task_mix
 from scepsy_place.topology import (
     Node,
     Topology,

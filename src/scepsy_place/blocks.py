@@ -9,7 +9,7 @@ a placement. This formulation is placeable by construction instead.
 It is the pattern formulation (integer counts of node fillings) restricted to the patterns that
 need no enumeration: a *block* is ``tp`` wholly free GPUs of one NVLink domain serving
 ``k = replicas_per_gpu(share)`` replicas of one LLM shape (``floor(1/share)`` in the units of
-:func:`scepsy_opt.planning.share_units`; each replica takes ``share`` of every GPU of the
+:func:`scepsy_common.units.share_units`; each replica takes ``share`` of every GPU of the
 block). A candidate ``replicas × (gpu, tp, share)`` then uses ``tp·ceil(replicas/k)`` whole
 GPUs (``generate_candidates(blocks=True)`` counts them so), and the MILP gets, per GPU type and
 per TP degree ``t`` the candidates use, the capacity row
@@ -34,15 +34,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from scepsy_common.units import UNITS
+from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates
 from scepsy_opt.milp import Row, reduced_candidates
-from scepsy_opt.planning import (
-    UNITS,
-    Candidate,
-    CandidateSet,
-    Deadline,
-    PlanningProblem,
-    generate_candidates,
-)
+from scepsy_opt.problem import Deadline, PlanningProblem
 from scepsy_place.placement import whole_free_gpus
 from scepsy_place.topology import Topology
 
@@ -53,7 +48,7 @@ def block_candidates(problem: PlanningProblem, topology: Topology,
                      deadline: Deadline | None = None) -> CandidateSet:
     """Every LLM's block candidates (``generate_candidates(blocks=True)``): all of them below
     :data:`REDUCE_MIN_GPUS` GPUs, after exact reduced-cost fixing from there on (within
-    ``deadline``: :class:`~scepsy_opt.planning.TimeLimitReached` once it passes)."""
+    ``deadline``: :class:`~scepsy_opt.problem.TimeLimitReached` once it passes)."""
     if problem.cluster.total_gpus < REDUCE_MIN_GPUS:
         return generate_candidates(problem, blocks=True, deadline=deadline)
     return reduced_candidates(problem, blocks=True, rows=lambda cs: capacity_rows(topology, cs),

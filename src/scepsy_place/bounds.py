@@ -1,4 +1,4 @@
-"""Lower bounds on the GPUs and nodes a set of demands needs, and a placement's quality.
+"""Lower bounds on the GPUs and nodes a set of demands needs.
 
 * **L1**: ``ceil(Σ tp × share)`` per GPU type (a TP group of ``tp`` GPUs at ``share`` counts
   ``tp × share``).
@@ -22,10 +22,9 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
 
-from scepsy_opt.planning import UNITS
-from scepsy_place.placement import Demand, Placement, _fgd, task_mix
+from scepsy_common.units import UNITS
+from scepsy_place.replicas import Demand
 from scepsy_place.topology import Topology
 
 
@@ -90,45 +89,3 @@ def bound(demands: Sequence[Demand], topology: Topology | None = None) -> Bounds
         out[gpu] = (l1, l2, nodes)
     return Bounds(sum(v[0] for v in out.values()), sum(v[1] for v in out.values()),
                   sum(v[2] for v in out.values()), MappingProxyType(out))
-
-
-def fragmentation(topology: Topology, mix: Sequence[tuple[int, int, float]]) -> float | None:
-    """Σ over NVLink domains of FGD's expected unusable GPU capacity (thousandths) for ``mix``
-    (:func:`scepsy_place.fgd.domain_fragmentation`: a domain that cannot hold a TP group counts
-    its free capacity as a fragment for it); None without :mod:`scepsy_place.fgd`."""
-    frag = _fgd()
-    if frag is None or not mix:
-        return None
-    return math.fsum(frag([n.free_units(i) for i in range(n.gpus)], n.nvlink_domain, list(mix))
-                     for n in topology.canonical_nodes())
-
-
-def quality(topology: Topology, placement: Placement, demands: Sequence[Demand]) -> dict[str, Any]:
-    """GPUs and nodes ``placement`` uses on ``topology`` (the topology it was placed on) against
-    the lower bounds of the demands it placed. Names no node: compare it across permutations."""
-    from scepsy_place.placement import apply
-
-    placed = placement.replicas()
-    mine = [d for d in demands if d.key in placed]
-    b = bound(mine, topology)
-    gpus = placement.gpus()
-    opened = {(n, g) for n, g in gpus if topology.node(n).used[g] == (0.0, 0.0)}
-    nodes = placement.nodes()
-    after = apply(topology, placement)
-    return {
-        "policy": placement.policy,
-        "placed": len(placement.slots),
-        "unplaced": len(placement.unplaced),
-        "gpus_used": len(gpus),
-        "gpus_opened": len(opened),
-        "nodes_used": len(nodes),
-        "nodes_opened": sum(1 for n in nodes if not topology.node(n).busy),
-        "bound_l1": b.l1,
-        "bound_l2": b.l2,
-        "bound_nodes": b.nodes,
-        "gpus_over_bound": len(gpus) / b.l2 if b.l2 else 1.0,
-        "nodes_over_bound": len(nodes) / b.nodes if b.nodes else 1.0,
-        "free_gpus": sum(1 for n in after.nodes for s, m in n.used if s == 0 and m == 0),
-        "free_nodes": sum(1 for n in after.nodes if not n.busy),
-        "fragmentation": fragmentation(after, task_mix(demands)),
-    }

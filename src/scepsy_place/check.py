@@ -3,10 +3,10 @@
 :func:`violations` returns one line per broken rule (empty: the placement is valid):
 
 1. capacity: per GPU, pre-existing use + Σ shares ≤ 1 (in thousandths of a GPU, counted by
-   :func:`scepsy_opt.planning.share_units` like everywhere else) and Σ memory ≤ device memory;
+   :func:`scepsy_common.units.share_units` like everywhere else) and Σ memory ≤ device memory;
    GPU indices inside the node;
 2. locality: a TP group's GPUs are distinct, ``tp`` of them, inside one NVLink domain, with one
-   share (a :class:`~scepsy_place.placement.Slot` carries one share for all its GPUs);
+   share (a :class:`~scepsy_place.replicas.Slot` carries one share for all its GPUs);
 3. exactly once: every demand placed once or listed unplaced with a reason, nothing else;
 4. realisable: concrete node names and integer GPU indices; the node's GPU type is the demand's;
    the slot's share and memory are the demand's.
@@ -17,8 +17,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from scepsy_opt.planning import UNITS, share_units
-from scepsy_place.placement import Demand, Placement
+from scepsy_common.units import UNITS, share_units
+from scepsy_place.placement import Placement
+from scepsy_place.replicas import Demand
 from scepsy_place.topology import MEMORY_TOL_GIB, Topology
 
 

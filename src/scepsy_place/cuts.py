@@ -8,7 +8,7 @@ without an allocation.
 
 * :func:`free_capacity_rows`: per GPU type, the units of the candidates within the free
   capacity of the topology (``Σ`` free units of its GPUs; a replica takes
-  :func:`~scepsy_opt.planning.share_units` of each of its GPUs).
+  :func:`~scepsy_common.units.share_units` of each of its GPUs).
 * :func:`packing_inequalities`: a GPU holds at most ``k`` slices of share above ``1/(k+1)``.
 * :func:`configuration_cut`: the dual of the configuration LP of bin packing. A *slice* is one
   GPU's part of a replica (a TP-``t`` replica is ``t`` slices of its share, on distinct GPUs).
@@ -34,8 +34,10 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 from scipy.optimize import linprog
 
+from scepsy_common.units import UNITS, share_units
+from scepsy_opt.candidates import Candidate
 from scepsy_opt.milp import Row
-from scepsy_opt.planning import UNITS, Candidate, PlanningProblem, share_units
+from scepsy_opt.problem import PlanningProblem
 from scepsy_place.topology import Topology
 
 # a configuration cut must cut the failed allocation by more than this (relative to its rhs)

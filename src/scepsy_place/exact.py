@@ -30,7 +30,7 @@ import highspy
 import pulp
 
 import scepsy_opt.milp  # noqa: F401  (swallows the HiGHS banner once per process)
-from scepsy_place.placement import Demand, Slot
+from scepsy_place.replicas import Demand, Slot
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology
 
 EXACT_MAX_GPUS = 64  # GPUs of one type beyond which the test is not tried (``unknown``)

@@ -39,10 +39,10 @@ plan in hand, which it could then not beat); ``time_limit`` (the deadline passed
 
 Formulations (``formulation``): ``aggregate`` is the loop above; ``blocks`` solves the
 placeable-by-construction formulation of :mod:`scepsy_place.blocks` (one LLM shape per GPU,
-whole-GPU blocks) and places it with the ``blocks`` placer in one round; ``auto`` (the CLI's
-default) solves ``blocks`` and, up to :data:`UNPRUNED_MAX_GPUS` GPUs, the aggregate loop too,
-and keeps the better placed plan (lower objective; the loop stops once its objective reaches the
-blocks plan's, so blocks win ties). Above that size the aggregate loop needs many rounds of
+whole-GPU blocks) and places it with the ``blocks`` placer in one round; ``auto`` (the
+default, here and in the CLI) solves ``blocks`` and, up to :data:`UNPRUNED_MAX_GPUS` GPUs, the
+aggregate loop too, and keeps the better placed plan (lower objective; the loop stops once its
+objective reaches the blocks plan's, so blocks win ties). Above that size the aggregate loop needs many rounds of
 placements that cost seconds each at thousands of GPUs (docs/benchmarks.md), so ``auto`` is
 ``blocks`` there. With a current allocation (``PlanOptions.current``) that still carries the
 targets, fits the budgets and places, keeping it is a candidate too: it wins when its objective
@@ -60,35 +60,27 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
+from scepsy_common.bisection import Probe, largest_accepted
+from scepsy_common.errors import InputError
+from scepsy_common.units import share_units
+from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price
 from scepsy_opt.milp import Row, solve_min_latency
+from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load, min_replicas
 from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.planning import (
-    CandidateSet,
-    Deadline,
-    Plan,
-    PlanningProblem,
-    TimeLimitReached,
-    fits_budget,
-    generate_candidates,
-    optimiser,
-    plan_from_choice,
-    price,
-    share_units,
-    time_limit_detail,
-    time_limit_plan,
-)
+from scepsy_opt.plans import Plan, plan_from_choice, time_limit_plan
+from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
 from scepsy_place.blocks import block_candidates, capacity_rows
-from scepsy_place.bounds import quality
 from scepsy_place.cuts import (
     configuration_cut,
     free_capacity_rows,
     packing_inequalities,
 )
 from scepsy_place.exact import EXACT_TIME_S, place_exactly
-from scepsy_place.placement import Demand, Placement, Slot, demands, place
+from scepsy_place.placement import Placement, demands, place
+from scepsy_place.quality import quality
+from scepsy_place.replicas import Demand, Slot
 from scepsy_place.topology import Topology
-from scepsy_profile.errors import InputError
 
 UNPRUNED_MAX_GPUS = 64
 SCALE_REL = 1e-3  # max-throughput with placement: the bisection's relative bracket
@@ -192,7 +184,7 @@ def _failed_types(placement: Placement, plan: Plan) -> set[str]:
 def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
                    policy: str = "hierarchical", max_rounds: int = 25,
                    placer_options: Mapping[str, Any] | None = None,
-                   formulation: Formulation = "aggregate",
+                   formulation: Formulation = "auto",
                    deadline: Deadline | None = None) -> PlacedPlan:
     """A placed plan for ``problem`` on ``topology`` by ``formulation`` (module docstring).
 
@@ -239,7 +231,7 @@ def keep_current(problem: PlanningProblem, topology: Topology, res: PlacedPlan, 
                  deadline: Deadline | None = None) -> PlacedPlan:
     """``res``, or keeping the current allocation (``problem.options.current``) when that still
     carries the targets within the budgets, places on ``topology`` and has a lower objective
-    (:func:`scepsy_opt.planning.price`: the same latencies as the optimiser's, no change
+    (:func:`scepsy_opt.candidates.price`: the same latencies as the optimiser's, no change
     penalty). ``compared["current"]`` says how it ended (``stopped``: priced no better than
     ``res``, not placed; ``infeasible``: it does not carry the targets or fit the budgets)."""
     cur = problem.options.current
@@ -561,29 +553,28 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     other than ``infeasible``) is named in the history."""
     base = replace(problem, options=replace(problem.options, objective="min-latency"))
     deadline: Deadline = kw["deadline"]
-    lo, hi, best = 0.0, top, None
-    last: Plan | None = None
-    rounds = len(history)
+
+    def probe(x: float) -> Probe[PlacedPlan]:
+        if deadline.remaining() <= 0:
+            return Probe(False, stop=True)
+        res = _min_latency(base.scaled(x), topology, formulation, **kw)
+        if res.status == "time_limit":
+            return Probe(False, res, stop=True)
+        reach = min(placed_scale(base, res.plan), top) if res.placed else None
+        return Probe(res.placed, res, reach)
+
+    # the first probe just below the capacity optimum
+    search = largest_accepted(probe, top, rel=SCALE_REL, max_steps=SCALE_STEPS,
+                              first=top * (1 - 1e-9))
+    tried = [(x, p.value) for x, p in search.probes if p.value is not None]
+    rounds = len(history) + sum(res.rounds for _, res in tried)
     steps: list[Mapping[str, Any]] = list(history)
-    for i in range(SCALE_STEPS):
-        if hi - lo <= SCALE_REL * hi or deadline.remaining() <= 0:
-            break
-        mid = hi * (1 - 1e-9) if i == 0 else (lo + hi) / 2  # just below the capacity optimum
-        res = _min_latency(base.scaled(mid), topology, formulation, **kw)
-        last = res.plan
-        rounds += res.rounds
-        steps.append({"round": len(steps) + 1, "scale": mid, "status": res.status,
+    for x, res in tried:
+        steps.append({"round": len(steps) + 1, "scale": x, "status": res.status,
                       "formulation": res.formulation,
                       "objective_s": res.plan.objective_s if res.placed else None})
-        if res.status == "time_limit":
-            break
-        if res.placed:
-            reach = min(placed_scale(base, res.plan), top)
-            if best is None or reach > best[0]:
-                best = (reach, res)
-            lo = max(mid, min(reach, hi))
-        else:
-            hi = mid
+    last = tried[-1][1].plan if tried else None
+    best = (search.best_at, search.best) if search.best is not None else None
     if best is None:
         if deadline.remaining() <= 0 or last is None:
             return _timed_out(deadline, "milp", rounds, tuple(steps), formulation, False)

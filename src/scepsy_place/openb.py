@@ -12,9 +12,6 @@ See docs/openb.md.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import json
 import math
 import sys
 import time
@@ -24,11 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
+from scepsy_common.errors import InputError, check_name
+from scepsy_common.files import read_csv_rows
 from scepsy_place.fgd import MILLI, fragmentation_batch, typical_tasks
 
 __all__ = [
     "POLICIES", "TIES", "ClusterState", "NodeSpec", "OpenBError", "ReplayResult", "Snapshot", "Task",
-    "build_workload", "main", "read_nodes", "read_pods", "replay", "run_cli",
+    "build_workload", "read_nodes", "read_pods", "replay",
 ]
 
 # Best-fit normalisers of the artifact (gpushareutils.MaxSpecCpu / MaxSpecGpu).
@@ -65,24 +64,25 @@ class Task:
 
 # ----------------------------------------------------------------------------- input
 
-def _read_csv(path: str | Path, required: Sequence[str]) -> list[tuple[int, dict[str, str]]]:
-    path = Path(path)
-    try:
-        fh = path.open(newline="")
-    except OSError as e:
-        raise OpenBError(f"{path}: cannot read ({e.strerror})") from None
-    with fh:
-        reader = csv.DictReader(fh)
-        header = reader.fieldnames or []
-        missing = [c for c in required if c not in header]
-        if missing:
-            raise OpenBError(f"{path}, line 1: missing column(s) {', '.join(missing)}; expected "
-                             f"{', '.join(required)}")
-        return [(i, row) for i, row in enumerate(reader, start=2)]
+MAX_ROWS = 1_000_000
+"""The most rows a nodes or pods CSV file may have."""
+MAX_NODE_GPUS = 64
+"""The most GPUs one node of a nodes CSV may have (and one task of a pods CSV may take)."""
 
 
-def _int(path: Path | str, line: int, row: dict, name: str, lo: int, hi: int | None = None) -> int:
+def _read_csv(path: str | Path, required: Sequence[str],
+              what: str) -> list[tuple[str, dict[str, str]]]:
+    """``(where, row)`` of a CSV file with the ``required`` columns; ``where`` reads
+    ``row N (line L)``. Every problem is an :class:`InputError` naming the file."""
+    _, rows = read_csv_rows(path, what, tuple(required))
+    if len(rows) > MAX_ROWS:
+        raise InputError(str(path), "", f"at most {MAX_ROWS} rows", len(rows))
+    return rows
+
+
+def _int(path: Path | str, where: str, row: dict, name: str, lo: int, hi: int | None = None) -> int:
     raw = (row.get(name) or "").strip()
+    rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
     try:
         v = int(raw)
     except ValueError:
@@ -91,34 +91,28 @@ def _int(path: Path | str, line: int, row: dict, name: str, lo: int, hi: int | N
         except ValueError:
             f = math.nan
         if not f.is_integer():
-            raise OpenBError(f"{path}, line {line}, field {name}: expected an integer, got "
-                             f"{raw!r}") from None
+            raise InputError(str(path), f"{where}: {name}", f"an integer {rng}", raw) from None
         v = int(f)
     if v < lo or (hi is not None and v > hi):
-        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
-        raise OpenBError(f"{path}, line {line}, field {name}: expected an integer {rng}, got {v}")
+        raise InputError(str(path), f"{where}: {name}", f"an integer {rng}", v)
     return v
 
 
 def read_nodes(path: str | Path) -> list[NodeSpec]:
     """Nodes CSV (``sn,cpu_milli,memory_mib,gpu,model``); one NVLink domain per node."""
-    rows = _read_csv(path, ["sn", "cpu_milli", "memory_mib", "gpu"])
+    rows = _read_csv(path, ["sn", "cpu_milli", "memory_mib", "gpu"], "openb nodes CSV file")
     nodes, seen = [], set()
-    for line, row in rows:
-        name = (row.get("sn") or "").strip()
-        if not name:
-            raise OpenBError(f"{path}, line {line}, field sn: empty node name")
+    for where, row in rows:
+        name = check_name((row.get("sn") or "").strip(), str(path), f"{where}: sn")
         if name in seen:
-            raise OpenBError(f"{path}, line {line}, field sn: duplicate node name {name!r}")
+            raise InputError(str(path), f"{where}: sn", "a node name used once", name)
         seen.add(name)
-        nodes.append(NodeSpec(name, _int(path, line, row, "cpu_milli", 0),
-                              _int(path, line, row, "memory_mib", 0),
-                              _int(path, line, row, "gpu", 0, 64),
+        nodes.append(NodeSpec(name, _int(path, where, row, "cpu_milli", 0),
+                              _int(path, where, row, "memory_mib", 0),
+                              _int(path, where, row, "gpu", 0, MAX_NODE_GPUS),
                               (row.get("model") or "").strip()))
-    if not nodes:
-        raise OpenBError(f"{path}: no nodes")
     if sum(n.gpus for n in nodes) == 0:
-        raise OpenBError(f"{path}: the cluster has no GPUs")
+        raise InputError(str(path), "gpu", "at least one node with GPUs (the cluster has none)")
     return nodes
 
 
@@ -127,28 +121,29 @@ def read_pods(path: str | Path) -> list[Task]:
 
     Rows keep file order, or creation_time order (stable) when that column exists.
     """
-    rows = _read_csv(path, ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"])
+    rows = _read_csv(path, ["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"],
+                     "openb pods CSV file")
     tasks, created = [], []
     has_time = bool(rows) and "creation_time" in rows[0][1]
-    for line, row in rows:
-        name = (row.get("name") or "").strip() or f"line-{line}"
-        n = _int(path, line, row, "num_gpu", 0, 64)
-        g = _int(path, line, row, "gpu_milli", 0, MILLI)
+    src = str(path)
+    for k, (where, row) in enumerate(rows, start=1):
+        raw_name = (row.get("name") or "").strip()
+        name = check_name(raw_name, src, f"{where}: name") if raw_name else f"row-{k}"
+        n = _int(path, where, row, "num_gpu", 0, MAX_NODE_GPUS)
+        g = _int(path, where, row, "gpu_milli", 0, MILLI)
         if n == 0 and g != 0:
-            raise OpenBError(f"{path}, line {line}, field gpu_milli: expected 0 when num_gpu is 0, "
-                             f"got {g}")
+            raise InputError(src, f"{where}: gpu_milli", "0 when num_gpu is 0", g)
         if n > 0 and g == 0:
-            raise OpenBError(f"{path}, line {line}, field gpu_milli: expected 1..1000 when "
-                             f"num_gpu is {n}, got 0")
+            raise InputError(src, f"{where}: gpu_milli", f"1..{MILLI} when num_gpu is {n}", g)
         if n > 1 and g != MILLI:
-            raise OpenBError(f"{path}, line {line}, field gpu_milli: multi-GPU tasks take whole "
-                             f"GPUs, expected 1000, got {g}")
-        tasks.append(Task(name, _int(path, line, row, "cpu_milli", 0),
-                          _int(path, line, row, "memory_mib", 0), n, g,
+            raise InputError(src, f"{where}: gpu_milli",
+                             f"{MILLI} (multi-GPU tasks take whole GPUs)", g)
+        tasks.append(Task(name, _int(path, where, row, "cpu_milli", 0),
+                          _int(path, where, row, "memory_mib", 0), n, g,
                           (row.get("gpu_spec") or "").strip()))
         if has_time:
             raw = (row.get("creation_time") or "").strip()
-            created.append(_int(path, line, row, "creation_time", -2**62) if raw else 0)
+            created.append(_int(path, where, row, "creation_time", -2**62, 2**62) if raw else 0)
     if has_time:
         order = sorted(range(len(tasks)), key=lambda i: created[i])
         tasks = [tasks[i] for i in order]
@@ -542,65 +537,3 @@ def replay(nodes: Sequence[NodeSpec], pods: Sequence[Task], policy: str = "fgd",
     end = _snapshot(state, ctx, arrived_milli, len(workload), placed, failed)
     return ReplayResult(policy, seed, until, len(workload), placed, failed, at_100, end,
                         tuple(curve), time.perf_counter() - t0, tuple(placements))
-
-
-# ----------------------------------------------------------------------------- CLI
-
-def _fmt(s: Snapshot | None, attr: str) -> str:
-    return "-" if s is None else f"{100 * getattr(s, attr):.2f}%"
-
-
-def run_cli(args: argparse.Namespace) -> int:
-    """``scepsy bench openb``: args.nodes, args.pods, args.policy, args.seed, args.json.
-
-    Returns 0, or 2 (message on stderr, no traceback) for bad input.
-    """
-    try:
-        nodes = read_nodes(args.nodes)
-        pods = read_pods(args.pods)
-        policies = [x.strip() for x in str(args.policy).split(",") if x.strip()]
-        for name in policies:
-            if name not in POLICIES:
-                raise OpenBError(f"--policy: unknown policy {name!r}; expected one of "
-                                 f"{', '.join(sorted(POLICIES))}")
-    except OpenBError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    seed = int(getattr(args, "seed", None) or 42)
-    until = float(getattr(args, "until", None) or 1.3)
-    results = [replay(nodes, pods, name, seed, until, progress=True) for name in policies]
-    if getattr(args, "json", False):
-        print(json.dumps({"nodes": str(args.nodes), "pods": str(args.pods),
-                          "results": [r.to_dict() for r in results]}, indent=2))
-        return 0
-    head = ["policy", "seed", "alloc@100%", f"alloc@{until:.0%}", "frag@100%",
-            f"frag@{until:.0%}", "failed", "time"]
-    rows = [[r.policy, str(r.seed), _fmt(r.at_100, "alloc_ratio"), _fmt(r.at_end, "alloc_ratio"),
-             _fmt(r.at_100, "frag_ratio"), _fmt(r.at_end, "frag_ratio"), str(r.failed),
-             f"{r.seconds:.1f}s"] for r in results]
-    widths = [max(len(h), *(len(row[k]) for row in rows)) for k, h in enumerate(head)]
-    for row in [head, *rows]:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-    return 0
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``bench openb`` options (for the CLI wiring)."""
-    p.add_argument("--nodes", required=True, help="nodes CSV (sn,cpu_milli,memory_mib,gpu,model)")
-    p.add_argument("--pods", required=True,
-                   help="pods CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
-    p.add_argument("--policy", default="fgd",
-                   help=f"policy or comma list: {', '.join(sorted(POLICIES))} (default fgd)")
-    p.add_argument("--seed", type=int, default=42, help="workload sampling/shuffle seed (42)")
-    p.add_argument("--until", type=float, default=1.3, help="final demand / capacity (1.3)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="scepsy bench openb", description=__doc__.splitlines()[0])
-    add_arguments(p)
-    return run_cli(p.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -31,7 +31,7 @@ of :data:`FALLBACKS` and keeps the placement with fewest unplaced replicas (``pl
 the placer that produced it). Nodes are walked in :meth:`Topology.canonical_nodes` order and
 demands tie by :func:`demand_ranks`, so no placer depends on the order of its input, and names
 decide only between interchangeable nodes, racks and LLMs. Shares count in thousandths by
-:func:`scepsy_opt.planning.share_units`.
+:func:`scepsy_common.units.share_units`.
 
 All four are deterministic: ``seed`` is accepted for randomised placers and unused here.
 Incremental use: place new demands on a topology that already has use (:func:`apply` marks a
@@ -41,88 +41,21 @@ others).
 
 from __future__ import annotations
 
-import importlib
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from scepsy_common.errors import InputError
+from scepsy_common.units import UNITS, replicas_per_gpu, share_units
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planning import UNITS, replicas_per_gpu, share_units
+from scepsy_place.bounds import bound
+from scepsy_place.fgd import domain_fragmentation
+from scepsy_place.replicas import Demand, Key, Slot, task_mix
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology, _clean
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError
-
-Key = tuple[str, int]
-
-
-class _Replica:
-    """What a replica's demand and its slot share: the (llm, replica) key and the share."""
-
-    __slots__ = ()
-    llm: str
-    replica: int
-    share: float
-
-    @property
-    def key(self) -> Key:
-        return (self.llm, self.replica)
-
-    @property
-    def units(self) -> int:
-        """Share per GPU in thousandths (:func:`scepsy_opt.planning.share_units`)."""
-        return share_units(self.share)
-
-
-@dataclass(frozen=True, slots=True)
-class Demand(_Replica):
-    """One replica to place: ``tp`` GPUs of type ``gpu``, ``share`` and ``memory_gib`` of each."""
-
-    llm: str
-    replica: int
-    gpu: str
-    tp: int
-    share: float
-    memory_gib: float
-
-    def __post_init__(self) -> None:
-        src = f"demand {self.llm}[{self.replica}]"
-        if not (isinstance(self.tp, int) and self.tp >= 1):
-            raise InputError(src, "tp", "an integer >= 1", self.tp)
-        if not 0 < self.share <= 1:
-            raise InputError(src, "share", "a GPU share in (0, 1]", self.share)
-        if not self.memory_gib >= 0:
-            raise InputError(src, "memory_gib", "memory >= 0 GiB", self.memory_gib)
-
-
-    @property
-    def content(self) -> tuple[Any, ...]:
-        """Everything about the replica but its names (LLM, replica number)."""
-        return (self.gpu, self.tp, self.units, self.share, self.memory_gib)
-
-    @property
-    def size(self) -> int:
-        """GPU capacity in thousandths: ``tp × units``."""
-        return self.tp * self.units
-
-    @property
-    def whole(self) -> bool:
-        return self.units == UNITS
-
-
-@dataclass(frozen=True, slots=True)
-class Slot(_Replica):
-    """Where one replica runs: ``gpus`` (indices on ``node``), each giving ``share`` and
-    ``memory_gib``."""
-
-    llm: str
-    replica: int
-    node: str
-    gpus: tuple[int, ...]
-    share: float
-    memory_gib: float
-
 
 
 @dataclass(frozen=True)
@@ -479,12 +412,20 @@ FALLBACKS: Mapping[str, tuple[str, ...]] = MappingProxyType({
 })
 
 
-class _Strategy(Protocol):
+class _Strategy(ABC):
+    """A placer's own strategy (``place_alone``); ``place`` adds the :data:`FALLBACKS`."""
+
     name: str
 
+    @abstractmethod
     def place_alone(self, topology: Topology, demands: Sequence[Demand],
                     placed: Sequence[Slot] = ()) -> Placement:
-        ...
+        """The placement of ``demands`` by this strategy alone."""
+
+    def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
+              placed: Sequence[Slot] = ()) -> Placement:
+        """The placement (``seed`` is unused: every placer here is deterministic)."""
+        return _place(self, topology, demands, placed)
 
 
 def _place(strategy: _Strategy, topology: Topology, demands: Sequence[Demand],
@@ -504,14 +445,10 @@ def _place(strategy: _Strategy, topology: Topology, demands: Sequence[Demand],
 
 
 @dataclass(frozen=True)
-class FirstFitDecreasing:
+class FirstFitDecreasing(_Strategy):
     """Demands by GPU capacity descending; the first node (canonical order) and domain that fit."""
 
     name: str = "ffd"
-
-    def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
-              placed: Sequence[Slot] = ()) -> Placement:
-        return _place(self, topology, demands, placed)
 
     def place_alone(self, topology: Topology, demands: Sequence[Demand],
                     placed: Sequence[Slot] = ()) -> Placement:
@@ -520,14 +457,10 @@ class FirstFitDecreasing:
 
 
 @dataclass(frozen=True)
-class BestFit:
+class BestFit(_Strategy):
     """Demands by GPU capacity descending; the position leaving the least free share."""
 
     name: str = "best-fit"
-
-    def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
-              placed: Sequence[Slot] = ()) -> Placement:
-        return _place(self, topology, demands, placed)
 
     def place_alone(self, topology: Topology, demands: Sequence[Demand],
                     placed: Sequence[Slot] = ()) -> Placement:
@@ -536,23 +469,8 @@ class BestFit:
         return _greedy(topology, demands, _decreasing, pick, "best", self.name, placed)
 
 
-def _fgd() -> Callable[..., float] | None:
-    try:
-        mod = importlib.import_module("scepsy_place.fgd")
-    except ImportError:
-        return None
-    return getattr(mod, "domain_fragmentation", None)
-
-
-def task_mix(ds: Sequence[Demand]) -> tuple[tuple[int, int, float], ...]:
-    """The demands' instance mix for FGD: (GPUs, share per GPU in thousandths, probability)."""
-    c = Counter((d.tp, d.units) for d in ds)
-    total = sum(c.values())
-    return tuple((tp, u, k / total) for (tp, u), k in sorted(c.items()))
-
-
 @dataclass(frozen=True)
-class Hierarchical:
+class Hierarchical(_Strategy):
     """The paper's placer with a fragmentation-aware score (see the module docstring).
 
     ``spread_replicas``: put an LLM's replicas on different nodes, then racks, when possible (it
@@ -573,13 +491,9 @@ class Hierarchical:
     orders: int = 3
     name: str = "hierarchical"
 
-    def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
-              placed: Sequence[Slot] = ()) -> Placement:
-        return _place(self, topology, demands, placed)
-
     def place_alone(self, topology: Topology, demands: Sequence[Demand],
                     placed: Sequence[Slot] = ()) -> Placement:
-        frag = _fgd() if self.fragmentation else None
+        frag = domain_fragmentation if self.fragmentation else None
         mix = self.mix if self.mix is not None else task_mix(demands)
         mates: dict[str, set[str]] = {}
         for group in self.colocate:
@@ -627,8 +541,6 @@ class Hierarchical:
 
 
 def _l2(ds: Sequence[Demand]) -> int:
-    from scepsy_place.bounds import bound
-
     return bound(ds).l2
 
 
@@ -658,7 +570,7 @@ def whole_free_gpus(topology: Topology, gpu: str) -> list[tuple[Node, range, lis
 
 
 def block_size(topology: Topology, d: Demand) -> int:
-    """Replicas of ``d``'s shape in one block: :func:`~scepsy_opt.planning.replicas_per_gpu`,
+    """Replicas of ``d``'s shape in one block: :func:`~scepsy_common.units.replicas_per_gpu`,
     fewer when that many would not fit in the memory of the largest ``d.gpu`` GPU (never for
     demands of an allocation, whose memory is their share of the GPU's); 0 when ``d`` fits on no
     node at all (:func:`_cannot_fit`)."""
@@ -673,7 +585,7 @@ def block_size(topology: Topology, d: Demand) -> int:
 
 
 @dataclass(frozen=True)
-class Blocks:
+class Blocks(_Strategy):
     """GPU blocks, one LLM shape per GPU (see the module docstring).
 
     Demands of one LLM and content are taken in canonical order (:func:`demand_ranks`),
@@ -683,10 +595,6 @@ class Blocks:
     """
 
     name: str = "blocks"
-
-    def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0,
-              placed: Sequence[Slot] = ()) -> Placement:
-        return _place(self, topology, demands, placed)
 
     def place_alone(self, topology: Topology, demands: Sequence[Demand],
                     placed: Sequence[Slot] = ()) -> Placement:

@@ -23,7 +23,7 @@ The optimiser's cluster format (``pools: [{gpu, nodes, gpus_per_node}]``, scepsy
 read as well: one rack per pool (``pool-<i>``), nodes named ``<gpu>-<j>`` with ``j`` counting the
 nodes of that GPU type in file order. So one file serves both the optimiser and placement.
 
-GPU shares are counted in thousandths by :func:`scepsy_opt.planning.share_units` (rounded up to
+GPU shares are counted in thousandths by :func:`scepsy_common.units.share_units` (rounded up to
 the next 0.001, float noise forgiven), the rule the optimiser, every placer and the checker share.
 """
 
@@ -36,11 +36,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_opt.cluster import Cluster, GPUPool, parse_cluster
-from scepsy_opt.planning import UNITS, share_units
+from scepsy_common.errors import InputError, Name, UnknownEntryError, validated
+from scepsy_common.files import read_yaml
+from scepsy_common.units import UNITS, share_units
+from scepsy_opt.cluster import (
+    MAX_GPUS_PER_NODE,
+    MAX_NODES,
+    Cluster,
+    GPUPool,
+    check_node_count,
+    parse_cluster,
+)
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, UnknownEntryError, validated
-from scepsy_profile.files import read_yaml
 
 MEMORY_TOL_GIB = 1e-6
 
@@ -251,23 +258,23 @@ class _InUse(BaseModel):
 
 class _NodeRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-    name: str = Field(min_length=1)
+    name: Name
     gpu: str = Field(min_length=1)
-    gpus: int = Field(ge=1, le=4096)
+    gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     nvlink_domain: int | None = Field(default=None, ge=1)
-    count: int | None = Field(default=None, ge=1)
+    count: int | None = Field(default=None, ge=1, le=MAX_NODES)
     in_use: list[_InUse] = Field(default_factory=list)
 
 
 class _RackRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str = Field(min_length=1)
+    name: Name
     nodes: list[_NodeRec] = Field(min_length=1)
 
 
 class _TopologyRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    name: str = Field(min_length=1)
+    name: Name
     racks: list[_RackRec] = Field(min_length=1)
 
 
@@ -287,6 +294,8 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
     if isinstance(data, dict) and "racks" not in data and "name" in data:
         raise InputError(source, "racks", "a list of racks (or the optimiser's `pools:`)")
     rec = validated(_TopologyRec, data, source, allowed=_allowed)
+    check_node_count((1 if n.count is None else n.count for r in rec.racks for n in r.nodes),
+                     source, "racks")
     nodes: list[Node] = []
     seen: dict[str, str] = {}
     racks: set[str] = set()
@@ -338,7 +347,8 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
 
 def load_topology(path: str | Path, catalog: Catalog | None = None) -> Topology:
     """Read a topology YAML/JSON file (racks or pools format, see the module docstring)."""
-    return parse_topology(read_yaml(path, "a topology file (YAML or JSON)"), str(path), catalog)
+    raw = read_yaml(path, "topology or cluster file (YAML or JSON)")
+    return parse_topology(raw, str(path), catalog)
 
 
 def topology_to_dict(topology: Topology) -> dict[str, Any]:

@@ -11,6 +11,7 @@ The public API the later stages use:
 * serving: :func:`serving_curve` and :func:`memory_fit` for one instance (model, gpu, tp, share).
 """
 
+from scepsy_common.errors import InputError, UncoveredInstanceError, UnknownEntryError
 from scepsy_profile.catalog import (
     Catalog,
     default_catalog,
@@ -19,7 +20,6 @@ from scepsy_profile.catalog import (
     parse_catalog,
     save_catalog,
 )
-from scepsy_profile.errors import InputError, UncoveredInstanceError, UnknownEntryError
 from scepsy_profile.fitted import (
     CurveTable,
     FittedLatencyModel,

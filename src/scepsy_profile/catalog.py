@@ -33,8 +33,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_profile.errors import InputError, UnknownEntryError, validated
-from scepsy_profile.files import atomic_write_text, parse_yaml, read_text
+from scepsy_common.errors import InputError, UnknownEntryError, validated
+from scepsy_common.files import atomic_write_text, parse_yaml, read_text
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.models import ModelSpec
 
@@ -278,27 +278,6 @@ class _CatalogFile(BaseModel):
 _RECORDS: dict[str, type[BaseModel]] = {"gpus": _GPURecord, "models": _ModelRecord}
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A safe YAML loader that rejects a key given twice in one mapping."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=True)
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:
-                continue  # unhashable key: the base constructor reports it
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark,
-                    f"found duplicate key {key!r}", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_catalog(path: str | os.PathLike[str], base: Catalog | None = None) -> Catalog:
     """Read a catalog YAML file; with ``base``, the file's entries extend or override it.
 
@@ -312,7 +291,7 @@ def load_catalog(path: str | os.PathLike[str], base: Catalog | None = None) -> C
 
 def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = None) -> Catalog:
     """Parse catalog YAML ``text``; ``source`` names it in errors. See :func:`load_catalog`."""
-    raw = parse_yaml(text, source, _UniqueKeyLoader)
+    raw = parse_yaml(text, source)
     if not isinstance(raw, dict):
         raise InputError(source, "", "a YAML mapping with keys gpus, models and/or aliases",
                          None if raw is None else type(raw).__name__)

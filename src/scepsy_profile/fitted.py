@@ -52,10 +52,10 @@ from sklearn.gaussian_process.kernels import ConstantKernel as C
 from sklearn.model_selection import KFold
 from threadpoolctl import threadpool_limits
 
-from scepsy_profile.errors import InputError, UncoveredInstanceError, validated
-from scepsy_profile.files import atomic_write_text, read_text
+from scepsy_common.errors import InputError, UncoveredInstanceError, validated
+from scepsy_common.files import atomic_write_text, read_json
 from scepsy_profile.latency import Number, as_output, check_point
-from scepsy_profile.measurements import Measurement, Phase, group_by_curve
+from scepsy_profile.measurements import Measurement, Phase, check_curve_points, group_by_curve
 
 CurveKey = tuple[str, str, int, Phase]
 CURVES_FORMAT = "scepsy-curves/1"
@@ -523,14 +523,18 @@ class FittedLatencyModel:
 
 
 def fit_latency_model(measurements: Sequence[Measurement], *, seed: int = 0, n_jobs: int = 1,
-                      residual_gp: bool = True) -> FittedLatencyModel:
+                      residual_gp: bool = True, source: str = "measurements") -> FittedLatencyModel:
     """Fit one curve per (model, gpu, tp, phase) in ``measurements``.
+
+    Every curve needs :data:`~scepsy_profile.measurements.MIN_CURVE_POINTS` distinct points;
+    fewer is an :class:`InputError` naming ``source`` (the measurements' file) and the curve.
 
     Deterministic for a given input and seed. ``n_jobs`` fits curves in parallel processes;
     ``residual_gp=False`` keeps only the physics form (an ablation, see docs/profiles.md).
     """
     if not measurements:
-        raise InputError("measurements", "", "at least one measurement")
+        raise InputError(source, "", "at least one measurement")
+    check_curve_points(measurements, source)
     groups = list(group_by_curve(measurements))
     results = _map(fit_curve, [(k, pts, seed, residual_gp) for k, pts in groups], n_jobs)
     return FittedLatencyModel(
@@ -626,10 +630,7 @@ def save_curves(model: FittedLatencyModel, path: str | os.PathLike[str]) -> None
 def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
     """Read a curves file written by :func:`save_curves` (or ``scepsy profile fit``)."""
     p = Path(path)
-    try:
-        raw = json.loads(read_text(p, "curves file (JSON)"))
-    except json.JSONDecodeError as exc:
-        raise InputError(str(p), "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+    raw = read_json(p, "curves file (JSON)")
     doc = validated(_CurvesFile, raw, str(p))
     if doc.format != CURVES_FORMAT:
         raise InputError(str(p), "format", f"'{CURVES_FORMAT}'", doc.format)

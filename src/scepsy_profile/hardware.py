@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
 
 GIB = 2**30
 """Bytes in one GiB."""

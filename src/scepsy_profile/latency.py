@@ -10,7 +10,7 @@ A latency model answers two questions for one LLM instance (model, gpu, tp, shar
 ``share``, ``batch`` and ``seq``/``ctx`` may be numpy arrays (broadcast together); the answer is a
 float for scalar input and an array otherwise. ``covers(model, gpu, tp)`` says whether the model
 can answer for that instance without guessing; an instance it does not cover raises
-:class:`~scepsy_profile.errors.UncoveredInstanceError`.
+:class:`~scepsy_common.errors.UncoveredInstanceError`.
 
 The contract every implementation keeps (docs/profiles.md, checked for each of them by
 ``tests/test_latency_conformance.py``): one point gives the same answer within a relative 1e-12
@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
 
 Number = float | NDArray[np.float64]
 
@@ -78,7 +78,7 @@ class CompositeLatencyModel:
 
     ``primary`` (usually a :class:`~scepsy_profile.fitted.FittedLatencyModel`) answers for every
     (model, gpu, tp) it covers; ``fallback`` (usually the roofline model) answers the rest, and
-    raises its :class:`~scepsy_profile.errors.UncoveredInstanceError` where neither covers.
+    raises its :class:`~scepsy_common.errors.UncoveredInstanceError` where neither covers.
     """
 
     primary: LatencyModel

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
 from scepsy_profile.hardware import _check_name, _check_positive_int
 
 ModelKind = Literal["decoder", "encoder"]

@@ -36,9 +36,9 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import least_squares
 
+from scepsy_common.errors import InputError, UncoveredInstanceError, validated
+from scepsy_common.files import atomic_write_text, read_yaml
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError, UncoveredInstanceError, validated
-from scepsy_profile.files import atomic_write_text, read_yaml
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase

@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from scepsy_common.errors import InputError
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.errors import InputError
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 

@@ -16,7 +16,6 @@ Upstream divides both by the pipeline degree (``pp``); these forms are for ``pp 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence
@@ -27,8 +26,8 @@ from typing import Literal
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
-from scepsy_profile.errors import InputError
-from scepsy_profile.files import read_csv_rows, read_text
+from scepsy_common.errors import InputError
+from scepsy_common.files import read_csv_rows, read_json
 from scepsy_profile.measurements import Measurement
 
 Engine = Literal["distserve", "vllm"]
@@ -109,10 +108,7 @@ def load_distserve_profile(
         engine = found[0]
     elif engine not in ENGINES:
         raise InputError(src, "engine", f"one of {list(ENGINES)}", engine)
-    try:
-        data = json.loads(read_text(p, "DistServe profile JSON file"))
-    except json.JSONDecodeError as exc:
-        raise InputError(src, "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(p, "DistServe profile JSON file")
     if not isinstance(data, dict):
         raise InputError(src, "top level", "a JSON object {model: {tp: {...}}}")
     label = f"distserve:{p.name}"

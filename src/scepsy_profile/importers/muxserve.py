@@ -7,16 +7,19 @@ out-of-memory) are skipped; anything else malformed is an :class:`InputError` na
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from pathlib import Path
 
-from scepsy_profile.errors import InputError
-from scepsy_profile.files import read_text
-from scepsy_profile.measurements import Measurement
+from scepsy_common.errors import InputError
+from scepsy_common.files import read_json
+from scepsy_profile.measurements import Measurement, check_instance
 
 _PHASE_KEYS = (("prefill", "prefill"), ("decode", "decoding"))
+
+
+NOT_MEASURED = -1.0
+"""The latency MuxServe's grids give a point that could not be measured (skipped)."""
 
 
 def load_muxserve_grid(
@@ -24,16 +27,14 @@ def load_muxserve_grid(
 ) -> tuple[Measurement, ...]:
     """Read a MuxServe grid file into measurements (model names as in the file)."""
     p = Path(path)
-    try:
-        data = json.loads(read_text(p, "MuxServe grid JSON file"))
-    except json.JSONDecodeError as exc:
-        raise InputError(str(p), "", f"valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(p, "MuxServe grid JSON file")
     src = f"muxserve:{p.name}"
     out: list[Measurement] = []
     f = str(p)
     for model, by_tp in _items(data, f, ""):
         for tp_key, by_sm in _items(by_tp, f, model):
             tp = _int(tp_key, f, f"{model}.{tp_key}")
+            check_instance(model, gpu, tp, f, f"{model}.{tp_key}: ")
             for pct, by_batch in _items(by_sm, f, f"{model}.{tp_key}"):
                 share = _number(pct, f, f"{model}.{tp_key}.{pct}", "an SM percentage in (0, 100]")
                 if not 0 < share <= 100:
@@ -47,8 +48,11 @@ def load_muxserve_grid(
                             if not isinstance(point, dict) or key not in point:
                                 raise InputError(f, f"{where}.{key}", "a latency in ms")
                             ms = _number(point[key], f, f"{where}.{key}", "a latency in ms")
-                            if ms <= 0:
+                            if ms == NOT_MEASURED:
                                 continue  # upstream marks points it could not measure with -1
+                            if not ms > 0:
+                                raise InputError(f, f"{where}.{key}", "a latency in ms > 0 "
+                                                 f"(or {NOT_MEASURED:g}: not measured)", ms)
                             out.append(Measurement(
                                 model=model, gpu=gpu, tp=tp, share=share / 100.0, phase=phase,
                                 batch=batch, tokens=tokens, latency_ms=ms, source=src,

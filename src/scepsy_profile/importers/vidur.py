@@ -26,8 +26,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scepsy_profile.errors import InputError
-from scepsy_profile.files import read_csv_rows
+from scepsy_common.errors import InputError
+from scepsy_common.files import read_csv_rows
 
 #: Vidur's GPU folder names (``compute/<gpu>``, ``network/<gpu>_<topology>``) -> catalog names.
 VIDUR_GPUS: dict[str, str] = {"a100": "A100-80GB", "h100": "H100-80GB"}

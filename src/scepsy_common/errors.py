@@ -7,10 +7,11 @@ The CLI turns it into one line on stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, StringConstraints, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -23,9 +24,36 @@ class InputError(ValueError):
         self.field = field
         self.expected = expected
         self.got = got
-        where = f"{source}: {field}" if field else source
+        where = f"{_one_line(source)}: {_one_line(field)}" if field else _one_line(source)
         tail = f" (got {got!r})" if got is not None else ""
-        super().__init__(f"{where}: expected {expected}{tail}")
+        super().__init__(f"{where}: expected {_one_line(expected)}{tail}")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with control characters (newlines, tabs, escapes) written as escapes, so that
+    a message stays one line whatever names it quotes."""
+    text = str(text)
+    return text if text.isprintable() else "".join(
+        c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+:/-]*$"
+"""Names in the project's files (workflows, LLMs, tools, GPUs, nodes, racks): a letter, digit
+or ``_`` first, then letters, digits and ``_ . + : / -``; no spaces, quotes, shell
+metacharacters or control characters."""
+NAME_MAX = 128
+NAME_EXPECTED = (f"a name of at most {NAME_MAX} letters, digits and _ . + : / - "
+                 "(no spaces, quotes, shell metacharacters or newlines)")
+Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX)]
+"""A pydantic string field holding a :data:`NAME_PATTERN` name."""
+_NAME_RE = re.compile(NAME_PATTERN)
+
+
+def check_name(value: object, source: str, field: str) -> str:
+    """``value`` if it is a :data:`NAME_PATTERN` name, else an :class:`InputError`."""
+    if not (isinstance(value, str) and len(value) <= NAME_MAX and _NAME_RE.match(value)):
+        raise InputError(source, field, NAME_EXPECTED, value)
+    return value
 
 
 class UnknownEntryError(InputError, KeyError):
@@ -65,8 +93,11 @@ _SIMPLE = {
     "int_from_float": "an integer", "int_parsing": "an integer", "float_type": "a number",
     "float_parsing": "a number", "finite_number": "a finite number", "bool_type": "true or false",
     "string_type": "a string", "string_too_short": "a non-empty string", "dict_type": "a mapping",
-    "list_type": "a list", "too_short": "a longer list",
+    "list_type": "a list", "model_type": "a mapping", "model_attributes_type": "a mapping",
+    "dataclass_type": "a mapping", "is_instance_of": "a mapping", "string_pattern_mismatch":
+    NAME_EXPECTED, "string_too_long": NAME_EXPECTED, "enum": "one of the listed values",
 }
+_KINDS = {dict: "a mapping", list: "a list", type(None): "nothing (null)"}
 
 
 def validated(model: type[M], raw: Any, source: str, prefix: str = "",
@@ -92,7 +123,7 @@ def from_validation(
     """
     err = exc.errors()[0]
     loc = tuple(err["loc"])
-    field = prefix + (".".join(str(part) for part in loc) or "top level")
+    field = prefix + (".".join(str(part) for part in loc if part != "[key]") or "top level")
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
         names = list(allowed(loc)) if allowed else []
@@ -104,11 +135,22 @@ def from_validation(
         expected = f"a number {_BOUNDS[kind]} {bound}"
     elif kind == "literal_error":
         expected = f"one of {ctx.get('expected', '')}"
-    elif loc and loc[-1] == "[key]":
+    elif kind in ("too_short", "too_long"):
+        n = ctx.get("min_length" if kind == "too_short" else "max_length", "")
+        word = "least" if kind == "too_short" else "most"
+        what = ("a mapping", "entr", "ies", "y") if isinstance(err.get("input"), dict) else (
+            "a list", "item", "s", "")
+        expected = f"{what[0]} of at {word} {n} {what[1]}{what[2] if n != 1 else what[3]}"
+    elif kind == "value_error":
+        expected = str(ctx.get("error", err["msg"]))
+    elif loc and loc[-1] == "[key]" and kind not in ("string_pattern_mismatch", "string_too_long"):
         expected = "a name (a string key)"
     else:
         expected = _SIMPLE.get(kind, str(err["msg"]).lower())
-    got = None if kind in ("missing", "extra_forbidden") else err.get("input")
+    quiet = kind in ("missing", "extra_forbidden", "value_error")  # the input says nothing more
+    got = None if quiet else err.get("input")
     if isinstance(got, dict | list):
-        got = type(got).__name__
+        got = f"{_KINDS[type(got)]} of {len(got)} item{'s' if len(got) != 1 else ''}"
+    elif got is None and not quiet:
+        got = _KINDS[type(None)]
     return InputError(source, field, expected, got)

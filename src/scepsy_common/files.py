@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from scepsy_profile.errors import InputError
+from scepsy_common.errors import InputError
 
 
 def read_text(path: str | os.PathLike[str], expected: str) -> str:
@@ -92,29 +92,99 @@ def read_jsonl_objects(path: str | os.PathLike[str], expected: str,
         if not line.strip():
             continue
         try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(src, f"line {lineno}", f"a JSON object ({exc.msg})") from None
+            raw = parse_json(line, src)
+        except InputError as exc:
+            field = f"line {lineno}" + (f": {exc.field}" if exc.field and not
+                                        exc.field.startswith("line ") else "")
+            raise InputError(src, field, exc.expected.replace("valid JSON", "a JSON object"),
+                             exc.got) from None
         if not isinstance(raw, dict):
             raise InputError(src, f"line {lineno}", f"a JSON object (one {what})",
                              type(raw).__name__)
         yield lineno, raw
 
 
-def parse_yaml(text: str, source: str, loader: type = yaml.SafeLoader) -> Any:
-    """Parsed YAML (or JSON) ``text``; a syntax error names ``source`` and the line.
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A mapping key given twice (raised by :class:`UniqueKeyLoader`)."""
 
-    ``loader`` must be ``yaml.SafeLoader`` or a subclass of it (e.g. one rejecting duplicate keys).
+    def __init__(self, key: object, mark: yaml.Mark) -> None:
+        super().__init__(None, None, f"found duplicate key {key!r}", mark)
+        self.key = key
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """The safe YAML loader of every project file: a key given twice in one mapping is an error
+    (plain YAML keeps the second value silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:
+                continue  # unhashable key: the base constructor reports it
+            if duplicate:
+                raise DuplicateKeyError(key, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def parse_yaml(text: str, source: str, loader: type = UniqueKeyLoader) -> Any:
+    """Parsed YAML (or JSON) ``text``; a syntax error or a duplicate key names ``source`` and
+    the line.
+
+    ``loader`` must be ``yaml.SafeLoader`` or a subclass of it (default: :class:`UniqueKeyLoader`).
     """
     try:
         return yaml.load(text, Loader=loader)
+    except DuplicateKeyError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark is not None else 0
+        raise InputError(source, f"line {line}: {exc.key}",
+                         "each key once per mapping (duplicate key)") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise InputError(source, where, f"valid YAML ({problem})") from None
+    except RecursionError:
+        raise InputError(source, "", "valid YAML (nested too deeply)") from None
 
 
-def read_yaml(path: str | os.PathLike[str], expected: str, loader: type = yaml.SafeLoader) -> Any:
+def read_yaml(path: str | os.PathLike[str], expected: str, loader: type = UniqueKeyLoader) -> Any:
     """The parsed content of a YAML (or JSON) file; see :func:`parse_yaml`."""
     return parse_yaml(read_text(path, expected), str(path), loader)
+
+
+def parse_json(text: str, source: str) -> Any:
+    """Parsed JSON ``text``: a syntax error or a key given twice in one object is an
+    :class:`InputError` naming ``source`` and the line or the key (NaN and Infinity are read as
+    numbers, for the field checks to reject by name)."""
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for k, v in items:
+            if k in out:
+                raise _DuplicateJSONKey(k)
+            out[k] = v
+        return out
+
+    try:
+        return json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as exc:
+        raise InputError(source, f"line {exc.lineno}", f"valid JSON ({exc.msg})") from None
+    except _DuplicateJSONKey as exc:
+        raise InputError(source, str(exc.args[0]),
+                         "each key once per object (duplicate key)") from None
+    except RecursionError:
+        raise InputError(source, "", "valid JSON (nested too deeply)") from None
+
+
+class _DuplicateJSONKey(Exception):
+    pass
+
+
+def read_json(path: str | os.PathLike[str], expected: str) -> Any:
+    """The parsed content of a JSON file; see :func:`parse_json`."""
+    return parse_json(read_text(path, expected), str(path))

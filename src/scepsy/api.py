@@ -1,0 +1,365 @@
+"""scepsy's main jobs as Python functions: :func:`plan`, :func:`predict`, :func:`simulate`.
+
+Each takes the same things the command line does: the workflows (a workflow or workload YAML
+path, or :class:`~scepsy_opt.workflows.WorkflowSpec` objects), the cluster or allocation (a path
+or a loaded object) and the rates (a total, split over a workload's weights, or a mapping
+workflow -> req/s). Each builds the trace (generated, or ``trace=`` a recorded one), its
+statistics and the latency model (the roofline, or ``curves=`` fitted curves on top), and calls
+the library. ``scepsy plan``, ``scepsy predict`` and ``scepsy simulate`` are these functions
+plus argument parsing and printing. Bad input raises :class:`~scepsy_common.errors.InputError`
+naming the argument or file and what was expected, before any work is done.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from scepsy_common.errors import InputError
+
+if TYPE_CHECKING:
+    from scepsy_opt.allocation import Allocation
+    from scepsy_opt.cluster import Cluster
+    from scepsy_opt.pipeline import Prediction
+    from scepsy_opt.plans import Plan
+    from scepsy_opt.problem import PlanningProblem
+    from scepsy_opt.simulate import SimulationResult
+    from scepsy_opt.traces import Trace
+    from scepsy_opt.workflows import WorkflowSpec
+    from scepsy_place.loop import PlacedPlan
+    from scepsy_place.topology import Topology
+    from scepsy_profile.latency import LatencyModel
+
+PathLike = str | os.PathLike[str]
+Rates = float | Mapping[str, float]
+Progress = Callable[[str], None]
+
+DEFAULT_OPTIMISER = "milp"
+DEFAULT_FORMULATION = "auto"
+DEFAULT_PLACER = "hierarchical"
+DEFAULT_MAX_ROUNDS = 25
+DEFAULT_TRACE_REQUESTS = 2000  # requests per workflow of a generated trace
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """What :func:`plan` returns: the problem it solved and its placed plan.
+
+    ``plan`` is the plan handed on (an allocation only when every replica is placed; otherwise
+    its ``status`` says why: ``infeasible`` only when proven, ``unplaced``,
+    ``time_limit_no_solution``); ``placed`` has the placement, the rounds and the formulations
+    compared. :meth:`to_dict` is the plan.json document.
+    """
+
+    problem: PlanningProblem
+    placed: PlacedPlan
+    placer: str  # the placement policy asked for
+
+    @property
+    def plan(self) -> Plan:
+        return self.placed.answer
+
+    @property
+    def allocation(self) -> Allocation | None:
+        return self.plan.allocation
+
+    @property
+    def workflow_latencies(self) -> dict[str, float]:
+        """Each workflow's predicted mean latency (s) under the placed allocation."""
+        from scepsy_opt.plans import workflow_latencies
+
+        if self.plan.allocation is None:
+            return {}
+        p = self.problem
+        return workflow_latencies(p.scaled(self.plan.scale) if self.plan.scale != 1.0 else p,
+                                  self.plan)
+
+    def to_dict(self, *, timings: bool = True) -> dict[str, Any]:
+        """The plan.json document (docs/optimiser.md); ``timings=False`` leaves out wall-clock
+        seconds, so that the same inputs give the same bytes."""
+        from scepsy_place.loop import plan_document
+
+        return plan_document(self.problem, self.placed, policy=self.placer, timings=timings)
+
+    def write(self, path: PathLike, *, timings: bool = True) -> None:
+        """Write :meth:`to_dict` to ``path`` atomically (nothing half-written)."""
+        from scepsy_opt.planfile import write_plan
+
+        write_plan(path, self.to_dict(timings=timings))
+
+
+# ---------------------------------------------------------------------------------- inputs
+
+
+def _specs(workflows: Any) -> tuple[WorkflowSpec, ...]:
+    from scepsy_opt.workload import as_specs
+
+    return as_specs(workflows)
+
+
+def _latency(curves: PathLike | None, latency: LatencyModel | None) -> LatencyModel:
+    from scepsy_profile.latency import CompositeLatencyModel
+    from scepsy_profile.roofline import roofline_model
+
+    if latency is not None:
+        if curves is not None:
+            raise InputError("plan", "curves", "either curves= or latency=, not both", curves)
+        return latency
+    if curves is None:
+        return roofline_model()
+    from scepsy_profile.fitted import load_curves
+
+    return CompositeLatencyModel(load_curves(curves), roofline_model())
+
+
+def _allocation(allocation: PathLike | Allocation, what: str) -> tuple[Allocation, str]:
+    """The allocation and the name its errors use (the file, or ``what``)."""
+    from scepsy_opt.allocation import Allocation, load_allocation
+
+    if isinstance(allocation, Allocation):
+        return allocation, what
+    if isinstance(allocation, str | os.PathLike):
+        return load_allocation(allocation), str(allocation)
+    raise InputError(what, "", "an allocation file path or an Allocation",
+                     type(allocation).__name__)
+
+
+def _check_gpus(alloc: Allocation, source: str) -> None:
+    """Every GPU type ``alloc`` names is one of the catalog's."""
+    from scepsy_profile.catalog import default_catalog
+
+    cat = default_catalog()
+    for m, inst in alloc.llms.items():
+        try:
+            cat.gpu(inst.gpu)
+        except InputError as exc:
+            raise InputError(source, f"llms.{m}.gpu", exc.expected, inst.gpu) from None
+
+
+def _topology(cluster: PathLike | Topology | Cluster) -> Topology:
+    from scepsy_opt.cluster import Cluster
+    from scepsy_place.topology import Topology, from_cluster, load_topology
+
+    if isinstance(cluster, Topology):
+        return cluster
+    if isinstance(cluster, Cluster):
+        return from_cluster(cluster)
+    if isinstance(cluster, str | os.PathLike):
+        return load_topology(cluster)
+    raise InputError("cluster", "", "a cluster file path, a Topology or a Cluster",
+                     type(cluster).__name__)
+
+
+def _count(value: object, name: str, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InputError(name, "", f"an integer >= {low}", value)
+    return value
+
+
+def _trace(specs: Sequence[WorkflowSpec], trace: PathLike | Trace | None, requests: int,
+           seed: int) -> Trace:
+    from scepsy_opt.workload import workload_trace
+
+    _count(seed, "seed", 0)
+    if trace is None:
+        _count(requests, "trace_requests", 1)
+    return workload_trace(specs, trace, requests=requests, seed=seed)
+
+
+def _stats(specs: Sequence[WorkflowSpec], trace: Trace, seed: int) -> dict[str, Any]:
+    from scepsy_opt.stats import workflow_stats
+
+    return {s.name: workflow_stats(trace, s.name, seed=seed) for s in specs}
+
+
+def _bounds(specs: Sequence[WorkflowSpec], bound: float | Mapping[str, float] | None
+            ) -> dict[str, float]:
+    """A latency bound (s) for every workflow, or per workflow."""
+    if bound is None:
+        return {}
+    if isinstance(bound, Mapping):
+        from scepsy_opt.workload import per_workflow_rates
+
+        return per_workflow_rates(specs, bound, "latency_bound_s")
+    if isinstance(bound, bool) or not (isinstance(bound, int | float) and math.isfinite(bound)
+                                       and bound > 0):
+        raise InputError("latency_bound_s", "", "a latency bound > 0 s", bound)
+    return dict.fromkeys((s.name for s in specs), float(bound))
+
+
+def check_grid(specs: Sequence[WorkflowSpec], topology: Topology, tps: Sequence[int],
+               shares: Sequence[float]) -> None:
+    """Reject a TP or share grid the LLMs of ``specs`` cannot use on ``topology``'s GPUs: a TP
+    degree none of their models supports, a grid that leaves an LLM no TP degree its model
+    supports within one NVLink domain of the cluster (``tps``), or an LLM that fits in memory
+    at no share of the grid but would at a larger one (``shares``). TP degrees above the
+    cluster's NVLink domains are otherwise left unused. A model too large for every GPU
+    at every share is not a grid problem: the optimiser reports it as infeasible."""
+    from scepsy_opt.workload import models_of
+    from scepsy_profile.catalog import default_catalog
+    from scepsy_profile.serving import memory_fit
+
+    cat = default_catalog()
+    cluster = topology.to_cluster()
+    gpus = list(cluster.budgets())
+    models = models_of(specs)
+    usable = {(m, g): [t for t in range(1, cluster.max_tp(g, cat) + 1)
+                       if cat.model(models[m]).supports_tp(t)]
+              for m in models for g in gpus}
+    allowed = sorted({t for ts in usable.values() for t in ts})
+    if any(not any(cat.model(model).supports_tp(t) for model in models.values()) for t in tps):
+        raise InputError("tps", "", "TP degrees the workflows' models support (on this "
+                         f"cluster: {', '.join(map(str, allowed))})", ",".join(map(str, tps)))
+    for m, model in sorted(models.items()):
+        if not any(t in tps for g in gpus for t in usable[(m, g)]):
+            raise InputError("tps", "", f"a TP degree {m} ({model}) can use on the cluster "
+                             f"({', '.join(map(str, sorted({t for g in gpus for t in usable[(m, g)]})))})",
+                             ",".join(map(str, tps)))
+
+        def fits(share: float, grid_tps: Sequence[int], m: str = m, model: str = model) -> bool:
+            return any(memory_fit(model, g, t, share, 1, cat).feasible
+                       for g in gpus for t in usable[(m, g)] if t in grid_tps)
+
+        if not any(fits(s, tps) for s in shares) and fits(1.0, tps):
+            least = next(s / 100 for s in range(1, 101) if fits(s / 100, tps))
+            raise InputError("shares", "", f"GPU shares in (0, 1] at which {m} ({model}) fits "
+                             f"in memory (>= {least:g})", ",".join(f"{s:g}" for s in shares))
+
+
+def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates, *,
+                 trace: PathLike | Trace | None = None,
+                 trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
+                 curves: PathLike | None = None, latency: LatencyModel | None = None,
+                 current: PathLike | Allocation | None = None,
+                 latency_bound_s: float | Mapping[str, float] | None = None,
+                 optimiser: str = DEFAULT_OPTIMISER, progress: Progress | None = None,
+                 **options: Any) -> tuple[PlanningProblem, Topology]:
+    """The :class:`~scepsy_opt.problem.PlanningProblem` and topology :func:`plan` solves
+    (arguments as there); every check on the inputs happens here, before any solving."""
+    from scepsy_opt.optimisers import OPTIMISERS
+    from scepsy_opt.problem import PlanningProblem, PlanOptions
+    from scepsy_opt.workload import models_of, per_workflow_rates
+
+    say = progress or (lambda _s: None)
+    say("reading the workflows and the cluster")
+    specs = _specs(workflows)
+    topology = _topology(cluster)
+    rates = per_workflow_rates(specs, targets, "targets")
+    known = {f.name for f in fields(PlanOptions)} - {"current", "latency_bound_s"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise InputError("plan", unknown[0], f"an option of PlanOptions ({', '.join(sorted(known))})")
+    if optimiser not in OPTIMISERS:
+        raise InputError("optimiser", "", f"one of {', '.join(OPTIMISERS)}", optimiser)
+    cur = None
+    if current is not None:
+        cur, source = _allocation(current, "current")
+        _check_gpus(cur, source)
+    if optimiser == "user" and cur is None:
+        raise InputError("optimiser", "", "'user' together with current= (the allocation it "
+                         "evaluates)", optimiser)
+    if options.get("change_penalty_s", 0.0) and cur is None:
+        raise InputError("change_penalty_s", "", "a current allocation to count changed "
+                         "replicas against (current=)", options["change_penalty_s"])
+    bounds = _bounds(specs, latency_bound_s)
+    if bounds and options.get("objective", "min-latency") != "max-throughput":
+        raise InputError("latency_bound_s", "", "objective 'max-throughput' (a min-latency "
+                         "plan already minimises the latencies; bounds apply when maximising "
+                         "throughput)", dict(bounds))
+    opts = PlanOptions(current=cur, latency_bound_s=bounds, **options)
+    check_grid(specs, topology, opts.tps, opts.shares)
+    lat = _latency(curves, latency)
+    say("building the trace and its statistics")
+    stats = _stats(specs, _trace(specs, trace, trace_requests, seed), seed)
+    problem = PlanningProblem(stats, models_of(specs), rates, topology.to_cluster(), lat, opts)
+    return problem, topology
+
+
+def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates, *,
+         optimiser: str = DEFAULT_OPTIMISER, formulation: str = DEFAULT_FORMULATION,
+         placer: str = DEFAULT_PLACER, spread_replicas: bool = False,
+         max_rounds: int = DEFAULT_MAX_ROUNDS, progress: Progress | None = None,
+         **options: Any) -> PlanResult:
+    """The placed plan serving ``workflows`` at ``targets`` on ``cluster``.
+
+    ``workflows``: a workflow or workload YAML path, or specs; ``cluster``: a cluster YAML/JSON
+    path, a :class:`~scepsy_place.topology.Topology` or a :class:`~scepsy_opt.cluster.Cluster`;
+    ``targets``: a total throughput (req/s, split over a workload's weights) or a mapping
+    workflow -> req/s. Options: ``optimiser`` (:data:`~scepsy_opt.optimisers.OPTIMISERS`;
+    ``user`` evaluates ``current``), ``formulation`` (``auto``, ``aggregate``, ``blocks``),
+    ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
+    ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``current`` (a path or an
+    :class:`~scepsy_opt.allocation.Allocation`), ``latency_bound_s`` (max-throughput only: a
+    bound for every workflow or per workflow) and every other field of
+    :class:`~scepsy_opt.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
+    ``time_limit_s``, ...). ``progress`` is called with the name of each stage as it starts.
+    The objective minimised is the weighted sum of the workflows' predicted mean latencies.
+    """
+    from scepsy_place.loop import FORMULATIONS, plan_and_place
+    from scepsy_place.placement import PLACERS
+
+    if formulation not in FORMULATIONS:
+        raise InputError("formulation", "", f"one of {', '.join(FORMULATIONS)}", formulation)
+    if placer not in PLACERS:
+        raise InputError("placer", "", f"one of {', '.join(PLACERS)}", placer)
+    _count(max_rounds, "max_rounds", 1)
+    problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
+                                     progress=progress, **options)
+    if progress is not None:
+        progress(f"optimising and placing ({formulation} formulation)")
+    placer_options = {"spread_replicas": True} if spread_replicas else {}
+    res = plan_and_place(problem, topology, name=optimiser, policy=placer,
+                         max_rounds=max_rounds, placer_options=placer_options,
+                         formulation=formulation)  # type: ignore[arg-type]
+    return PlanResult(problem, res, placer)
+
+
+def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Rates,
+                    trace: PathLike | Trace | None, trace_requests: int, seed: int
+                    ) -> tuple[tuple[WorkflowSpec, ...], Allocation, dict[str, float], Trace]:
+    from scepsy_opt.workload import per_workflow_rates
+
+    specs = _specs(workflows)
+    alloc, _ = _allocation(allocation, "allocation")
+    rates = per_workflow_rates(specs, rate, "rate")
+    return specs, alloc, rates, _trace(specs, trace, trace_requests, seed)
+
+
+def predict(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
+            form: str = "critical-path", trace: PathLike | Trace | None = None,
+            trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
+            curves: PathLike | None = None, latency: LatencyModel | None = None) -> Prediction:
+    """Each workflow's predicted maximum throughput and mean latency at ``rate`` on
+    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`."""
+    from scepsy_opt.pipeline import predict as _predict
+    from scepsy_opt.workload import models_of
+
+    specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
+                                              trace_requests, seed)
+    return _predict(_stats(specs, tr, seed), models_of(specs), alloc, _latency(curves, latency),
+                    rates, form=form)  # type: ignore[arg-type]
+
+
+def simulate(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
+             requests: int = DEFAULT_TRACE_REQUESTS, routing: str = "round_robin",
+             trace: PathLike | Trace | None = None,
+             trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
+             curves: PathLike | None = None, latency: LatencyModel | None = None,
+             progress: bool = False) -> SimulationResult:
+    """Simulated throughput and latency of ``requests`` Poisson arrivals at ``rate`` on
+    ``allocation`` (the discrete-event simulator, docs/simulator.md); arguments as :func:`plan`."""
+    from scepsy_opt.simulate import simulate as _simulate
+    from scepsy_opt.workload import models_of
+
+    _count(requests, "requests", 1)
+    specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
+                                              trace_requests, seed)
+    return _simulate(tr, models_of(specs), alloc, _latency(curves, latency), rates,
+                     requests=requests, seed=seed, routing=routing,  # type: ignore[arg-type]
+                     progress=progress)
+
+
+__all__ = ["PlanResult", "check_grid", "plan", "plan_problem", "predict", "simulate"]

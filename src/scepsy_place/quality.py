@@ -1,0 +1,53 @@
+"""A placement's quality: GPUs and nodes it uses against the lower bounds
+(:mod:`scepsy_place.bounds`), and the fragmentation it leaves (FGD, :mod:`scepsy_place.fgd`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from scepsy_place.bounds import bound
+from scepsy_place.fgd import domain_fragmentation
+from scepsy_place.placement import Placement, apply
+from scepsy_place.replicas import Demand, task_mix
+from scepsy_place.topology import Topology
+
+
+def fragmentation(topology: Topology, mix: Sequence[tuple[int, int, float]]) -> float | None:
+    """Σ over NVLink domains of FGD's expected unusable GPU capacity (thousandths) for ``mix``
+    (:func:`scepsy_place.fgd.domain_fragmentation`: a domain that cannot hold a TP group counts
+    its free capacity as a fragment for it); None for an empty mix."""
+    if not mix:
+        return None
+    return math.fsum(domain_fragmentation([n.free_units(i) for i in range(n.gpus)], n.nvlink_domain, list(mix))
+                     for n in topology.canonical_nodes())
+
+
+def quality(topology: Topology, placement: Placement, demands: Sequence[Demand]) -> dict[str, Any]:
+    """GPUs and nodes ``placement`` uses on ``topology`` (the topology it was placed on) against
+    the lower bounds of the demands it placed. Names no node: compare it across permutations."""
+    placed = placement.replicas()
+    mine = [d for d in demands if d.key in placed]
+    b = bound(mine, topology)
+    gpus = placement.gpus()
+    opened = {(n, g) for n, g in gpus if topology.node(n).used[g] == (0.0, 0.0)}
+    nodes = placement.nodes()
+    after = apply(topology, placement)
+    return {
+        "policy": placement.policy,
+        "placed": len(placement.slots),
+        "unplaced": len(placement.unplaced),
+        "gpus_used": len(gpus),
+        "gpus_opened": len(opened),
+        "nodes_used": len(nodes),
+        "nodes_opened": sum(1 for n in nodes if not topology.node(n).busy),
+        "bound_l1": b.l1,
+        "bound_l2": b.l2,
+        "bound_nodes": b.nodes,
+        "gpus_over_bound": len(gpus) / b.l2 if b.l2 else 1.0,
+        "nodes_over_bound": len(nodes) / b.nodes if b.nodes else 1.0,
+        "free_gpus": sum(1 for n in after.nodes for s, m in n.used if s == 0 and m == 0),
+        "free_nodes": sum(1 for n in after.nodes if not n.busy),
+        "fragmentation": fragmentation(after, task_mix(demands)),
+    }
