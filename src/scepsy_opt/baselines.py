@@ -70,7 +70,7 @@ from scepsy_opt.candidates import (
     price,
 )
 from scepsy_opt.milp import diagnose
-from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load
+from scepsy_opt.pipeline import carried_scale
 from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice
 from scepsy_opt.problem import PlanningProblem
 from scepsy_profile.catalog import default_catalog
@@ -189,10 +189,9 @@ def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
     u = problem.options.max_utilisation
     out: dict[str, list[_CapOption]] = {}
     for m in problem.llms:
-        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
-        load = llm_load(dem)
+        load = problem.loads[m]
         raw: list[_CapOption] = []
-        for gpu, tp, curve in fitting_curves(problem, m, dem):
+        for gpu, tp, curve in fitting_curves(problem, m, problem.demands[m]):
             per = gpu_units(tp, curve.share)
             top = min(budgets.get(gpu, 0) // per, problem.options.max_replicas)
             raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
@@ -696,8 +695,7 @@ class UserAllocation:
                                  f"a TP degree {problem.models[m]} supports", inst.tp)
         priced = price(problem, alloc)
         u = problem.options.max_utilisation
-        loads = {m: llm_load(llm_demand(problem.stats, problem.models, problem.targets, m))
-                 for m in problem.llms}
+        loads = problem.loads
         budgets = problem.cluster.budgets()
         used: dict[str, int] = {}
         for inst in alloc.llms.values():

@@ -44,8 +44,6 @@ from scepsy_opt.pipeline import (
     class_latencies_many,
     instance_curve,
     instance_curves,
-    llm_demand,
-    llm_load,
     min_replicas,
 )
 from scepsy_opt.problem import Deadline, PlanningProblem
@@ -234,7 +232,7 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
         if m not in allocation.llms:
             raise InputError("allocation", f"llms.{m}", "an instance for every LLM the workflows call")
         inst = allocation.llms[m]
-        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        dem = problem.demands[m]
         curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
                                catalog=problem.catalog, policy=problem.policy)
         r = np.array([float(inst.replicas)])
@@ -280,7 +278,7 @@ def _scans(spec: _ScanSpec, gpu: str, tp: int, live: list[Any]) -> list[_Scan]:
     """The replica range of each shape: from the fewest replicas that carry the load at
     ``max_utilisation`` to what the cap and ``max_replicas`` allow (empty ranges dropped)."""
     opts = spec.problem.options
-    load = llm_load(spec.demand)  # the capacity every candidate carries at max_utilisation
+    load = spec.problem.loads[spec.demand.llm]  # what every candidate carries at max_utilisation
     out = []
     for c in live:
         k = replicas_per_gpu(c.share) if spec.blocks else 1
@@ -384,7 +382,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     unfit = []
     for m in problem.llms:
         best_v = math.inf
-        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
+        dem = problem.demands[m]
         spec = _ScanSpec(problem, dem, _current(problem, m), caps, prices, slack, coarse, blocks,
                          deadline)
         rows: list[PricedRows] = []

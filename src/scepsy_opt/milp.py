@@ -47,8 +47,8 @@ from scepsy_opt.candidates import (
     generate_candidates,
     price,
 )
-from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load, min_replicas
-from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice, time_limit_plan
+from scepsy_opt.pipeline import min_replicas
+from scepsy_opt.plans import Infeasibility, Plan, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 
 SEED = 0
@@ -56,6 +56,8 @@ BISECT_REL = 1e-4  # max-throughput within latency bounds: the scale's relative 
 BISECT_STEPS = 40
 ONE_TYPE_REL = 1e-13  # the max scale on one GPU type: bisected to float precision
 Row = tuple[Mapping[Candidate, float], float]  # an extra MILP row: Σ coeff·x_c ≤ rhs
+Shape = tuple[str, int, float, int, float]  # (gpu, tp, share, units per replica, μ per replica)
+Shapes = Mapping[str, Sequence[Shape]]  # per LLM (:func:`capacity_shapes`)
 
 
 def _quiet_banner() -> None:
@@ -387,29 +389,29 @@ def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None
 
 
 def _diagnosed(problem: PlanningProblem, cset: CandidateSet, name: str, stats: Mapping[str, Any],
-               deadline: Deadline) -> Plan:
+               deadline: Deadline, shapes_: Shapes | None = None) -> Plan:
     """:func:`diagnose` within what remains of ``deadline``. The problem is infeasible (proven);
     when the time runs out before the diagnosis it stays so, without one."""
     try:
-        return diagnose(problem, cset, name, stats, deadline=deadline)
+        return diagnose(problem, cset, name, stats, deadline=deadline, shapes_=shapes_)
     except TimeLimitReached:
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {},
                     dict(stats, diagnosis="time_limit"))
 
 
 def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
-                    ) -> dict[str, list[tuple[str, int, float, int, float]]]:
+                    ) -> dict[str, list[Shape]]:
     """Per LLM, the shapes that fit: ``(gpu, tp, share, units per replica, μ per replica)``.
 
     For max-throughput only capacity matters, and per GPU type and units per replica only the
     shape with the largest μ is kept (a smaller μ for the same GPUs never helps).
     """
-    out: dict[str, list[tuple[str, int, float, int, float]]] = {}
+    out: dict[str, list[Shape]] = {}
     for m in problem.llms:
         if deadline is not None:  # the plan's time limit (TimeLimitReached)
             deadline.check()
-        dem = llm_demand(problem.stats, problem.models, problem.targets, m)
-        best: dict[tuple[str, int], tuple[str, int, float, int, float]] = {}
+        dem = problem.demands[m]
+        best: dict[tuple[str, int], Shape] = {}
         for gpu, tp, curve in fitting_curves(problem, m, dem):
             per = gpu_units(tp, curve.share)
             key = (gpu, per)
@@ -420,7 +422,7 @@ def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
 
 
 def max_scale(problem: PlanningProblem,
-              shapes_: Mapping[str, Sequence[tuple[str, int, float, int, float]]] | None = None,
+              shapes_: Shapes | None = None,
               *, budgets: Mapping[str, int] | None = None, deadline: Deadline | None = None,
               ) -> tuple[float, dict[str, Candidate], str]:
     """The largest ``s`` such that ``s`` × the targets fit at ``max_utilisation`` (exact MILP).
@@ -444,7 +446,7 @@ def max_scale(problem: PlanningProblem,
         return _max_scale_one_type(problem, shp, budgets)
     prob = pulp.LpProblem("scepsy_max_throughput", pulp.LpMaximize)
     s = prob.add_variable("scale", 0, None)
-    ys: dict[str, list[tuple[tuple[str, int, float, int, float], Any, Any]]] = {}
+    ys: dict[str, list[tuple[Shape, Any, Any]]] = {}
     n = 0
     for m in sorted(shp):
         ys[m] = []
@@ -457,9 +459,8 @@ def max_scale(problem: PlanningProblem,
             ys[m].append((sh, y, r))
             n += 1
     prob += pulp.LpAffineExpression([(s, 1.0)])
-    loads = {m: _load(problem, m) for m in ys}
     for j, m in enumerate(ys):
-        lam = loads[m]
+        lam = problem.loads[m]
         prob += pulp.LpAffineExpression([(y, 1) for _, y, _ in ys[m]]) == 1, f"one{j}"
         prob += (pulp.LpAffineExpression([(s, lam)] + [(r, -u * sh[4]) for sh, _, r in ys[m]])
                  <= 0, f"load{j}")
@@ -479,12 +480,12 @@ def max_scale(problem: PlanningProblem,
         sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
         reps = max(1, round(r.value() or 0))
         choice[m] = Candidate(m, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0)
-    scale = min(carried_scale(loads[m], c.mu, c.replicas, u) for m, c in choice.items())
+    scale = min(headroom(problem, choice).values())
     return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
 
 
 def _max_scale_one_type(problem: PlanningProblem,
-                        shp: Mapping[str, Sequence[tuple[str, int, float, int, float]]],
+                        shp: Shapes,
                         budgets: Mapping[str, int]) -> tuple[float, dict[str, Candidate], str]:
     """:func:`max_scale` on one GPU type, exactly and without a MILP: the LLMs do not interact
     except through the budget, so at scale ``s`` each takes its fewest-unit shape and replica
@@ -493,9 +494,9 @@ def _max_scale_one_type(problem: PlanningProblem,
     """
     u = problem.options.max_utilisation
     budget = next(iter(budgets.values())) * UNITS
-    lam = {m: _load(problem, m) for m in shp}
+    lam = problem.loads
 
-    def pick(scale: float) -> tuple[int, dict[str, tuple[tuple[str, int, float, int, float], int]]]:
+    def pick(scale: float) -> tuple[int, dict[str, tuple[Shape, int]]]:
         total, choice = 0, {}
         for m, options in shp.items():
             best = None
@@ -513,22 +514,16 @@ def _max_scale_one_type(problem: PlanningProblem,
     lo = largest_accepted(lambda x: Probe(pick(x)[0] <= budget), math.inf,
                           rel=ONE_TYPE_REL, max_steps=200).lo
     _, choice = pick(lo)
-    scale = min(carried_scale(lam[m], sh[4], r, u) for m, (sh, r) in choice.items())
     cands = {m: Candidate(m, sh[0], sh[1], sh[2], r, sh[3] * r, sh[4], math.nan, 0.0, 0.0)
              for m, (sh, r) in choice.items()}
-    return max(scale, lo), cands, "optimal"
-
-
-def _load(problem: PlanningProblem, m: str) -> float:
-    """LLM ``m``'s load at the problem's targets (calls/s, :func:`scepsy_opt.pipeline.llm_load`)."""
-    return llm_load(llm_demand(problem.stats, problem.models, problem.targets, m))
+    return max(min(headroom(problem, cands).values()), lo), cands, "optimal"
 
 
 GAIN_REL = 1e-9  # a max scale this much (relative) above another is a gain, not rounding
 
 
 def scale_gains(problem: PlanningProblem, scale: float,
-                shapes_: Mapping[str, Sequence[tuple[str, int, float, int, float]]] | None = None,
+                shapes_: Shapes | None = None,
                 *, deadline: Deadline | None = None) -> tuple[tuple[str, ...], dict[str, float]]:
     """Which GPU types bound the max scale ``scale`` (:func:`max_scale`), and what one more GPU
     of each would add: ``(binding, gain per GPU)``.
@@ -568,23 +563,24 @@ def scale_gains(problem: PlanningProblem, scale: float,
 
 
 def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
-             stats: Mapping[str, Any], *, deadline: Deadline | None = None) -> Plan:
+             stats: Mapping[str, Any], *, deadline: Deadline | None = None,
+             shapes_: Shapes | None = None) -> Plan:
     """An infeasible plan that says why: a model that fits nowhere, or how far the GPUs go
     (the max scale, its bottleneck LLM, the binding GPU types and what one more GPU of each
-    adds, :func:`scale_gains`)."""
+    adds, :func:`scale_gains`). ``shapes_``: the problem's :func:`capacity_shapes` when the
+    caller has them."""
     if cset.unfit:
         models = ", ".join(f"{m} ({problem.models[m]})" for m in cset.unfit)
         info = Infeasibility("memory", f"{models} fits on no GPU of the cluster with any TP degree "
                              "and share of the grid", 0.0, {w: 0.0 for w in problem.targets},
                              cset.unfit[0], tuple(cset.unfit))
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
-    shp = capacity_shapes(problem, deadline)
+    shp = shapes_ if shapes_ is not None else capacity_shapes(problem, deadline)
     scale, choice, st = max_scale(problem, shp, deadline=deadline)
     if st == "time_limit_no_solution":
         raise TimeLimitReached("the time limit ran out before the max scale was found")
-    u = problem.options.max_utilisation
     # the LLM with the least headroom at the max-scale allocation bounds the scale
-    heads = {m: carried_scale(_load(problem, m), c.mu, c.replicas, u) for m, c in choice.items()}
+    heads = headroom(problem, choice)
     bottleneck = min(heads, key=lambda m: (heads[m], m)) if heads else None
     binding, gains = scale_gains(problem, scale, shp, deadline=deadline)
     tput = {w: scale * t for w, t in problem.targets.items()}
@@ -615,13 +611,17 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
     is ``time_limit_no_solution`` (:class:`TimeLimitReached` from the steps it cannot cut)."""
     left = Deadline.of(problem, deadline)
     t0 = time.perf_counter()
-    scale, choice, status = max_scale(problem, deadline=left)
+    try:  # the shapes once: the max scale and, if it is 0, the diagnosis
+        shp = capacity_shapes(problem, left)
+    except TimeLimitReached:
+        return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
+    scale, choice, status = max_scale(problem, shp, deadline=left)
     if status == "time_limit_no_solution":
         return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
     bounds = problem.options.latency_bound_s
     if not choice or scale <= 0:
         cset = generate_candidates(problem, deadline=left)
-        return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left)
+        return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left, shp)
     if not bounds:  # the capacity optimum; price its latency at that load
         scaled = problem.scaled(scale * (1 - 1e-9))
         priced = price(scaled, plan_from_choice(scaled, name, "optimal", choice, {}).allocation)  # type: ignore[arg-type]
@@ -640,7 +640,7 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
         if found.stopped:
             return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
         cset = generate_candidates(problem, deadline=left)
-        return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left)
+        return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left, shp)
     plan, s = found.best, found.best_at
     stats = dict(plan.stats, total_s=time.perf_counter() - t0)
     return Plan(plan.optimiser, "time_limit" if found.stopped else plan.status,

@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate
-from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load, predict
+from scepsy_opt.pipeline import carried_scale, predict
 from scepsy_opt.problem import PlanningProblem
 
 # optimal: proven optimal; time_limit: the time limit ended the search with an allocation (its
@@ -91,14 +91,21 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
                 MappingProxyType(dict(stats)), None, scale)
 
 
+def headroom(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> dict[str, float]:
+    """Per LLM of ``choice``, the largest factor of the targets its replicas carry at
+    ``max_utilisation`` (:func:`scepsy_opt.pipeline.carried_scale` of its load,
+    :attr:`PlanningProblem.loads`): the least of them is how far the choice carries the targets."""
+    u = problem.options.max_utilisation
+    return {m: carried_scale(problem.loads[m], c.mu, c.replicas, u) for m, c in choice.items()}
+
+
 def saturated_plan(problem: PlanningProblem, name: str, choice: Mapping[str, Candidate],
                    stats: Mapping[str, Any]) -> Plan:
     """The infeasible plan of a choice whose replicas do not all carry their LLM's load: its
     ``max_scale`` is the fraction of the targets the choice carries at ``max_utilisation``
     (:func:`scepsy_opt.pipeline.carried_scale` of each LLM's :func:`~scepsy_opt.pipeline.llm_load`)."""
     u = problem.options.max_utilisation
-    heads = {m: carried_scale(llm_load(llm_demand(problem.stats, problem.models, problem.targets, m)),
-                              c.mu, c.replicas, u) for m, c in choice.items()}
+    heads = headroom(problem, choice)
     bottleneck = min(heads, key=lambda m: (heads[m], m))
     scale = heads[bottleneck]
     full = [m for m, c in sorted(choice.items()) if not math.isfinite(c.latency_s)]

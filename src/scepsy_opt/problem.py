@@ -12,6 +12,7 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Literal
 
@@ -19,6 +20,7 @@ from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.cluster import Cluster
+from scepsy_opt.pipeline import LLMDemand, llm_demand, llm_load
 from scepsy_opt.stats import WorkflowStats
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
@@ -163,6 +165,19 @@ class PlanningProblem:
     def llms(self) -> list[str]:
         """The LLMs the targeted workflows call, sorted."""
         return sorted({m for w in self.targets for m in self.stats[w].llms})
+
+    @cached_property
+    def demands(self) -> Mapping[str, LLMDemand]:
+        """Per LLM, what the targets ask of it (:func:`scepsy_opt.pipeline.llm_demand`), computed
+        once per problem (the targets are fixed; :meth:`scaled` makes a new problem)."""
+        return MappingProxyType({m: llm_demand(self.stats, self.models, self.targets, m)
+                                 for m in self.llms})
+
+    @cached_property
+    def loads(self) -> Mapping[str, float]:
+        """Per LLM, its load at the targets (calls/s, :func:`scepsy_opt.pipeline.llm_load`): the
+        capacity its replicas must carry."""
+        return MappingProxyType({m: llm_load(d) for m, d in self.demands.items()})
 
     def weight(self, workflow: str) -> float:
         return float(self.options.weights.get(workflow, 1.0))
