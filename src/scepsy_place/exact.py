@@ -94,24 +94,32 @@ def place_exactly(topology: Topology, demands: Sequence[Demand], *,
                 u[k, s, j] = prob.add_variable(f"u{k}_{s}_{j}", 0, count[shapes[s]],
                                                pulp.LpInteger)
     prob += pulp.LpAffineExpression([])
+    # the variables grouped once (in creation order) for the rows below
+    by_shape: dict[int, list[pulp.LpVariable]] = {}
+    for (_, s), v in y.items():
+        by_shape.setdefault(s, []).append(v)
+    by_group: dict[tuple[int, int], list[tuple[int, pulp.LpVariable]]] = {}
+    by_gpu: dict[tuple[int, int], list[tuple[int, pulp.LpVariable]]] = {}
+    for (k, s, j), w in u.items():
+        by_group.setdefault((k, s), []).append((j, w))
+        by_gpu.setdefault((k, j), []).append((s, w))
     for s, shape in enumerate(shapes):
-        terms = [(v, 1) for (k, t), v in y.items() if t == s]
+        terms = [(v, 1) for v in by_shape.get(s, ())]
         if not terms:
             return ExactPlacement("infeasible")  # no domain holds one group of this shape
         prob += pulp.LpAffineExpression(terms) == count[shape], f"count{s}"
     for (k, s), v in y.items():
         tp = shapes[s][0]
-        slices = [(w, 1) for (kk, ss, _), w in u.items() if kk == k and ss == s]
+        slices = [(w, 1) for _, w in by_group.get((k, s), ())]
         prob += pulp.LpAffineExpression([*slices, (v, -tp)]) == 0, f"group{k}_{s}"
         if tp > 1:
-            for (kk, ss, j), w in u.items():
-                if kk == k and ss == s:
-                    prob += pulp.LpAffineExpression([(w, 1), (v, -1)]) <= 0, f"distinct{k}_{s}_{j}"
+            for j, w in by_group.get((k, s), ()):
+                prob += pulp.LpAffineExpression([(w, 1), (v, -1)]) <= 0, f"distinct{k}_{s}_{j}"
     totals: list[pulp.LpAffineExpression] = []
     for k, (n, dom) in enumerate(domains):
         loads = []
         for j in dom:
-            mine = [(s, w) for (kk, s, jj), w in u.items() if kk == k and jj == j]
+            mine = by_gpu.get((k, j), [])
             cap = pulp.LpAffineExpression([(w, shapes[s][1]) for s, w in mine])
             loads.append(cap)
             if mine:

@@ -66,9 +66,9 @@ from scepsy_common.units import share_units
 from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price
 from scepsy_opt.milp import Row, solve_min_latency
 from scepsy_opt.optimisers import optimiser
-from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load, min_replicas
+from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import Plan, plan_from_choice, time_limit_plan
+from scepsy_opt.plans import Plan, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
 from scepsy_place.blocks import block_candidates, capacity_rows
 from scepsy_place.cuts import (
@@ -76,7 +76,7 @@ from scepsy_place.cuts import (
     free_capacity_rows,
     packing_inequalities,
 )
-from scepsy_place.exact import EXACT_TIME_S, place_exactly
+from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
 from scepsy_place.placement import Placement, demands, place
 from scepsy_place.quality import quality
 from scepsy_place.replicas import Demand, Slot
@@ -269,8 +269,7 @@ def current_plan(problem: PlanningProblem, name: str = "milp") -> Plan | None:
         return None
     choice = price(problem, cur)
     for m, c in choice.items():
-        load = llm_load(llm_demand(problem.stats, problem.models, problem.targets, m))
-        if not (c.mu > 0 and min_replicas(load, c.mu, problem.options.max_utilisation)
+        if not (c.mu > 0 and min_replicas(problem.loads[m], c.mu, problem.options.max_utilisation)
                 <= c.replicas and math.isfinite(c.latency_s)):
             return None
     if not fits_budget(problem, choice):
@@ -400,15 +399,15 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
                 cset = loop_candidates()
             added = dict.fromkeys(("configuration", "no_good", "no_good_placer", "tightened"), 0)
             rescued: list[Slot] = []
-            for gpu in sorted(_failed_types(placement, plan)):
+            failed = _failed_types(placement, plan)
+            for gpu in sorted(failed):
                 chosen = [c for c in plan.candidates.values() if c.gpu == gpu]
                 cut = configuration_cut(topology, gpu, chosen, cset.by_llm)
                 if cut is not None:
                     valid.append(cut)
                     added["configuration"] += 1
                     continue
-                ex = place_exactly(topology, [d for d in dem if d.gpu == gpu],
-                                   time_limit_s=min(EXACT_TIME_S, deadline.remaining()))
+                ex = _place_type_exactly(topology, dem, gpu, deadline)
                 if ex.status == "placed":
                     rescued.extend(ex.slots)
                     continue
@@ -422,7 +421,7 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
                     added["tightened"] += 1
             if not any(added.values()):  # the exact test placed what the placer did not
                 plan_unplaced = placement.unplaced
-                placement = _rescue(placement, _failed_types(placement, plan), rescued,
+                placement = _rescue(placement, failed, rescued,
                                     {m: c.gpu for m, c in plan.candidates.items()})
                 entry.update(unplaced=0, placer_unplaced=len(plan_unplaced), placed_by="exact")
                 return ended(plan, placement, "placed", None, quality(topology, placement, dem))
@@ -437,6 +436,14 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
                  f"no placed plan after {len(history)} round(s) (--max-rounds; "
                  f"{last.get('unplaced', 0)} replica(s) unplaced in the last, "
                  f"{_cut_text(cuts)}); not proven infeasible")
+
+
+def _place_type_exactly(topology: Topology, dem: list[Demand], gpu: str,
+                        deadline: Deadline) -> ExactPlacement:
+    """:func:`scepsy_place.exact.place_exactly` of the demands of GPU type ``gpu``, within
+    :data:`~scepsy_place.exact.EXACT_TIME_S` and what remains of ``deadline``."""
+    return place_exactly(topology, [d for d in dem if d.gpu == gpu],
+                         time_limit_s=min(EXACT_TIME_S, deadline.remaining()))
 
 
 def _rescue(placement: Placement, failed: set[str], slots: list[Slot], gpu_of: Mapping[str, str],
@@ -459,8 +466,7 @@ def place_or_exact(topology: Topology, dem: list[Demand], policy: str,
     failed = {gpu_of[m] for m, _, _ in placement.unplaced}
     slots: list[Slot] = []
     for gpu in sorted(failed):
-        ex = place_exactly(topology, [d for d in dem if d.gpu == gpu],
-                           time_limit_s=min(EXACT_TIME_S, deadline.remaining()))
+        ex = _place_type_exactly(topology, dem, gpu, deadline)
         if ex.status != "placed":
             return placement
         slots.extend(ex.slots)
@@ -535,11 +541,8 @@ def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: F
 
 def placed_scale(problem: PlanningProblem, plan: Plan) -> float:
     """The largest factor of ``problem``'s targets that ``plan``'s allocation carries at
-    ``max_utilisation`` (:func:`scepsy_opt.pipeline.carried_scale`, the candidates' rule)."""
-    u = problem.options.max_utilisation
-    return min(carried_scale(llm_load(llm_demand(problem.stats, problem.models, problem.targets,
-                                                 m)), c.mu, c.replicas, u)
-               for m, c in plan.candidates.items())
+    ``max_utilisation`` (:func:`scepsy_opt.plans.headroom`, the candidates' rule)."""
+    return min(headroom(problem, plan.candidates).values())
 
 
 def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -209,7 +210,12 @@ class Topology:
         rack (the sorted contents of the rack's nodes), then rack name, then node name. Placers
         walk nodes in this order and break every remaining tie by it, so their placements do not
         depend on the order of the input, and renaming nodes or racks only permutes
-        interchangeable ones (equal content in racks of equal content)."""
+        interchangeable ones (equal content in racks of equal content). Sorted once per
+        topology (every placer, fallback and round asks for it again)."""
+        return self._canonical
+
+    @cached_property
+    def _canonical(self) -> tuple[Node, ...]:
         racks: dict[str, list[tuple[Any, ...]]] = {}
         for n in self.nodes:
             racks.setdefault(n.rack, []).append(n.content)
