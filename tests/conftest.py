@@ -43,3 +43,17 @@ def shared_file(relative: str) -> Path:
     if not path.exists():
         pytest.skip(f"{path} not present (the shared data folder is optional)")
     return path
+
+
+@pytest.fixture
+def tiny_openb(tmp_path: Path) -> tuple[Path, Path]:
+    """A two-node nodes CSV and a six-pod pods CSV in ``tmp_path``: a trace that replays fast."""
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                     "n0,32000,262144,2,V100\nn1,32000,262144,2,V100\n")
+    pods = tmp_path / "pods.csv"
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
+                    "creation_time,deletion_time,scheduled_time\n"
+                    + "".join(f"p{i},1000,1024,1,500,,LS,Running,{i},{i + 100},{i}\n"
+                              for i in range(6)))
+    return nodes, pods

@@ -104,15 +104,9 @@ def test_plan_number_flags(capsys, tmp_path, flag, value):
 # ------------------------------------------------------------------- bench openb
 
 
-def _openb(tmp_path: Path) -> list[str]:
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
-                     "n0,32000,262144,2,V100\nn1,32000,262144,2,V100\n")
-    pods = tmp_path / "pods.csv"
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
-                    "creation_time,deletion_time,scheduled_time\n"
-                    + "".join(f"p{i},1000,1024,1,500,,LS,Running,{i},{i + 100},{i}\n"
-                              for i in range(6)))
+@pytest.fixture
+def openb(tiny_openb: tuple[Path, Path]) -> list[str]:
+    nodes, pods = tiny_openb
     return ["bench", "openb", "--nodes", str(nodes), "--pods", str(pods)]
 
 
@@ -120,15 +114,15 @@ def _openb(tmp_path: Path) -> list[str]:
     ("--until", "-1"), ("--until", "nan"), ("--until", "inf"), ("--until", "0"),
     ("--policy", ""), ("--policy", " , "), ("--seed", "-1"),
 ])
-def test_bench_openb_bad_values(capsys, tmp_path, flag, value):
-    _one_line_error(capsys, main([*_openb(tmp_path), flag, value]), flag)
+def test_bench_openb_bad_values(capsys, openb, flag, value):
+    _one_line_error(capsys, main([*openb, flag, value]), flag)
 
 
-def test_bench_openb_seed_0_is_seed_0(capsys, tmp_path):
+def test_bench_openb_seed_0_is_seed_0(capsys, openb):
     """``--seed 0`` was replaced by the default 42 (``seed or 42``)."""
     runs = {}
     for seed in ("0", "42"):
-        assert main([*_openb(tmp_path), "--seed", seed, "--until", "0.5", "--json"]) == 0
+        assert main([*openb, "--seed", seed, "--until", "0.5", "--json"]) == 0
         runs[seed] = json.loads(capsys.readouterr().out)["results"][0]
     assert runs["0"]["seed"] == 0 and runs["42"]["seed"] == 42
 

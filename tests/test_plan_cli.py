@@ -187,15 +187,8 @@ def test_unknown_placer_is_a_clear_error(capsys, tmp_path):
     assert code == 2 and "--placer" in err and not out.exists()
 
 
-def test_bench_openb_replays_a_tiny_trace(capsys, tmp_path):
-    nodes = tmp_path / "nodes.csv"
-    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\n"
-                     "n0,32000,262144,2,V100\nn1,32000,262144,2,V100\n")
-    pods = tmp_path / "pods.csv"
-    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
-                    "creation_time,deletion_time,scheduled_time\n"
-                    + "".join(f"p{i},1000,1024,1,500,,LS,Running,{i},{i + 100},{i}\n"
-                              for i in range(6)))
+def test_bench_openb_replays_a_tiny_trace(capsys, tiny_openb):
+    nodes, pods = tiny_openb
     code, out, _ = run(capsys, "bench", "openb", "--nodes", str(nodes), "--pods", str(pods),
                        "--policy", "best-fit,fgd", "--json")
     assert code == 0

@@ -115,14 +115,18 @@ def _latency(curves: PathLike | None, latency: LatencyModel | None) -> LatencyMo
     return CompositeLatencyModel(load_curves(curves), roofline_model())
 
 
-def _allocation(allocation: PathLike | Allocation, what: str) -> tuple[Allocation, str]:
-    """The allocation and the name its errors use (the file, or ``what``)."""
+def _allocation(allocation: PathLike | Allocation, what: str, *, check_gpus: bool = False
+                ) -> Allocation:
+    """The allocation: a file's (whose GPU names :func:`load_allocation` checks against the
+    catalog) or the object given, its GPU names checked when ``check_gpus``."""
     from scepsy_opt.allocation import Allocation, load_allocation
 
     if isinstance(allocation, Allocation):
-        return allocation, what
+        if check_gpus:
+            _check_gpus(allocation, what)
+        return allocation
     if isinstance(allocation, str | os.PathLike):
-        return load_allocation(allocation), str(allocation)
+        return load_allocation(allocation)
     raise InputError(what, "", "an allocation file path or an Allocation",
                      type(allocation).__name__)
 
@@ -256,8 +260,7 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets
         raise InputError("optimiser", "", f"one of {', '.join(OPTIMISERS)}", optimiser)
     cur = None
     if current is not None:
-        cur, source = _allocation(current, "current")
-        _check_gpus(cur, source)
+        cur = _allocation(current, "current", check_gpus=True)
     if optimiser == "user" and cur is None:
         raise InputError("optimiser", "", "'user' together with current= (the allocation it "
                          "evaluates)", optimiser)
@@ -323,7 +326,7 @@ def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Rat
     from scepsy_opt.workload import per_workflow_rates
 
     specs = _specs(workflows)
-    alloc, _ = _allocation(allocation, "allocation")
+    alloc = _allocation(allocation, "allocation")
     rates = per_workflow_rates(specs, rate, "rate")
     return specs, alloc, rates, _trace(specs, trace, trace_requests, seed)
 

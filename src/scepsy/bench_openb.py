@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 
+from scepsy.argtypes import NAMES, POSITIVE, SEED
 from scepsy.tables import print_table
 from scepsy_place.openb import POLICIES, OpenBError, Snapshot, read_nodes, read_pods, replay
 
@@ -52,12 +53,13 @@ def run_cli(args: argparse.Namespace) -> int:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``bench openb`` options (for the CLI wiring)."""
+    """The ``bench openb`` options (for the CLI wiring), their values checked by the CLI's
+    argument types (one-line errors, exit 2)."""
     p.add_argument("--nodes", required=True, help="nodes CSV (sn,cpu_milli,memory_mib,gpu,model)")
     p.add_argument("--pods", required=True,
                    help="pods CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
-    p.add_argument("--policy", default="fgd",
+    p.add_argument("--policy", type=NAMES, default="fgd",
                    help=f"policy or comma list: {', '.join(sorted(POLICIES))} (default fgd)")
-    p.add_argument("--seed", type=int, default=42, help="workload sampling/shuffle seed (42)")
-    p.add_argument("--until", type=float, default=1.3, help="final demand / capacity (1.3)")
+    p.add_argument("--seed", type=SEED, default=42, help="workload sampling/shuffle seed (42)")
+    p.add_argument("--until", type=POSITIVE, default=1.3, help="final demand / capacity (1.3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")

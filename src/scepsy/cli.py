@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
+from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED
+
 EXIT_INFEASIBLE = 1  # plan: no allocation meets the targets (proven)
 EXIT_USAGE = 2
 EXIT_TIME_LIMIT = 3  # plan: the time limit ran out before any (placeable) allocation was found
@@ -60,35 +62,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-# ------------------------------------------------------------------------- argument types
-
-
-def _arg_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str
-              ) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
-        try:
-            value = convert(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {expected} (got {text!r})") from None
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"expected {expected} (got {text!r})")
-        return value
-    parse.__name__ = expected  # argparse names the type in some messages
-    return parse
-
-
-SEED = _arg_type(int, lambda v: v >= 0, "an integer >= 0")
-COUNT = _arg_type(int, lambda v: v >= 1, "an integer >= 1")
-POSITIVE = _arg_type(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
-NONNEGATIVE = _arg_type(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
-
-
-def _names(text: str) -> str:
-    """A comma-separated list of at least one non-empty name."""
-    if not any(x.strip() for x in text.split(",")):
-        raise argparse.ArgumentTypeError(f"expected one or more names, comma-separated "
-                                         f"(got {text!r})")
-    return text
+# ------------------------------------------------------------------------- output paths
 
 
 def check_out(path: Path, flag: str = "--out") -> None:
@@ -221,14 +195,6 @@ def _bench_args(bench: argparse.ArgumentParser) -> None:
     openb = bsub.add_parser("openb", help="online replay of the Alibaba GPU-sharing trace "
                                           "(allocation ratio and fragmentation per policy)")
     add_arguments(openb)
-    # the same options, with their values checked here (one-line errors, exit 2)
-    for action in openb._actions:
-        if action.dest == "seed":
-            action.type = SEED
-        elif action.dest == "until":
-            action.type = POSITIVE
-        elif action.dest == "policy":
-            action.type = _names
     openb.set_defaults(func=_cmd_bench_openb)
 
 
@@ -408,6 +374,7 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
 def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy.tables import progress
+    from scepsy_opt.planfile import dumps, write_plan
 
     check_out(args.out)
     options: dict[str, Any] = {"tps": tuple(_ints(args.tp, "--tp")),
@@ -420,16 +387,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     bounds = _per_workflow(args.latency_bound, "--latency-bound")
     with progress("planning", quiet=args.quiet or args.json) as bar, _naming(_PLAN_FLAGS):
         res = api.plan(args.workflow, args.cluster, targets, optimiser=args.optimiser,
-                           formulation=args.formulation, placer=args.placer,
-                           spread_replicas=args.spread_replicas, max_rounds=args.max_rounds,
+                       formulation=args.formulation, placer=args.placer,
+                       spread_replicas=args.spread_replicas, max_rounds=args.max_rounds,
                        trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
                        curves=args.curves, current=args.current, latency_bound_s=bounds,
                        progress=lambda stage: bar.update(description=stage), **options)
     doc = res.to_dict(timings=not args.no_timings)
-    res.write(args.out, timings=not args.no_timings)
+    write_plan(args.out, doc)  # the document printed below, built once
     plan = res.plan
     if args.json:
-        print(json.dumps(doc, indent=2, sort_keys=True))
+        print(dumps(doc), end="")
     elif plan.allocation is not None:
         _print_plan(res, doc, args)
     if plan.status == "time_limit_no_solution":
