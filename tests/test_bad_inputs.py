@@ -77,135 +77,43 @@ def case(
     )
 
 
+def option_case(
+    id: str, argv: tuple[str, ...], *expect: str, files: dict[str, object] | None = None,
+    out: str = "out.txt",
+) -> None:
+    """A case whose bad input is an option or an output path, not a file (``bad`` is empty)."""
+    CASES.append(Case(id, argv, files or {}, "", expect, out))
+
+
 # --- commands per input kind ---------------------------------------------------------------------
 
 
-def trace_gen(f: str) -> tuple[str, ...]:
-    return ("trace", "generate", "--workflow", f, "--requests", "3", "--out", "{out}")
+BAD = "<bad file>"  # where a command template takes the bad file's name
 
 
-def plan_cluster(f: str) -> tuple[str, ...]:
-    return (
-        "plan",
-        "--workflow",
-        str(RAG),
-        "--cluster",
-        f,
-        "--target",
-        "1",
-        "--trace-requests",
-        "20",
-        "--time-limit",
-        "20",
-        "--out",
-        "{out}",
-    )
+def command(*template: str) -> Callable[[str], tuple[str, ...]]:
+    """A command builder: ``template`` with :data:`BAD` replaced by the bad file's name."""
+    return lambda f: tuple(f if a == BAD else a for a in template)
 
 
-def plan_current(f: str) -> tuple[str, ...]:
-    return (
-        "plan",
-        "--workflow",
-        str(RAG),
-        "--cluster",
-        str(CLUSTER),
-        "--target",
-        "1",
-        "--current",
-        f,
-        "--trace-requests",
-        "20",
-        "--time-limit",
-        "20",
-        "--out",
-        "{out}",
-    )
+PLAN_LIMITS = ("--trace-requests", "20", "--time-limit", "20", "--out", "{out}")
+SHOW = ("profile", "show", "--model", "llama-13b", "--gpu", "A100-80GB", "--tp", "1")
 
-
-def predict_alloc(f: str) -> tuple[str, ...]:
-    return (
-        "predict",
-        "--workflow",
-        str(RAG),
-        "--allocation",
-        f,
-        "--rate",
-        "1",
-        "--trace-requests",
-        "20",
-    )
-
-
-def simulate_alloc(f: str) -> tuple[str, ...]:
-    return (
-        "simulate",
-        "--workflow",
-        str(RAG),
-        "--allocation",
-        f,
-        "--rate",
-        "1",
-        "--trace-requests",
-        "20",
-        "--requests",
-        "20",
-    )
-
-
-def stats(f: str) -> tuple[str, ...]:
-    return ("stats", f)
-
-
-def predict_trace(f: str) -> tuple[str, ...]:
-    return (
-        "predict",
-        "--workflow",
-        str(RAG),
-        "--allocation",
-        str(ALLOC),
-        "--rate",
-        "1",
-        "--trace",
-        f,
-    )
-
-
-def fit(f: str) -> tuple[str, ...]:
-    return ("profile", "fit", "--measurements", f, "--out", "{out}")
-
-
-def fit_muxserve(f: str) -> tuple[str, ...]:
-    return ("profile", "fit", "--muxserve", f, "--out", "{out}")
-
-
-def show_curves(f: str) -> tuple[str, ...]:
-    return (
-        "profile",
-        "show",
-        "--model",
-        "llama-13b",
-        "--gpu",
-        "A100-80GB",
-        "--tp",
-        "1",
-        "--curves",
-        f,
-    )
-
-
-def show_catalog(f: str) -> tuple[str, ...]:
-    return (
-        "profile",
-        "show",
-        "--model",
-        "llama-13b",
-        "--gpu",
-        "A100-80GB",
-        "--tp",
-        "1",
-        "--catalog",
-        f,
-    )
+trace_gen = command("trace", "generate", "--workflow", BAD, "--requests", "3", "--out", "{out}")
+plan_cluster = command("plan", "--workflow", str(RAG), "--cluster", BAD, "--target", "1",
+                       *PLAN_LIMITS)
+plan_current = command("plan", "--workflow", str(RAG), "--cluster", str(CLUSTER), "--target",
+                       "1", "--current", BAD, *PLAN_LIMITS)
+ALLOC_ARGS = ("--workflow", str(RAG), "--allocation", BAD, "--rate", "1", "--trace-requests", "20")
+predict_alloc = command("predict", *ALLOC_ARGS)
+simulate_alloc = command("simulate", *ALLOC_ARGS, "--requests", "20")
+stats = command("stats", BAD)
+predict_trace = command("predict", "--workflow", str(RAG), "--allocation", str(ALLOC), "--rate",
+                        "1", "--trace", BAD)
+fit = command("profile", "fit", "--measurements", BAD, "--out", "{out}")
+fit_muxserve = command("profile", "fit", "--muxserve", BAD, "--out", "{out}")
+show_curves = command(*SHOW, "--curves", BAD)
+show_catalog = command(*SHOW, "--catalog", BAD)
 
 
 NODES_HEADER = "sn,cpu_milli,memory_mib,gpu,model\n"
@@ -214,12 +122,8 @@ GOOD_NODES = NODES_HEADER + "n0,8000,1000,2,T4\n"
 GOOD_PODS = PODS_HEADER + "p0,1000,100,1,500\n"
 
 
-def openb_nodes(f: str) -> tuple[str, ...]:
-    return ("bench", "openb", "--nodes", f, "--pods", "{d}/pods.csv", "--json")
-
-
-def openb_pods(f: str) -> tuple[str, ...]:
-    return ("bench", "openb", "--nodes", "{d}/nodes.csv", "--pods", f, "--json")
+openb_nodes = command("bench", "openb", "--nodes", BAD, "--pods", "{d}/pods.csv", "--json")
+openb_pods = command("bench", "openb", "--nodes", "{d}/nodes.csv", "--pods", BAD, "--json")
 
 
 def sub(text: str, old: str, new: str) -> str:
@@ -325,24 +229,11 @@ for name, text, *exp in [
 ]:
     case("workflow", name, trace_gen, W, text, *exp)
 
-CASES.append(
-    Case(
-        "workflow-requests-huge",
-        ("trace", "generate", "--workflow", str(RAG), "--requests", "1000000000", "--out", "{out}"),
-        {},
-        "",
-        ("requests",),
-    )
+GEN_RAG = ("trace", "generate", "--workflow", str(RAG))
+option_case(
+    "workflow-requests-huge", (*GEN_RAG, "--requests", "1000000000", "--out", "{out}"), "requests"
 )
-CASES.append(
-    Case(
-        "workflow-requests-zero",
-        ("trace", "generate", "--workflow", str(RAG), "--requests", "0", "--out", "{out}"),
-        {},
-        "",
-        ("requests",),
-    )
-)
+option_case("workflow-requests-zero", (*GEN_RAG, "--requests", "0", "--out", "{out}"), "requests")
 CASES.append(
     Case(
         "workflow-fanout-per-request",
@@ -358,70 +249,25 @@ CASES.append(
         ("params",),
     )
 )
-CASES.append(
-    Case(
-        "workflow-seed-negative",
-        (
-            "trace",
-            "generate",
-            "--workflow",
-            str(RAG),
-            "--requests",
-            "3",
-            "--seed",
-            "-1",
-            "--out",
-            "{out}",
-        ),
-        {},
-        "",
-        ("--seed",),
-    )
+option_case(
+    "workflow-seed-negative",
+    (*GEN_RAG, "--requests", "3", "--seed", "-1", "--out", "{out}"),
+    "--seed",
 )
-CASES.append(
-    Case(
-        "workflow-out-directory",
-        ("trace", "generate", "--workflow", str(RAG), "--requests", "3", "--out", "{d}/outdir"),
-        {"outdir": DIR},
-        "",
-        ("outdir",),
-    )
+option_case(
+    "workflow-out-directory",
+    (*GEN_RAG, "--requests", "3", "--out", "{d}/outdir"),
+    "outdir",
+    files={"outdir": DIR},
 )
-CASES.append(
-    Case(
-        "workflow-out-under-file",
-        ("trace", "generate", "--workflow", str(RAG), "--requests", "3", "--out", "{out}/x.jsonl"),
-        {},
-        "",
-        ("x.jsonl",),
-    )
+option_case(
+    "workflow-out-under-file", (*GEN_RAG, "--requests", "3", "--out", "{out}/x.jsonl"), "x.jsonl"
 )
-CASES.append(
-    Case(
-        "workflow-out-empty",
-        ("trace", "generate", "--workflow", str(RAG), "--requests", "3", "--out", ""),
-        {},
-        "",
-        ("--out",),
-    )
-)
-CASES.append(
-    Case(
-        "workflow-out-proc",
-        (
-            "trace",
-            "generate",
-            "--workflow",
-            str(RAG),
-            "--requests",
-            "3",
-            "--out",
-            "/proc/scepsy-trace.jsonl",
-        ),
-        {},
-        "",
-        ("/proc/scepsy-trace.jsonl",),
-    )
+option_case("workflow-out-empty", (*GEN_RAG, "--requests", "3", "--out", ""), "--out")
+option_case(
+    "workflow-out-proc",
+    (*GEN_RAG, "--requests", "3", "--out", "/proc/scepsy-trace.jsonl"),
+    "/proc/scepsy-trace.jsonl",
 )
 
 # --- workload YAML --------------------------------------------------------------------------------
@@ -528,67 +374,38 @@ for name, text, *exp in [
 
 A = "alloc.yaml"
 GEN = "generator: {gpu: A100-80GB, tp: 1, share: 0.5, replicas: 5}"
-for name, text, *exp in [
+
+
+def gen(fields: str) -> str:
+    """The allocation with the generator's A100-80GB instance given ``fields``."""
+    return sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, " + fields + "}")
+
+
+ALLOC_CASES = [
     ("empty", "", "top level"),
     ("list", "- a\n", "top level"),
     ("no-llms", "llms: {}\n", "llms"),
     ("missing-llms", "replicas: 2\n", "llms"),
-    (
-        "missing-tp",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, share: 0.5}"),
-        "llms.generator.tp",
-    ),
-    (
-        "zero-share",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 1, share: 0}"),
-        "llms.generator.share",
-    ),
-    (
-        "big-share",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 1, share: 1.5}"),
-        "llms.generator.share",
-    ),
-    (
-        "nan-share",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 1, share: .nan}"),
-        "llms.generator.share",
-    ),
-    (
-        "inf-share",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 1, share: .inf}"),
-        "llms.generator.share",
-    ),
+    ("missing-tp", gen("share: 0.5"), "llms.generator.tp"),
+    ("zero-share", gen("tp: 1, share: 0"), "llms.generator.share"),
+    ("big-share", gen("tp: 1, share: 1.5"), "llms.generator.share"),
+    ("nan-share", gen("tp: 1, share: .nan"), "llms.generator.share"),
+    ("inf-share", gen("tp: 1, share: .inf"), "llms.generator.share"),
     ("zero-replicas", sub(ALLOC_TEXT, "replicas: 5", "replicas: 0"), "llms.generator.replicas"),
     (
         "huge-replicas",
         sub(ALLOC_TEXT, "replicas: 5", "replicas: 1000000000000"),
         "llms.generator.replicas",
     ),
-    (
-        "string-tp",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: two, share: 0.5}"),
-        "llms.generator.tp",
-    ),
-    (
-        "tp-unsupported",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 3, share: 1.0}"),
-        "llms.generator.tp",
-    ),
-    (
-        "tp-beyond-domain",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 16, share: 1.0}"),
-        "llms.generator.tp",
-    ),
+    ("string-tp", gen("tp: two, share: 0.5"), "llms.generator.tp"),
+    ("tp-unsupported", gen("tp: 3, share: 1.0"), "llms.generator.tp"),
+    ("tp-beyond-domain", gen("tp: 16, share: 1.0"), "llms.generator.tp"),
     (
         "unknown-gpu",
         sub(ALLOC_TEXT, "generator: {gpu: A100-80GB", "generator: {gpu: B300"),
         "llms.generator.gpu",
     ),
-    (
-        "does-not-fit",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 1, share: 0.05}"),
-        "llms.generator.share",
-    ),
+    ("does-not-fit", gen("tp: 1, share: 0.05"), "llms.generator.share"),
     ("missing-llm", sub(ALLOC_TEXT, "  " + GEN + "\n", ""), "llms.generator"),
     (
         "unknown-field",
@@ -613,46 +430,17 @@ for name, text, *exp in [
     ("json-duplicate", '{"llms": {}, "llms": {}}', "llms", "duplicate"),
     ("directory", DIR, A),
     ("missing", MISSING, A),
-]:
+]
+for name, text, *exp in ALLOC_CASES:
     case("allocation", name, predict_alloc, A, text, *exp)
-for name, text, *exp in [
-    (
-        "does-not-fit",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 1, share: 0.05}"),
-        "llms.generator.share",
-    ),
-    (
-        "tp-unsupported",
-        sub(ALLOC_TEXT, GEN, "generator: {gpu: A100-80GB, tp: 3, share: 1.0}"),
-        "llms.generator.tp",
-    ),
-    (
-        "unknown-gpu",
-        sub(ALLOC_TEXT, "generator: {gpu: A100-80GB", "generator: {gpu: B300"),
-        "llms.generator.gpu",
-    ),
-]:
+ALLOC_ROWS = {row[0]: row for row in ALLOC_CASES}
+for name in ("does-not-fit", "tp-unsupported", "unknown-gpu"):  # checked by simulate too
+    _, text, *exp = ALLOC_ROWS[name]
     case("simulate-allocation", name, simulate_alloc, A, text, *exp)
-CASES.append(
-    Case(
-        "simulate-requests-huge",
-        (
-            "simulate",
-            "--workflow",
-            str(RAG),
-            "--allocation",
-            str(ALLOC),
-            "--rate",
-            "1",
-            "--trace-requests",
-            "20",
-            "--requests",
-            "1000000000",
-        ),
-        {},
-        "",
-        ("requests",),
-    )
+option_case(
+    "simulate-requests-huge",
+    command("simulate", *ALLOC_ARGS, "--requests", "1000000000")(str(ALLOC)),
+    "requests",
 )
 
 # --- plan.json as --current -----------------------------------------------------------------------
@@ -791,40 +579,11 @@ for name, text, *exp in [
     ("missing", MISSING, M),
 ]:
     case("measurements", name, fit, M, text, *exp, out="curves.json")
-CASES.append(
-    Case(
-        "measurements-out-directory",
-        (
-            "profile",
-            "fit",
-            "--measurements",
-            str(DATA / "profiles" / "example-measurements.jsonl"),
-            "--out",
-            "{d}/outdir",
-        ),
-        {"outdir": DIR},
-        "",
-        ("outdir",),
-    )
-)
-CASES.append(
-    Case(
-        "measurements-jobs-zero",
-        (
-            "profile",
-            "fit",
-            "--measurements",
-            str(DATA / "profiles" / "example-measurements.jsonl"),
-            "--jobs",
-            "0",
-            "--out",
-            "{out}",
-        ),
-        {},
-        "",
-        ("--jobs",),
-    )
-)
+EXAMPLE_MEAS = str(DATA / "profiles" / "example-measurements.jsonl")
+FIT_EXAMPLE = ("profile", "fit", "--measurements", EXAMPLE_MEAS)
+option_case("measurements-out-directory", (*FIT_EXAMPLE, "--out", "{d}/outdir"), "outdir",
+            files={"outdir": DIR})
+option_case("measurements-jobs-zero", (*FIT_EXAMPLE, "--jobs", "0", "--out", "{out}"), "--jobs")
 
 # --- MuxServe grid JSON (profile fit --muxserve) ---------------------------------------------------
 
@@ -928,24 +687,11 @@ for name, text, *exp in [
     ("missing", MISSING, Q),
 ]:
     case("openb-pods", name, openb_pods, Q, text, *exp, extra={N: GOOD_NODES})
-CASES.append(
-    Case(
-        "openb-until-negative",
-        ("bench", "openb", "--nodes", "{d}/nodes.csv", "--pods", "{d}/pods.csv", "--until", "-1"),
-        {N: GOOD_NODES, Q: GOOD_PODS},
-        "",
-        ("--until",),
-    )
-)
-CASES.append(
-    Case(
-        "openb-policy-empty",
-        ("bench", "openb", "--nodes", "{d}/nodes.csv", "--pods", "{d}/pods.csv", "--policy", ""),
-        {N: GOOD_NODES, Q: GOOD_PODS},
-        "",
-        ("--policy",),
-    )
-)
+OPENB_GOOD = ("bench", "openb", "--nodes", "{d}/nodes.csv", "--pods", "{d}/pods.csv")
+option_case("openb-until-negative", (*OPENB_GOOD, "--until", "-1"), "--until",
+            files={N: GOOD_NODES, Q: GOOD_PODS})
+option_case("openb-policy-empty", (*OPENB_GOOD, "--policy", ""), "--policy",
+            files={N: GOOD_NODES, Q: GOOD_PODS})
 
 # --- CLI options that name no file (validated by the CLI) ------------------------------------------
 
@@ -960,15 +706,8 @@ for name, extra_args, flag in [
     ("out-in-sys", ("--out", "/sys/plan.json"), "--out"),
     ("latency-bound-min-latency", ("--latency-bound", "1"), "--latency-bound"),
 ]:
-    CASES.append(
-        Case(
-            f"plan-option-{name}",
-            (*plan_cluster(str(CLUSTER)), *extra_args),
-            {},
-            "",
-            (flag,),
-            out="plan.json",
-        )
+    option_case(
+        f"plan-option-{name}", (*plan_cluster(str(CLUSTER)), *extra_args), flag, out="plan.json"
     )
 
 # cases known to fail, with the reason (strict: they fail the suite once they pass)

@@ -156,22 +156,8 @@ def test_check_allocation_names_file_and_field() -> None:
 
 
 def test_simulate_bounds_requests_and_duration() -> None:
-    alloc = Allocation(BASE)
+    args = (TRACE, dict(SPEC.llms), Allocation(BASE), roofline_model(), {"rag": 1.0})
     with pytest.raises(InputError, match="requests"):
-        simulate(
-            TRACE,
-            dict(SPEC.llms),
-            alloc,
-            roofline_model(),
-            {"rag": 1.0},
-            requests=MAX_SIM_REQUESTS + 1,
-        )
+        simulate(*args, requests=MAX_SIM_REQUESTS + 1)
     with pytest.raises(InputError, match="duration_s"):
-        simulate(
-            TRACE,
-            dict(SPEC.llms),
-            alloc,
-            roofline_model(),
-            {"rag": 1.0},
-            duration_s=float(np.nextafter(MAX_SIM_REQUESTS, math.inf)),
-        )
+        simulate(*args, duration_s=float(np.nextafter(MAX_SIM_REQUESTS, math.inf)))

@@ -480,10 +480,10 @@ class WorkflowSpec:
         if not isinstance(self.name, str) or not self.name:
             raise InputError("workflow", "name", "a non-empty string", self.name)
         check_name(self.name, "workflow", "name")
-        for section in (self.llms, self.tools, self.params):
+        for field_name, section in (("llms", self.llms), ("tools", self.tools),
+                                    ("params", self.params)):
             for key in section if isinstance(section, Mapping) else ():
-                check_name(key, src, "llms" if section is self.llms else
-                           "tools" if section is self.tools else "params")
+                check_name(key, src, field_name)
         if not isinstance(self.program, str) or self.program not in PROGRAMS:
             raise InputError(src, "program", f"one of {', '.join(sorted(PROGRAMS))}", self.program)
         prog = PROGRAMS[self.program]

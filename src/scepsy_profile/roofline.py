@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import least_squares
 
 from scepsy_common.errors import InputError, UncoveredInstanceError, validated
-from scepsy_common.files import atomic_write_text, read_yaml
+from scepsy_common.files import atomic_write_text, parse_yaml, read_yaml
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.latency import Number, as_output, check_point
@@ -329,7 +329,8 @@ def save_calibration(cal: RooflineCalibration, path: str | os.PathLike[str]) -> 
 def bundled_calibration() -> RooflineCalibration:
     """The calibration shipped with the package (A100, MuxServe grid + Vidur all-reduce)."""
     text = resources.files("scepsy_profile").joinpath(BUNDLED_CALIBRATION).read_text("utf-8")
-    return _parse_calibration(yaml.safe_load(text), f"scepsy_profile/{BUNDLED_CALIBRATION}")
+    source = f"scepsy_profile/{BUNDLED_CALIBRATION}"
+    return _parse_calibration(parse_yaml(text, source), source)
 
 
 def roofline_model(catalog: Catalog | None = None,
