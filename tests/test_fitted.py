@@ -348,3 +348,20 @@ def test_last_bit_perturbations_do_not_move_the_muxserve_fit(documented_refit, n
     rows = load_muxserve_grid(shared_file("profiles/muxserve/llama-a100-80gb.json"))
     table, _ = fit_curve(key, _nudge([m for m in rows if m.key() == key], seed=0), 0)
     assert _table_gap(table, documented_refit.curves[key]) <= REPRO_REL
+
+
+def test_a_curve_measured_at_one_share_predicts_finite_values():
+    """Every CPU sweep measures share 1 only: its table has one share node, and must answer at
+    that share (near the measured points) and below it (slower), never NaN."""
+    from scepsy_profile.fitted import fit_curve
+    from scepsy_profile.measurements import Measurement
+
+    truth = {(b, n): 1.0 + 0.1 * b + 0.001 * b * n for b in (1, 2, 4, 8, 16) for n in (16, 64, 256)}
+    pts = [Measurement("m", "cpu", 1, 1.0, "decode", b, n, v) for (b, n), v in truth.items()]
+    table, _ = fit_curve(("m", "cpu", 1, "decode"), pts)
+    for (b, n), v in truth.items():
+        got = float(table.predict(1.0, b, n))
+        assert abs(got / v - 1) < 0.05, (b, n, got, v)
+        assert abs(table.predict_one(1.0, float(b), float(n)) / got - 1) < 1e-12
+    lower = table.predict(np.array([1.0, 0.5, 0.25]), 4, 64)
+    assert np.all(np.isfinite(lower)) and lower[0] <= lower[1] <= lower[2]

@@ -12,23 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED
+from scepsy.cli_util import UsageError, check_out
+from scepsy.cli_util import floats as _floats
+from scepsy.cli_util import ints as _ints
+from scepsy.cli_util import print_rows as _print_table
 
 EXIT_INFEASIBLE = 1  # plan: no allocation meets the targets (proven)
 EXIT_USAGE = 2
 EXIT_TIME_LIMIT = 3  # plan: the time limit ran out before any (placeable) allocation was found
-
-
-class UsageError(Exception):
-    """A bad option value found by the CLI itself (argparse's own errors exit directly)."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -65,30 +63,6 @@ def _one_line(text: str) -> str:
 # ------------------------------------------------------------------------- output paths
 
 
-def check_out(path: Path, flag: str = "--out") -> None:
-    """Raise :class:`UsageError` unless a file can be written at ``path``: not empty, not a
-    directory, under a writable directory (or one that can be created there), checked by
-    creating and removing a temporary file, so that a bad path fails before any work."""
-    text = str(path)
-    if not text.strip() or text in (".", ".."):
-        raise UsageError(f"{flag}: expected a file path (got {text!r})")
-    if path.is_dir():
-        raise UsageError(f"{flag}: expected a file path, not a directory (got {text!r})")
-    parent = path.parent if str(path.parent) else Path(".")
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UsageError(f"{flag}: expected a path under a directory ({str(parent)!r} is a "
-                         f"file) (got {text!r})")
-    try:
-        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".scepsy-check-")
-    except OSError as exc:
-        raise UsageError(f"{flag}: expected a writable location ({exc.strerror}: "
-                         f"{str(parent)!r}) (got {text!r})") from None
-    os.close(fd)
-    os.unlink(tmp)
-
-
 # ------------------------------------------------------------------------------- parsers
 
 
@@ -110,9 +84,13 @@ def _profile_args(prof: argparse.ArgumentParser) -> None:
     fit = psub.add_parser("fit", help="fit latency curves to measurements and write a curves file")
     src = fit.add_mutually_exclusive_group(required=True)
     src.add_argument("--muxserve", type=Path, help="a MuxServe grid JSON file")
-    src.add_argument("--measurements", type=Path, help="a measurements JSON-lines file")
+    src.add_argument("--measurements", type=Path,
+                     help="a measurements JSON-lines file, or a store written by `profile run`")
     fit.add_argument("--gpu", default="A100-80GB", help="GPU of a MuxServe grid (default %(default)s)")
     fit.add_argument("--out", type=Path, required=True, help="curves file to write (JSON)")
+    fit.add_argument("--catalog-out", type=Path,
+                     help="also write the catalog entries of a store's shrunk models and "
+                     "non-catalog devices (YAML, for --catalog of later commands)")
     fit.add_argument("--seed", type=SEED, default=0)
     fit.add_argument("--jobs", type=COUNT, default=1, help="parallel fitting processes")
     fit.add_argument("--json", action="store_true", help="print the fit report as JSON")
@@ -133,6 +111,12 @@ def _profile_args(prof: argparse.ArgumentParser) -> None:
     show.add_argument("--output", type=float, default=128.0, help="mean output tokens per call (μ)")
     show.add_argument("--json", action="store_true", help="print rows as JSON")
     show.set_defaults(func=_cmd_show)
+
+    from scepsy import cli_profile
+
+    cli_profile.add_run(psub)
+    cli_profile.add_serve_curve(psub)
+    cli_profile.add_install_vllm(psub)
 
 
 def _stats_args(stats: argparse.ArgumentParser) -> None:
@@ -288,26 +272,6 @@ def _per_workflow(values: Sequence[str], flag: str) -> float | dict[str, float] 
     return named or total
 
 
-def _ints(text: str, flag: str) -> list[int]:
-    try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"{flag}: expected comma-separated integers (got {text!r})") from None
-    if not vals or min(vals) < 1:
-        raise UsageError(f"{flag}: expected comma-separated integers >= 1 (got {text!r})")
-    return vals
-
-
-def _floats(text: str, flag: str) -> list[float]:
-    try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UsageError(f"{flag}: expected comma-separated numbers (got {text!r})") from None
-    if not vals or any(not 0 < v <= 1 for v in vals):
-        raise UsageError(f"{flag}: expected comma-separated shares in (0, 1] (got {text!r})")
-    return vals
-
-
 _ARGUMENT_SOURCES = ("plan", "plan options", "profile show")
 
 
@@ -338,16 +302,6 @@ def _naming(flags: dict[str, str]) -> Iterator[None]:
         if new is exc:
             raise
         raise new from None
-
-
-def _print_table(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> None:
-    from scepsy.tables import print_table
-
-    print_table([{k: _round(v) for k, v in r.items()} for r in rows], cols)
-
-
-def _round(v: object) -> object:
-    return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v
 
 
 def _json_float(o: object) -> object:
@@ -471,17 +425,30 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     from scepsy.tables import progress
 
     check_out(args.out)
+    if args.catalog_out:
+        check_out(args.catalog_out, "--catalog-out")
     with progress("reading measurements", quiet=args.quiet or args.json) as bar:
         from scepsy_profile.fitted import fit_latency_model, save_curves
         from scepsy_profile.importers import load_muxserve_grid
         from scepsy_profile.measurements import read_measurements
+        from scepsy_profile.profiling.records import is_store
+        from scepsy_profile.profiling.store import read_store, store_measurements
 
-        rows = (load_muxserve_grid(args.muxserve, gpu=args.gpu) if args.muxserve
-                else read_measurements(args.measurements))
+        catalog = None
+        if args.muxserve:
+            rows = load_muxserve_grid(args.muxserve, gpu=args.gpu)
+        elif is_store(args.measurements):
+            rows, catalog = store_measurements(read_store(args.measurements))
+        else:
+            rows = read_measurements(args.measurements)
         bar.update(description=f"fitting latency curves to {len(rows)} measurements")
         model = fit_latency_model(rows, seed=args.seed, n_jobs=args.jobs,
                                   source=str(args.muxserve or args.measurements))
     save_curves(model, args.out)
+    if args.catalog_out and catalog is not None:
+        from scepsy_profile.catalog import save_catalog
+
+        save_catalog(catalog, args.catalog_out)
     reports = [
         {"model": r.key[0], "gpu": r.key[1], "tp": r.key[2], "phase": r.key[3],
          "points": r.n_points, "outliers": r.n_outliers,

@@ -136,12 +136,21 @@ def progress(description: str, total: float | None = None, *, quiet: bool = Fals
         yield _Silent()
         return
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     console = Console(file=out, force_terminal=True, highlight=False)
     columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False), BarColumn(),
                TextColumn("{task.completed:g}/{task.total:g}") if total is not None
                else TextColumn(""), TimeElapsedColumn()]
+    if total is not None:  # an estimate of the time left, from the rate of progress so far
+        columns.append(TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
         yield _RichTask(bar, bar.add_task(description, total=total))
 

@@ -110,12 +110,18 @@ class CurveTable:
         if self.values.shape != (len(self.batch_nodes), len(self.token_nodes), len(self.share_nodes)):
             raise InputError("curve", f"{self.model}.{self.tp}.{self.phase}.values",
                              "an array of shape (batch nodes, token nodes, share nodes)")
-        # internal axis for share: u = 1/share, ascending
-        object.__setattr__(self, "_u_nodes", 1.0 / self.share_nodes[::-1])
-        object.__setattr__(self, "_u_values", self.values[:, :, ::-1])
+        # internal axis for share: u = 1/share, ascending. A curve measured at one share (every
+        # CPU sweep, a GPU without MPS) gets a second, equal node, so that interpolation has a
+        # cell; below the share the elasticity applies as for any table.
+        u_nodes, u_values = 1.0 / self.share_nodes[::-1], self.values[:, :, ::-1]
+        if len(u_nodes) == 1:
+            u_nodes = np.array([u_nodes[0], u_nodes[0] + 1.0])
+            u_values = np.repeat(u_values, 2, axis=2)
+        object.__setattr__(self, "_u_nodes", u_nodes)
+        object.__setattr__(self, "_u_values", u_values)
         object.__setattr__(self, "_py", (
             self.batch_nodes.tolist(), self.token_nodes.tolist(), self._u_nodes.tolist(),
-            np.ascontiguousarray(self._u_values).ravel().tolist(),
+            np.ascontiguousarray(self._u_values).ravel().tolist(), float(self.share_nodes[0]),
         ))
 
     def __reduce__(self) -> tuple:
@@ -124,7 +130,7 @@ class CurveTable:
 
     def predict_one(self, share: float, batch: float, tokens: float) -> float:
         """Scalar fast path of :meth:`predict` (plain Python, a few µs)."""
-        bn, nn, un, flat = self._py
+        bn, nn, un, flat, smin = self._py
         ib, wb = _axis_one(bn, batch)
         iq, wq = _axis_one(nn, tokens)
         iu, wu = _axis_one(un, 1.0 / share)
@@ -139,7 +145,6 @@ class CurveTable:
             out *= 1.0 + self.batch_elasticity * (batch / bn[-1] - 1.0)
         if tokens > nn[-1]:
             out *= 1.0 + self.token_elasticity * (tokens / nn[-1] - 1.0)
-        smin = 1.0 / un[-1]
         if share < smin:
             out *= (smin / share) ** self.share_elasticity
         return out

