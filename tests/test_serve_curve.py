@@ -290,12 +290,8 @@ def _vllm_python_or_skip() -> None:
 @pytest.mark.vllm
 def test_real_vllm_serve_replay_metrics_and_clean_stop(tmp_path: Path):
     _vllm_python_or_skip()
-    from scepsy_profile.profiling.server import (
-        ServerConfig,
-        group_members,
-        port_in_use,
-        vllm_server,
-    )
+    from scepsy_profile.profiling.processes import group_members
+    from scepsy_profile.profiling.server import ServerConfig, port_in_use, vllm_server
 
     cfg = ServerConfig(model=engine_model("llama-3-8b", 1 / 16), kv_gib=1.0, max_num_seqs=8,
                        max_model_len=256)

@@ -44,6 +44,7 @@ from scepsy_profile.profiling.engine_env import (
     write_model_dir,
 )
 from scepsy_profile.profiling.models import EngineModel, engine_model
+from scepsy_profile.profiling.processes import group_members
 from scepsy_profile.profiling.registry import get_backend
 from scepsy_profile.profiling.vllm_backend import (
     WORKER,
@@ -81,19 +82,6 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
-
-
-def _group_members(pgid: int) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid and fields[0] != "Z":
-                pids.append(int(entry.name))
-    return pids
 
 
 def _wait_until(cond, timeout_s: float) -> bool:
@@ -427,8 +415,8 @@ def test_session_measures_through_the_protocol(fake_backend: VllmBackend,
         assert isinstance(s, VllmSession)
         folder = s.tmp
         (pid,) = _pids(tmp_path)
-        assert _group_members(pid)  # the worker and its forked "engine" process
-    assert not _wait_until(lambda: bool(_group_members(pid)), 0)
+        assert group_members(pid)  # the worker and its forked "engine" process
+    assert not _wait_until(lambda: bool(group_members(pid)), 0)
     assert not folder.exists()
 
 
@@ -445,7 +433,7 @@ def test_point_errors_timeouts_and_crashes_are_measurement_errors(fake_backend: 
             s.measure(StepPoint("prefill", batch=1, tokens=999))
         assert time.monotonic() - t0 < 15
         first = _pids(tmp_path)[0]
-        assert not _group_members(first), "the stuck worker's group was not ended"
+        assert not group_members(first), "the stuck worker's group was not ended"
         assert s.measure(StepPoint("prefill", batch=2, tokens=100)).median_ms == 2.0
         assert s.starts == 2
         with pytest.raises(MeasurementError, match="exited"):
@@ -453,7 +441,7 @@ def test_point_errors_timeouts_and_crashes_are_measurement_errors(fake_backend: 
         assert s.measure(StepPoint("decode", batch=1, tokens=300)).median_ms == 3.0
         assert s.starts == 3
     for pid in _pids(tmp_path):
-        assert not _group_members(pid)
+        assert not group_members(pid)
 
 
 def test_bad_settings_leave_no_folder(fake_backend: VllmBackend, tmp_path: Path,
@@ -540,8 +528,8 @@ def test_real_tp2_session() -> None:
         assert s.measure(StepPoint("prefill", batch=2, tokens=64)).median_ms > 0
         assert s.measure(StepPoint("decode", batch=2, tokens=64)).median_ms > 0
         pgid = s.proc.pid if s.proc else 0
-        assert len(_group_members(pgid)) >= 3  # worker + one process per rank
-    assert not _group_members(pgid)
+        assert len(group_members(pgid)) >= 3  # worker + one process per rank
+    assert not group_members(pgid)
 
 
 @pytest.mark.vllm
@@ -565,10 +553,10 @@ def test_real_killed_parent_leaves_no_engine(tmp_path: Path) -> None:
         pgid = int(pid)
         assert Path(folder, "model", "config.json").exists()
         time.sleep(3)  # in the middle of a measurement
-        assert len(_group_members(pgid)) >= 2
+        assert len(group_members(pgid)) >= 2
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        assert _wait_until(lambda: not _group_members(pgid), 60), _group_members(pgid)
+        assert _wait_until(lambda: not group_members(pgid), 60), group_members(pgid)
         assert _wait_until(lambda: not Path(folder).exists(), 10)  # the worker removed it
     finally:
         proc.kill()

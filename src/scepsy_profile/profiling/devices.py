@@ -241,10 +241,20 @@ def _find_process(proc: Path, program: str) -> int | None:
     for entry in entries:
         if not entry.name.isdigit():
             continue
-        try:
-            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
-        except OSError:
-            continue
-        if os.path.basename(argv0) == program:
+        if _process_name(entry) in (program, program[:15]):  # comm keeps 15 characters
             return int(entry.name)
     return None
+
+
+def _process_name(entry: Path) -> str:
+    """The program of process folder ``entry``: its ``cmdline``'s first word, else ``comm``."""
+    try:
+        argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0].decode(errors="replace")
+        if argv0:
+            return os.path.basename(argv0)
+    except OSError:
+        pass
+    try:
+        return (entry / "comm").read_text().strip()
+    except OSError:
+        return ""

@@ -43,6 +43,7 @@ from typing import Literal
 
 from scepsy_common.errors import InputError
 from scepsy_profile.profiling.backend import BackendOptions, BackendUnavailable
+from scepsy_profile.profiling.devices import mps_status
 from scepsy_profile.profiling.models import EngineModel
 from scepsy_profile.profiling.vllm_install import default_venv, venv_python
 
@@ -227,23 +228,6 @@ def _check_share(share: float) -> None:
 
 def mps_daemon_running(environ: Mapping[str, str] | None = None,
                        proc: Path = Path("/proc")) -> bool:
-    """Whether an NVIDIA MPS control daemon runs here: its control pipe exists in
-    ``$CUDA_MPS_PIPE_DIRECTORY`` (default ``/tmp/nvidia-mps``) or a process named
-    ``nvidia-cuda-mps-control`` is alive. Only looks; never starts one."""
-    env = os.environ if environ is None else environ
-    pipe_dir = Path(env.get("CUDA_MPS_PIPE_DIRECTORY") or "/tmp/nvidia-mps")
-    if (pipe_dir / "control").exists():
-        return True
-    try:
-        entries = list(proc.iterdir())
-    except OSError:
-        return False
-    for entry in entries:
-        if not entry.name.isdigit():
-            continue
-        try:
-            if (entry / "comm").read_text().strip().startswith("nvidia-cuda-mps"):
-                return True
-        except OSError:
-            continue
-    return False
+    """Whether an NVIDIA MPS control daemon runs here
+    (:func:`~scepsy_profile.profiling.devices.mps_status`). Only looks; never starts one."""
+    return mps_status(proc, dict(os.environ if environ is None else environ)).running

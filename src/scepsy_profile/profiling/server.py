@@ -23,7 +23,6 @@ import math
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -43,6 +42,7 @@ from scepsy_profile.profiling.engine_env import (
     write_model_dir,
 )
 from scepsy_profile.profiling.models import EngineModel
+from scepsy_profile.profiling.processes import end_process_group
 
 
 class ServerError(RuntimeError):
@@ -157,48 +157,6 @@ def wait_healthy(base_url: str, proc: subprocess.Popen[bytes], timeout_s: float,
         time.sleep(0.5)
 
 
-def stop_group(proc: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the process group led by ``proc``; SIGKILL it after ``grace_s``; reap ``proc``."""
-    pgid = proc.pid  # start_new_session: the child leads its own group
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None and not _group_alive(pgid):
-            return
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(5)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def group_members(pgid: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """Live (not zombie) processes of group ``pgid``, from ``/proc`` (Linux)."""
-    out = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
-
-
 @contextlib.contextmanager
 def vllm_server(config: ServerConfig, workdir: Path, *,
                 environ: Mapping[str, str] | None = None) -> Iterator[RunningServer]:
@@ -225,7 +183,7 @@ def vllm_server(config: ServerConfig, workdir: Path, *,
         yield RunningServer(config=config, port=port, pid=proc.pid, log_path=log_path,
                             command=tuple(cmd), env=extra_env, startup_s=waited)
     finally:
-        stop_group(proc, config.stop_grace_s)
+        end_process_group(proc, config.stop_grace_s, wait_first=False)
         deadline = time.monotonic() + 10
         while port_in_use(port) and time.monotonic() < deadline:
             time.sleep(0.2)

@@ -54,7 +54,6 @@ import math
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -85,6 +84,7 @@ from scepsy_profile.profiling.engine_env import (
     write_model_dir,
 )
 from scepsy_profile.profiling.models import EngineModel
+from scepsy_profile.profiling.processes import end_process_group
 
 WORKER = Path(__file__).with_name("_vllm_worker.py")
 PROTOCOL = 1
@@ -519,35 +519,6 @@ def _pump(stream: IO[str] | None, out: queue.Queue[str | None]) -> None:
     out.put(None)
 
 
-def end_process_group(proc: subprocess.Popen[Any], grace_s: float,
-                      wait_first: bool = True) -> None:
-    """Wait up to ``grace_s`` for ``proc`` (a process-group leader) to exit (when
-    ``wait_first``), then SIGTERM its group, then SIGKILL whatever of the group is left after
-    another ``grace_s``."""
-    pgid = proc.pid
-    if wait_first:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace_s)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not _group_alive(pgid):
-            break
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + grace_s
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=0.05)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=grace_s)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
