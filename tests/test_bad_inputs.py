@@ -710,6 +710,13 @@ for name, extra_args, flag in [
         f"plan-option-{name}", (*plan_cluster(str(CLUSTER)), *extra_args), flag, out="plan.json"
     )
 
+RUN_TORCH = ("profile", "run", "--backend", "torch", "--model", "llama-3-8b", "--out", "{out}")
+option_case("profile-run-scale-zero", (*RUN_TORCH, "--scale", "0"), "--scale", "(0, 1]")
+option_case("profile-run-encoder", (*RUN_TORCH, "--model", "bge-reranker-large"), "--model")
+option_case("profile-run-phases", (*RUN_TORCH, "--phases", "foo"), "--phases")
+option_case("serve-curve-input-exp-zero", ("profile", "serve-curve", "--model", "llama-3-8b",
+                                           "--input", "exp:0", "--out", "{out}"), "--input")
+
 # cases known to fail, with the reason (strict: they fail the suite once they pass)
 XFAIL: dict[str, str] = {}
 

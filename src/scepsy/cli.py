@@ -13,8 +13,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -22,6 +21,7 @@ from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED
 from scepsy.cli_util import UsageError, check_out
 from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
+from scepsy.cli_util import naming as _naming
 from scepsy.cli_util import print_rows as _print_table
 
 EXIT_INFEASIBLE = 1  # plan: no allocation meets the targets (proven)
@@ -272,38 +272,6 @@ def _per_workflow(values: Sequence[str], flag: str) -> float | dict[str, float] 
     return named or total
 
 
-_ARGUMENT_SOURCES = ("plan", "plan options", "profile show")
-
-
-def _flagged(exc: ValueError, flags: dict[str, str]) -> ValueError | UsageError:
-    """A library :class:`InputError` about an argument (its source, or its field when the
-    source is the call itself), reworded to name the CLI's option; other errors unchanged."""
-    from scepsy_common.errors import InputError
-
-    if not isinstance(exc, InputError):
-        return exc
-    if exc.source in flags:
-        flag, field = flags[exc.source], exc.field
-    elif exc.source in _ARGUMENT_SOURCES and exc.field in flags:
-        flag, field = flags[exc.field], ""
-    else:
-        return exc
-    tail = f" (got {exc.got!r})" if exc.got is not None else ""
-    return UsageError(f"{flag}: {field + ': ' if field else ''}expected {exc.expected}{tail}")
-
-
-@contextmanager
-def _naming(flags: dict[str, str]) -> Iterator[None]:
-    """Errors about arguments raised inside the block name the CLI's options."""
-    try:
-        yield
-    except ValueError as exc:
-        new = _flagged(exc, flags)
-        if new is exc:
-            raise
-        raise new from None
-
-
 def _json_float(o: object) -> object:
     raise TypeError(type(o))
 
@@ -432,13 +400,13 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         from scepsy_profile.importers import load_muxserve_grid
         from scepsy_profile.measurements import read_measurements
         from scepsy_profile.profiling.records import is_store
-        from scepsy_profile.profiling.store import read_store, store_measurements
+        from scepsy_profile.profiling.store import checked_store, store_measurements
 
         catalog = None
         if args.muxserve:
             rows = load_muxserve_grid(args.muxserve, gpu=args.gpu)
         elif is_store(args.measurements):
-            rows, catalog = store_measurements(read_store(args.measurements))
+            rows, catalog = store_measurements(checked_store(args.measurements))
         else:
             rows = read_measurements(args.measurements)
         bar.update(description=f"fitting latency curves to {len(rows)} measurements")

@@ -77,8 +77,22 @@ def cmd_install_vllm(args: argparse.Namespace) -> int:
     return 0
 
 
+_RUN_FLAGS = {
+    "backend": "--backend", "tps": "--tp", "shares": "--shares", "phases": "--phases",
+    "max_batch": "--max-batch", "min_tokens": "--min-tokens", "max_tokens": "--max-tokens",
+    "target_error": "--target-error", "error_quantile": "--error-quantile",
+    "max_points": "--max-points", "max_batch_tokens": "--max-batch-tokens",
+    "repeats": "--repeats", "warmup": "--warmup", "threads": "--threads",
+    "point_timeout_s": "--point-timeout-s", "extra": "--engine-option",
+    "torch backend options": "--engine-option", "tp": "--tp", "share": "--shares",
+    "max_batch, min_tokens, max_tokens, max_batch_tokens":
+        "--max-batch/--min-tokens/--max-tokens/--max-batch-tokens",
+}
+"""Library fields and sources of `profile run`'s errors, and the options that set them."""
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError, check_out, floats, ints, print_rows
+    from scepsy.cli_util import UsageError, check_out, floats, ints, naming, print_rows
     from scepsy.tables import progress
     from scepsy_profile.profiling.backend import BackendOptions
     from scepsy_profile.profiling.models import engine_model
@@ -97,20 +111,29 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not (eq and name.strip() and value.strip()):
             raise UsageError(f"--engine-option: expected NAME=VALUE (got {item!r})")
         extra.append((name.strip(), value.strip()))
-    backend = get_backend(args.backend)
-    model = engine_model(args.model, args.scale, source="--model/--scale")
-    options = BackendOptions(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
-                             point_timeout_s=args.point_timeout_s, seed=args.seed,
-                             engine_python=args.engine_python, memory_gib=args.kv_gib,
-                             extra=tuple(extra))
-    reason = backend.unavailable(options)
-    if reason:
-        raise UsageError(f"--backend {args.backend}: not available here: {reason}")
-    spec = SweepSpec(tps=tuple(ints(args.tp, "--tp")), shares=tuple(floats(args.shares,
-                     "--shares")), phases=phases, max_batch=args.max_batch,
-                     min_tokens=args.min_tokens, max_tokens=args.max_tokens,
-                     target_error=args.target_error, max_points=args.max_points,
-                     error_quantile=args.error_quantile, max_batch_tokens=args.max_batch_tokens)
+    with naming(_RUN_FLAGS):
+        backend = get_backend(args.backend)
+        model = engine_model(args.model, args.scale, source="--model/--scale")
+        options = BackendOptions(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
+                                 point_timeout_s=args.point_timeout_s, seed=args.seed,
+                                 engine_python=args.engine_python, memory_gib=args.kv_gib,
+                                 extra=tuple(extra))
+        reason = backend.unavailable(options)
+        if reason:
+            raise UsageError(f"--backend {args.backend}: not available here: {reason}")
+        spec = SweepSpec(tps=tuple(ints(args.tp, "--tp")),
+                         shares=tuple(floats(args.shares, "--shares")), phases=phases,
+                         max_batch=args.max_batch, min_tokens=args.min_tokens,
+                         max_tokens=args.max_tokens, target_error=args.target_error,
+                         max_points=args.max_points, error_quantile=args.error_quantile,
+                         max_batch_tokens=args.max_batch_tokens)
+        # every instance checked before the store is opened: nothing is written for a run that
+        # can measure nothing, and a bad --engine-option is named before any work
+        why = {(tp, share): backend.unsupported(model, tp, share, options)
+               for tp in spec.tps for share in spec.shares}
+    if all(why.values()):
+        raise UsageError("--tp/--shares: no instance can be measured here: " + "; ".join(
+            f"tp={tp} share={share:g}: {r}" for (tp, share), r in why.items()))
     with progress(f"profiling {model.profiled_name} with {args.backend}", total=1,
                   quiet=args.quiet or args.json) as bar:
         def on_progress(done: int, total: int, record: object) -> None:

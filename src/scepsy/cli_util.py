@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +68,38 @@ def print_rows(rows: Sequence[dict[str, Any]], cols: Sequence[str]) -> None:
 
 def _round(v: object) -> object:
     return round(v, 4) if isinstance(v, float) and math.isfinite(v) else v
+
+
+_ARGUMENT_SOURCES = ("plan", "plan options", "profile show", "profile", "profile options",
+                     "sweep")
+
+
+def flagged(exc: ValueError, flags: dict[str, str]) -> ValueError | UsageError:
+    """A library :class:`InputError` about an argument (its source, or its field when the
+    source is the call itself), reworded to name the CLI's option; other errors unchanged."""
+    from scepsy_common.errors import InputError
+
+    if not isinstance(exc, InputError):
+        return exc
+    if exc.source in flags:
+        flag, field = flags[exc.source], exc.field
+    elif exc.source in _ARGUMENT_SOURCES and exc.field in flags:
+        flag, field = flags[exc.field], ""
+    elif exc.source in _ARGUMENT_SOURCES and exc.field.startswith("extra.") and "extra" in flags:
+        flag, field = flags["extra"], exc.field.removeprefix("extra.")
+    else:
+        return exc
+    tail = f" (got {exc.got!r})" if exc.got is not None else ""
+    return UsageError(f"{flag}: {field + ': ' if field else ''}expected {exc.expected}{tail}")
+
+
+@contextmanager
+def naming(flags: dict[str, str]) -> Iterator[None]:
+    """Errors about arguments raised inside the block name the CLI's options."""
+    try:
+        yield
+    except ValueError as exc:
+        new = flagged(exc, flags)
+        if new is exc:
+            raise
+        raise new from None

@@ -37,4 +37,6 @@ def sweep_summary(result: SweepResult, spec: SweepSpec, engine: str,
     notes += list(result.warnings)
     return {"store": str(result.store), "engine": engine, "model": model.profiled_name,
             "scale": model.scale, "device": result.device, "stopped": result.stopped,
-            "elapsed_s": round(result.elapsed_s, 3), "curves": curves, "notes": notes}
+            "elapsed_s": round(result.elapsed_s, 3), "measured": len(result.ok),
+            "failed": len(result.failed), "resumed": result.resumed, "curves": curves,
+            "notes": notes}

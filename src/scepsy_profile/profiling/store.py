@@ -146,6 +146,19 @@ def read_store(path: str | os.PathLike[str]) -> StoreContents:
     return _parse(data, str(p))
 
 
+def checked_store(path: str | os.PathLike[str]) -> StoreContents:
+    """:func:`read_store` for fitting: a store with any bad line is an :class:`InputError`
+    naming the first one (a last line cut short by a killed sweep is removed by resuming it)."""
+    contents = read_store(path)
+    if contents.problems:
+        line, message = contents.problems[0]
+        more = len(contents.problems) - 1
+        raise InputError(contents.source, f"line {line}",
+                         f"a valid profile record ({message}"
+                         + (f"; {more} more bad line(s)" if more else "") + ")")
+    return contents
+
+
 def finished(records: tuple[ProfileRecord, ...] | list[ProfileRecord],
              retry_failed: bool) -> set[PointKey]:
     """The points a resumed sweep skips: every ``ok`` one, and the ``failed`` ones unless
