@@ -44,7 +44,8 @@ def add_run(psub: argparse._SubParsersAction) -> None:
     run.add_argument("--engine-python", help="interpreter of vLLM's virtual environment")
     run.add_argument("--engine-option", action="append", default=[], metavar="NAME=VALUE",
                      help="a backend setting (vllm: max_batch, max_tokens, decode_tokens, "
-                     "max_num_batched_tokens, method; torch: device, dtype); repeatable")
+                     "max_num_batched_tokens, method; torch: device, dtype, decode_cache, clock); "
+                     "repeatable")
     run.add_argument("--point-timeout-s", type=POSITIVE, default=300.0)
     run.add_argument("--retry-failed", action="store_true",
                      help="measure again the points that failed in an earlier run")
