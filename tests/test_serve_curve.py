@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fakes.latency import ConstantLatency
 from fakes.openai_server import FakeOpenAIServer
 from scepsy_common.errors import InputError
 from scepsy_profile.profiling.models import engine_model
@@ -186,27 +187,6 @@ def test_bad_plans_name_the_field(kwargs, field):
 
 # -- the result file and the comparison ------------------------------------------------------------
 
-class StepLatency:
-    """Prefill ``p`` ms and decode steps of ``d`` ms whatever the batch (a closed form)."""
-
-    def __init__(self, p: float, d: float) -> None:
-        self.p, self.d = p, d
-
-    @staticmethod
-    def _shaped(value: float, *args):
-        shape = np.broadcast(*(np.asarray(a, float) for a in args)).shape
-        return value if shape == () else np.full(shape, value)
-
-    def prefill_ms(self, model, gpu, tp, share, batch, seq):
-        return self._shaped(self.p, share, batch, seq)
-
-    def decode_ms(self, model, gpu, tp, share, batch, ctx):
-        return self._shaped(self.d, share, batch, ctx)
-
-    def covers(self, model, gpu, tp) -> bool:
-        return True
-
-
 def _result(points, max_num_seqs: int = 1) -> ServeCurveResult:
     em = engine_model("llama-3-8b", 1 / 16)
     return ServeCurveResult(
@@ -250,11 +230,11 @@ def test_comparison_against_the_closed_form():
                   mean_running=r / mu) for r in rates]
     pts.append(_point(1.3 * mu, mu, 10.0, saturated=True, reason="x"))
     res = _result(pts)
-    cmp = compare_with_step_profile(res, StepLatency(p_ms, d_ms))
+    cmp = compare_with_step_profile(res, ConstantLatency(p_ms, d_ms))
     assert cmp.measured_mu == pytest.approx(mu)
     assert cmp.predicted_mu == pytest.approx(mu, rel=1e-9) and abs(cmp.mu_error) < 1e-9
     assert [x.fraction for x in cmp.loads] == [0.3, 0.6, 0.9]
-    curve = serving_curve(StepLatency(p_ms, d_ms), res.profiled_name, "cpu", 1, 1.0, 128, 32,
+    curve = serving_curve(ConstantLatency(p_ms, d_ms), res.profiled_name, "cpu", 1, 1.0, 128, 32,
                           catalog=device_catalog(res)[0], policy=device_catalog(res)[1])
     for x in cmp.loads:
         meas = np.interp(x.rate, rates, [q.latency("e2e") for q in pts[:-1]])
@@ -269,7 +249,7 @@ def test_comparison_against_the_closed_form():
 
 def test_comparison_does_not_extrapolate_beyond_the_last_unsaturated_rate():
     pts = [_point(1.0, 1.0, 0.2), _point(2.0, 1.0, 5.0, saturated=True, reason="x")]
-    cmp = compare_with_step_profile(_result(pts), StepLatency(20.0, 5.0))
+    cmp = compare_with_step_profile(_result(pts), ConstantLatency(20.0, 5.0))
     assert cmp.measured_mu == 1.0
     # 0.3 × μ = 0.3/s is below the lowest measured rate, 0.9/s too: nothing to compare
     assert all(x.measured_latency_s is None and x.latency_error is None for x in cmp.loads)

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from fakes.latency import ConstantLatency
 from scepsy_common.errors import InputError
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
@@ -175,27 +176,6 @@ def test_encoder_keeps_no_kv_cache() -> None:
 
 
 # --------------------------------------------------------------------------- closed form
-
-
-class ConstantLatency:
-    """Every prefill takes ``p`` ms and every decode step ``d`` ms, whatever the batch."""
-
-    def __init__(self, p: float, d: float) -> None:
-        self.p, self.d = p, d
-
-    @staticmethod
-    def _shaped(value: float, *args):
-        shape = np.broadcast(*(np.asarray(a, float) for a in args)).shape
-        return value if shape == () else np.full(shape, value)
-
-    def prefill_ms(self, model, gpu, tp, share, batch, seq):
-        return self._shaped(self.p, share, batch, seq)
-
-    def decode_ms(self, model, gpu, tp, share, batch, ctx):
-        return self._shaped(self.d, share, batch, ctx)
-
-    def covers(self, model, gpu, tp) -> bool:
-        return True
 
 
 @settings(max_examples=80, deadline=None)
