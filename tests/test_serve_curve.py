@@ -106,7 +106,7 @@ def test_fake_metrics_match_the_client(fake):
 
 def test_sweep_stops_at_saturation_and_refines(fake):
     plan = SweepPlan(start_rate=4.0, factor=2.0, max_rates=8, calls_per_rate=24, warmup_calls=2,
-                     refine_steps=2, poll_s=0.1, timeouts=TIMEOUTS)
+                     refine_steps=2, fill_fractions=(), poll_s=0.1, timeouts=TIMEOUTS)
     seen: list[ServeCurvePoint] = []
     points, stop = sweep_rates(fake.base_url, "normal", LengthDist.constant(4),
                                LengthDist.constant(8), plan, seed=5, progress=seen.append)
@@ -128,6 +128,33 @@ def test_sweep_stops_at_saturation_and_refines(fake):
     assert low.server["ttft"].mean is not None and low.client["tpot"].mean is not None
     assert low.mean_running is not None and low.waiting_fraction is not None
     assert low.achieved_rate == pytest.approx(low.offered_rate, rel=0.25)
+
+
+def test_sweep_measures_the_reported_loads_above_the_last_unsaturated_rate(fake):
+    """Every load the comparison reports (a fraction of the measured saturation) is either
+    below an unsaturated measured rate (interpolated) or measured itself."""
+    fractions = (0.3, 0.6, 0.9)
+    plan = SweepPlan(start_rate=4.0, factor=5.0, max_rates=8, calls_per_rate=16, warmup_calls=2,
+                     refine_steps=0, fill_fractions=fractions, poll_s=0.1, timeouts=TIMEOUTS)
+    points, stop = sweep_rates(fake.base_url, "normal", LengthDist.constant(4),
+                               LengthDist.constant(8), plan, seed=7)
+    assert stop.startswith("saturated")
+    main = [p for p in points if p.rate in {4.0 * 5.0**k for k in range(8)}]
+    fills = points[len(main):]
+    assert fills, "a factor-5 sweep leaves 90% of saturation above the last unsaturated rate"
+    mu_main = max(p.achieved_rate for p in main)
+    for p in fills:  # fills are fractions of the saturation measured before them
+        assert any(p.rate == pytest.approx(f * mu_main) for f in fractions), p.rate
+    mu = max(p.achieved_rate for p in points)
+    for f in fractions:
+        covered = any(not p.saturated and p.offered_rate >= f * mu * 0.999 for p in points)
+        measured = any(p.rate == pytest.approx(f * mu_main) for p in fills)
+        assert covered or measured or any(p.saturated for p in fills), f
+
+
+def test_a_fill_fraction_outside_0_1_is_refused():
+    with pytest.raises(InputError, match="fill_fractions"):
+        SweepPlan(fill_fractions=(0.5, 1.2))
 
 
 def test_sweep_without_saturation_says_so(fake):

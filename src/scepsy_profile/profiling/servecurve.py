@@ -8,7 +8,9 @@ CPU the server's are the ones to trust), the preemptions and the failures. It st
 saturation: the achieved throughput falls below ``saturation_ratio`` × offered, the mean latency
 exceeds ``latency_factor`` × the lowest rate's, calls queue at nearly every poll of the server's
 waiting gauge, or too many calls fail. Between the last unsaturated rate and the first saturated
-one it then bisects ``refine_steps`` times, so that the curve is measured close to its knee.
+one it then bisects ``refine_steps`` times, so that the curve is measured close to its knee, and
+measures the loads of ``fill_fractions`` (30/60/90% of the measured saturation) that lie above
+every unsaturated rate measured, so that the comparison has a measured value there.
 
 :func:`measure_serving_curve` does all of it on a ``vllm serve`` it starts and stops
 (:mod:`scepsy_profile.profiling.server`), and :func:`save_result` stores the
@@ -91,6 +93,10 @@ class SweepPlan:
     waiting_fraction: float = 0.8
     max_failure_fraction: float = 0.2
     refine_steps: int = 2
+    fill_fractions: tuple[float, ...] = (0.3, 0.6, 0.9)
+    """Loads (fractions of the measured saturation) the comparison reports: after the knee,
+    each one above the highest unsaturated rate measured is measured too, so that it is
+    interpolated, not extrapolated."""
     poll_s: float = 0.5
     timeouts: ReplayTimeouts = field(default_factory=ReplayTimeouts)
 
@@ -109,6 +115,9 @@ class SweepPlan:
             v = getattr(self, name)
             if not (isinstance(v, int) and not isinstance(v, bool) and v >= lo):
                 raise InputError("serve-curve plan", name, f"an integer >= {lo}", v)
+        if not all(isinstance(f, (int, float)) and 0 < f < 1 for f in self.fill_fractions):
+            raise InputError("serve-curve plan", "fill_fractions", "fractions in (0, 1)",
+                             self.fill_fractions)
         if self.warmup_calls >= self.calls_per_rate:
             raise InputError("serve-curve plan", "warmup_calls",
                              f"fewer than calls_per_rate ({self.calls_per_rate})",
@@ -431,7 +440,20 @@ def sweep_rates(base_url: str, model: str, inputs: LengthDist, outputs: LengthDi
                 hi = mid
             else:
                 lo = mid
+    if first_bad is not None:
+        _fill(points, plan, run)
     return tuple(points), stop
+
+
+def _fill(points: list[ServeCurvePoint], plan: SweepPlan,
+          run: Callable[[float, int], ServeCurvePoint]) -> None:
+    """Measure each ``plan.fill_fractions`` load of the measured saturation that lies above the
+    highest unsaturated rate (ascending; once one saturates, the higher ones would too)."""
+    mu = max(p.achieved_rate for p in points)
+    for j, f in enumerate(sorted(plan.fill_fractions)):
+        top = max((p.offered_rate for p in points if not p.saturated), default=0.0)
+        if f * mu > top * 1.001 and run(f * mu, plan.max_rates + plan.refine_steps + j).saturated:
+            break
 
 
 def measure_serving_curve(config: ServerConfig, inputs: LengthDist, outputs: LengthDist,
