@@ -154,7 +154,7 @@ def test_engine_environment_rejects_bad_settings(tmp_path: Path, share: float, k
 
 
 def test_model_dir_is_a_transformers_config(tmp_path: Path) -> None:
-    from transformers import AutoConfig
+    AutoConfig = pytest.importorskip("transformers").AutoConfig
 
     folder = write_model_dir(SMALL, tmp_path / "m")
     cfg = AutoConfig.from_pretrained(folder)
@@ -303,7 +303,8 @@ def test_worker_script_answers_in_json_lines_and_exits_at_end_of_input() -> None
     probe = subprocess.run([sys.executable, str(WORKER), "--probe"], capture_output=True,
                            text=True, timeout=60, check=False)
     out = json.loads(probe.stdout.strip().splitlines()[-1])
-    assert out["ok"] is False and "vllm" in out["error"]
+    # the probe imports torch, then vllm: whichever this environment lacks is named
+    assert out["ok"] is False and ("vllm" in out["error"] or "torch" in out["error"])
 
 
 def test_worker_exits_when_its_parent_is_killed(tmp_path: Path) -> None:

@@ -119,15 +119,15 @@ def cmd_run(args: argparse.Namespace) -> int:
                                  point_timeout_s=args.point_timeout_s, seed=args.seed,
                                  engine_python=args.engine_python, memory_gib=args.kv_gib,
                                  extra=tuple(extra))
-        reason = backend.unavailable(options)
-        if reason:
-            raise UsageError(f"--backend {args.backend}: not available here: {reason}")
         spec = SweepSpec(tps=tuple(ints(args.tp, "--tp")),
                          shares=tuple(floats(args.shares, "--shares")), phases=phases,
                          max_batch=args.max_batch, min_tokens=args.min_tokens,
                          max_tokens=args.max_tokens, target_error=args.target_error,
                          max_points=args.max_points, error_quantile=args.error_quantile,
                          max_batch_tokens=args.max_batch_tokens)
+        reason = backend.unavailable(options)
+        if reason:
+            raise UsageError(f"--backend {args.backend}: not available here: {reason}")
         # every instance checked before the store is opened: nothing is written for a run that
         # can measure nothing, and a bad --engine-option is named before any work
         why = {(tp, share): backend.unsupported(model, tp, share, options)
