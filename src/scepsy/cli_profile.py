@@ -265,7 +265,7 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
 def _step_curves(path: Path) -> object:
     """Curves fitted to the ok points of a profile store."""
     from scepsy_profile.fitted import fit_latency_model
-    from scepsy_profile.profiling.store import read_store, store_measurements
+    from scepsy_profile.profiling.store import checked_store, store_measurements
 
-    rows, _ = store_measurements(read_store(path))
+    rows, _ = store_measurements(checked_store(path))
     return fit_latency_model(rows, source=str(path))

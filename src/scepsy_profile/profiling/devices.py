@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from scepsy_profile.catalog import Catalog, default_catalog
+from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.profiling.backend import DeviceInfo
 
 GIB = 2**30
@@ -258,3 +259,16 @@ def _process_name(entry: Path) -> str:
         return (entry / "comm").read_text().strip()
     except OSError:
         return ""
+
+
+RATE_FIELDS = ("bf16_tflops", "hbm_gbps", "interconnect_gbps")
+"""The compute and bandwidth fields of a catalog GPU, which measured curves never read."""
+
+
+def host_device_spec(name: str, memory_gib: float, nvlink_domain: int,
+                     **rates: float) -> GPUSpec:
+    """The catalog entry of a device the catalog does not know (``cpu``): its memory and how
+    many ranks one instance may span. :data:`RATE_FIELDS` not given are 1.0, placeholders that
+    fitted (measured) curves do not read; only a roofline estimate would."""
+    return GPUSpec(name=name, memory_gib=memory_gib, nvlink_domain=nvlink_domain,
+                   **{k: rates.get(k, 1.0) for k in RATE_FIELDS})

@@ -6,7 +6,6 @@ from typing import Any
 
 from scepsy_profile.profiling.models import EngineModel
 from scepsy_profile.profiling.planner import SweepSpec, curve_errors
-from scepsy_profile.profiling.store import read_store
 from scepsy_profile.profiling.sweep import SweepResult
 
 
@@ -14,9 +13,8 @@ def sweep_summary(result: SweepResult, spec: SweepSpec, engine: str,
                   model: EngineModel) -> dict[str, Any]:
     """Per curve (tp, share, phase): points measured, points failed and the planner's error
     estimate (percent) over the whole store, plus how the run ended and its notes."""
-    contents = read_store(result.store)
     # the sweep's records: this engine, model and device (none when no session started)
-    mine = [r for r in contents.records
+    mine = [r for r in result.store_records
             if r.engine == engine and r.model == model.name and r.scale == model.scale
             and r.device == result.device]
     errors = curve_errors(spec, mine)

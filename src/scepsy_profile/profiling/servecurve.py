@@ -43,8 +43,9 @@ import numpy as np
 from scepsy_common.errors import InputError
 from scepsy_common.files import atomic_write_text
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.hardware import GIB, GPUSpec
+from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
+from scepsy_profile.profiling.devices import host_device_spec
 from scepsy_profile.profiling.models import EngineModel, profiled_name
 from scepsy_profile.profiling.replay import (
     CallResult,
@@ -538,24 +539,18 @@ class Comparison:
                 "verdict": self.verdict}
 
 
-def device_catalog(result: ServeCurveResult, model_spec_name: str | None = None,
+def device_catalog(result: ServeCurveResult,
                    base: Catalog | None = None) -> tuple[Catalog, MemoryPolicy]:
     """A catalog and memory policy under which :func:`serving_curve` sees the memory the server
     had: the shrunk model (:meth:`EngineModel.model_spec`) and a device named ``result.device``
     whose memory is the model's weights plus the KV space given to vLLM, with no reserve
     (``reserve_fraction = reserve_gib = 0``) and ``max_batch = max_num_seqs``. The device's
-    compute and bandwidth figures are placeholders (a fitted step profile does not read them)."""
-    cfg = result.config
-    em = EngineModel(name=result.model, scale=result.scale, architecture=cfg["architecture"],
-                     layers=cfg["layers"], hidden=cfg["hidden"], heads=cfg["heads"],
-                     kv_heads=cfg["kv_heads"], intermediate=cfg["intermediate"],
-                     vocab=cfg["vocab"], max_context=cfg["max_context"],
-                     tied_embeddings=cfg["tied_embeddings"], dtype=cfg["dtype"])
+    compute and bandwidth figures are placeholders (:func:`~.devices.host_device_spec`)."""
+    em = EngineModel(name=result.model, scale=result.scale, **result.config)
     spec = em.model_spec()
     weights = spec.weight_bytes_per_gpu(result.tp) / GIB
     memory = weights + float(result.server["kv_gib"])
-    gpu = GPUSpec(name=result.device, memory_gib=memory, bf16_tflops=1.0, hbm_gbps=1.0,
-                  nvlink_domain=max(result.tp, 1), interconnect_gbps=1.0)
+    gpu = host_device_spec(result.device, memory, max(result.tp, 1))
     cat = (base or default_catalog()).with_model(spec).with_gpu(gpu)
     policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0,
                           max_batch=int(result.server["max_num_seqs"]))

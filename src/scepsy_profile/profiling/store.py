@@ -36,6 +36,7 @@ from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.measurements import MAX_BATCH, MAX_TOKENS, Measurement, Phase
 from scepsy_profile.models import ModelSpec
+from scepsy_profile.profiling.devices import RATE_FIELDS, host_device_spec
 from scepsy_profile.profiling.models import EngineModel, profiled_name
 from scepsy_profile.profiling.records import PointKey, ProfileRecord, Status
 
@@ -363,9 +364,8 @@ def _device_spec(device: str, records: list[ProfileRecord], source: str) -> GPUS
         raise InputError(source, f"device {device}: device_detail.memory_gib",
                          "the memory of a device the catalog does not know, recorded by the sweep")
     domain = max([r.tp for r in records] + [int(c) for c in values("count")])
-    rates = {k: max(values(k), default=1.0)
-             for k in ("bf16_tflops", "hbm_gbps", "interconnect_gbps")}
-    return GPUSpec(name=device, memory_gib=max(memory), nvlink_domain=domain, **rates)
+    rates = {k: max(v) for k in RATE_FIELDS if (v := values(k))}
+    return host_device_spec(device, max(memory), domain, **rates)
 
 
 def _lock(lock_path: Path, store: Path) -> int:

@@ -101,6 +101,8 @@ class SweepResult:
     warnings: tuple[str, ...]
     """What opening the store found (a cut-off last line, bad lines) and other notes."""
     elapsed_s: float
+    store_records: tuple[ProfileRecord, ...] = ()
+    """Every record of the store when the run ended (one per point), this run's included."""
 
     @property
     def ok(self) -> tuple[ProfileRecord, ...]:
@@ -153,7 +155,7 @@ def run_sweep(backend: ProfilerBackend, model: EngineModel, spec: SweepSpec,
             stopped=stopped, store=store.path, device=sweep.device, records=tuple(sweep.written),
             skipped=tuple(SkippedInstance(tp, s, why) for (tp, s), why in sweep.skipped.items()),
             resumed=sweep.resumed, warnings=store.warnings + tuple(sweep.notes),
-            elapsed_s=clock() - start)
+            elapsed_s=clock() - start, store_records=store.records)
 
 
 @dataclass(frozen=True, slots=True)
