@@ -1,0 +1,163 @@
+"""What a launcher needs from a plan (docs/launch.md): every replica with its node, GPU indices,
+share, memory and port; every LLM with the model its engine loads; the devices' kind and memory;
+the workflows' LLMs. Built from plan.json by :func:`scepsy_place.launch.planfile.load_plan`;
+renderers read only this.
+
+Ports are assigned here, deterministically: on each node, the replicas sorted by (LLM, replica)
+take ``base_port``, ``base_port + 1``, ... so the same plan gives the same ports on any machine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Literal
+
+DeviceKind = Literal["cuda", "cpu"]
+DEFAULT_BASE_PORT = 8000
+DEFAULT_COMMAND: tuple[str, ...] = ("vllm", "serve")
+
+
+def _frozen(m: Mapping[str, object]) -> Mapping[str, object]:
+    return MappingProxyType(dict(sorted(m.items())))
+
+
+@dataclass(frozen=True)
+class DeviceLaunch:
+    """A device type of the plan: ``cuda`` (a GPU: MPS shares, ``CUDA_VISIBLE_DEVICES``) or
+    ``cpu`` (a CPU core is the unit the plan shares: a test target, docs/quickstart.md)."""
+
+    name: str
+    kind: DeviceKind
+    memory_gib: float
+
+
+@dataclass(frozen=True)
+class ModelLaunch:
+    """One LLM of the plan: its catalog model and what its engine serves.
+
+    ``serve``: what the engine loads (a Hugging Face repo id or a local folder); the server
+    answers to the LLM's name (``--served-model-name``). ``args``/``env``: extra engine
+    arguments and environment for this LLM's replicas only."""
+
+    llm: str
+    model: str
+    serve: str
+    gpu: str
+    tp: int
+    share: float
+    replicas: int
+    memory_gib: float  # per GPU of one replica
+    weights_gib: float  # the whole model's weights (split over tp GPUs)
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", _frozen(self.env))
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """How every replica's server is started: the command before the model (``vllm serve``,
+    or ``python -m vllm.entrypoints.openai.api_server --model`` where the console command does
+    not work), arguments and environment added to every server, the first port, and how long a
+    server may take to answer ``/health``."""
+
+    command: tuple[str, ...] = DEFAULT_COMMAND
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    base_port: int = DEFAULT_BASE_PORT
+    health_timeout_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "env", _frozen(self.env))
+
+
+@dataclass(frozen=True)
+class ReplicaLaunch:
+    """One replica: ``tp = len(gpus)`` GPU indices of ``node``, each giving it ``share`` of
+    its compute and ``memory_gib`` of its memory; its server listens on ``port``."""
+
+    llm: str
+    replica: int
+    node: str
+    gpus: tuple[int, ...]
+    share: float
+    memory_gib: float
+    port: int
+
+    @property
+    def tp(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def name(self) -> str:
+        """``LLM-REPLICA``: unique in the plan (log, pid and object names derive from it)."""
+        return f"{self.llm}-{self.replica}"
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """What a rendered target says about one replica, for round trips (plan → render → parse
+    back): fields a target cannot express are None (Ray chooses nodes and GPUs itself)."""
+
+    llm: str
+    replica: int
+    tp: int
+    share: float
+    node: str | None
+    gpus: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """The launch view of one plan.json (module docstring)."""
+
+    name: str  # the cluster's name
+    version: int
+    devices: Mapping[str, DeviceLaunch]  # device type name -> device
+    nodes: Mapping[str, str]  # node -> its device type name
+    addresses: Mapping[str, str]  # node -> host clients reach it at (default: the node name)
+    models: Mapping[str, ModelLaunch]  # LLM -> model
+    replicas: tuple[ReplicaLaunch, ...]  # sorted by (llm, replica)
+    workflows: Mapping[str, tuple[str, ...]]  # workflow -> its LLMs, sorted
+    engine: EngineLaunch = EngineLaunch()
+
+    def __post_init__(self) -> None:
+        for name in ("devices", "nodes", "addresses", "models", "workflows"):
+            object.__setattr__(self, name, _frozen(getattr(self, name)))
+        object.__setattr__(self, "replicas",
+                           tuple(sorted(self.replicas, key=lambda r: (r.llm, r.replica))))
+
+    def node_names(self) -> tuple[str, ...]:
+        """Nodes that run at least one replica, sorted."""
+        return tuple(sorted({r.node for r in self.replicas}))
+
+    def replicas_on(self, node: str) -> tuple[ReplicaLaunch, ...]:
+        return tuple(r for r in self.replicas if r.node == node)
+
+    def replicas_of(self, llm: str) -> tuple[ReplicaLaunch, ...]:
+        return tuple(r for r in self.replicas if r.llm == llm)
+
+    def device_of(self, node: str) -> DeviceLaunch:
+        return self.devices[self.nodes[node]]
+
+    def address(self, node: str) -> str:
+        return self.addresses.get(node, node)
+
+    def assignments(self) -> frozenset[Assignment]:
+        """Every replica's full assignment (what the shell target expresses exactly)."""
+        return frozenset(Assignment(r.llm, r.replica, r.tp, r.share, r.node, r.gpus)
+                         for r in self.replicas)
+
+
+def assign_ports(replicas: tuple[ReplicaLaunch, ...], base_port: int) -> tuple[ReplicaLaunch, ...]:
+    """``replicas`` with ports: per node, sorted by (llm, replica), from ``base_port`` up."""
+    out = []
+    per_node: dict[str, int] = {}
+    for r in sorted(replicas, key=lambda r: (r.node, r.llm, r.replica)):
+        i = per_node.get(r.node, 0)
+        per_node[r.node] = i + 1
+        out.append(replace(r, port=base_port + i))
+    return tuple(sorted(out, key=lambda r: (r.llm, r.replica)))

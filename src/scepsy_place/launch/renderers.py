@@ -1,0 +1,119 @@
+"""Renderers: a plan (:class:`~scepsy_place.launch.model.LaunchPlan`) to the files one launch
+target reads (docs/launch.md). One protocol, the registry :data:`RENDERERS`, one conformance
+suite (tests/test_render_conformance.py) every renderer passes.
+
+A renderer is pure: ``render(plan)`` returns relative POSIX paths and their text, the same
+bytes for the same plan on any machine; ``parse(files)`` reads its own output back into the
+replicas' :class:`~scepsy_place.launch.model.Assignment` (round trip). :func:`write_rendered`
+writes a render into a folder atomically: the folder holds the old files or all the new ones.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Protocol, runtime_checkable
+
+from scepsy_common.errors import InputError
+from scepsy_place.launch.model import Assignment, LaunchPlan
+
+MANIFEST = ".scepsy-launch"
+"""The marker file every rendered folder holds (its target): :func:`write_rendered` replaces
+only a folder that holds it (or an empty one), never a folder of the user's."""
+
+
+@runtime_checkable
+class Renderer(Protocol):
+    name: str
+    description: str
+    exact: frozenset[str]
+    """Assignment fields the target expresses exactly: a subset of
+    {"node", "gpus", "share", "tp"}; the others parse back as None (or are not compared)."""
+
+    def render(self, plan: LaunchPlan) -> Mapping[str, str]:
+        """Relative POSIX path -> file text. Executable files end in ``.sh``."""
+        ...
+
+    def parse(self, files: Mapping[str, str]) -> frozenset[Assignment]:
+        """The assignments the rendered ``files`` say (inverse of :meth:`render`)."""
+        ...
+
+
+RENDERERS: dict[str, Renderer] = {}
+
+
+def register_renderer(renderer: Renderer) -> Renderer:
+    RENDERERS[renderer.name] = renderer
+    return renderer
+
+
+def get_renderer(name: str) -> Renderer:
+    _load_builtin()
+    try:
+        return RENDERERS[name]
+    except KeyError:
+        raise InputError("launch", "target", f"one of {', '.join(sorted(RENDERERS))}",
+                         name) from None
+
+
+def renderer_names() -> tuple[str, ...]:
+    _load_builtin()
+    return tuple(sorted(RENDERERS))
+
+
+def _load_builtin() -> None:
+    # the built-in renderers register themselves on import
+    from scepsy_place.launch import k8s, ray, routes_target, shell  # noqa: F401
+
+
+def _check_path(rel: str) -> PurePosixPath:
+    p = PurePosixPath(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts or rel != str(p):
+        raise ValueError(f"renderer produced an unsafe path {rel!r}")
+    return p
+
+
+def write_rendered(files: Mapping[str, str], out: str | os.PathLike[str], target: str) -> Path:
+    """Write ``files`` into the folder ``out`` atomically (module docstring): into a new folder
+    beside it, then renamed over it. An existing ``out`` is replaced only when it is empty or
+    was written here (holds :data:`MANIFEST`); otherwise an :class:`InputError`."""
+    dest = Path(out)
+    if dest.exists():
+        if not dest.is_dir():
+            raise InputError(str(dest), "--out", "a folder (or a path that does not exist)")
+        if any(dest.iterdir()) and not (dest / MANIFEST).is_file():
+            raise InputError(str(dest), "--out", "an empty folder or one written by "
+                             "`scepsy launch` (it holds other files, which would be lost)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
+    try:
+        for rel, text in sorted(files.items()):
+            p = tmp / _check_path(rel)
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_text(text, encoding="utf-8")
+            os.chmod(p, 0o755 if rel.endswith(".sh") else 0o644)
+        (tmp / MANIFEST).write_text(target + "\n", encoding="utf-8")
+        os.chmod(tmp, 0o755)
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return dest
+
+
+def read_rendered(folder: str | os.PathLike[str]) -> dict[str, str]:
+    """The text files of a rendered folder (relative POSIX path -> text), marker excluded;
+    runtime files the shell target writes when applied (``run/``) are left out."""
+    root = Path(folder)
+    return {p.relative_to(root).as_posix(): p.read_text(encoding="utf-8")
+            for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != MANIFEST and p.relative_to(root).parts[0] != "run"}
