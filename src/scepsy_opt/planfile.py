@@ -1,7 +1,12 @@
-"""``plan.json``: a plan as a file (docs/optimiser.md).
+"""``plan.json``: a plan as a file (docs/optimiser.md; the format: docs/plan-format.md).
 
 Everything in it is a function of the inputs, so the same inputs give the same bytes, except
 the ``timings`` block (wall-clock seconds), which :func:`plan_to_dict` leaves out when asked.
+The document carries its format version (:data:`PLAN_VERSION`); readers
+(:mod:`scepsy_place.launch.planfile`) reject any other. Besides the plan it says what a
+launcher needs: the device types (``devices``), each LLM's weights, each workflow's LLMs and a
+``launch`` section of defaults an operator may edit (the served model, the engine command,
+arguments, environment, ports and node addresses).
 """
 
 from __future__ import annotations
@@ -15,7 +20,14 @@ from scepsy_common.files import atomic_write_text
 from scepsy_opt.cluster import cluster_to_dict
 from scepsy_opt.plans import Plan, workflow_latencies
 from scepsy_opt.problem import PlanningProblem
+from scepsy_profile.catalog import Catalog, default_catalog
+from scepsy_profile.hardware import GIB
 
+PLAN_VERSION = 1
+"""The plan.json format this writer emits (docs/plan-format.md)."""
+LAUNCH_COMMAND = ("vllm", "serve")
+LAUNCH_BASE_PORT = 8000
+LAUNCH_HEALTH_TIMEOUT_S = 900.0
 TIMING_KEYS = ("candidates_s", "build_s", "solve_s", "total_s")
 
 
@@ -37,18 +49,63 @@ def plan_rows(problem: PlanningProblem, plan: Plan) -> list[dict[str, Any]]:
     return rows
 
 
+def device_kind(gpu: str) -> str:
+    """``cpu`` for a device type named ``cpu`` or ``cpu...`` (a CPU core is the unit the plan
+    shares), else ``cuda``."""
+    return "cpu" if gpu.lower().startswith("cpu") else "cuda"
+
+
+def devices_to_dict(problem: PlanningProblem) -> dict[str, dict[str, Any]]:
+    """plan.json's ``devices``: per device type of the cluster, its kind and memory (GiB)."""
+    cat = problem.catalog or default_catalog()
+    return {g: {"kind": device_kind(g), "memory_gib": cat.gpu(g).memory_gib}
+            for g in sorted(problem.cluster.budgets())}
+
+
+def served_model(model: str, catalog: Catalog) -> str:
+    """What an engine loads for catalog ``model``: the name itself when it is a Hugging Face
+    repo id (contains ``/``), else the first (sorted) alias with a ``/`` that resolves to the
+    model, else the model's name."""
+    spec = catalog.model(model)
+    repo = sorted(a for a in catalog.aliases_of(spec.name) if "/" in a)
+    if "/" in model:  # the workflow named a repo id: keep it, spelled as the catalog does
+        return next((a for a in repo if a.lower() == model.lower()), model)
+    return repo[0] if repo else spec.name
+
+
+def weights_gib(model: str, catalog: Catalog) -> float:
+    """The whole model's weights (GiB) by the catalog's :attr:`ModelSpec.weight_bytes`."""
+    return catalog.model(model).weight_bytes / GIB
+
+
+def launch_defaults(problem: PlanningProblem, plan: Plan) -> dict[str, Any]:
+    """plan.json's ``launch`` section as written: ``vllm serve`` on ports from 8000, every LLM
+    serving its catalog model's repo id (:func:`served_model`); no LLM without an allocation."""
+    cat = problem.catalog or default_catalog()
+    llms = sorted(plan.allocation.llms) if plan.allocation is not None else []
+    return {"command": list(LAUNCH_COMMAND), "args": [], "env": {},
+            "base_port": LAUNCH_BASE_PORT, "health_timeout_s": LAUNCH_HEALTH_TIMEOUT_S,
+            "addresses": {},
+            "models": {m: {"serve": served_model(problem.models[m], cat), "args": [], "env": {}}
+                       for m in llms}}
+
+
 def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The plan.json document (see the module docstring); ``extra`` adds top-level entries
     (``scepsy plan`` adds the placement)."""
+    cat = problem.catalog or default_catalog()
     stats = {k: v for k, v in plan.stats.items() if k not in TIMING_KEYS}
     doc: dict[str, Any] = {
+        "version": PLAN_VERSION,
         "optimiser": plan.optimiser,
         "status": plan.status,
         "objective": problem.options.objective,
         "targets": dict(problem.targets),
         "scale": plan.scale,
         "cluster": cluster_to_dict(problem.cluster),
+        "devices": devices_to_dict(problem),
+        "launch": launch_defaults(problem, plan),
         "solver": {"objective_s": _num(plan.objective_s), "bound_s": _num(plan.bound_s),
                    "gap": _num(plan.gap), "time_limit_s": problem.options.time_limit_s,
                    "gap_limit": problem.options.gap_rel, **stats},
@@ -57,8 +114,10 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
         doc["allocation"] = plan.allocation.to_dict()
         lat = workflow_latencies(problem.scaled(plan.scale) if plan.scale != 1.0 else problem, plan)
         doc["workflows"] = {w: {"throughput": problem.targets[w] * plan.scale,
-                                "mean_latency_s": lat[w]} for w in sorted(lat)}
-        doc["llms"] = {r["llm"]: {k: v for k, v in r.items() if k != "llm"}
+                                "mean_latency_s": lat[w],
+                                "llms": sorted(problem.stats[w].llms)} for w in sorted(lat)}
+        doc["llms"] = {r["llm"]: {**{k: v for k, v in r.items() if k != "llm"},
+                                  "weights_gib": weights_gib(r["model"], cat)}
                        for r in plan_rows(problem, plan)}
     if plan.infeasible is not None:
         inf = plan.infeasible

@@ -80,7 +80,7 @@ from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
 from scepsy_place.placement import Placement, demands, place
 from scepsy_place.quality import quality
 from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import Topology
+from scepsy_place.topology import Topology, from_cluster, topology_to_dict
 
 UNPRUNED_MAX_GPUS = 64
 SCALE_REL = 1e-3  # max-throughput with placement: the bisection's relative bracket
@@ -169,12 +169,23 @@ class PlacedPlan:
 
 
 def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | None = None,
-                  timings: bool = True) -> dict[str, Any]:
+                  timings: bool = True, topology: Topology | None = None) -> dict[str, Any]:
     """The plan.json document of ``res`` (:func:`scepsy_opt.planfile.plan_to_dict` of
     :attr:`PlacedPlan.answer`, with the ``placement`` section of :meth:`PlacedPlan.to_dict`):
-    an allocation only when every replica is placed."""
-    return plan_to_dict(problem, res.answer, timings=timings,
-                        extra={"placement": res.to_dict(policy)})
+    an allocation only when every replica is placed.
+
+    ``topology``: the cluster placed on. Its racks format (``topology``) is added when its nodes
+    are not those the ``cluster`` section's pools name (a racks cluster file: node names,
+    NVLink domains, GPUs in use), so that a reader finds every placed node."""
+    extra: dict[str, Any] = {"placement": res.to_dict(policy)}
+    if topology is not None and _node_shapes(topology) != _node_shapes(
+            from_cluster(problem.cluster, problem.catalog)):
+        extra["topology"] = topology_to_dict(topology)
+    return plan_to_dict(problem, res.answer, timings=timings, extra=extra)
+
+
+def _node_shapes(topology: Topology) -> tuple[tuple[Any, ...], ...]:
+    return tuple((n.name, n.gpu, n.gpus, n.nvlink_domain, n.used) for n in topology.nodes)
 
 
 def _failed_types(placement: Placement, plan: Plan) -> set[str]:

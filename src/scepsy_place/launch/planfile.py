@@ -1,0 +1,571 @@
+"""plan.json, format version 1 (docs/plan-format.md): the models that validate it, its JSON
+Schema, and the launch view a launcher reads (:class:`~scepsy_place.launch.model.LaunchPlan`).
+
+:func:`parse_plan` checks a parsed document: the ``version`` first (any other than
+:data:`PLAN_VERSION` is rejected before anything else is read), then every section's fields
+(:class:`PlanDoc`; unknown fields are errors where scepsy writes the content, so a typo in an
+edited ``launch`` section is caught), then that the sections agree with each other (every
+placed replica is an LLM of ``llms`` with its TP degree and share, on a node of the cluster and
+GPU indices that node has, each replica exactly once; ``launch.models`` names every LLM;
+``launch.addresses`` names nodes). Every error is an :class:`~scepsy_common.errors.InputError`
+naming the file and the field. :func:`launch_plan` turns a placed plan into the launch view and
+rejects one without a placement, saying why there is none; :func:`load_plan` does both for a
+file.
+
+Nodes are read by the cluster parsers themselves (:func:`scepsy_place.topology.parse_topology`
+for the ``topology`` section a racks cluster writes, :func:`scepsy_opt.cluster.parse_cluster`
+and :func:`scepsy_place.topology.from_cluster` for the pools), over a catalog of the plan's
+own ``devices``: a plan reads the same on a machine whose catalog lacks its device types.
+
+``python -m scepsy_place.launch.planfile --write-schema docs/plan.schema.json`` rewrites the
+committed JSON Schema from these models (a test checks that it is up to date).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from scepsy_common.errors import InputError, Name, validated
+from scepsy_common.files import atomic_write_text, read_json
+from scepsy_opt.cluster import MAX_GPUS_PER_NODE, parse_cluster
+from scepsy_opt.planfile import PLAN_VERSION
+from scepsy_opt.plans import Status
+from scepsy_opt.problem import Objective
+from scepsy_place.launch.model import (
+    DeviceLaunch,
+    EngineLaunch,
+    LaunchPlan,
+    ModelLaunch,
+    ReplicaLaunch,
+    assign_ports,
+)
+from scepsy_place.loop import LoopStatus
+from scepsy_place.topology import Topology, from_cluster, parse_topology
+from scepsy_profile.catalog import Catalog
+from scepsy_profile.hardware import GPUSpec
+
+SCHEMA_ID = "urn:scepsy:plan-format:1"
+SCHEMA_TITLE = f"scepsy plan.json (format version {PLAN_VERSION})"
+SHARE_TOL = 1e-9
+MEMORY_TOL_GIB = 1e-6
+MAX_PORT = 65535
+
+# text that reaches a command line or an environment: printable, no control characters
+Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=4096)]
+Word = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$", max_length=4096)]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
+Host = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:_-]*$",
+                                        max_length=253)]
+FINITE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+OPEN = ConfigDict(extra="allow", strict=True)
+
+
+# ------------------------------------------------------------------------------- sections
+
+
+class PoolSection(BaseModel):
+    """One pool of the optimiser's cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs."""
+
+    model_config = FINITE
+    gpu: Name
+    nodes: int = Field(ge=1)
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+
+
+class ClusterSection(BaseModel):
+    """The cluster as the optimiser budgeted it (pools; nodes named ``<gpu>-<j>``)."""
+
+    model_config = FINITE
+    name: Name
+    pools: list[PoolSection] = Field(min_length=1)
+
+
+class InUseSection(BaseModel):
+    model_config = FINITE
+    gpu: int = Field(ge=0)
+    share: float = Field(gt=0, le=1)
+    memory_gib: float | None = Field(default=None, ge=0)
+
+
+class NodeSection(BaseModel):
+    model_config = FINITE
+    name: Name
+    gpu: Name
+    gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
+    nvlink_domain: int | None = Field(default=None, ge=1)
+    count: int | None = Field(default=None, ge=1)
+    in_use: list[InUseSection] = Field(default_factory=list)
+
+
+class RackSection(BaseModel):
+    model_config = FINITE
+    name: Name
+    nodes: list[NodeSection] = Field(min_length=1)
+
+
+class TopologySection(BaseModel):
+    """The cluster placed on, in the racks format of docs/placement.md: written when its nodes
+    are not those the pools name (node names, NVLink domains, GPUs already in use)."""
+
+    model_config = FINITE
+    name: Name
+    racks: list[RackSection] = Field(min_length=1)
+
+
+class DeviceSection(BaseModel):
+    """A device type: ``cuda`` (a GPU) or ``cpu`` (a CPU core is the unit shared)."""
+
+    model_config = FINITE
+    kind: Literal["cuda", "cpu"]
+    memory_gib: float = Field(gt=0)
+
+
+class ModelLaunchSection(BaseModel):
+    """What one LLM's engine serves (a Hugging Face repo id or a local folder) and the extra
+    arguments and environment of its replicas."""
+
+    model_config = FINITE
+    serve: Word
+    args: list[Text] = Field(default_factory=list)
+    env: dict[EnvName, Text] = Field(default_factory=dict)
+
+
+class LaunchSection(BaseModel):
+    """How the servers start (editable): the engine command, arguments and environment of
+    every server, the first port, the health wait, the node addresses, and per LLM what its
+    engine serves."""
+
+    model_config = FINITE
+    command: list[Word] = Field(min_length=1)
+    args: list[Text] = Field(default_factory=list)
+    env: dict[EnvName, Text] = Field(default_factory=dict)
+    base_port: int = Field(ge=1, le=MAX_PORT)
+    health_timeout_s: float = Field(gt=0)
+    addresses: dict[Name, Host] = Field(default_factory=dict)
+    models: dict[Name, ModelLaunchSection]
+
+
+class SolverSection(BaseModel):
+    """How the optimiser ended; optimisers add their own statistics (``candidates_kept``,
+    ``variables``, ``solver``, ...)."""
+
+    model_config = OPEN
+    objective_s: float | None
+    bound_s: float | None
+    gap: float | None
+    time_limit_s: float = Field(gt=0)
+    gap_limit: float = Field(ge=0)
+
+
+class InstanceAllocation(BaseModel):
+    model_config = FINITE
+    gpu: Name
+    tp: int = Field(ge=1)
+    share: float = Field(gt=0, le=1)
+    replicas: int = Field(ge=1)
+
+
+class AllocationSection(BaseModel):
+    """Per LLM its instance shape and replica count (what ``scepsy predict`` reads)."""
+
+    model_config = FINITE
+    llms: dict[Name, InstanceAllocation]
+
+
+class WorkflowSection(BaseModel):
+    model_config = FINITE
+    throughput: float = Field(ge=0)
+    mean_latency_s: float = Field(ge=0)
+    llms: list[Name] = Field(min_length=1)
+
+
+class LLMSection(BaseModel):
+    """One LLM of a plan with an allocation: its model, instance, and predicted figures."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: Name
+    gpu: Name
+    tp: int = Field(ge=1)
+    share: float = Field(gt=0, le=1)
+    replicas: int = Field(ge=1)
+    gpus: float = Field(gt=0)
+    memory_gib_per_gpu: float = Field(gt=0)
+    weights_gib: float = Field(ge=0)
+    mu_calls_s: float
+    call_latency_s: float
+    latency_share: float
+
+
+class InfeasibleSection(BaseModel):
+    """Why no allocation meets the targets, and how far the cluster gets."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    reason: Literal["memory", "gpus"]
+    detail: str
+    max_scale: float
+    max_throughput: dict[str, float]
+    bottleneck: str | None
+    binding: list[str]
+    gain_per_gpu: dict[str, float]
+
+
+class OutcomeSection(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    status: LoopStatus
+    objective_s: float | None
+
+
+class InstanceSection(BaseModel):
+    """One placed replica: ``tp`` GPU indices of ``node``, each giving it ``share`` of its
+    compute and ``memory_gib`` of its memory."""
+
+    model_config = FINITE
+    llm: Name
+    replica: int = Field(ge=0)
+    node: Name
+    gpus: list[Annotated[int, Field(ge=0)]] = Field(min_length=1)
+    share: float = Field(gt=0, le=1)
+    memory_gib: float = Field(gt=0)
+
+
+class PlacementSection(BaseModel):
+    """Where every replica runs (``instances``, only when ``placed``) and how the
+    optimise-place loop got there."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    policy: str | None
+    placed_by: str | None
+    formulation: str
+    status: LoopStatus
+    compared: dict[str, OutcomeSection]
+    rounds: int = Field(ge=0)
+    placed: bool
+    exact: bool
+    cuts: dict[str, int]
+    history: list[dict[str, Any]]
+    quality: dict[str, Any] | None
+    instances: list[InstanceSection]
+    unplaced: list[Annotated[tuple[str, int, str], Field(strict=False)]]
+    reason: str | None
+
+
+class TimingsSection(BaseModel):
+    """Wall-clock seconds (left out by ``--no-timings``)."""
+
+    model_config = FINITE
+    candidates_s: float | None = Field(default=None, ge=0)
+    build_s: float | None = Field(default=None, ge=0)
+    solve_s: float | None = Field(default=None, ge=0)
+    total_s: float | None = Field(default=None, ge=0)
+
+
+class PlanDoc(BaseModel):
+    """A whole plan.json document, format version 1 (docs/plan-format.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True,
+                              json_schema_extra={"$id": SCHEMA_ID, "title": SCHEMA_TITLE,
+                                                 "version": PLAN_VERSION})
+    version: Literal[1]
+    optimiser: Name
+    status: Status
+    objective: Objective
+    targets: dict[Name, float]
+    scale: float = Field(ge=0)
+    cluster: ClusterSection
+    topology: TopologySection | None = None
+    devices: dict[Name, DeviceSection] = Field(min_length=1)
+    launch: LaunchSection
+    solver: SolverSection
+    allocation: AllocationSection | None = None
+    workflows: dict[Name, WorkflowSection] | None = None
+    llms: dict[Name, LLMSection] | None = None
+    infeasible: InfeasibleSection | None = None
+    placement: PlacementSection | None = None
+    timings: TimingsSection | None = None
+
+
+_SECTIONS: Mapping[str, type[BaseModel]] = {
+    "cluster": ClusterSection, "topology": TopologySection, "launch": LaunchSection,
+    "solver": SolverSection, "allocation": AllocationSection, "infeasible": InfeasibleSection,
+    "placement": PlacementSection, "timings": TimingsSection}
+
+
+def _allowed(loc: tuple[Any, ...]) -> list[str]:
+    """The fields allowed where an unknown field was found (for the error message)."""
+    model: type[BaseModel] | None = PlanDoc
+    for part in loc[:-1]:
+        if model is None:
+            return []
+        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
+        if field is None:
+            continue  # a list index or a mapping key: same model below
+        model = _model_of(str(part), model)
+    return list(model.model_fields) if model is not None else []
+
+
+def _model_of(name: str, parent: type[BaseModel]) -> type[BaseModel] | None:
+    """The model of field ``name`` of ``parent`` (of its values, for a mapping or a list)."""
+    nested = {(LaunchSection, "models"): ModelLaunchSection, (PlanDoc, "devices"): DeviceSection,
+              (PlanDoc, "workflows"): WorkflowSection, (PlanDoc, "llms"): LLMSection,
+              (AllocationSection, "llms"): InstanceAllocation, (ClusterSection, "pools"):
+              PoolSection, (TopologySection, "racks"): RackSection, (RackSection, "nodes"):
+              NodeSection, (NodeSection, "in_use"): InUseSection, (PlacementSection,
+              "instances"): InstanceSection, (PlacementSection, "compared"): OutcomeSection}
+    if (parent, name) in nested:
+        return nested[(parent, name)]
+    return _SECTIONS.get(name) if parent is PlanDoc else None
+
+
+# --------------------------------------------------------------------------------- schema
+
+
+def plan_json_schema() -> dict[str, Any]:
+    """The JSON Schema (draft 2020-12) of plan.json version 1, exported from :class:`PlanDoc`."""
+    schema = PlanDoc.model_json_schema()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+def schema_text() -> str:
+    """:func:`plan_json_schema` as the committed file holds it (docs/plan.schema.json)."""
+    return json.dumps(plan_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+# -------------------------------------------------------------------------------- parsing
+
+
+def check_version(raw: Any, source: str) -> None:
+    """An :class:`InputError` unless ``raw`` is a mapping whose ``version`` is
+    :data:`PLAN_VERSION` (checked before anything else: another version's fields mean other
+    things)."""
+    if not isinstance(raw, dict):
+        raise InputError(source, "top level", "a plan.json mapping (scepsy plan --out)",
+                         type(raw).__name__)
+    got = raw.get("version")
+    if isinstance(got, bool) or got != PLAN_VERSION or not isinstance(got, int):
+        why = "" if "version" in raw else (
+            " (the field is missing: a plan written before versions; run scepsy plan again)")
+        raise InputError(source, "version", f"plan format version {PLAN_VERSION}{why}", got)
+
+
+def parse_plan(raw: Any, source: str) -> PlanDoc:
+    """A parsed plan.json document, validated (module docstring); errors name ``source`` and
+    the field."""
+    check_version(raw, source)
+    doc = validated(PlanDoc, raw, source, allowed=_allowed)
+    _check_consistent(doc, source)
+    return doc
+
+
+def read_plan(path: str | Path) -> PlanDoc:
+    """:func:`parse_plan` of a plan.json file."""
+    return parse_plan(read_json(path, "plan.json file (scepsy plan --out)"), str(path))
+
+
+def plan_catalog(doc: PlanDoc) -> Catalog:
+    """A catalog of the plan's own device types (names and memory: all the cluster parsers
+    read of them), so that a plan reads without the catalog it was planned with."""
+    return Catalog(gpus={g: GPUSpec(g, d.memory_gib, 1.0, 1.0, MAX_GPUS_PER_NODE, 1.0)
+                         for g, d in doc.devices.items()})
+
+
+def plan_nodes(doc: PlanDoc, source: str) -> Topology:
+    """The plan's nodes, read by the cluster parsers: the ``topology`` section when there is
+    one, else the nodes the ``cluster`` pools name (``<gpu>-<j>``)."""
+    for i, p in enumerate(doc.cluster.pools):
+        _device(doc, p.gpu, source, f"cluster.pools[{i}].gpu")
+    for r, rack in enumerate(doc.topology.racks if doc.topology is not None else []):
+        for k, n in enumerate(rack.nodes):
+            _device(doc, n.gpu, source, f"topology.racks[{r}].nodes[{k}].gpu")
+    cat = plan_catalog(doc)
+    section = "topology" if doc.topology is not None else "cluster"
+    data = doc.model_dump(mode="json", exclude_none=True, include={section})[section]
+    try:
+        if doc.topology is not None:
+            return parse_topology(data, source, cat)
+        return from_cluster(parse_cluster(data, source, cat), cat)
+    except InputError as exc:
+        raise InputError(source, f"{section}.{exc.field}", exc.expected, exc.got) from None
+
+
+def _device(doc: PlanDoc, gpu: str, source: str, field: str) -> None:
+    if gpu not in doc.devices:
+        raise InputError(source, field, f"a device type of `devices` ({', '.join(doc.devices)})",
+                         gpu)
+
+
+def _names(names: Sequence[str] | Mapping[str, Any]) -> str:
+    return ", ".join(sorted(names)) or "none"
+
+
+def _check_consistent(doc: PlanDoc, source: str) -> None:
+    """The cross-section checks of :func:`parse_plan` (module docstring)."""
+    nodes = plan_nodes(doc, source)
+    llms = doc.llms or {}
+    for node in doc.launch.addresses:
+        if not nodes.has_node(node):
+            raise InputError(source, f"launch.addresses.{node}",
+                             f"a node of the cluster ({_nodes_text(nodes)})", node)
+    if set(doc.launch.models) != set(llms):
+        extra = sorted(set(doc.launch.models) - set(llms))
+        missing = sorted(set(llms) - set(doc.launch.models))
+        field = f"launch.models.{extra[0]}" if extra else "launch.models"
+        raise InputError(source, field, f"one entry per LLM of the plan ({_names(llms)})",
+                         extra[0] if extra else f"no entry for {', '.join(missing)}")
+    alloc = doc.allocation.llms if doc.allocation is not None else {}
+    if set(alloc) != set(llms):
+        raise InputError(source, "allocation.llms",
+                         f"the LLMs of `llms` ({_names(llms)})", _names(alloc))
+    for m, inst in alloc.items():
+        row = llms[m]
+        for f in ("gpu", "tp", "share", "replicas"):
+            if getattr(inst, f) != getattr(row, f):
+                raise InputError(source, f"allocation.llms.{m}.{f}",
+                                 f"llms.{m}.{f} ({getattr(row, f)!r})", getattr(inst, f))
+    for m, row in llms.items():
+        _device(doc, row.gpu, source, f"llms.{m}.gpu")
+    for w, wf in (doc.workflows or {}).items():
+        for k, m in enumerate(wf.llms):
+            if m not in llms:
+                raise InputError(source, f"workflows.{w}.llms[{k}]",
+                                 f"an LLM of the plan ({_names(llms)})", m)
+    if doc.placement is not None:
+        _check_instances(doc, nodes, source)
+
+
+def _nodes_text(nodes: Topology, most: int = 8) -> str:
+    names = [n.name for n in nodes.nodes]
+    return ", ".join(names[:most]) + (f", ... ({len(names)} nodes)" if len(names) > most else "")
+
+
+def _check_instances(doc: PlanDoc, nodes: Topology, source: str) -> None:
+    """Every placed replica: an LLM of ``llms`` with its TP degree and share, on GPUs its node
+    has and of its GPU type, memory within the device's; each replica index once."""
+    assert doc.placement is not None
+    pl, llms = doc.placement, doc.llms or {}
+    if pl.instances and not pl.placed:
+        raise InputError(source, "placement.instances",
+                         "no replica rows when placement.placed is false", len(pl.instances))
+    seen: dict[str, list[int]] = {}
+    for i, inst in enumerate(pl.instances):
+        where = f"placement.instances[{i}]"
+        if inst.llm not in llms:
+            raise InputError(source, f"{where}.llm", f"an LLM of `llms` ({_names(llms)})",
+                             inst.llm)
+        row = llms[inst.llm]
+        if not nodes.has_node(inst.node):
+            hint = "" if doc.topology is not None else (
+                "; this plan has no `topology` section, which names a racks cluster's nodes")
+            raise InputError(source, f"{where}.node",
+                             f"a node of the cluster ({_nodes_text(nodes)}){hint}", inst.node)
+        node = nodes.node(inst.node)
+        if node.gpu != row.gpu:
+            raise InputError(source, f"{where}.node",
+                             f"a node of {inst.llm}'s GPU type {row.gpu} (this one has "
+                             f"{node.gpu})", inst.node)
+        if len(inst.gpus) != row.tp:
+            raise InputError(source, f"{where}.gpus",
+                             f"{row.tp} GPU indices (llms.{inst.llm}.tp)", inst.gpus)
+        if len(set(inst.gpus)) != len(inst.gpus):
+            raise InputError(source, f"{where}.gpus", "distinct GPU indices", inst.gpus)
+        for k, g in enumerate(inst.gpus):
+            if g >= node.gpus:
+                raise InputError(source, f"{where}.gpus[{k}]",
+                                 f"a GPU index of node {node.name} (0..{node.gpus - 1})", g)
+        if abs(inst.share - row.share) > SHARE_TOL:
+            raise InputError(source, f"{where}.share", f"llms.{inst.llm}.share ({row.share})",
+                             inst.share)
+        cap = doc.devices[node.gpu].memory_gib
+        if inst.memory_gib > cap + MEMORY_TOL_GIB:
+            raise InputError(source, f"{where}.memory_gib",
+                             f"at most the {cap} GiB of a {node.gpu}", inst.memory_gib)
+        seen.setdefault(inst.llm, []).append(inst.replica)
+    if not pl.placed:
+        return
+    for m, row in llms.items():
+        got = sorted(seen.get(m, []))
+        if got != list(range(row.replicas)):
+            raise InputError(source, "placement.instances",
+                             f"replicas 0..{row.replicas - 1} of {m} (llms.{m}.replicas) "
+                             "exactly once each", got)
+
+
+# ----------------------------------------------------------------------------- the launch view
+
+
+def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
+    """The launch view of a placed plan (:class:`~scepsy_place.launch.model.LaunchPlan`): ports
+    from ``launch.base_port`` (:func:`~scepsy_place.launch.model.assign_ports`). A plan
+    without a placed allocation is an :class:`InputError` saying why there is none."""
+    pl = doc.placement
+    if pl is None or not pl.placed or doc.allocation is None or doc.llms is None:
+        why = (pl.reason if pl is not None and pl.reason else
+               doc.infeasible.detail if doc.infeasible is not None else
+               "no placement section" if pl is None else "no placed allocation")
+        raise InputError(source, "placement.placed",
+                         f"a placed plan, every replica on a node (this plan has none: {why}) "
+                         f"(status {doc.status})")
+    nodes = plan_nodes(doc, source)
+    launch = doc.launch
+    replicas = assign_ports(tuple(
+        ReplicaLaunch(i.llm, i.replica, i.node, tuple(i.gpus), i.share, i.memory_gib, 0)
+        for i in pl.instances), launch.base_port)
+    top = max((r.port for r in replicas), default=launch.base_port)
+    if top > MAX_PORT:
+        raise InputError(source, "launch.base_port",
+                         f"a first port that leaves every server a port <= {MAX_PORT} (the "
+                         f"busiest node needs {top - launch.base_port + 1})", launch.base_port)
+    models = {m: ModelLaunch(m, row.model, launch.models[m].serve, row.gpu, row.tp, row.share,
+                             row.replicas, row.memory_gib_per_gpu, row.weights_gib,
+                             tuple(launch.models[m].args), dict(launch.models[m].env))
+              for m, row in doc.llms.items()}
+    devices = {g: DeviceLaunch(g, d.kind, d.memory_gib) for g, d in doc.devices.items()}
+    return LaunchPlan(
+        name=doc.cluster.name, version=doc.version, devices=devices,
+        nodes={n.name: n.gpu for n in nodes.nodes}, addresses=dict(launch.addresses),
+        models=models, replicas=replicas,
+        workflows={w: tuple(sorted(wf.llms)) for w, wf in (doc.workflows or {}).items()},
+        engine=EngineLaunch(tuple(launch.command), tuple(launch.args), dict(launch.env),
+                            launch.base_port, launch.health_timeout_s))
+
+
+def load_plan(path: str | Path) -> LaunchPlan:
+    """The launch view of a plan.json file (:func:`parse_plan`, :func:`launch_plan`)."""
+    return launch_plan(read_plan(path), str(path))
+
+
+def parse_launch_plan(raw: Any, source: str) -> LaunchPlan:
+    """The launch view of a parsed plan.json document."""
+    return launch_plan(parse_plan(raw, source), source)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m scepsy_place.launch.planfile --write-schema PATH`` (the committed JSON
+    Schema), ``--check PLAN`` (validate a plan.json: exit 2 with the error)."""
+    ap = argparse.ArgumentParser(prog="python -m scepsy_place.launch.planfile",
+                                 description="plan.json format version 1")
+    ap.add_argument("--write-schema", metavar="PATH", help="write the JSON Schema to PATH")
+    ap.add_argument("--check", metavar="PLAN", help="validate a plan.json file")
+    args = ap.parse_args(argv)
+    if not (args.write_schema or args.check):
+        ap.error("give --write-schema PATH or --check PLAN")
+    if args.write_schema:
+        atomic_write_text(args.write_schema, schema_text())
+    if args.check:
+        try:
+            read_plan(args.check)
+        except InputError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        print(f"{args.check}: plan format version {PLAN_VERSION}, valid")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
