@@ -10,6 +10,7 @@ writes a render into a folder atomically: the folder holds the old files or all 
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import tempfile
@@ -64,9 +65,21 @@ def renderer_names() -> tuple[str, ...]:
     return tuple(sorted(RENDERERS))
 
 
+BUILTIN = ("k8s", "ray", "routes_target", "shell")
+"""Modules of :mod:`scepsy_place.launch` holding the built-in renderers."""
+
+
 def _load_builtin() -> None:
-    # the built-in renderers register themselves on import
-    from scepsy_place.launch import k8s, ray, routes_target, shell  # noqa: F401
+    # the built-in renderers register themselves on import; imported by name (they import this
+    # module, so a static import here would be a cycle). A built-in module that is not there
+    # (a partial checkout) is skipped; any other import error is raised.
+    for module in BUILTIN:
+        full = f"{__package__}.{module}"
+        try:
+            importlib.import_module(full)
+        except ModuleNotFoundError as exc:
+            if exc.name != full:
+                raise
 
 
 def _check_path(rel: str) -> PurePosixPath:
