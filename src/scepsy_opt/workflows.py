@@ -24,7 +24,6 @@ endpoints would log (docs/traces.md). Everything is deterministic for a given se
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import os
 from collections.abc import Callable, Mapping, Sequence
@@ -662,7 +661,6 @@ def load_workload(path: str | os.PathLike[str]) -> tuple[WorkflowSpec, ...]:
 # ============================================================================ timing
 
 
-@functools.cache
 def _max_context(model: str) -> int:
     return default_catalog().model(model).max_context
 

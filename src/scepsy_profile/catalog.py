@@ -20,10 +20,12 @@ to canonical model names, also case-insensitively.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import functools
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
@@ -347,7 +349,33 @@ def save_catalog(catalog: Catalog, path: str | os.PathLike[str]) -> None:
 
 
 @functools.cache
-def default_catalog() -> Catalog:
+def bundled_catalog() -> Catalog:
     """The bundled catalog (``scepsy_profile/data/catalog.yaml``), parsed once and cached."""
     text = resources.files("scepsy_profile").joinpath(BUNDLED_CATALOG).read_text(encoding="utf-8")
     return parse_catalog(text, f"scepsy_profile/{BUNDLED_CATALOG}")
+
+
+_IN_FORCE: contextvars.ContextVar[Catalog | None] = contextvars.ContextVar(
+    "scepsy_catalog_in_force", default=None)
+
+
+def default_catalog() -> Catalog:
+    """The catalog every lookup uses where none is passed down: the bundled one
+    (:func:`bundled_catalog`), or within :func:`catalog_in_force` the catalog given there."""
+    cat = _IN_FORCE.get()
+    return cat if cat is not None else bundled_catalog()
+
+
+@contextlib.contextmanager
+def catalog_in_force(catalog: Catalog | None) -> Iterator[Catalog]:
+    """Within the block (this thread or task only: a context variable), :func:`default_catalog`
+    is ``catalog`` (usually the bundled one extended by a user's file, :func:`load_catalog`).
+    ``None`` changes nothing. Yields the catalog in force."""
+    if catalog is None:
+        yield default_catalog()
+        return
+    token = _IN_FORCE.set(catalog)
+    try:
+        yield catalog
+    finally:
+        _IN_FORCE.reset(token)
