@@ -31,6 +31,7 @@ from scepsy_place.launch.model import (
     ReplicaLaunch,
     assign_ports,
 )
+from scepsy_place.launch.planfile import load_plan
 from scepsy_place.launch.renderers import (
     MANIFEST,
     get_renderer,
@@ -43,6 +44,7 @@ from scepsy_place.launch.routes import WEIGHT_TOL, parse_routes
 NAMES = renderer_names()
 FIELDS = ("tp", "share", "node", "gpus")
 GOLDEN = Path(__file__).with_name("golden") / "launch"
+EXAMPLE_PLAN = Path(__file__).resolve().parents[1] / "datasets" / "plans" / "rag-beam-a100-16.json"
 GOLDEN_TARGETS = ("k8s", "ray", "routes")  # the shell target keeps its own (tests/test_launch_shell)
 
 FIRST = string.ascii_letters + string.digits + "_"
@@ -151,9 +153,15 @@ def test_parse_sees_a_changed_assignment(name: str) -> None:
                                                                               "node"})
 
 
-@pytest.mark.parametrize("name", GOLDEN_TARGETS)
-@pytest.mark.parametrize(("label", "plan"), [("gpu", gpu_plan), ("cpu", cpu_plan)],
-                         ids=["gpu", "cpu"])
+def example_plan() -> LaunchPlan:
+    """The bundled example plan (the README's job, datasets/plans/README.md)."""
+    return load_plan(EXAMPLE_PLAN)
+
+
+@pytest.mark.parametrize(("name", "label", "plan"),
+                         [(n, "gpu", gpu_plan) for n in GOLDEN_TARGETS]
+                         + [(n, "cpu", cpu_plan) for n in GOLDEN_TARGETS]
+                         + [(n, "example", example_plan) for n in NAMES])
 def test_render_matches_the_reviewed_golden_files(name: str, label: str, plan) -> None:
     """Renders of the example plans, reviewed once and stored under tests/golden/launch/;
     ``SCEPSY_UPDATE_GOLDEN=1`` rewrites them (review the diff)."""
@@ -162,6 +170,21 @@ def test_render_matches_the_reviewed_golden_files(name: str, label: str, plan) -
     if os.environ.get("SCEPSY_UPDATE_GOLDEN") == "1":
         write_rendered(files, folder, name)
     assert read_rendered(folder) == files
+
+
+def test_the_example_plan_is_what_planning_gives_today(tmp_path: Path) -> None:
+    """The bundled example plan (and so its golden renders) is what the README's command
+    plans now: the same assignment of every replica (the floats of the prediction may differ
+    in their last digits between machines; the assignment may not)."""
+    import scepsy
+
+    data = EXAMPLE_PLAN.parents[1]
+    res = scepsy.plan(data / "workflows" / "rag-beam.yaml", data / "clusters" / "a100-16.yaml",
+                      0.6, trace_requests=300)
+    res.write(tmp_path / "plan.json", timings=False)
+    again = load_plan(tmp_path / "plan.json")
+    assert again.assignments() == example_plan().assignments()
+    assert again.replicas == example_plan().replicas  # ports and memory too
 
 
 # ------------------------------------------------------------------------------ write_rendered

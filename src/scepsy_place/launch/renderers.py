@@ -89,17 +89,28 @@ def _check_path(rel: str) -> PurePosixPath:
     return p
 
 
+def check_folder(out: str | os.PathLike[str], source: str | None = None,
+                 field: str = "--out") -> Path:
+    """``out`` as a Path if rendered files may be written there: it does not exist, is an
+    empty folder, or holds :data:`MANIFEST`; else an :class:`InputError` (``source``: default
+    the path itself). Nothing is written."""
+    dest = Path(out)
+    where = str(dest) if source is None else source
+    got = None if source is None else str(dest)
+    if dest.exists():
+        if not dest.is_dir():
+            raise InputError(where, field, "a folder (or a path that does not exist)", got)
+        if any(dest.iterdir()) and not (dest / MANIFEST).is_file():
+            raise InputError(where, field, "an empty folder or one written by `scepsy launch` "
+                             "(it holds other files, which would be lost)", got)
+    return dest
+
+
 def write_rendered(files: Mapping[str, str], out: str | os.PathLike[str], target: str) -> Path:
     """Write ``files`` into the folder ``out`` atomically (module docstring): into a new folder
     beside it, then renamed over it. An existing ``out`` is replaced only when it is empty or
     was written here (holds :data:`MANIFEST`); otherwise an :class:`InputError`."""
-    dest = Path(out)
-    if dest.exists():
-        if not dest.is_dir():
-            raise InputError(str(dest), "--out", "a folder (or a path that does not exist)")
-        if any(dest.iterdir()) and not (dest / MANIFEST).is_file():
-            raise InputError(str(dest), "--out", "an empty folder or one written by "
-                             "`scepsy launch` (it holds other files, which would be lost)")
+    dest = check_folder(out)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
     try:

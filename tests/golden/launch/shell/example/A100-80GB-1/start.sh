@@ -1,0 +1,279 @@
+#!/usr/bin/env bash
+# Start the 4 vLLM server(s) of node A100-80GB-1 (plan of cluster a100-16).
+# Written by `scepsy launch --target shell` (docs/launch.md): run it on that node.
+# Logs go to RUN/logs/NAME.log, process ids to RUN/pids/NAME.pid; RUN is run/ beside this folder, or $SCEPSY_RUN_DIR.
+# Refuses a port in use; then waits for every server's /health (up to $SCEPSY_HEALTH_TIMEOUT_S, default 900 s);
+# on a failure or a timeout it stops what it started and exits 1. Stop with stop.sh.
+set -euo pipefail
+
+here=$(cd -- "$(dirname -- "${BASH_SOURCE[0]}")" && pwd)
+node='A100-80GB-1'
+node_folder='A100-80GB-1'
+run_dir=${SCEPSY_RUN_DIR:-$here/../run}
+health_timeout_s=${SCEPSY_HEALTH_TIMEOUT_S:-900}
+if [[ ! $health_timeout_s =~ ^[0-9]+$ ]]; then
+  echo "start.sh ($node): SCEPSY_HEALTH_TIMEOUT_S must be whole seconds (got $health_timeout_s)" >&2
+  exit 2
+fi
+mkdir -p -- "$run_dir/logs" "$run_dir/pids" "$run_dir/state/$node_folder"
+run_dir=$(cd -- "$run_dir" && pwd)
+state=$run_dir/state/$node_folder
+
+group_alive() {  # whether a live process (not a zombie) of process group $1 remains
+  local stat line
+  local -a fields
+  if [[ ! -r /proc/self/stat ]]; then
+    kill -0 -- "-$1" 2>/dev/null
+    return
+  fi
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"$stat"; } 2>/dev/null || continue
+    read -r -a fields <<<"${line##*) }"
+    if [[ ${fields[2]:-} == "$1" && ${fields[0]:-} != Z ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+
+proc_alive() {  # whether process $1 runs (not a zombie)
+  local line
+  if [[ ! -r /proc/self/stat ]]; then
+    kill -0 "$1" 2>/dev/null
+    return
+  fi
+  { read -r line <"/proc/$1/stat"; } 2>/dev/null || return 1
+  line=${line##*) }
+  [[ ${line%% *} != Z ]]
+}
+
+port_busy() {  # whether something accepts connections on loopback port $1
+  (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+healthy() {  # whether http://127.0.0.1:$1/health answers 2xx
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://127.0.0.1:$1/health" 2>/dev/null
+  else
+    python3 -c 'import sys, urllib.request as u
+u.build_opener(u.ProxyHandler({})).open(
+    "http://127.0.0.1:%s/health" % sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+  fi
+}
+
+short_dir() {  # PATH: PATH, or a new folder under /tmp where PATH leaves no room for sockets
+  local dir
+  if (( ${#1} + 60 <= 107 )); then
+    mkdir -p -- "$1"
+    printf '%s\n' "$1"
+    return
+  fi
+  dir=$(mktemp -d /tmp/scepsy-XXXXXXXX)
+  printf '%s\n' "$dir" >>"$state/cleanup"
+  printf '%s\n' "$dir"
+}
+
+fail() {  # MESSAGE [NAME...]: say why, show the NAMEs' log tails, stop what started, exit 1
+  local msg=$1 name
+  shift
+  trap - INT TERM
+  echo "start.sh ($node): $msg" >&2
+  for name in "$@"; do
+    echo "--- last lines of $run_dir/logs/$name.log ---" >&2
+    tail -n 40 -- "$run_dir/logs/$name.log" >&2 2>/dev/null || true
+  done
+  echo "start.sh ($node): stopping what this script started" >&2
+  SCEPSY_RUN_DIR=$run_dir bash "$here/stop.sh" >&2 || true
+  exit 1
+}
+
+launching=
+interrupted=
+on_signal() {
+  interrupted=1
+  if [[ -z $launching ]]; then
+    fail "interrupted"
+  fi
+}
+trap on_signal INT TERM
+
+check_free() {  # NAME PORT: refuse to start where NAME already runs or PORT is taken
+  local pid_file=$run_dir/pids/$1.pid
+  if [[ -f $pid_file ]]; then
+    if group_alive "$(<"$pid_file")"; then
+      echo "start.sh ($node): $1 already runs (pid $(<"$pid_file")); run stop.sh first" >&2
+      exit 1
+    fi
+    rm -f -- "$pid_file"
+  fi
+  if port_busy "$2"; then
+    echo "start.sh ($node): port $2 of $1 is in use; nothing started" >&2
+    exit 1
+  fi
+}
+
+start_server() {  # NAME COMMAND...: COMMAND in a new session (its own process group), logged
+  local name=$1
+  shift
+  launching=1
+  echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) start.sh ($node) starts $name" \
+    >>"$run_dir/logs/$name.log"
+  setsid "$@" >>"$run_dir/logs/$name.log" 2>&1 </dev/null &
+  printf '%s\n' "$!" >"$run_dir/pids/$name.pid"
+  launching=
+  if [[ -n $interrupted ]]; then
+    fail "interrupted"
+  fi
+  echo "start.sh ($node): started $name (pid $!, log $run_dir/logs/$name.log)"
+}
+
+wait_healthy() {  # NAME PORT...: poll each server's /health until all answer or time runs out
+  local deadline=$((SECONDS + health_timeout_s)) i pid waiting
+  local -a names=() ports=() ok=() late=()
+  while (($#)); do
+    names+=("$1")
+    ports+=("$2")
+    shift 2
+  done
+  while :; do
+    waiting=0
+    late=()
+    for i in "${!names[@]}"; do
+      if [[ -n ${ok[i]:-} ]]; then
+        continue
+      fi
+      if healthy "${ports[i]}"; then
+        ok[i]=1
+        echo "start.sh ($node): ${names[i]} is healthy on port ${ports[i]}"
+        continue
+      fi
+      pid=$(<"$run_dir/pids/${names[i]}.pid")
+      if ! proc_alive "$pid"; then
+        fail "${names[i]} exited before /health answered" "${names[i]}"
+      fi
+      waiting=1
+      late+=("${names[i]}")
+    done
+    if ((waiting == 0)); then
+      return 0
+    fi
+    if ((SECONDS >= deadline)); then
+      fail "not healthy after ${health_timeout_s} s: ${late[*]}" "${late[@]}"
+    fi
+    sleep 1
+  done
+}
+
+# refuse before anything starts
+check_free generator-2 8000
+check_free generator-3 8001
+check_free generator-4 8002
+check_free generator-5 8003
+
+# MPS: shares below 1 run as clients of an MPS control daemon (started unless one runs).
+mps_running() {  # whether an MPS control daemon or server runs on this host
+  local comm name
+  for comm in /proc/[0-9]*/comm; do
+    { read -r name <"$comm"; } 2>/dev/null || continue
+    if [[ $name == nvidia-cuda-mps* ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+if [[ -f $state/mps-pipe ]] && mps_running; then
+  mps_pipe=$(<"$state/mps-pipe")
+  echo "start.sh ($node): using the MPS control daemon an earlier start.sh started"
+elif mps_running; then
+  mps_pipe=${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}
+  echo "start.sh ($node): an MPS control daemon already runs; using it (pipe directory $mps_pipe)"
+else
+  if ! command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+    echo "start.sh ($node): nvidia-cuda-mps-control not found (needed for shares below 1)" >&2
+    exit 1
+  fi
+  mps_pipe=$(short_dir "$run_dir/mps/$node_folder/pipe")
+  mkdir -p -- "$run_dir/mps/$node_folder/log"
+  # without CUDA_VISIBLE_DEVICES: the daemon must see every GPU by its own index; its output
+  # to a file: a daemon must not hold the output of whoever runs this script
+  if ! env -u CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY="$mps_pipe" \
+      CUDA_MPS_LOG_DIRECTORY="$run_dir/mps/$node_folder/log" nvidia-cuda-mps-control -d \
+      >>"$run_dir/mps/$node_folder/log/start.log" 2>&1 </dev/null; then
+    echo "start.sh ($node): could not start the MPS control daemon" \
+      "(see $run_dir/mps/$node_folder/log)" >&2
+    exit 1
+  fi
+  printf '%s\n' "$mps_pipe" >"$state/mps-pipe"
+  echo "start.sh ($node): started an MPS control daemon (pipe directory $mps_pipe)"
+fi
+
+# generator-2: generator replica 2 on GPUs 0,1,2,3 (share 0.5, 40 GiB each), port 8000
+# scepsy-replica: {"device": "cuda", "gpus": [0, 1, 2, 3], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8000, "replica": 2, "share": 0.5}
+cmd=(
+  env
+  'CUDA_VISIBLE_DEVICES=0,1,2,3'
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
+  "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
+  vllm serve Qwen/Qwen2.5-7B
+  --served-model-name generator
+  --tensor-parallel-size 4
+  --gpu-memory-utilization 0.5
+  --host 0.0.0.0
+  --port 8000
+)
+start_server generator-2 "${cmd[@]}"
+
+# generator-3: generator replica 3 on GPUs 0,1,2,3 (share 0.5, 40 GiB each), port 8001
+# scepsy-replica: {"device": "cuda", "gpus": [0, 1, 2, 3], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8001, "replica": 3, "share": 0.5}
+cmd=(
+  env
+  'CUDA_VISIBLE_DEVICES=0,1,2,3'
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
+  "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
+  vllm serve Qwen/Qwen2.5-7B
+  --served-model-name generator
+  --tensor-parallel-size 4
+  --gpu-memory-utilization 0.5
+  --host 0.0.0.0
+  --port 8001
+)
+start_server generator-3 "${cmd[@]}"
+
+# generator-4: generator replica 4 on GPUs 4,5,6,7 (share 0.5, 40 GiB each), port 8002
+# scepsy-replica: {"device": "cuda", "gpus": [4, 5, 6, 7], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8002, "replica": 4, "share": 0.5}
+cmd=(
+  env
+  'CUDA_VISIBLE_DEVICES=4,5,6,7'
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
+  "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
+  vllm serve Qwen/Qwen2.5-7B
+  --served-model-name generator
+  --tensor-parallel-size 4
+  --gpu-memory-utilization 0.5
+  --host 0.0.0.0
+  --port 8002
+)
+start_server generator-4 "${cmd[@]}"
+
+# generator-5: generator replica 5 on GPUs 4,5,6,7 (share 0.5, 40 GiB each), port 8003
+# scepsy-replica: {"device": "cuda", "gpus": [4, 5, 6, 7], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8003, "replica": 5, "share": 0.5}
+cmd=(
+  env
+  'CUDA_VISIBLE_DEVICES=4,5,6,7'
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
+  "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
+  vllm serve Qwen/Qwen2.5-7B
+  --served-model-name generator
+  --tensor-parallel-size 4
+  --gpu-memory-utilization 0.5
+  --host 0.0.0.0
+  --port 8003
+)
+start_server generator-5 "${cmd[@]}"
+
+wait_healthy generator-2 8000 generator-3 8001 generator-4 8002 generator-5 8003
+echo "start.sh ($node): all 4 server(s) healthy"
