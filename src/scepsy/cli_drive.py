@@ -30,6 +30,9 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cmd.add_argument("--workflow", type=Path, action="append", required=True,
                      help="workflow or workload YAML (repeatable; a workload's weights set the "
                      "mix, default equal)")
+    cmd.add_argument("--catalog", type=Path,
+                     help="YAML catalog extending the bundled one (models the workflows name "
+                     "that it lacks, e.g. datasets/catalogs/cpu-host.yaml)")
     cmd.add_argument("--routes", type=Path, required=True,
                      help="routing table (routes.json, written by `scepsy launch`)")
     cmd.add_argument("--rate", type=POSITIVE, required=True,
@@ -85,6 +88,7 @@ def _ci(lat: Any) -> str | None:
 
 
 def cmd_drive(args: argparse.Namespace) -> int:
+    from scepsy.api import using_catalog
     from scepsy.cli_util import UsageError, check_out, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text
@@ -95,21 +99,22 @@ def cmd_drive(args: argparse.Namespace) -> int:
     for path, flag in ((args.trace_out, "--trace-out"), (args.json, "--json")):
         if path is not None:
             check_out(path, flag)
-    specs = _specs(args.workflow)
-    routes = load_routes(args.routes)
-    timeouts = ReplayTimeouts(connect_s=args.connect_timeout, stall_s=args.stall_timeout,
-                              call_s=args.timeout)
-    try:
-        result = drive(specs, routes, rate=args.rate, requests=args.requests, seed=args.seed,
-                       max_in_flight=args.max_in_flight, timeouts=timeouts,
-                       deadline_s=args.deadline, vocab=args.vocab)
-    except InputError as exc:  # name the file or option the problem is in
-        if exc.source == "routes":
-            raise InputError(str(args.routes), exc.field, exc.expected, exc.got) from None
-        if exc.source == "drive" and exc.field in _FLAGS:
-            tail = f" (got {exc.got!r})" if exc.got is not None else ""
-            raise UsageError(f"{_FLAGS[exc.field]}: expected {exc.expected}{tail}") from None
-        raise
+    with using_catalog(args.catalog):  # the workflows' models, while their requests are drawn
+        specs = _specs(args.workflow)
+        routes = load_routes(args.routes)
+        timeouts = ReplayTimeouts(connect_s=args.connect_timeout, stall_s=args.stall_timeout,
+                                  call_s=args.timeout)
+        try:
+            result = drive(specs, routes, rate=args.rate, requests=args.requests, seed=args.seed,
+                           max_in_flight=args.max_in_flight, timeouts=timeouts,
+                           deadline_s=args.deadline, vocab=args.vocab)
+        except InputError as exc:  # name the file or option the problem is in
+            if exc.source == "routes":
+                raise InputError(str(args.routes), exc.field, exc.expected, exc.got) from None
+            if exc.source == "drive" and exc.field in _FLAGS:
+                tail = f" (got {exc.got!r})" if exc.got is not None else ""
+                raise UsageError(f"{_FLAGS[exc.field]}: expected {exc.expected}{tail}") from None
+            raise
     rows = [{"workflow": w, "sent": r.sent, "ok": r.completed, "failed": r.failed,
              "req_per_s": r.throughput_rps, "mean_s": r.latency.mean_s, "ci95_s": _ci(r.latency),
              "std_s": r.latency.std_s, "p50_s": r.latency.p50_s, "p90_s": r.latency.p90_s,
