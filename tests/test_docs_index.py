@@ -33,8 +33,11 @@ def _packages() -> list[str]:
 
 
 def _modules(pkg: ModuleType) -> list[ModuleType]:
-    return [importlib.import_module(f"{pkg.__name__}.{m.name}")
-            for m in pkgutil.iter_modules(pkg.__path__) if not m.name.startswith("_")]
+    """Every public module of the package, sub-packages' modules included (a name with a
+    leading ``_`` anywhere in its dotted path is private)."""
+    return [importlib.import_module(m.name)
+            for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}.")
+            if not any(part.startswith("_") for part in m.name.split("."))]
 
 
 def _defined_public(mod: ModuleType) -> list[str]:
@@ -47,11 +50,16 @@ def _defined_public(mod: ModuleType) -> list[str]:
 
 def public_names(package: str) -> dict[str, list[str]]:
     """``{module: names}``: the package's ``__all__`` under the package's own name, or, when it
-    has none, each submodule's ``__all__`` or public classes and functions."""
+    has none, each submodule's ``__all__`` or public classes and functions; the modules of its
+    sub-packages (``scepsy_place.launch``) are listed in either case."""
     pkg = importlib.import_module(package)
-    if hasattr(pkg, "__all__"):
-        return {package: list(pkg.__all__)}
-    return {m.__name__: names for m in _modules(pkg) if (names := _defined_public(m))}
+    out: dict[str, list[str]] = {}
+    mods = _modules(pkg)
+    if hasattr(pkg, "__all__"):  # the package's own list; its sub-packages' modules beside it
+        out[package] = list(pkg.__all__)
+        mods = [m for m in mods if m.__name__.count(".") > 1]
+    out.update({m.__name__: names for m in mods if (names := _defined_public(m))})
+    return out
 
 
 def _first_sentence(doc: str | None) -> str:
