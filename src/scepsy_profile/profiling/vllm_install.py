@@ -50,24 +50,24 @@ def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def imports_vllm(python: Path | str) -> bool:
-    """Whether ``python`` exists and imports vllm (checked in a child process, 120 s at most)."""
+def imports(python: Path | str, module: str) -> bool:
+    """Whether ``python`` exists and imports ``module`` (a child process, 120 s at most)."""
     try:
-        res = subprocess.run([str(python), "-c", "import vllm"], capture_output=True,
+        res = subprocess.run([str(python), "-c", f"import {module}"], capture_output=True,
                              timeout=120, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return res.returncode == 0
+
+
+def imports_vllm(python: Path | str) -> bool:
+    """Whether ``python`` exists and imports vllm."""
+    return imports(python, "vllm")
 
 
 def imports_ray_llm(python: Path | str) -> bool:
-    """Whether ``python`` imports ``ray.serve.llm`` (a child process, 120 s at most)."""
-    try:
-        res = subprocess.run([str(python), "-c", "import ray.serve.llm"], capture_output=True,
-                             timeout=120, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return res.returncode == 0
+    """Whether ``python`` imports ``ray.serve.llm``."""
+    return imports(python, "ray.serve.llm")
 
 
 def install_ray_serve(python: Path, *, packages: tuple[str, ...] = RAY_PACKAGES,
