@@ -12,10 +12,12 @@ naming the argument or file and what was expected, before any work is done.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scepsy_common.errors import InputError
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
     from scepsy_opt.workflows import WorkflowSpec
     from scepsy_place.loop import PlacedPlan
     from scepsy_place.topology import Topology
+    from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
 
 PathLike = str | os.PathLike[str]
@@ -57,6 +60,7 @@ class PlanResult:
     problem: PlanningProblem
     placed: PlacedPlan
     placer: str  # the placement policy asked for
+    topology: Topology | None = None  # the cluster placed on (its node names go to plan.json)
 
     @property
     def plan(self) -> Plan:
@@ -82,13 +86,44 @@ class PlanResult:
         seconds, so that the same inputs give the same bytes."""
         from scepsy_place.loop import plan_document
 
-        return plan_document(self.problem, self.placed, policy=self.placer, timings=timings)
+        with using_catalog(self.problem.catalog):
+            return plan_document(self.problem, self.placed, policy=self.placer, timings=timings,
+                                 topology=self.topology)
 
     def write(self, path: PathLike, *, timings: bool = True) -> None:
         """Write :meth:`to_dict` to ``path`` atomically (nothing half-written)."""
         from scepsy_opt.planfile import write_plan
 
         write_plan(path, self.to_dict(timings=timings))
+
+
+# --------------------------------------------------------------------------------- catalog
+
+
+def load_catalog(catalog: PathLike | Catalog) -> Catalog:
+    """The catalog a ``catalog=`` argument stands for: a YAML file (or a :class:`Catalog`)
+    whose entries extend or override the bundled catalog (``--catalog FILE``)."""
+    from scepsy_profile.catalog import Catalog, default_catalog
+    from scepsy_profile.catalog import load_catalog as _load
+
+    if isinstance(catalog, Catalog):
+        return default_catalog().merge(catalog)
+    if isinstance(catalog, str | os.PathLike):
+        return _load(catalog, base=default_catalog())
+    raise InputError("catalog", "", "a catalog YAML path or a Catalog", type(catalog).__name__)
+
+
+@contextlib.contextmanager
+def using_catalog(catalog: PathLike | Catalog | None) -> Iterator[Catalog]:
+    """Within the block, every lookup of the default catalog (``default_catalog()``, which the
+    libraries consult wherever no catalog is passed down: workflow files, clusters,
+    allocations, trace generation) sees ``catalog``'s entries too (:func:`load_catalog`), in
+    this thread or task only (:func:`scepsy_profile.catalog.catalog_in_force`). ``None``
+    changes nothing. Yields the catalog in force."""
+    from scepsy_profile.catalog import catalog_in_force
+
+    with catalog_in_force(None if catalog is None else load_catalog(catalog)) as cat:
+        yield cat
 
 
 # ---------------------------------------------------------------------------------- inputs
@@ -100,7 +135,8 @@ def _specs(workflows: Any) -> tuple[WorkflowSpec, ...]:
     return as_specs(workflows)
 
 
-def _latency(curves: PathLike | None, latency: LatencyModel | None) -> LatencyModel:
+def _latency(curves: PathLike | None, latency: LatencyModel | None,
+             catalog: Catalog | None = None) -> LatencyModel:
     from scepsy_profile.latency import CompositeLatencyModel
     from scepsy_profile.roofline import roofline_model
 
@@ -109,10 +145,10 @@ def _latency(curves: PathLike | None, latency: LatencyModel | None) -> LatencyMo
             raise InputError("plan", "curves", "either curves= or latency=, not both", curves)
         return latency
     if curves is None:
-        return roofline_model()
+        return roofline_model(catalog)
     from scepsy_profile.fitted import load_curves
 
-    return CompositeLatencyModel(load_curves(curves), roofline_model())
+    return CompositeLatencyModel(load_curves(curves), roofline_model(catalog))
 
 
 def _allocation(allocation: PathLike | Allocation, what: str, *, check_gpus: bool = False
@@ -240,9 +276,25 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets
                  current: PathLike | Allocation | None = None,
                  latency_bound_s: float | Mapping[str, float] | None = None,
                  optimiser: str = DEFAULT_OPTIMISER, progress: Progress | None = None,
+                 catalog: PathLike | Catalog | None = None,
                  **options: Any) -> tuple[PlanningProblem, Topology]:
     """The :class:`~scepsy_opt.problem.PlanningProblem` and topology :func:`plan` solves
     (arguments as there); every check on the inputs happens here, before any solving."""
+    with using_catalog(catalog) as cat:
+        return _plan_problem(workflows, cluster, targets, trace=trace,
+                             trace_requests=trace_requests, seed=seed, curves=curves,
+                             latency=latency, current=current, latency_bound_s=latency_bound_s,
+                             optimiser=optimiser, progress=progress,
+                             catalog=cat if catalog is not None else None, **options)
+
+
+def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates, *,
+                  trace: PathLike | Trace | None, trace_requests: int, seed: int,
+                  curves: PathLike | None, latency: LatencyModel | None,
+                  current: PathLike | Allocation | None,
+                  latency_bound_s: float | Mapping[str, float] | None,
+                  optimiser: str, progress: Progress | None, catalog: Catalog | None,
+                  **options: Any) -> tuple[PlanningProblem, Topology]:
     from scepsy_opt.optimisers import OPTIMISERS
     from scepsy_opt.problem import PlanningProblem, PlanOptions
     from scepsy_opt.workload import models_of, per_workflow_rates
@@ -274,10 +326,11 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets
                          "throughput)", dict(bounds))
     opts = PlanOptions(current=cur, latency_bound_s=bounds, **options)
     check_grid(specs, topology, opts.tps, opts.shares)
-    lat = _latency(curves, latency)
+    lat = _latency(curves, latency, catalog)
     say("building the trace and its statistics")
     stats = _stats(specs, _trace(specs, trace, trace_requests, seed), seed)
-    problem = PlanningProblem(stats, models_of(specs), rates, topology.to_cluster(), lat, opts)
+    problem = PlanningProblem(stats, models_of(specs), rates, topology.to_cluster(), lat, opts,
+                              catalog=catalog)
     return problem, topology
 
 
@@ -285,7 +338,7 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates,
          optimiser: str = DEFAULT_OPTIMISER, formulation: str = DEFAULT_FORMULATION,
          placer: str = DEFAULT_PLACER, spread_replicas: bool = False,
          max_rounds: int = DEFAULT_MAX_ROUNDS, progress: Progress | None = None,
-         **options: Any) -> PlanResult:
+         catalog: PathLike | Catalog | None = None, **options: Any) -> PlanResult:
     """The placed plan serving ``workflows`` at ``targets`` on ``cluster``.
 
     ``workflows``: a workflow or workload YAML path, or specs; ``cluster``: a cluster YAML/JSON
@@ -299,6 +352,8 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates,
     bound for every workflow or per workflow) and every other field of
     :class:`~scepsy_opt.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
     ``time_limit_s``, ...). ``progress`` is called with the name of each stage as it starts.
+    ``catalog``: a catalog YAML path (or :class:`~scepsy_profile.catalog.Catalog`) extending
+    the bundled one, for devices and models it lacks (:func:`using_catalog`).
     The objective minimised is the weighted sum of the workflows' predicted mean latencies.
     """
     from scepsy_place.loop import FORMULATIONS, plan_and_place
@@ -309,15 +364,18 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates,
     if placer not in PLACERS:
         raise InputError("placer", "", f"one of {', '.join(PLACERS)}", placer)
     _count(max_rounds, "max_rounds", 1)
-    problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
-                                     progress=progress, **options)
-    if progress is not None:
-        progress(f"optimising and placing ({formulation} formulation)")
-    placer_options = {"spread_replicas": True} if spread_replicas else {}
-    res = plan_and_place(problem, topology, name=optimiser, policy=placer,
-                         max_rounds=max_rounds, placer_options=placer_options,
-                         formulation=formulation)  # type: ignore[arg-type]
-    return PlanResult(problem, res, placer)
+    with using_catalog(catalog) as cat:
+        problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
+                                         progress=progress,
+                                         catalog=cat if catalog is not None else None,
+                                         **options)
+        if progress is not None:
+            progress(f"optimising and placing ({formulation} formulation)")
+        placer_options = {"spread_replicas": True} if spread_replicas else {}
+        res = plan_and_place(problem, topology, name=optimiser, policy=placer,
+                             max_rounds=max_rounds, placer_options=placer_options,
+                             formulation=formulation)  # type: ignore[arg-type]
+    return PlanResult(problem, res, placer, topology)
 
 
 def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Rates,
@@ -334,16 +392,21 @@ def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Rat
 def predict(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
             form: str = "critical-path", trace: PathLike | Trace | None = None,
             trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
-            curves: PathLike | None = None, latency: LatencyModel | None = None) -> Prediction:
+            curves: PathLike | None = None, latency: LatencyModel | None = None,
+            catalog: PathLike | Catalog | None = None) -> Prediction:
     """Each workflow's predicted maximum throughput and mean latency at ``rate`` on
-    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`."""
+    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`.
+    ``allocation`` may be a plan.json (its allocation is read)."""
     from scepsy_opt.pipeline import predict as _predict
     from scepsy_opt.workload import models_of
 
-    specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
-                                              trace_requests, seed)
-    return _predict(_stats(specs, tr, seed), models_of(specs), alloc, _latency(curves, latency),
-                    rates, form=form)  # type: ignore[arg-type]
+    with using_catalog(catalog) as cat:
+        specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
+                                                  trace_requests, seed)
+        own = cat if catalog is not None else None
+        return _predict(_stats(specs, tr, seed), models_of(specs), alloc,
+                        _latency(curves, latency, own), rates, form=form,  # type: ignore[arg-type]
+                        catalog=own)
 
 
 def simulate(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
@@ -351,18 +414,73 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
              trace: PathLike | Trace | None = None,
              trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
              curves: PathLike | None = None, latency: LatencyModel | None = None,
-             progress: bool = False) -> SimulationResult:
+             progress: bool = False, catalog: PathLike | Catalog | None = None
+             ) -> SimulationResult:
     """Simulated throughput and latency of ``requests`` Poisson arrivals at ``rate`` on
     ``allocation`` (the discrete-event simulator, docs/simulator.md); arguments as :func:`plan`."""
     from scepsy_opt.simulate import simulate as _simulate
     from scepsy_opt.workload import models_of
 
     _count(requests, "requests", 1)
-    specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
-                                              trace_requests, seed)
-    return _simulate(tr, models_of(specs), alloc, _latency(curves, latency), rates,
-                     requests=requests, seed=seed, routing=routing,  # type: ignore[arg-type]
-                     progress=progress)
+    with using_catalog(catalog) as cat:
+        specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
+                                                  trace_requests, seed)
+        own = cat if catalog is not None else None
+        return _simulate(tr, models_of(specs), alloc, _latency(curves, latency, own), rates,
+                         requests=requests, seed=seed, routing=routing,  # type: ignore[arg-type]
+                         progress=progress)
 
 
-__all__ = ["PlanResult", "check_grid", "plan", "plan_problem", "predict", "simulate"]
+# ---------------------------------------------------------------------------------- launch
+
+
+def check_launch(target: str, out: PathLike) -> None:
+    """Raise :class:`InputError` (source ``launch`` or ``launch-out``) unless ``target`` is a
+    launch target and ``out`` a folder its files may be written into: one that does not exist,
+    is empty, or was written by a renderer (it holds the marker file). Nothing is written."""
+    from scepsy_place.launch.renderers import check_folder, get_renderer, renderer_names
+
+    try:
+        get_renderer(target)
+    except InputError:
+        raise InputError("launch", "", f"a launch target ({', '.join(renderer_names())})",
+                         target) from None
+    check_folder(out, "launch-out", "")
+
+
+def render(plan: PathLike, target: str, out: PathLike) -> Path:
+    """Render the plan.json at ``plan`` for launch ``target`` into the folder ``out``
+    (atomically: the folder holds its old files or all the new ones) and return the folder;
+    what ``scepsy plan --launch TARGET --launch-out OUT`` and ``scepsy launch`` do."""
+    from scepsy_place.launch.planfile import load_plan
+    from scepsy_place.launch.renderers import get_renderer, write_rendered
+
+    check_launch(target, out)
+    launch_plan = load_plan(plan)
+    return write_rendered(get_renderer(target).render(launch_plan), out, target)
+
+
+# ------------------------------------------------------------------------------ bench loop
+
+
+def bench_loop(options: Any = None, *, say: Callable[[str], None] | None = None,
+               **fields_: Any) -> Any:
+    """The whole loop on this CPU (``scepsy bench loop``, docs/quickstart.md): profile the
+    model here unless ``curves`` is given, plan, launch vLLM servers, drive the workflows, stop,
+    compare predicted and measured
+    (:func:`scepsy_place.launch.bench_loop.run_loop` with this module's :func:`plan`,
+    :func:`predict` and :func:`using_catalog`). ``options``: a
+    :class:`~scepsy_place.launch.bench_loop.LoopOptions`, or its fields as keywords."""
+    from scepsy_place.launch.bench_loop import LoopOptions, Planning, run_loop
+
+    if options is None:
+        options = LoopOptions(**fields_)
+    elif fields_:
+        raise InputError("bench_loop", "options", "either a LoopOptions or its fields",
+                         sorted(fields_))
+    return run_loop(options, Planning(plan=plan, predict=predict, using_catalog=using_catalog),
+                    say=say)
+
+
+__all__ = ["PlanResult", "bench_loop", "check_grid", "check_launch", "load_catalog", "plan",
+           "plan_problem", "predict", "render", "simulate", "using_catalog"]

@@ -76,6 +76,14 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         cmd = sub.add_parser(name, help=helptext)
         if name == wanted:
             build(cmd)
+    module = _REGISTERED[wanted][0] if wanted in _REGISTERED else None
+    if module is not None:
+        import importlib
+
+        importlib.import_module(module).register(sub)
+    for name, (mod, helptext) in _REGISTERED.items():
+        if mod != module:
+            sub.add_parser(name, help=helptext)
     return p
 
 
@@ -148,6 +156,7 @@ def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--trace-requests", type=COUNT, default=DEFAULT_TRACE_REQUESTS,
                      help="requests per workflow of the generated trace (default %(default)s)")
     cmd.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+    cmd.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
     cmd.add_argument("--seed", type=SEED, default=0)
     cmd.add_argument("--json", action="store_true")
 
@@ -180,6 +189,51 @@ def _bench_args(bench: argparse.ArgumentParser) -> None:
                                           "(allocation ratio and fragmentation per policy)")
     add_arguments(openb)
     openb.set_defaults(func=_cmd_bench_openb)
+    loop = bsub.add_parser("loop", help="the whole loop on this CPU with vLLM: profile, plan, launch, "
+                           "drive, stop; predicted vs measured (a test target)")
+    _bench_loop_args(loop)
+
+
+def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
+    from scepsy_place.launch import bench_loop as bl
+
+    d = bl.LoopOptions()
+    loop.add_argument("--requests", type=COUNT, default=d.requests,
+                      help="requests to drive, over all workflows (default %(default)s)")
+    loop.add_argument("--rate", type=POSITIVE,
+                      help="total arrival rate, req/s (default: --load times the largest "
+                      "throughput the plan predicts)")
+    loop.add_argument("--load", type=POSITIVE, default=d.load,
+                      help="the target as a fraction of the largest predicted throughput "
+                      "(default %(default)s)")
+    loop.add_argument("--workflow", type=Path, default=Path(d.workflow),
+                      help="workflow or workload YAML (default %(default)s)")
+    loop.add_argument("--cluster", type=Path, default=Path(d.cluster), help="default %(default)s")
+    loop.add_argument("--catalog", type=Path, default=Path(d.catalog), help="default %(default)s")
+    loop.add_argument("--curves", type=Path,
+                      help="latency curves to plan with, e.g. the bundled "
+                      f"{bl.BUNDLED_CURVES} (default: measure the step profile on this machine "
+                      "with the vllm backend into OUT/profile/ and fit them there)")
+    loop.add_argument("--profile-budget", type=POSITIVE, default=d.profile_budget_s,
+                      metavar="S", help="seconds the profiling stage may take, its engines' "
+                      "start-up included (default %(default)s; ignored with --curves)")
+    loop.add_argument("--tp", default=",".join(map(str, d.tps)), help="default %(default)s")
+    loop.add_argument("--shares", default=",".join(f"{x:g}" for x in d.shares),
+                      help="share grid of a core (default %(default)s)")
+    loop.add_argument("--engine-python", help="interpreter of vLLM's environment (default: "
+                      "as scepsy profile run finds it)")
+    loop.add_argument("--max-model-len", type=COUNT, default=d.max_model_len,
+                      help="default %(default)s")
+    loop.add_argument("--timeout-s", type=POSITIVE, default=d.call_timeout_s,
+                      help="timeout of one LLM call (default %(default)s)")
+    loop.add_argument("--seed", type=SEED, default=d.seed)
+    loop.add_argument("--out", type=Path, default=Path(d.out),
+                      help="folder of the results (default %(default)s)")
+    loop.add_argument("--keep", action="store_true",
+                      help="keep the plan, the launch folder, the model folders and the servers' "
+                      "logs under --out (default: only the results and the measured trace)")
+    loop.add_argument("--json", action="store_true", help="print the results JSON")
+    loop.set_defaults(func=_cmd_bench_loop)
 
 
 def _plan_args(plan: argparse.ArgumentParser) -> None:
@@ -226,8 +280,16 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
     plan.add_argument("--trace-requests", type=COUNT, default=api.DEFAULT_TRACE_REQUESTS)
     plan.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+    plan.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one "
+                      "(devices and models it lacks, e.g. datasets/catalogs/cpu-host.yaml)")
     plan.add_argument("--seed", type=SEED, default=0)
     plan.add_argument("--out", type=Path, default=Path("plan.json"), help="default %(default)s")
+    plan.add_argument("--launch", metavar="TARGET[,TARGET...]",
+                      help="also render the written plan for launch targets (shell, k8s, ray, "
+                      "routes; see scepsy launch)")
+    plan.add_argument("--launch-out", type=Path, metavar="DIR",
+                      help="folder of the rendered files (default launch-TARGET beside --out; "
+                      "with several targets, DIR/TARGET)")
     plan.add_argument("--no-timings", action="store_true",
                       help="leave wall-clock timings out of plan.json (byte-identical reruns)")
     plan.add_argument("--json", action="store_true", help="print plan.json instead of the table")
@@ -241,9 +303,17 @@ _COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None]]] = {
     "trace": ("workflow traces", _trace_args),
     "predict": ("predicted throughput and latency (Aggregate LLM Pipeline)", _predict_args),
     "simulate": ("simulated throughput and latency (discrete events)", _simulate_args),
-    "bench": ("benchmarks on public traces", _bench_args),
+    "bench": ("benchmarks: public traces, the whole loop on this CPU", _bench_args),
     "plan": ("optimal allocation for target throughputs (MILP)", _plan_args),
 }
+
+_REGISTERED: dict[str, tuple[str, str]] = {
+    "launch": ("scepsy.cli_launch", "render a plan.json for a launch target (--apply: run it here)"),
+    "stop": ("scepsy.cli_launch", "stop the servers a shell launch folder started"),
+    "drive": ("scepsy.cli_drive", "run workflows against the servers of a routes file"),
+}
+"""Commands whose module adds its own parsers (``register(subparsers)``): imported only when
+named, like the others."""
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -293,12 +363,38 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "trace_requests": "--trace-requests"}
 
 
+_LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}
+
+
+def _launch_folders(args: argparse.Namespace) -> dict[str, Path]:
+    """``--launch T1,T2`` -> each target's folder: ``--launch-out DIR`` for one target,
+    ``DIR/TARGET`` for several; by default ``launch-TARGET`` beside ``--out``."""
+    if args.launch is None:
+        if args.launch_out is not None:
+            raise UsageError(f"--launch-out: expected together with --launch TARGET (got "
+                             f"{str(args.launch_out)!r})")
+        return {}
+    targets = [t.strip() for t in args.launch.split(",")]
+    if not all(targets) or len(set(targets)) != len(targets):
+        raise UsageError(f"--launch: expected a target or a comma-separated list of distinct "
+                         f"targets (got {args.launch!r})")
+    if args.launch_out is None:
+        return {t: args.out.parent / f"launch-{t}" for t in targets}
+    if len(targets) == 1:
+        return {targets[0]: args.launch_out}
+    return {t: args.launch_out / t for t in targets}
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy.tables import progress
     from scepsy_opt.planfile import dumps, write_plan
 
     check_out(args.out)
+    launches = _launch_folders(args)
+    for target, folder in launches.items():
+        with _naming(_LAUNCH_FLAGS):
+            api.check_launch(target, folder)
     options: dict[str, Any] = {"tps": tuple(_ints(args.tp, "--tp")),
                                "max_utilisation": args.max_utilisation,
                                "objective": args.objective, "time_limit_s": args.time_limit,
@@ -313,6 +409,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                        spread_replicas=args.spread_replicas, max_rounds=args.max_rounds,
                        trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
                        curves=args.curves, current=args.current, latency_bound_s=bounds,
+                       catalog=args.catalog,
                        progress=lambda stage: bar.update(description=stage), **options)
     doc = res.to_dict(timings=not args.no_timings)
     write_plan(args.out, doc)  # the document printed below, built once
@@ -321,6 +418,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(dumps(doc), end="")
     elif plan.allocation is not None:
         _print_plan(res, doc, args)
+    for target, folder in launches.items() if plan.allocation is not None else ():
+        with _naming(_LAUNCH_FLAGS):
+            written = api.render(args.out, target, folder)
+        print(f"rendered {target} files of {args.out} into {written}",
+              file=sys.stderr if args.json else sys.stdout)
     if plan.status == "time_limit_no_solution":
         from scepsy_opt.problem import time_limit_detail
 
@@ -387,6 +489,42 @@ def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None
                  ["workflow", "throughput", "mean_latency_s"])
     print()
     print("\n".join(plan_summary(res, str(args.out))))
+
+
+def _cmd_bench_loop(args: argparse.Namespace) -> int:
+    from scepsy import api
+    from scepsy_common.errors import InputError
+    from scepsy_place.launch import bench_loop as bl
+
+    try:
+        options = bl.LoopOptions(
+            requests=args.requests, rate=args.rate, load=args.load, workflow=str(args.workflow),
+            cluster=str(args.cluster), catalog=str(args.catalog),
+            curves=None if args.curves is None else str(args.curves),
+            profile_budget_s=args.profile_budget,
+            tps=tuple(_ints(args.tp, "--tp")), shares=tuple(_floats(args.shares, "--shares")),
+            engine_python=args.engine_python, max_model_len=args.max_model_len,
+            call_timeout_s=args.timeout_s, seed=args.seed, out=str(args.out), keep=args.keep)
+        with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
+            result = api.bench_loop(options, say=_say)
+    except InputError as exc:
+        if exc.source == bl.SOURCE and exc.field in bl.FLAGS:
+            got = f" (got {exc.got!r})" if exc.got is not None else ""
+            raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None
+        raise
+    except KeyboardInterrupt:
+        print(f"scepsy: interrupted; every server was stopped (results in {args.out})",
+              file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=_json_float))
+    else:
+        print("\n".join(bl.report_lines(result)))
+    return 0 if result.clean else 1
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
@@ -513,7 +651,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     with _naming(_EVAL_FLAGS):
         pred = api.predict(args.workflow, args.allocation, args.rate, form=args.form,
                            trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                           curves=args.curves)
+                           curves=args.curves, catalog=args.catalog)
     doc = prediction_to_dict(pred, args.form)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
@@ -535,7 +673,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         res = api.simulate(args.workflow, args.allocation, args.rate, requests=args.requests,
                            routing=args.routing, trace=args.trace,
                            trace_requests=args.trace_requests, seed=args.seed,
-                           curves=args.curves, progress=args.progress)
+                           curves=args.curves, progress=args.progress, catalog=args.catalog)
     doc = simulation_to_dict(res)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))

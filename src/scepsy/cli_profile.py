@@ -264,8 +264,6 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
 
 def _step_curves(path: Path) -> object:
     """Curves fitted to the ok points of a profile store."""
-    from scepsy_profile.fitted import fit_latency_model
-    from scepsy_profile.profiling.store import checked_store, store_measurements
+    from scepsy_profile.profiling.store import fit_store
 
-    rows, _ = store_measurements(checked_store(path))
-    return fit_latency_model(rows, source=str(path))
+    return fit_store(path)

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import parse_json
 from scepsy_profile.catalog import Catalog, default_catalog
+from scepsy_profile.fitted import FittedLatencyModel, fit_latency_model
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.measurements import MAX_BATCH, MAX_TOKENS, Measurement, Phase
 from scepsy_profile.models import ModelSpec
@@ -420,3 +421,12 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fit_store(path: str | os.PathLike[str], *, seed: int = 0,
+              n_jobs: int = 1) -> FittedLatencyModel:
+    """The latency curves of every curve of a store's ``ok`` records
+    (:func:`~scepsy_profile.fitted.fit_latency_model` on :func:`store_measurements` of the
+    :func:`checked_store`): what ``scepsy profile fit --measurements STORE`` fits."""
+    rows, _ = store_measurements(checked_store(path))
+    return fit_latency_model(rows, seed=seed, n_jobs=n_jobs, source=str(path))
