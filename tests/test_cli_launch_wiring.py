@@ -153,6 +153,7 @@ def test_plan_launch_several_targets(capsys: pytest.CaptureFixture[str], tmp_pat
     out = tmp_path / "plan.json"
     code, text, err = run(capsys, *CPU_PLAN, "--out", str(out), "--launch", "shell,k8s,ray")
     assert code == 0, err
+    assert text.count("rendered ") == 3
     plan = load_plan(out)
     for target in ("shell", "k8s", "ray"):
         folder = tmp_path / f"launch-{target}"
