@@ -317,6 +317,16 @@ def test_profile_stage_without_an_engine_names_the_option(tmp_path: Path) -> Non
     assert err.value.field == "engine_python" and prof.opened == []
 
 
+def test_a_bad_cluster_file_is_named_before_any_profiling(tmp_path: Path) -> None:
+    prof = _fake_profiler()
+    bad = tmp_path / "cluster.yaml"
+    bad.write_text("name: x\nracks: [{name: r, nodes: [{name: h, gpu: nope, gpus: 2}]}]\n")
+    opts = _options(tmp_path, None, curves=None, profile_backend="loop-fake", cluster=str(bad))
+    with pytest.raises(InputError, match="nope"):
+        api.bench_loop(opts)
+    assert prof.opened == [] and not (tmp_path / "loop" / "profile").exists()
+
+
 def test_profile_stage_refuses_a_tp_it_cannot_measure(tmp_path: Path) -> None:
     _fake_profiler(unsupported_tps={2: "TP 2 needs 2 cores"})
     opts = _options(tmp_path, None, curves=None, profile_backend="loop-fake")

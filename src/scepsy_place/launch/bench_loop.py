@@ -67,6 +67,7 @@ from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.planfile import load_plan
 from scepsy_place.launch.renderers import get_renderer, write_rendered
 from scepsy_place.launch.routes import load_routes
+from scepsy_place.topology import load_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.fitted import FittedLatencyModel, save_curves
 from scepsy_profile.profiling import planner
@@ -881,6 +882,7 @@ def run_loop(options: LoopOptions, planning: Planning,
     with planning.using_catalog(options.catalog) as catalog, _terminate_as_interrupt():
         try:
             specs = load_specs(options.workflow)
+            load_topology(options.cluster, catalog)  # a bad cluster file: before any profiling
             t0 = time.monotonic()
             if options.curves is None:
                 used = profile_here(options, loop_models(specs, catalog), out / "profile",
