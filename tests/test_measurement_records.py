@@ -1,0 +1,46 @@
+"""The real-engine measurement records (datasets/measurements/) hold together: every request
+accounted for, the measured trace readable and as large as the completed requests, the curves
+covering every instance of the allocation, and the catalog and workflow files they name present
+(benchmarks/fidelity.py recomputes the prediction from them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scepsy.api import using_catalog
+from scepsy_opt.traces import read_trace
+from scepsy_opt.workload import load_specs, models_of
+from scepsy_profile.fitted import load_curves
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = sorted(p.parent for p in (REPO / "datasets" / "measurements").glob("*/results.json"))
+
+
+def test_there_is_a_record() -> None:
+    assert RECORDS, "datasets/measurements holds no record"
+
+
+@pytest.mark.parametrize("folder", RECORDS, ids=[p.name for p in RECORDS])
+def test_record_holds_together(folder: Path) -> None:
+    res = json.loads((folder / "results.json").read_text())
+    drive = res["drive"]
+    assert drive["completed"] + drive["failed"] == drive["sent"]
+    assert drive["sent"] + drive["not_sent"] == drive["planned"]
+    assert res["clean"] is True
+    trace = read_trace(folder / "measured-trace.jsonl")
+    requests = {(c.workflow, c.request_id) for c in trace.calls}
+    assert len(requests) == drive["completed"]
+    per_llm = {}
+    for c in trace.calls:
+        if c.llm is not None:
+            per_llm[c.llm] = per_llm.get(c.llm, 0) + 1
+    assert per_llm == {m: v["ok"] for m, v in drive["llms"].items()}
+    with using_catalog(REPO / res["options"]["catalog"]):
+        models = models_of(load_specs(REPO / res["options"]["workflow"]))
+        curves = load_curves(folder / "curves.json")
+        for llm, inst in res["allocation"].items():
+            assert curves.covers(models[llm], inst["gpu"], inst["tp"]), llm
+    assert (REPO / res["options"]["workflow"]).is_file()
