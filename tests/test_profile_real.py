@@ -69,11 +69,16 @@ def test_fitted_curve_keeps_every_clear_order_the_engine_shows(
         phase: Phase) -> None:
     """Where the engine is monotone (a larger batch or context measured clearly slower), the
     fitted curve is ordered the same way; pairs more than 2x apart keep their order whatever
-    the cells."""
+    the cells, unless the slower cell has no more work than the faster one (a monotone curve
+    cannot, and should not, follow a measurement that says less work takes longer)."""
     cells = [(b, n) for b in BATCHES for n in TOKENS]
     checked, wrong = 0, []
     for p, q in itertools.permutations(cells, 2):
         lo, hi = lattice[(phase, *p)], lattice[(phase, *q)]
+        if q[0] <= p[0] and q[1] <= p[1]:
+            # q has no more work than p: measured slower, it is noise (or a non-monotone
+            # engine), which a monotone curve does not follow by design (the test below)
+            continue
         dominated = q[0] >= p[0] and q[1] >= p[1]
         if not ((hi > CLEARLY * lo and dominated) or hi > 2 * lo):
             continue
