@@ -70,17 +70,21 @@ MAX_GPUS_PER_NODE = 4096
 """The most GPUs one node may have."""
 
 
-class _PoolModel(BaseModel):
+class PoolRecord(BaseModel):
+    """A pool of a cluster file: ``nodes`` nodes of ``gpus_per_node`` GPUs of type ``gpu``."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     gpu: str = Field(min_length=1)
     nodes: int = Field(ge=1, le=MAX_NODES)
     gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
 
 
-class _ClusterModel(BaseModel):
+class ClusterRecord(BaseModel):
+    """A cluster file in the pools format; also plan.json's ``cluster``."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Name
-    pools: list[_PoolModel] = Field(min_length=1)
+    pools: list[PoolRecord] = Field(min_length=1)
 
 
 def check_node_count(counts: Iterable[int], source: str, field: str) -> None:
@@ -95,7 +99,7 @@ def check_node_count(counts: Iterable[int], source: str, field: str) -> None:
 def parse_cluster(data: Any, source: str, catalog: Catalog | None = None) -> Cluster:
     """Validate a parsed cluster document; errors name ``source`` and the field."""
     cat = catalog or default_catalog()
-    m = validated(_ClusterModel, data, source)
+    m = validated(ClusterRecord, data, source)
     check_node_count((p.nodes for p in m.pools), source, "pools")
     pools = []
     for i, p in enumerate(m.pools):

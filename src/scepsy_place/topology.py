@@ -255,37 +255,45 @@ def from_cluster(cluster: Cluster, catalog: Catalog | None = None) -> Topology:
 # --------------------------------------------------------------------------- file format
 
 
-class _InUse(BaseModel):
+class InUseRecord(BaseModel):
+    """A GPU of a node already in use (racks format, docs/placement.md)."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     gpu: int = Field(ge=0)
     share: float = Field(gt=0, le=1)
     memory_gib: float | None = Field(default=None, ge=0)
 
 
-class _NodeRec(BaseModel):
+class NodeRecord(BaseModel):
+    """A node (or ``count`` alike) of a rack, racks format."""
+
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     name: Name
     gpu: str = Field(min_length=1)
     gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     nvlink_domain: int | None = Field(default=None, ge=1)
     count: int | None = Field(default=None, ge=1, le=MAX_NODES)
-    in_use: list[_InUse] = Field(default_factory=list)
+    in_use: list[InUseRecord] = Field(default_factory=list)
 
 
-class _RackRec(BaseModel):
+class RackRecord(BaseModel):
+    """A rack of nodes, racks format."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Name
-    nodes: list[_NodeRec] = Field(min_length=1)
+    nodes: list[NodeRecord] = Field(min_length=1)
 
 
-class _TopologyRec(BaseModel):
+class TopologyRecord(BaseModel):
+    """A topology file in the racks format (docs/placement.md); also plan.json's ``topology``."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
     name: Name
-    racks: list[_RackRec] = Field(min_length=1)
+    racks: list[RackRecord] = Field(min_length=1)
 
 
 def _allowed(loc: tuple[Any, ...]) -> list[str]:
-    models = {0: _TopologyRec, 2: _RackRec, 4: _NodeRec, 6: _InUse}
+    models = {0: TopologyRecord, 2: RackRecord, 4: NodeRecord, 6: InUseRecord}
     m = models.get(len(loc) - 1)
     return list(m.model_fields) if m else []
 
@@ -299,7 +307,7 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
         return from_cluster(cluster, cat)
     if isinstance(data, dict) and "racks" not in data and "name" in data:
         raise InputError(source, "racks", "a list of racks (or the optimiser's `pools:`)")
-    rec = validated(_TopologyRec, data, source, allowed=_allowed)
+    rec = validated(TopologyRecord, data, source, allowed=_allowed)
     check_node_count((1 if n.count is None else n.count for r in rec.racks for n in r.nodes),
                      source, "racks")
     nodes: list[Node] = []

@@ -28,13 +28,13 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import atomic_write_text, read_json
-from scepsy_opt.cluster import MAX_GPUS_PER_NODE, parse_cluster
+from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
 from scepsy_opt.planfile import PLAN_VERSION
 from scepsy_opt.plans import Status
 from scepsy_opt.problem import Objective
@@ -47,7 +47,7 @@ from scepsy_place.launch.model import (
     assign_ports,
 )
 from scepsy_place.loop import LoopStatus
-from scepsy_place.topology import Topology, from_cluster, parse_topology
+from scepsy_place.topology import Topology, TopologyRecord, from_cluster, parse_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.hardware import GPUSpec
 
@@ -68,55 +68,6 @@ OPEN = ConfigDict(extra="allow", strict=True)
 
 
 # ------------------------------------------------------------------------------- sections
-
-
-class PoolSection(BaseModel):
-    """One pool of the optimiser's cluster: ``nodes`` nodes of ``gpus_per_node`` GPUs."""
-
-    model_config = FINITE
-    gpu: Name
-    nodes: int = Field(ge=1)
-    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
-
-
-class ClusterSection(BaseModel):
-    """The cluster as the optimiser budgeted it (pools; nodes named ``<gpu>-<j>``)."""
-
-    model_config = FINITE
-    name: Name
-    pools: list[PoolSection] = Field(min_length=1)
-
-
-class InUseSection(BaseModel):
-    model_config = FINITE
-    gpu: int = Field(ge=0)
-    share: float = Field(gt=0, le=1)
-    memory_gib: float | None = Field(default=None, ge=0)
-
-
-class NodeSection(BaseModel):
-    model_config = FINITE
-    name: Name
-    gpu: Name
-    gpus: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
-    nvlink_domain: int | None = Field(default=None, ge=1)
-    count: int | None = Field(default=None, ge=1)
-    in_use: list[InUseSection] = Field(default_factory=list)
-
-
-class RackSection(BaseModel):
-    model_config = FINITE
-    name: Name
-    nodes: list[NodeSection] = Field(min_length=1)
-
-
-class TopologySection(BaseModel):
-    """The cluster placed on, in the racks format of docs/placement.md: written when its nodes
-    are not those the pools name (node names, NVLink domains, GPUs already in use)."""
-
-    model_config = FINITE
-    name: Name
-    racks: list[RackSection] = Field(min_length=1)
 
 
 class DeviceSection(BaseModel):
@@ -278,8 +229,8 @@ class PlanDoc(BaseModel):
     objective: Objective
     targets: dict[Name, float]
     scale: float = Field(ge=0)
-    cluster: ClusterSection
-    topology: TopologySection | None = None
+    cluster: ClusterRecord
+    topology: TopologyRecord | None = None
     devices: dict[Name, DeviceSection] = Field(min_length=1)
     launch: LaunchSection
     solver: SolverSection
@@ -291,36 +242,25 @@ class PlanDoc(BaseModel):
     timings: TimingsSection | None = None
 
 
-_SECTIONS: Mapping[str, type[BaseModel]] = {
-    "cluster": ClusterSection, "topology": TopologySection, "launch": LaunchSection,
-    "solver": SolverSection, "allocation": AllocationSection, "infeasible": InfeasibleSection,
-    "placement": PlacementSection, "timings": TimingsSection}
-
-
 def _allowed(loc: tuple[Any, ...]) -> list[str]:
     """The fields allowed where an unknown field was found (for the error message)."""
     model: type[BaseModel] | None = PlanDoc
     for part in loc[:-1]:
-        if model is None:
-            return []
-        field = model.model_fields.get(str(part)) if isinstance(part, str) else None
-        if field is None:
-            continue  # a list index or a mapping key: same model below
-        model = _model_of(str(part), model)
+        field = model.model_fields.get(part) if model is not None and isinstance(part, str) \
+            else None
+        if field is not None:  # else a list index or a mapping key: the same model below
+            model = _model_in(field.annotation)
     return list(model.model_fields) if model is not None else []
 
 
-def _model_of(name: str, parent: type[BaseModel]) -> type[BaseModel] | None:
-    """The model of field ``name`` of ``parent`` (of its values, for a mapping or a list)."""
-    nested = {(LaunchSection, "models"): ModelLaunchSection, (PlanDoc, "devices"): DeviceSection,
-              (PlanDoc, "workflows"): WorkflowSection, (PlanDoc, "llms"): LLMSection,
-              (AllocationSection, "llms"): InstanceAllocation, (ClusterSection, "pools"):
-              PoolSection, (TopologySection, "racks"): RackSection, (RackSection, "nodes"):
-              NodeSection, (NodeSection, "in_use"): InUseSection, (PlacementSection,
-              "instances"): InstanceSection, (PlacementSection, "compared"): OutcomeSection}
-    if (parent, name) in nested:
-        return nested[(parent, name)]
-    return _SECTIONS.get(name) if parent is PlanDoc else None
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model a field's annotation holds (itself, or inside ``list``, ``dict``, ``| None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
 
 
 # --------------------------------------------------------------------------------- schema
