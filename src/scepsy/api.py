@@ -85,8 +85,9 @@ class PlanResult:
         """The plan.json document (docs/optimiser.md); ``timings=False`` leaves out wall-clock
         seconds, so that the same inputs give the same bytes."""
         from scepsy_place.loop import plan_document
+        from scepsy_profile.catalog import catalog_in_force
 
-        with using_catalog(self.problem.catalog):
+        with catalog_in_force(self.problem.catalog):
             return plan_document(self.problem, self.placed, policy=self.placer, timings=timings,
                                  topology=self.topology)
 
@@ -358,17 +359,16 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates,
     """
     from scepsy_place.loop import FORMULATIONS, plan_and_place
     from scepsy_place.placement import PLACERS
+    from scepsy_profile.catalog import catalog_in_force
 
     if formulation not in FORMULATIONS:
         raise InputError("formulation", "", f"one of {', '.join(FORMULATIONS)}", formulation)
     if placer not in PLACERS:
         raise InputError("placer", "", f"one of {', '.join(PLACERS)}", placer)
     _count(max_rounds, "max_rounds", 1)
-    with using_catalog(catalog) as cat:
-        problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
-                                         progress=progress,
-                                         catalog=cat if catalog is not None else None,
-                                         **options)
+    problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
+                                     progress=progress, catalog=catalog, **options)
+    with catalog_in_force(problem.catalog):  # already merged with the bundled one
         if progress is not None:
             progress(f"optimising and placing ({formulation} formulation)")
         placer_options = {"spread_replicas": True} if spread_replicas else {}
