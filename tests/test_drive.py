@@ -33,12 +33,11 @@ from scepsy_place.launch.drive import (
     drive,
     drive_async,
     plan_drive,
-    poisson_arrivals,
     summarize_latency,
     write_drive_trace,
 )
 from scepsy_place.launch.routes import Endpoint, Routes
-from scepsy_profile.profiling.replay import ReplayTimeouts
+from scepsy_profile.profiling.replay import ReplayTimeouts, poisson_arrivals
 
 FAST = ReplayTimeouts(connect_s=1.0, stall_s=0.3, call_s=3.0)
 RERANK_K = 6

@@ -19,9 +19,8 @@ HELP = "run workflow requests against the servers of a routing table (routes.jso
 EXIT_FAILURES = 1
 """Exit status of a drive where some request failed or was never sent."""
 
-_FLAGS = {"workflows": "--workflow", "rate": "--rate", "requests": "--requests",
-          "seed": "--seed", "max_in_flight": "--max-in-flight", "deadline_s": "--deadline",
-          "vocab": "--vocab"}
+_FLAGS = {"rate": "--rate", "requests": "--requests", "seed": "--seed",
+          "max_in_flight": "--max-in-flight", "deadline_s": "--deadline", "vocab": "--vocab"}
 """Fields of the driver's argument errors (source ``drive``) and the options that set them."""
 
 

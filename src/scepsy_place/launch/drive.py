@@ -39,10 +39,11 @@ import asyncio
 import math
 import time
 import zlib
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import numpy as np
@@ -52,23 +53,24 @@ from scipy import stats as _scipy_stats
 from scepsy_common.errors import InputError
 from scepsy_opt.traces import CallRecord, Trace, validate_calls, write_trace
 from scepsy_opt.workflows import MAX_REQUESTS, WorkflowSpec, generate_trace
+from scepsy_opt.workload import as_specs
 from scepsy_place.launch.routes import Endpoint, Routes
 from scepsy_profile.profiling.replay import (
     FAILURE_KINDS,
     CallResult,
     CallSpec,
     ReplayTimeouts,
+    async_client,
+    poisson_arrivals,
     replay_call,
 )
 
 __all__ = [
     "DRIVE_FAILURE_KINDS", "DrivePlan", "DriveResult", "LLMResult", "LatencySummary",
     "PlannedRequest", "RequestOutcome", "WorkflowResult", "choose_endpoints", "drive",
-    "drive_async", "plan_drive", "poisson_arrivals", "summarize_latency", "write_drive_trace",
+    "drive_async", "plan_drive", "summarize_latency", "write_drive_trace",
 ]
 
-DriveFailureKind = Literal["timeout", "http_5xx", "http_4xx", "malformed", "connection",
-                           "short_stream", "deadline", "error"]
 DRIVE_FAILURE_KINDS: tuple[str, ...] = (*FAILURE_KINDS, "deadline", "error")
 """Why a request failed: the kind of its first failed call
 (:data:`~scepsy_profile.profiling.replay.FAILURE_KINDS`), ``deadline`` (the run's deadline
@@ -119,14 +121,6 @@ class DrivePlan:
     """Prompt token ids are drawn from ``[FIRST_TOKEN, vocab)``."""
 
 
-def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> NDArray[np.float64]:
-    """``n`` arrival times of a Poisson process of ``rate`` per second, the first at 0
-    (exponential gaps of mean ``1 / rate``)."""
-    gaps = rng.exponential(1.0 / rate, n)
-    gaps[0] = 0.0
-    return np.cumsum(gaps)
-
-
 def choose_endpoints(endpoints: Sequence[Endpoint], n: int,
                      rng: np.random.Generator) -> NDArray[np.int64]:
     """``n`` endpoint indices drawn in proportion to the endpoints' weights."""
@@ -172,11 +166,8 @@ def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float
     route (an :class:`InputError` before anything is sent). Prompt token ids are drawn from
     ``[3, vocab)``: lower ``vocab`` for a test model with a smaller vocabulary.
     """
-    specs = tuple(workflows)
-    _check(len(specs) >= 1 and all(isinstance(s, WorkflowSpec) for s in specs), "workflows",
-           "one or more workflow specs", type(workflows).__name__)
+    specs = as_specs(workflows)  # one or more specs with unique names
     names = [s.name for s in specs]
-    _check(len(set(names)) == len(names), "workflows", "workflows with unique names", names)
     _check(_is_number(rate) and rate > 0, "rate", "a number of requests/s > 0", rate)
     _check(_is_int(requests) and 1 <= requests <= MAX_REQUESTS, "requests",
            f"an integer in [1, {MAX_REQUESTS}]", requests)
@@ -275,8 +266,7 @@ class LatencySummary:
     p99_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "mean_s": self.mean_s, "std_s": self.std_s, "ci95_s": self.ci95_s,
-                "p50_s": self.p50_s, "p90_s": self.p90_s, "p99_s": self.p99_s}
+        return asdict(self)
 
 
 def summarize_latency(values: Sequence[float] | NDArray[np.float64]) -> LatencySummary:
@@ -503,7 +493,8 @@ class _Run:
                         first = d
             self.finish(req, admitted, started, done, first, None)
         except asyncio.CancelledError:
-            self.finish(req, admitted, started, done, None, "deadline")
+            self.finish(req, admitted, started, done, None, "deadline",
+                        "the run's deadline came while the request ran")
             raise
         except Exception as exc:  # a driver bug fails the request, never the run
             self.finish(req, admitted, started, done, None, "error",
@@ -523,8 +514,6 @@ class _Run:
         failed = sum(1 for d in done if d is not None and not d.ok)
         sent = sum(1 for s in started if s is not None)
         failure, detail = (first.failure, first.detail) if first is not None else (stop, why)
-        if stop == "deadline":
-            detail = "the run's deadline came while the request ran"
         self.done[req.index] = list(done)
         self.outcomes[req.index] = RequestOutcome(
             req.index, req.workflow, req.request_id, req.arrival_s, admitted, self.now(),
@@ -563,10 +552,7 @@ class _Run:
 
 
 def _counts(kinds: Sequence[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for k in kinds:
-        out[k] = out.get(k, 0) + 1
-    return dict(sorted(out.items()))
+    return dict(sorted(Counter(kinds).items()))
 
 
 def _window(outcomes: Sequence[RequestOutcome]) -> tuple[float, float]:
@@ -666,12 +652,8 @@ async def drive_async(workflows: Sequence[WorkflowSpec] | DrivePlan, routes: Rou
     _check(deadline_s is None or (_is_number(deadline_s) and deadline_s > 0), "deadline_s",
            "a number of seconds > 0", deadline_s)
     timeouts = timeouts or ReplayTimeouts()
-    pool = max_in_flight * plan.max_fan_out
-    limits = httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
-    timeout = httpx.Timeout(connect=timeouts.connect_s, read=timeouts.stall_s,
-                            write=timeouts.stall_s, pool=timeouts.call_s)
     deadline_hit = False
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with async_client(timeouts, max_in_flight * plan.max_fan_out) as client:
         run = _Run(plan, client, timeouts, max_in_flight)
         try:
             async with asyncio.timeout(deadline_s):

@@ -135,6 +135,24 @@ class CallSpec:
         return len(self.prompt)
 
 
+def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> NDArray[np.float64]:
+    """``n`` arrival times of a Poisson process of ``rate`` per second, the first at 0
+    (exponential gaps of mean ``1 / rate``)."""
+    gaps = rng.exponential(1.0 / rate, n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def async_client(timeouts: ReplayTimeouts, max_connections: int) -> httpx.AsyncClient:
+    """The HTTP client of a replay or a drive: ``max_connections`` pooled connections and the
+    ``timeouts`` (connect; stall for reads and writes; the whole call for a pool slot)."""
+    limits = httpx.Limits(max_connections=max_connections,
+                          max_keepalive_connections=max_connections)
+    timeout = httpx.Timeout(connect=timeouts.connect_s, read=timeouts.stall_s,
+                            write=timeouts.stall_s, pool=timeouts.call_s)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
 def poisson_schedule(rate: float, inputs: LengthDist, outputs: LengthDist, *, seed: int,
                      n_calls: int | None = None, duration_s: float | None = None,
                      vocab: int = 1000, first_token: int = 3) -> tuple[CallSpec, ...]:
@@ -154,8 +172,7 @@ def poisson_schedule(rate: float, inputs: LengthDist, outputs: LengthDist, *, se
         raise InputError("replay", "vocab", f"an integer > first_token ({first_token})", vocab)
     rng = np.random.default_rng(seed)
     cap = n_calls if n_calls is not None else max(16, math.ceil(rate * duration_s * 2 + 50))
-    offsets = np.cumsum(rng.exponential(1.0 / rate, cap))
-    offsets -= offsets[0]  # the first call goes at once
+    offsets = poisson_arrivals(rate, cap, rng)
     if duration_s is not None:
         offsets = offsets[offsets < duration_s]
     n = len(offsets)
@@ -343,12 +360,8 @@ async def replay(base_url: str, calls: Sequence[CallSpec], *, model: str,
     """Send ``calls`` to ``base_url``'s ``/v1/completions``, each at its offset from now (an
     open loop: a slow server does not slow the arrivals), and wait for all of them."""
     url = base_url.rstrip("/") + "/v1/completions"
-    limits = httpx.Limits(max_connections=max_connections,
-                          max_keepalive_connections=max_connections)
-    timeout = httpx.Timeout(connect=timeouts.connect_s, read=timeouts.stall_s,
-                            write=timeouts.stall_s, pool=timeouts.call_s)
     started_at = time.time()
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with async_client(timeouts, max_connections) as client:
         t0 = time.perf_counter()
 
         async def one(call: CallSpec) -> CallResult:
