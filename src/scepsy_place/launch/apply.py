@@ -100,6 +100,10 @@ def default_run_dir(folder: Path, environ: Mapping[str, str] | None = None) -> P
     return Path(env[RUN_DIR_ENV]) if env.get(RUN_DIR_ENV) else folder / "run"
 
 
+def _run_dir(root: Path, run_dir: str | os.PathLike[str] | None) -> Path:
+    return Path(run_dir) if run_dir is not None else default_run_dir(root)
+
+
 def _choose_node(replicas: tuple[ShellReplica, ...], node: str | None, root: Path) -> str:
     nodes = sorted({r.node for r in replicas})
     if node is None:
@@ -120,9 +124,10 @@ def _tail(text: str, lines: int = OUTPUT_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _read_pid(path: Path) -> int | None:
+def _read_pid(runs: Path, name: str) -> int | None:
+    """The process (group) id in server ``name``'s pid file, or None."""
     try:
-        text = path.read_text().strip()
+        text = (runs / "pids" / f"{name}.pid").read_text().strip()
     except OSError:
         return None
     return int(text) if text.isdigit() else None
@@ -138,7 +143,7 @@ def apply(folder: str | os.PathLike[str], node: str | None = None,
     (Ctrl-C) start.sh is told to stop and the interrupt goes on."""
     root, replicas = shell_folder(folder)
     chosen = _choose_node(replicas, node, root)
-    runs = Path(run_dir) if run_dir is not None else default_run_dir(root)
+    runs = _run_dir(root, run_dir)
     extra = {}
     if timeout_s is not None:
         if not (math.isfinite(timeout_s) and timeout_s > 0):
@@ -173,7 +178,7 @@ def apply(folder: str | os.PathLike[str], node: str | None = None,
     for r in replicas:
         if r.node != chosen:
             continue
-        pid = _read_pid(runs / "pids" / f"{r.name}.pid")
+        pid = _read_pid(runs, r.name)
         if pid is None:
             raise LaunchError(f"{script} succeeded but left no pid file for {r.name} "
                               f"in {runs / 'pids'}")
@@ -200,9 +205,9 @@ def running_servers(folder: str | os.PathLike[str], *,
         root, replicas = shell_folder(folder)
     except InputError:
         return ()
-    runs = Path(run_dir) if run_dir is not None else default_run_dir(root)
+    runs = _run_dir(root, run_dir)
     return tuple(r.name for r in replicas
-                 if (pid := _read_pid(runs / "pids" / f"{r.name}.pid")) is not None
+                 if (pid := _read_pid(runs, r.name)) is not None
                  and _live(pid))
 
 
@@ -215,11 +220,11 @@ def stop(folder: str | os.PathLike[str], grace_s: float = STOP_GRACE_S, *,
     root, replicas = shell_folder(folder)
     nodes = sorted({r.node for r in replicas}) if node is None else [
         _choose_node(replicas, node, root)]
-    runs = Path(run_dir) if run_dir is not None else default_run_dir(root)
+    runs = _run_dir(root, run_dir)
     if not (math.isfinite(grace_s) and grace_s >= 0):
         raise InputError("stop", "--grace-s", "a number of seconds >= 0", grace_s)
     mine = [r for r in replicas if r.node in nodes]
-    pids = {r.name: _read_pid(runs / "pids" / f"{r.name}.pid") for r in mine}
+    pids = {r.name: _read_pid(runs, r.name) for r in mine}
     running = [n for n, p in pids.items() if p is not None and _live(p)]
     outputs = []
     if runs.is_dir():

@@ -39,7 +39,6 @@ written by ``yaml.safe_dump``: user values are plain strings, never template tex
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 import re
@@ -52,14 +51,15 @@ import yaml
 from scepsy_common.errors import InputError
 from scepsy_place.launch.model import Assignment, LaunchPlan, ReplicaLaunch
 from scepsy_place.launch.renderers import register_renderer
-from scepsy_place.launch.routes import service_routes
+from scepsy_place.launch.routes import ROUTES_FILE, service_routes
 from scepsy_place.launch.shell import (
-    check_env_name,
     cpu_kv_cache_gib,
+    last_option,
     mps_memory_limit,
-    mps_percentage,
+    plan_env,
     replica_command,
 )
+from scepsy_profile.profiling.engine_env import mps_percentage
 
 POD_PORT = 8000
 """The port every server listens on inside its pod (and each Service's port)."""
@@ -83,7 +83,6 @@ DEPLOYMENTS = "deployments.yaml"
 CLAIMS = "resourceclaims.yaml"
 SERVICES = "services.yaml"
 WARNINGS = "warnings.txt"
-ROUTES = "routes.json"
 
 FALLBACK_WARNING = (
     "WARNING: device-plugin fallback. Kubernetes counts GPUs here (nvidia.com/gpu: TP) and\n"
@@ -133,17 +132,13 @@ def server_argv(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
 
 def server_env(plan: LaunchPlan, r: ReplicaLaunch, mps: bool) -> dict[str, str]:
     """The replica's environment by the shell target's rules: the engine's, then the model's
-    (checked names), then on a CPU the KV-cache size, on a GPU with ``mps`` (a share below 1 or
+    (:func:`~scepsy_place.launch.shell.plan_env`), then on a CPU the KV-cache size, on a GPU with ``mps`` (a share below 1 or
     a shared GPU) the MPS client limits. No ``CUDA_VISIBLE_DEVICES``: the claims or the device
     plugin choose the devices a container sees."""
-    model = plan.models[r.llm]
-    env: dict[str, str] = {}
-    for where, src in (("engine.env", plan.engine.env), (f"models.{r.llm}.env", model.env)):
-        for k, v in src.items():
-            env[check_env_name(k, where)] = v
+    env = plan_env(plan, r.llm)
     if plan.device_of(r.node).kind == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib(r.memory_gib, r.tp,
-                                                             model.weights_gib))
+                                                             plan.models[r.llm].weights_gib))
     elif mps:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_percentage(r.share))
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = mps_memory_limit(r.memory_gib, r.tp)
@@ -320,10 +315,10 @@ def _ann(doc: Mapping[str, Any], key: str, path: str) -> str:
 
 def _flag(args: list[str], flag: str, path: str) -> str:
     """The value of the last ``flag`` in ``args`` (the one the server keeps)."""
-    values = [b for a, b in itertools.pairwise(args) if a == flag]
-    if not values:
+    value = last_option(args, flag)
+    if value is None:
         raise InputError(path, "args", f"{flag} VALUE")
-    return values[-1]
+    return value
 
 
 @dataclass(frozen=True)
@@ -356,7 +351,7 @@ class K8sRenderer:
                 _deployment(plan, r, True, self.image, self.cpu_image, gpus)
                 for r in plan.replicas),
             f"{MANIFESTS}/{SERVICES}": services,
-            ROUTES: service_routes(plan, lambda m: f"http://{k8s_name(m, 'llm-')}:{POD_PORT}/v1"
+            ROUTES_FILE: service_routes(plan, lambda m: f"http://{k8s_name(m, 'llm-')}:{POD_PORT}/v1"
                                    ).dumps(),
         }
         if gpus:

@@ -37,11 +37,10 @@ from scepsy_common.errors import InputError
 from scepsy_place.launch.k8s import SAFE_LOADER, server_env
 from scepsy_place.launch.model import Assignment, LaunchPlan
 from scepsy_place.launch.renderers import register_renderer
-from scepsy_place.launch.routes import service_routes
+from scepsy_place.launch.routes import ROUTES_FILE, service_routes
 from scepsy_place.launch.shell import gpu_memory_utilization
 
 SERVE_FILE = "serve.yaml"
-ROUTES_FILE = "routes.json"
 IMPORT_PATH = "ray.serve.llm:build_openai_app"
 STRATEGY = "STRICT_PACK"
 

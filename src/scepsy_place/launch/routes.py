@@ -32,6 +32,8 @@ from scepsy_common.files import read_json
 from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
 
 ROUTES_VERSION = 1
+ROUTES_FILE = "routes.json"
+"""The routing table's name in every rendered folder."""
 WEIGHT_TOL = 1e-6
 
 

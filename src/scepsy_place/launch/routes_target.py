@@ -10,29 +10,23 @@ node's *address*, which need not name the node, so the node is not read back fro
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from scepsy_common.errors import InputError
+from scepsy_common.files import parse_json
 from scepsy_place.launch.model import Assignment, LaunchPlan
 from scepsy_place.launch.renderers import register_renderer
-from scepsy_place.launch.routes import parse_routes, plan_routes
-
-ROUTES_FILE = "routes.json"
+from scepsy_place.launch.routes import ROUTES_FILE, parse_routes, plan_routes
 
 
-def routes_assignments(files: Mapping[str, str], source: str = ROUTES_FILE
-                       ) -> frozenset[Assignment]:
+def routes_assignments(files: Mapping[str, str]) -> frozenset[Assignment]:
     """The (LLM, replica) pairs ``routes.json`` routes to, as assignments whose other fields
     are unknown (tp 0, share 0.0, node and gpus None)."""
-    if ROUTES_FILE not in files:
+    source = ROUTES_FILE
+    if source not in files:
         raise InputError(source, ROUTES_FILE, "a rendered folder holding routes.json")
-    try:
-        raw = json.loads(files[ROUTES_FILE])
-    except json.JSONDecodeError as exc:
-        raise InputError(source, ROUTES_FILE, "JSON", str(exc)) from None
-    routes = parse_routes(raw, source)
+    routes = parse_routes(parse_json(files[source], source), source)
     out = set()
     for llms in routes.workflows.values():
         for llm, eps in llms.items():

@@ -49,8 +49,8 @@ from types import MappingProxyType
 from scepsy_common.errors import InputError
 from scepsy_place.launch.model import Assignment, LaunchPlan, ReplicaLaunch
 from scepsy_place.launch.renderers import register_renderer
-from scepsy_place.launch.routes import plan_routes
-from scepsy_profile.profiling.engine_env import cpu_binding
+from scepsy_place.launch.routes import ROUTES_FILE, plan_routes
+from scepsy_profile.profiling.engine_env import cpu_binding, mps_percentage
 from scepsy_profile.profiling.server import IPC_PATH_ROOM
 
 NAME = "shell"
@@ -65,7 +65,7 @@ REPLICA_TAG = "# scepsy-replica: "
 KV_RESERVE_GIB = 1.0
 """GiB of a CPU replica's memory left out of its KV cache (activations, the runtime)."""
 HOST = "0.0.0.0"
-TOP_FILES = ("routes.json", "start-all.sh", "stop-all.sh", "run")
+TOP_FILES = (ROUTES_FILE, "start-all.sh", "stop-all.sh", "run")
 """Top-level names of a rendered folder (``run/`` appears when it is applied)."""
 SOCKET_PATH_MAX = 107
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -91,11 +91,6 @@ def gpu_memory_utilization(memory_gib: float, device_gib: float) -> float:
         raise InputError("plan", "memory_gib", f"a replica memory in (0, {device_gib:g}] GiB "
                          "(the device's)", memory_gib)
     return thousandths / 1000
-
-
-def mps_percentage(share: float) -> int:
-    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` of a share below 1: ``round(share·100)``, >= 1."""
-    return max(1, round(share * 100))
 
 
 def mps_memory_limit(memory_gib: float, tp: int) -> str:
@@ -128,6 +123,18 @@ def _check_value(value: object, field: str) -> str:
     return value
 
 
+def plan_env(plan: LaunchPlan, llm: str) -> dict[str, str]:
+    """The plan's environment for ``llm``'s servers: the engine's, then the model's (which
+    wins). Names and values are checked here as well as by the plan loader, since a
+    :class:`LaunchPlan` can also be built by hand."""
+    out: dict[str, str] = {}
+    for where, env in (("engine.env", plan.engine.env), (f"models.{llm}.env",
+                                                         plan.models[llm].env)):
+        for k, v in env.items():
+            out[check_env_name(k, where)] = _check_value(v, f"{where}.{k}")
+    return out
+
+
 # -- one replica ----------------------------------------------------------------------------------
 
 RUNTIME_VALUES = {"CUDA_MPS_PIPE_DIRECTORY": "$mps_pipe", "TMPDIR": "$engine_tmp",
@@ -148,10 +155,7 @@ def _replica_env(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[dict[str, str], fr
     """:func:`replica_env` and the names whose values start.sh fills in."""
     model = plan.models[r.llm]
     device = plan.device_of(r.node)
-    user: dict[str, str] = {}
-    for where, env in (("engine.env", plan.engine.env), (f"models.{r.llm}.env", model.env)):
-        for k, v in env.items():
-            user[check_env_name(k, where)] = _check_value(v, f"{where}.{k}")
+    user = plan_env(plan, r.llm)
     ours: dict[str, str] = {}
     if device.kind == "cuda":
         ours["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in r.gpus)
@@ -228,12 +232,12 @@ def _replica_record(plan: LaunchPlan, r: ReplicaLaunch) -> str:
     return json.dumps(rec, sort_keys=True)
 
 
-def _replica_block(plan: LaunchPlan, r: ReplicaLaunch) -> str:
+def _replica_block(plan: LaunchPlan, r: ReplicaLaunch, env: Mapping[str, str],
+                   runtime: frozenset[str], argv: tuple[str, ...]) -> str:
+    """``r``'s lines of start.sh, from its :func:`_replica_env` and :func:`replica_command`."""
     device = plan.device_of(r.node)
     unit = ("GPU" if device.kind == "cuda" else "core") + ("s" if r.tp > 1 else "")
     units = ",".join(str(g) for g in r.gpus)
-    env, runtime = _replica_env(plan, r)
-    argv = replica_command(plan, r)
     lines = [f"# {r.name}: {r.llm} replica {r.replica} on {unit} {units} (share {r.share:g}, "
              f"{r.memory_gib:g} GiB each), port {r.port}",
              REPLICA_TAG + _replica_record(plan, r),
@@ -538,10 +542,12 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
         f"${HEALTH_TIMEOUT_ENV}, default {timeout} s);",
         "on a failure or a timeout it stops what it started and exits 1. Stop with stop.sh.",
     ])
-    blocks = [_replica_block(plan, r) for r in reps]
-    words = [w for r in reps for w in (*replica_command(plan, r), *(
-        v for env, runtime in [_replica_env(plan, r)] for k, v in env.items()
-        if k not in runtime))]
+    blocks, words = [], []
+    for r in reps:
+        env, runtime = _replica_env(plan, r)
+        argv = replica_command(plan, r)
+        blocks.append(_replica_block(plan, r, env, runtime, argv))
+        words += [*argv, *(v for k, v in env.items() if k not in runtime)]
     if any("$" in w or "`" in w for w in words):
         # a value from the plan holds $ or a backtick: quoted so that it stays text
         header += "\n# shellcheck disable=SC2016"
@@ -698,7 +704,7 @@ class ShellRenderer:
             files[f"{folder}/stop.sh"] = _stop_script(plan, node)
         files["start-all.sh"] = _all_script(plan, "start")
         files["stop-all.sh"] = _all_script(plan, "stop")
-        files["routes.json"] = plan_routes(plan).dumps()
+        files[ROUTES_FILE] = plan_routes(plan).dumps()
         return files
 
     def parse(self, files: Mapping[str, str]) -> frozenset[Assignment]:
@@ -786,13 +792,13 @@ def _check_replica(rec: dict[str, object], words: list[str], start: list[str], f
         env[k] = v
         i += 1
     argv = tuple(words[i:])
-    tp = _last_option(argv, "--tensor-parallel-size")
+    tp = last_option(argv, "--tensor-parallel-size")
     if tp != str(len(gpus)):
         raise bad("--tensor-parallel-size", f"{len(gpus)} (one rank per placed device)", tp)
-    if _last_option(argv, "--port") != str(port):
-        raise bad("--port", str(port), _last_option(argv, "--port"))
-    if _last_option(argv, "--served-model-name") != llm:
-        raise bad("--served-model-name", llm, _last_option(argv, "--served-model-name"))
+    if last_option(argv, "--port") != str(port):
+        raise bad("--port", str(port), last_option(argv, "--port"))
+    if last_option(argv, "--served-model-name") != llm:
+        raise bad("--served-model-name", llm, last_option(argv, "--served-model-name"))
     if device == "cuda":
         visible = env.get("CUDA_VISIBLE_DEVICES", "")
         if visible != ",".join(str(g) for g in gpus):
@@ -812,7 +818,7 @@ def _check_replica(rec: dict[str, object], words: list[str], start: list[str], f
                         argv)
 
 
-def _last_option(argv: tuple[str, ...], option: str) -> str | None:
+def last_option(argv: Iterable[str], option: str) -> str | None:
     """The value after the last ``option`` in ``argv`` (None when absent)."""
     value = None
     for a, b in itertools.pairwise(argv):

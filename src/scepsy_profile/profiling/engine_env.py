@@ -217,8 +217,13 @@ def engine_environment(tp: int, share: float, device_kind: DeviceKind, kv_gib: f
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(
             tp, share, usable_cores() if cores is None else cores, threads)
     elif share < 1.0:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, round(share * 100)))
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_percentage(share))
     return env
+
+
+def mps_percentage(share: float) -> int:
+    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` of a share below 1: ``round(share·100)``, >= 1."""
+    return max(1, round(share * 100))
 
 
 def _check_share(share: float) -> None:
