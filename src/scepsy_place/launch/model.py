@@ -17,6 +17,8 @@ from typing import Literal
 DeviceKind = Literal["cuda", "cpu"]
 DEFAULT_BASE_PORT = 8000
 DEFAULT_COMMAND: tuple[str, ...] = ("vllm", "serve")
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""An environment variable's name as every launch target accepts it (and a shell can set)."""
 
 
 def _frozen(m: Mapping[str, object]) -> Mapping[str, object]:

@@ -39,6 +39,7 @@ from scepsy_opt.planfile import PLAN_VERSION
 from scepsy_opt.plans import Status
 from scepsy_opt.problem import Objective
 from scepsy_place.launch.model import (
+    ENV_NAME_PATTERN,
     DeviceLaunch,
     EngineLaunch,
     LaunchPlan,
@@ -60,7 +61,7 @@ MAX_PORT = 65535
 # text that reaches a command line or an environment: printable, no control characters
 Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=4096)]
 Word = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$", max_length=4096)]
-EnvName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", max_length=256)]
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=256)]
 Host = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:_-]*$",
                                         max_length=253)]
 FINITE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)

@@ -47,7 +47,7 @@ from pathlib import PurePosixPath
 from types import MappingProxyType
 
 from scepsy_common.errors import InputError
-from scepsy_place.launch.model import Assignment, LaunchPlan, ReplicaLaunch
+from scepsy_place.launch.model import ENV_NAME_PATTERN, Assignment, LaunchPlan, ReplicaLaunch
 from scepsy_place.launch.renderers import register_renderer
 from scepsy_place.launch.routes import ROUTES_FILE, plan_routes
 from scepsy_profile.profiling.engine_env import cpu_binding, mps_percentage
@@ -68,7 +68,7 @@ HOST = "0.0.0.0"
 TOP_FILES = (ROUTES_FILE, "start-all.sh", "stop-all.sh", "run")
 """Top-level names of a rendered folder (``run/`` appears when it is applied)."""
 SOCKET_PATH_MAX = 107
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENV_NAME = re.compile(ENV_NAME_PATTERN)
 ENV_NAME_EXPECTED = "an environment variable name (letters, digits and _, not a digit first)"
 _TOL = 1e-9
 
