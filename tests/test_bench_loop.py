@@ -43,7 +43,7 @@ from scepsy_profile.profiling.backend import (
     Timing,
 )
 from scepsy_profile.profiling.engine_env import vllm_python
-from scepsy_profile.profiling.models import EngineModel
+from scepsy_profile.profiling.models import EngineModel, parse_scaled, profiled_name
 from scepsy_profile.profiling.registry import backend_names, register_backend
 from scepsy_profile.profiling.store import read_store
 
@@ -175,9 +175,11 @@ def _ports(plan_path: Path) -> list[int]:
 
 
 def test_parse_scaled() -> None:
-    assert bl.parse_scaled("llama-3-8b:x0.0625") == ("llama-3-8b", 0.0625)
-    assert bl.parse_scaled("qwen2.5-7b:x1e-2") == ("qwen2.5-7b", 0.01)
-    assert bl.parse_scaled("Qwen/Qwen2.5-7B") == ("Qwen/Qwen2.5-7B", 1.0)
+    assert parse_scaled("llama-3-8b:x0.0625") == ("llama-3-8b", 0.0625)
+    assert parse_scaled("qwen2.5-7b:x1e-2") == ("qwen2.5-7b", 0.01)
+    assert parse_scaled("Qwen/Qwen2.5-7B") == ("Qwen/Qwen2.5-7B", 1.0)
+    for scale in (1.0, 0.5, 0.0625, 0.01, 1e-4, 0.3):  # the inverse of profiled_name
+        assert parse_scaled(profiled_name("llama-3-8b", scale)) == ("llama-3-8b", scale)
 
 
 def test_options_reject_bad_values() -> None:

@@ -41,7 +41,6 @@ import contextlib
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import socket
@@ -66,19 +65,24 @@ from scepsy_place.launch.drive import DriveResult, drive
 from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.planfile import load_plan
 from scepsy_place.launch.renderers import get_renderer, write_rendered
-from scepsy_place.launch.routes import load_routes
+from scepsy_place.launch.routes import ROUTES_FILE, load_routes
 from scepsy_place.topology import load_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.fitted import FittedLatencyModel, save_curves
 from scepsy_profile.profiling import planner
 from scepsy_profile.profiling.backend import BackendOptions
 from scepsy_profile.profiling.engine_env import engine_environment, vllm_python, write_model_dir
-from scepsy_profile.profiling.models import EngineModel, engine_model
+from scepsy_profile.profiling.models import EngineModel, engine_model, parse_scaled
 from scepsy_profile.profiling.planner import SweepSpec
 from scepsy_profile.profiling.records import ProfileRecord
 from scepsy_profile.profiling.registry import get_backend
 from scepsy_profile.profiling.replay import ReplayTimeouts
-from scepsy_profile.profiling.server import MetricsSnapshot, fetch_metrics, histogram_delta
+from scepsy_profile.profiling.server import (
+    MetricsSnapshot,
+    fetch_metrics,
+    free_port,
+    histogram_delta,
+)
 from scepsy_profile.profiling.store import checked_store, read_store
 from scepsy_profile.profiling.store import fit_store as fit_profile_store
 from scepsy_profile.profiling.sweep import run_sweep
@@ -87,7 +91,7 @@ __all__ = [
     "BUNDLED_CURVES", "FLAGS", "MARKER", "CurvesUsed", "Leftovers", "LoopOptions", "LoopResult",
     "Planning", "comparison", "cpu_engine_args", "cpu_launch_section", "curves_line", "fit_store",
     "free_port_range", "given_curves", "host_cpu", "leftovers", "loop_models", "marked_processes",
-    "parse_scaled", "port_free", "prediction_dict", "profile_backend_options", "profile_here",
+    "port_free", "prediction_dict", "profile_backend_options", "profile_here",
     "profile_spec", "read_results", "report_lines", "run_loop", "server_metrics",
     "server_terms", "with_default_files",
 ]
@@ -117,7 +121,6 @@ PROFILE_REPEATS = 5
 PROFILE_DECODE_TOKENS = 16
 """The vllm backend's decode span (its ``decode_tokens`` default): a sweep's longest context is
 ``max_model_len`` minus this, so that its engine has the servers' model length."""
-_SCALED = re.compile(r"^(?P<name>.+):x(?P<scale>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$")
 
 FLAGS = {"requests": "--requests", "rate": "--rate", "load": "--load", "tps": "--tp",
          "shares": "--shares", "max_model_len": "--max-model-len", "seed": "--seed",
@@ -318,13 +321,11 @@ def _is_number(v: object) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def parse_scaled(model: str) -> tuple[str, float]:
-    """``("llama-3-8b", 0.0625)`` for ``llama-3-8b:x0.0625`` (a model shrunk by
-    ``scepsy profile run --scale``), ``(model, 1.0)`` for any other name."""
-    m = _SCALED.match(model)
-    if m is None:
-        return model, 1.0
-    return m.group("name"), float(m.group("scale"))
+def _engine_model(model: str, catalog: Catalog | None) -> EngineModel:
+    """The engine model catalog model ``model`` (``NAME`` or a shrunk ``NAME:xS``) is served
+    and profiled with."""
+    name, scale = parse_scaled(model)
+    return engine_model(name, scale, catalog=catalog, source=SOURCE)
 
 
 def cpu_engine_args(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat16"
@@ -366,9 +367,7 @@ def free_port_range(n: int, *, tries: int = 100) -> int:
     """A first port ``p`` such that ``p .. p+n-1`` are all free now (tried from ports the OS
     hands out)."""
     for _ in range(tries):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
+        base = free_port()
         if base + n - 1 <= 65535 and all(port_free(base + i) for i in range(n)):
             return base
     raise RuntimeError(f"no range of {n} free ports found")
@@ -396,6 +395,10 @@ def marked_processes(run_id: str, proc: Path = Path("/proc")) -> tuple[int, ...]
     return tuple(sorted(found))
 
 
+def _busy(ports: Sequence[int]) -> tuple[int, ...]:
+    return tuple(p for p in ports if not port_free(p))
+
+
 def leftovers(run_id: str, ports: Sequence[int], *, wait_s: float = 10.0,
               kill: bool = True) -> Leftovers:
     """What is left of run ``run_id`` (waiting up to ``wait_s`` for exits and ports): with
@@ -403,7 +406,7 @@ def leftovers(run_id: str, ports: Sequence[int], *, wait_s: float = 10.0,
     deadline = time.monotonic() + wait_s
     while True:
         pids = marked_processes(run_id)
-        busy = tuple(p for p in ports if not port_free(p))
+        busy = _busy(ports)
         if (not pids and not busy) or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
@@ -418,9 +421,9 @@ def leftovers(run_id: str, ports: Sequence[int], *, wait_s: float = 10.0,
             time.sleep(0.1)
         pids = marked_processes(run_id)
         end = time.monotonic() + 5.0
-        while any(not port_free(p) for p in ports) and time.monotonic() < end:
+        while _busy(ports) and time.monotonic() < end:
             time.sleep(0.1)
-        busy = tuple(p for p in ports if not port_free(p))
+        busy = _busy(ports)
     return Leftovers(pids=pids, ports=busy, killed=tuple(killed))
 
 
@@ -669,8 +672,7 @@ def _model_dirs(plan_doc: Mapping[str, Any], folder: Path, catalog: Any) -> dict
     for m, row in sorted(plan_doc["llms"].items()):
         model = row["model"]
         if model not in made:
-            name, scale = parse_scaled(model)
-            em = engine_model(name, scale, catalog=catalog, source=SOURCE)
+            em = _engine_model(model, catalog)
             made[model] = str(write_model_dir(em, folder / em.profiled_name.replace("/", "_"))
                               .resolve())
         out[m] = made[model]
@@ -715,9 +717,13 @@ def loop_models(specs: Sequence[Any], catalog: Catalog | None) -> tuple[EngineMo
     for spec in specs:
         for model in spec.llms.values():
             if model not in out:
-                name, scale = parse_scaled(model)
-                out[model] = engine_model(name, scale, catalog=catalog, source=SOURCE)
+                out[model] = _engine_model(model, catalog)
     return tuple(out[m] for m in sorted(out))
+
+
+def _profile_max_tokens(options: LoopOptions) -> int:
+    """The sweep's longest context: the servers' model length less the decode span."""
+    return max(PROFILE_MIN_TOKENS, options.max_model_len - PROFILE_DECODE_TOKENS)
 
 
 def profile_spec(tp: int, options: LoopOptions) -> SweepSpec:
@@ -726,8 +732,7 @@ def profile_spec(tp: int, options: LoopOptions) -> SweepSpec:
     :data:`PROFILE_POINTS_PER_TP` points, chosen by the sweep planner."""
     return SweepSpec(tps=(tp,), shares=(1.0,), max_batch=options.max_num_seqs,
                      min_tokens=PROFILE_MIN_TOKENS,
-                     max_tokens=max(PROFILE_MIN_TOKENS,
-                                    options.max_model_len - PROFILE_DECODE_TOKENS),
+                     max_tokens=_profile_max_tokens(options),
                      max_points=PROFILE_POINTS_PER_TP,
                      max_batch_tokens=PROFILE_MAX_BATCH_TOKENS)
 
@@ -740,8 +745,7 @@ def profile_backend_options(options: LoopOptions) -> BackendOptions:
     return BackendOptions(
         repeats=PROFILE_REPEATS, warmup=1, point_timeout_s=120.0, seed=options.seed,
         engine_python=options.engine_python, memory_gib=1.0,
-        extra=(("max_tokens", str(max(PROFILE_MIN_TOKENS,
-                                      options.max_model_len - PROFILE_DECODE_TOKENS))),
+        extra=(("max_tokens", str(_profile_max_tokens(options))),
                ("max_batch", str(options.max_num_seqs))))
 
 
@@ -751,13 +755,15 @@ def _sweep_records(records: Sequence[ProfileRecord], engine: str,
             and round(r.scale, 9) == round(model.scale, 9)]
 
 
-def _sweep_left(store: Path, engine: str, model: EngineModel, spec: SweepSpec) -> bool:
-    """Whether the sweep of ``spec`` still has points to measure in ``store``, as its planner
-    (:func:`~scepsy_profile.profiling.planner.next_points`) sees the store's records of one
-    device (a store of several devices of this model: True, :func:`run_sweep` decides)."""
-    if not store.exists():
+def _sweep_left(records: Sequence[ProfileRecord] | None, engine: str, model: EngineModel,
+                spec: SweepSpec) -> bool:
+    """Whether the sweep of ``spec`` still has points to measure among the store's
+    ``records`` (None: no store yet), as its planner
+    (:func:`~scepsy_profile.profiling.planner.next_points`) sees the records of one device (a
+    store of several devices of this model: True, :func:`run_sweep` decides)."""
+    if records is None:
         return True
-    mine = _sweep_records(read_store(store).records, engine, model)
+    mine = _sweep_records(records, engine, model)
     if len({r.device for r in mine}) != 1:
         return True
     return bool(planner.next_points(spec, mine, budget_points=1))
@@ -793,8 +799,9 @@ def profile_here(options: LoopOptions, models: Sequence[EngineModel], folder: Pa
                          f"profiler runs ({reason}); or pass --curves FILE",
                          options.engine_python)
     t_end = time.monotonic() + options.profile_budget_s
+    stored = read_store(store).records if store.exists() else None
     todo = [(m, tp) for m in models for tp in options.tps
-            if _sweep_left(store, backend.name, m, profile_spec(tp, options))]
+            if _sweep_left(stored, backend.name, m, profile_spec(tp, options))]
     sweeps = {f"{m.profiled_name} tp{tp}": "reused" for m in models for tp in options.tps}
     measured = failed = 0
     for i, (model, tp) in enumerate(todo):
@@ -882,7 +889,7 @@ def run_loop(options: LoopOptions, planning: Planning,
     with planning.using_catalog(options.catalog) as catalog, _terminate_as_interrupt():
         try:
             specs = load_specs(options.workflow)
-            load_topology(options.cluster, catalog)  # a bad cluster file: before any profiling
+            topology = load_topology(options.cluster, catalog)  # before any profiling
             t0 = time.monotonic()
             if options.curves is None:
                 used = profile_here(options, loop_models(specs, catalog), out / "profile",
@@ -898,7 +905,7 @@ def run_loop(options: LoopOptions, planning: Planning,
             t0 = time.monotonic()
             if options.rate is None:
                 _say(say, "planning: the largest throughput the cluster carries")
-                top = planning.plan(options.workflow, options.cluster, 1.0,
+                top = planning.plan(specs, topology, 1.0,
                                     objective="max-throughput", tps=options.tps,
                                     shares=options.shares, **common)
                 if top.allocation is None:
@@ -910,7 +917,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                 rate = float(options.rate)
             state["rate"] = rate
             _say(say, f"planning: minimum latency at {rate:.3g} req/s")
-            res = planning.plan(options.workflow, options.cluster, rate, tps=options.tps,
+            res = planning.plan(specs, topology, rate, tps=options.tps,
                                 shares=options.shares, **common)
             if res.allocation is None:
                 raise InputError(SOURCE, "plan", f"a placed allocation at {rate:.3g} req/s "
@@ -955,7 +962,7 @@ def run_loop(options: LoopOptions, planning: Planning,
             before = server_metrics(plan)
 
             t0 = time.monotonic()
-            routes = load_routes(launch_dir / "routes.json")
+            routes = load_routes(launch_dir / ROUTES_FILE)
             _say(say, f"driving {options.requests} requests at {rate:.3g} req/s")
             timeout = ReplayTimeouts(connect_s=10.0, stall_s=min(60.0, options.call_timeout_s),
                                      call_s=options.call_timeout_s)
@@ -991,11 +998,10 @@ def run_loop(options: LoopOptions, planning: Planning,
             _say(say, "predicting at the driven rate")
             t0 = time.monotonic()
             try:
-                pred = planning.predict(options.workflow, files["plan"], state["rate"],
-                                        **{k: v for k, v in common.items()})
+                pred = planning.predict(specs, files["plan"], state["rate"], **common)
                 state["pred"] = prediction_dict(pred)
                 if "trace" in files:
-                    pm = planning.predict(options.workflow, files["plan"], state["rate"],
+                    pm = planning.predict(specs, files["plan"], state["rate"],
                                           trace=files["trace"],
                                           **{k: v for k, v in common.items()
                                              if k != "trace_requests"})

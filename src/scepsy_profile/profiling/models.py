@@ -11,6 +11,7 @@ query/KV head ratio is kept where it divides), and the shrink is recorded in eve
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,18 @@ def profiled_name(name: str, scale: float) -> str:
     ``name:x<scale>`` (``llama-3-8b:x0.0625``). A shrunk model is a different model, with its own
     curves and catalog entry; the name stays a valid catalog name."""
     return name if scale == 1.0 else f"{name}:x{scale:g}"
+
+
+_SCALED = re.compile(r"^(?P<name>.+):x(?P<scale>[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)$")
+
+
+def parse_scaled(model: str) -> tuple[str, float]:
+    """The inverse of :func:`profiled_name`: ``("llama-3-8b", 0.0625)`` for
+    ``llama-3-8b:x0.0625``, ``(model, 1.0)`` for any other name."""
+    m = _SCALED.match(model)
+    if m is None:
+        return model, 1.0
+    return m.group("name"), float(m.group("scale"))
 
 
 def _family(architecture: str) -> str:
