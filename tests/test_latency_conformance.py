@@ -38,6 +38,7 @@ from conftest import MODEL as SYN_MODEL
 from scepsy_common.errors import InputError, UncoveredInstanceError
 from scepsy_profile.fitted import FittedLatencyModel
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
+from scepsy_profile.overheads import EngineOverheads, OverheadLatencyModel
 from scepsy_profile.roofline import RooflineModel
 
 REL = 1e-12  # the documented scalar/array contract, also the slack of the monotonicity checks
@@ -101,11 +102,20 @@ def _composite(fx: dict) -> Example:
                               ("llama-7b", "A100-80GB", 12)))  # 12 does not divide 32 heads
 
 
+def _overheads(fx: dict) -> Example:
+    inner = _composite(fx)
+    o = EngineOverheads("vllm", "0.32.0", "A100-80GB", iteration_ms=0.4, per_token_ms=0.15,
+                        first_token_ms=4.0, http_ms=10.0)
+    return Example(OverheadLatencyModel(inner.model, o), covered=inner.covered,
+                   uncovered=inner.uncovered)
+
+
 # Every latency model class and how to build examples of it (from the session fixtures).
 EXAMPLES: dict[type, dict[str, Callable[[dict], Example]]] = {
     RooflineModel: {"roofline": _roofline},
     FittedLatencyModel: {"fitted-synthetic": _fitted_synthetic, "fitted-bundled": _fitted_bundled},
     CompositeLatencyModel: {"composite": _composite},
+    OverheadLatencyModel: {"overheads": _overheads},
 }
 NAMES = [name for builders in EXAMPLES.values() for name in builders]
 

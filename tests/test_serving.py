@@ -187,7 +187,9 @@ def test_serving_curve_closed_form_with_constant_steps(inst, share, i, o, max_ba
     model, gpu, tp = inst
     lat = ConstantLatency(p, d)
     assert isinstance(lat, LatencyModel)
-    policy = MemoryPolicy(reserve_fraction=0.1, reserve_gib=0.0, max_batch=max_batch)
+    # the reserve closed form (paged KV: tests/test_serving_paged.py)
+    policy = MemoryPolicy(reserve_fraction=0.1, reserve_gib=0.0, max_batch=max_batch,
+                          kv_management="reserve")
     curve = serving_curve(lat, model, gpu, tp, share, i, o, policy=policy)
     assert curve.prefill_ms == p
     assert curve.zero_load_latency_s == pytest.approx((p + (o - 1) * d) / 1e3, rel=1e-12)

@@ -1,4 +1,5 @@
-"""``scepsy profile run | serve-curve | install-vllm``: measuring LLMs with real engines.
+"""``scepsy profile run | serve-curve | calibrate | install-vllm``: measuring LLMs with real
+engines, and calibrating the engine overheads from a measured serving curve.
 
 Parsing and printing only; the sweep, the store and the serving-curve measurement live in
 :mod:`scepsy_profile.profiling`.
@@ -178,6 +179,7 @@ def add_serve_curve(psub: argparse._SubParsersAction) -> None:
     sc.add_argument("--json", action="store_true", help="print the result (and comparison) as JSON")
     sc.add_argument("--quiet", action="store_true", help="no progress display on stderr")
     sc.set_defaults(func=cmd_serve_curve)
+    add_calibrate(psub)  # the serving curve's companion: fits engine overheads to one
 
 
 def parse_length(text: str, flag: str) -> object:
@@ -267,3 +269,73 @@ def _step_curves(path: Path) -> object:
     from scepsy_profile.profiling.store import fit_store
 
     return fit_store(path)
+
+
+def add_calibrate(psub: argparse._SubParsersAction) -> None:
+    cal = psub.add_parser("calibrate", help="fit engine overheads (per iteration, per token, "
+                          "first token, HTTP) to a measured serving curve and the step profile")
+    cal.add_argument("--serve-curve", type=Path, required=True,
+                     help="a result of `scepsy profile serve-curve` (JSON)")
+    src = cal.add_mutually_exclusive_group(required=True)
+    src.add_argument("--curves", type=Path, help="fitted curves of the same model and device")
+    src.add_argument("--store", type=Path, help="a profile store of them (fitted here)")
+    cal.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
+    cal.add_argument("--light-fraction", type=POSITIVE, default=0.2,
+                     help="rates up to this fraction of the measured saturation fit the "
+                     "per-call delays (default %(default)s)")
+    cal.add_argument("--out", type=Path, required=True, help="overheads file (YAML; .json: JSON)")
+    cal.add_argument("--json", action="store_true", help="print the calibration as JSON")
+    cal.set_defaults(func=cmd_calibrate)
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from scepsy.cli_util import UsageError, check_out, print_rows
+    from scepsy_profile.catalog import default_catalog, load_catalog
+    from scepsy_profile.fitted import load_curves
+    from scepsy_profile.overheads import TERMS, calibrate, save_overheads
+    from scepsy_profile.profiling.servecurve import device_catalog, load_result
+
+    check_out(args.out)
+    if not 0 < args.light_fraction <= 1:
+        raise UsageError(f"--light-fraction: expected a fraction in (0, 1] "
+                         f"(got {args.light_fraction!r})")
+    result = load_result(args.serve_curve)
+    base = load_catalog(args.catalog, base=default_catalog()) if args.catalog else None
+    latency = load_curves(args.curves) if args.curves else _step_curves(args.store)
+    catalog, policy = device_catalog(result, base)
+    steps = f"--curves {args.curves}" if args.curves else f"--store {args.store}"
+    source = f"scepsy profile calibrate --serve-curve {args.serve_curve} {steps}"
+    cal = calibrate(result, latency, catalog=catalog, policy=policy,
+                    light_fraction=args.light_fraction, source=source)
+    save_overheads(cal.overheads, args.out)
+    check = cal.check
+    if args.json:
+        doc = {"overheads": cal.overheads.to_dict(),
+               "rms_ms": {t: cal.rms_ms(t) for t in ("itl", "ttft", "http")},
+               "residuals": [{"term": r.term, "rate": r.rate, "batch": r.batch,
+                              "measured_ms": r.measured_ms, "fitted_ms": r.fitted_ms}
+                             for r in cal.residuals],
+               "check": {"measured_mu": check.measured_mu, "mu_before": check.mu_before,
+                         "mu_after": check.mu_after, "loads": list(check.loads)}}
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    fitted_from = {"iteration_ms": "itl", "per_token_ms": "itl", "first_token_ms": "ttft",
+                   "http_ms": "http"}
+    print_rows([{"term": t, "ms": getattr(cal.overheads, t), "fitted_to": fitted_from[t],
+                 "points": sum(r.term == fitted_from[t] for r in cal.residuals),
+                 "rms_residual_ms": cal.rms_ms(fitted_from[t])} for t in TERMS],
+               ["term", "ms", "fitted_to", "points", "rms_residual_ms"])
+    print(f"saturation: measured {check.measured_mu:.3g} calls/s; derived "
+          f"{check.mu_before:.3g} ({check.mu_error_before:+.0%}) without the overheads, "
+          f"{check.mu_after:.3g} ({check.mu_error_after:+.0%}) with them")
+    print_rows([{"load": f"{x['fraction']:.0%}", "measured_s": x["measured_s"],
+                 "before_s": x["before_s"], "after_s": x["after_s"],
+                 "before_pct": _pct(x["before_error"]), "after_pct": _pct(x["after_error"])}
+                for x in check.loads],
+               ["load", "measured_s", "before_s", "after_s", "before_pct", "after_pct"])
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _pct(err: float | None) -> float | None:
+    return None if err is None else round(100 * err, 1)

@@ -8,7 +8,9 @@ The public API the later stages use:
   :func:`load_distserve_profile`;
 * latency models (the :class:`LatencyModel` protocol): :func:`fit_latency_model` (measured curves),
   :func:`roofline_model` (analytical), :class:`CompositeLatencyModel` (measured over analytical);
-* serving: :func:`serving_curve` and :func:`memory_fit` for one instance (model, gpu, tp, share).
+* serving: :func:`serving_curve` and :func:`memory_fit` for one instance (model, gpu, tp, share);
+* engine overheads: :class:`EngineOverheads`, :func:`load_overheads`, :func:`save_overheads` and
+  :func:`with_overheads` (the calibrated terms a step profile does not see).
 """
 
 from scepsy_common.errors import InputError, UncoveredInstanceError, UnknownEntryError
@@ -45,6 +47,13 @@ from scepsy_profile.importers import (
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
 from scepsy_profile.measurements import Measurement, read_measurements, write_measurements
 from scepsy_profile.models import ModelSpec
+from scepsy_profile.overheads import (
+    NO_OVERHEADS,
+    EngineOverheads,
+    load_overheads,
+    save_overheads,
+    with_overheads,
+)
 from scepsy_profile.roofline import (
     RooflineCalibration,
     RooflineModel,
@@ -57,14 +66,54 @@ from scepsy_profile.serving import MemoryFit, MemoryPolicy, ServingCurve, memory
 from scepsy_profile.synthetic import synthetic_measurements
 
 __all__ = [
-    "Catalog", "CollectiveTiming", "CompositeLatencyModel", "CurveTable", "DistServeCoefficients",
-    "FittedLatencyModel", "GPUSpec", "InputError", "LatencyModel", "Measurement", "MemoryFit",
-    "MemoryPolicy", "ModelSpec", "OperatorTiming", "RooflineCalibration", "RooflineModel",
-    "ServingCurve", "UncoveredInstanceError", "UnknownEntryError", "calibrate_roofline", "cross_validate",
-    "default_catalog", "distserve_measurements", "dump_catalog", "fit_curve", "fit_latency_model",
-    "load_calibration", "load_catalog", "load_curves", "load_distserve_profile",
-    "load_max_num_tokens", "load_muxserve_grid", "load_vidur_all_reduce", "load_vidur_mlp",
-    "memory_fit", "parse_catalog", "read_measurements", "roofline_model", "save_calibration", "save_catalog",
-    "save_curves", "serving_curve", "synthetic_measurements", "vidur_layer_time_ms",
+    "NO_OVERHEADS",
+    "Catalog",
+    "CollectiveTiming",
+    "CompositeLatencyModel",
+    "CurveTable",
+    "DistServeCoefficients",
+    "EngineOverheads",
+    "FittedLatencyModel",
+    "GPUSpec",
+    "InputError",
+    "LatencyModel",
+    "Measurement",
+    "MemoryFit",
+    "MemoryPolicy",
+    "ModelSpec",
+    "OperatorTiming",
+    "RooflineCalibration",
+    "RooflineModel",
+    "ServingCurve",
+    "UncoveredInstanceError",
+    "UnknownEntryError",
+    "calibrate_roofline",
+    "cross_validate",
+    "default_catalog",
+    "distserve_measurements",
+    "dump_catalog",
+    "fit_curve",
+    "fit_latency_model",
+    "load_calibration",
+    "load_catalog",
+    "load_curves",
+    "load_distserve_profile",
+    "load_max_num_tokens",
+    "load_muxserve_grid",
+    "load_overheads",
+    "load_vidur_all_reduce",
+    "load_vidur_mlp",
+    "memory_fit",
+    "parse_catalog",
+    "read_measurements",
+    "roofline_model",
+    "save_calibration",
+    "save_catalog",
+    "save_curves",
+    "save_overheads",
+    "serving_curve",
+    "synthetic_measurements",
+    "vidur_layer_time_ms",
+    "with_overheads",
     "write_measurements",
 ]

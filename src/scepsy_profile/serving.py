@@ -9,26 +9,60 @@ GPU's compute (MPS) and memory. For calls with mean input ``I`` and output ``O``
   client keeps its own CUDA context). What is left holds the KV cache:
   ``kv_tokens = kv_bytes / kv_bytes_per_token_per_gpu``. A candidate that cannot hold one
   sequence of ``I + O`` tokens does not exist (:attr:`ServingCurve.feasible` is False).
-* **Batch limit**: a call reserves its whole ``I + O`` tokens of KV cache when it is admitted
-  (no preemption, as in the simulator), so ``B_max = floor(kv_tokens / (I + O))``, capped by
-  ``max_batch`` (vLLM's ``max_num_seqs``).
+* **Length moments**: calls have mean input ``I`` and output ``O`` and, optionally,
+  ``E[O²]`` (``output_sq_mean``) and ``E[I·O]`` (``io_mean``); without them lengths are constant
+  (``E[O²] = O²``, ``E[I·O] = I·O``). A running call is seen in proportion to its life (``O``
+  iterations), so batch averages are *length-biased*: ``E_b[f] = E[O·f] / E[O]``. Decode steps
+  use the mean context of a running call, ``ctx = (E[I·O] + E[O²]/2) / O`` (``I + O/2`` for
+  constant lengths).
+* **Batch limit**, ``policy.kv_management``:
+
+  - ``"reserve"``: a call reserves its whole ``I + O`` tokens of KV cache when admitted (no
+    preemption), so ``B_max = floor(kv_tokens / s)`` with the length-biased reservation
+    ``s = (E[I·O] + E[O²]) / O`` (``I + O`` for constant lengths).
+  - ``"paged"`` (vLLM's default): KV blocks of ``block_size`` tokens are allocated as tokens are
+    generated. A running call that has generated ``a`` of its ``O`` tokens holds ``I + a`` tokens
+    plus the unused part of its last block; with ``a`` uniform over ``1..O`` and the length bias,
+    the mean occupancy is ``occ = (E[I·O] + (E[O²] + O)/2) / O + (block_size − 1)/2``
+    (:attr:`ServingCurve.kv_per_seq`) and ``B_max = max(1, floor(kv_tokens / occ))``. Its spread
+    is that of ``a`` (prompt lengths enter by their mean):
+    ``var = E_b[a²] − E_b[a]² + (block_size² − 1)/12`` with ``E_b[a] = (E[O²] + O)/(2O)``,
+    ``E_b[a²] = (2E[O³] + 3E[O²] + O)/(6O)``, and ``E[O³]`` from a gamma distribution with the
+    same mean and variance (exact for constant and exponential lengths).
+    **Preemption**: the KV held by a batch of ``B``, ``S_B``, is taken as normal with mean
+    ``B·occ`` and variance ``B·var``; the tokens by which it would overflow the cache,
+    ``E[(S_B − kv_tokens)⁺] = σ·φ(z) − (kv_tokens − B·occ)·(1 − Φ(z))``, ``z = (kv_tokens −
+    B·occ)/σ``, are evicted once per turnover of the batch (while ``B`` calls complete) by
+    preempting the newest call, which holds about its prompt ``I``, so the preemptions per call
+    are ``π(B) = E[(S_B − kv_tokens)⁺] / (B·I)`` (0 where the cache is ample). Each preemption
+    is a recompute prefill ``p(1, I)`` that stalls the batch, so it adds ``B'·π(B)·p(1, I)`` to
+    the service time below (the wait of a preempted call for re-admission is not modelled).
+
+  Both are capped by ``max_batch`` (vLLM's ``max_num_seqs``).
 * **Prefill groups**: calls that arrive together (a fan-out of ``k`` concurrent calls) are
   prefilled together, and under load so are the calls that queued during one iteration: a call
   lives ``O`` iterations (one prefill, ``O − 1`` decode steps), so a batch of ``B`` admits about
   ``B/O`` calls per iteration and the group is ``g(B) = max(k, B'/O)`` calls with
   ``B' = max(B, 1)``. A group takes ``P(g) = p(g, I)``. ``k`` is ``prefill_batch`` (the
   predictor passes the LLM's mean concurrency within a request). For one-token outputs (a
-  reranker, a reward model) every call of the batch is in one group, ``g = B``.
+  reranker, a reward model) every call of the batch is in one group, ``g = B``. With a token
+  budget ``policy.max_num_batched_tokens = T`` (vLLM's ``max_num_batched_tokens``) one prefill
+  iteration admits calls while their prompt tokens sum to at most ``T`` (a longer prompt still
+  goes alone), so ``k`` and ``g`` are capped at ``max(1, floor(T / I))``.
 * **Throughput at batch B**: prefill produces the first output token, so a call lives for its
-  group's prefill and ``O − 1`` decode steps of ``d(B', I + O/2)``, and is stalled by the
+  group's prefill and ``O − 1`` decode steps of ``d(B', ctx)``, and is stalled by the
   prefills of the other groups admitted meanwhile (``(B' − g)/g`` of them, by Little's law), so
-  ``λ(B) = B / (P(g) + (O − 1)·d(B', I + O/2) + max(B' − g, 0)·P(g)/g)``; ``μ = max_B≤B_max λ(B)``.
+  ``λ(B) = B / (P(g) + (O − 1)·d(B', ctx) + max(B' − g, 0)·P(g)/g + B'·π(B)·p(1, I))``
+  (``π = 0`` with ``"reserve"``); ``μ = max_B≤B_max λ(B)``.
 * **Latency at rate λ < μ**: ``B(λ)`` solves ``λ(B) = λ`` (``λ(B)`` is increasing up to its
   maximum; it is computed at whole batches and taken as linear in between, and as ``B·λ(1)``
   below one call in service), the in-service time is ``B/λ``, plus a queueing wait that grows as λ → μ, taken
   from Sakasegawa's M/M/c approximation with ``c = B_max`` slots of service time ``B_max/μ``:
   ``W_q ≈ ρ^(√(2(c+1)) − 1) / (c(1 − ρ)) · B_max/μ``, ``ρ = λ/μ``. At λ → 0 the latency is
-  ``P + (O − 1)·d(1, I + O/2)``.
+  ``P + (O − 1)·d(1, ctx)``.
+* **Overload**: :meth:`ServingCurve.preemptions_per_call` is ``π`` at the batch in service at a
+  rate (``π(B_max)`` at and beyond ``μ``); :meth:`ServingCurve.overloaded` says whether it passes
+  ``policy.preemption_threshold`` or the rate reaches ``μ``.
 The discrete-event simulator checks these forms (scepsy_opt).
 """
 
@@ -38,27 +72,41 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+from scipy import special
 
 from scepsy_common.errors import InputError
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 
+KV_MANAGEMENT = ("paged", "reserve")
+"""The KV-cache disciplines of :attr:`MemoryPolicy.kv_management` (module docstring)."""
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryPolicy:
-    """How much of an instance's memory is not KV cache."""
+    """How much of an instance's memory is not KV cache, and how the engine manages the rest."""
 
     reserve_fraction: float = 0.10
     reserve_gib: float = 1.0
     max_batch: int = 256
+    kv_management: Literal["paged", "reserve"] = "paged"
+    """``"paged"``: vLLM's blocks, allocated as tokens are generated, preemption by recompute;
+    ``"reserve"``: a call's whole ``I + O`` reserved at admission, no preemption."""
+    block_size: int = 16
+    """Tokens per KV block (vLLM ``--block-size``)."""
+    max_num_batched_tokens: int | None = None
+    """Prompt tokens one prefill iteration may take (vLLM ``--max-num-batched-tokens``; None:
+    unlimited)."""
+    preemption_threshold: float = 0.05
+    """Preemptions per call above which an instance counts as overloaded."""
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.max_batch, int) and not isinstance(self.max_batch, bool)):
+        if not _is_int(self.max_batch):
             raise InputError("memory policy", "max_batch", "an integer >= 1", self.max_batch)
         if not 0 <= self.reserve_fraction < 1:
             raise InputError("memory policy", "reserve_fraction", "a fraction in [0, 1)",
@@ -67,6 +115,24 @@ class MemoryPolicy:
             raise InputError("memory policy", "reserve_gib", "a number >= 0", self.reserve_gib)
         if self.max_batch < 1:
             raise InputError("memory policy", "max_batch", "an integer >= 1", self.max_batch)
+        if self.kv_management not in KV_MANAGEMENT:
+            raise InputError("memory policy", "kv_management", "'paged' or 'reserve'",
+                             self.kv_management)
+        if not (_is_int(self.block_size) and self.block_size >= 1):
+            raise InputError("memory policy", "block_size", "an integer >= 1", self.block_size)
+        budget = self.max_num_batched_tokens
+        if budget is not None and not (_is_int(budget) and budget >= 1):
+            raise InputError("memory policy", "max_num_batched_tokens",
+                             "an integer >= 1 or None (unlimited)", budget)
+        t = self.preemption_threshold
+        if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                and t >= 0):
+            raise InputError("memory policy", "preemption_threshold",
+                             "a number >= 0 (preemptions per call)", t)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +193,53 @@ class ServingCurve:
     prefill_batch: float  # k
     latency_model: LatencyModel
     service_ms: NDArray[np.float64] = field(default_factory=lambda: np.empty(0))  # B = 1..max_batch
+    policy: MemoryPolicy = field(default_factory=MemoryPolicy)
+    kv_per_seq: float = 0.0
+    """KV tokens one running call holds on average, the batch limit's divisor: ``occ`` (paged)
+    or the length-biased ``I + O`` (reserve)."""
+    kv_var: float = 0.0
+    """Variance of one running call's KV tokens (paged; 0 with ``"reserve"``)."""
+    recompute_ms: float = 0.0
+    """One preemption's recompute prefill, ``p(1, I)``."""
 
     @property
     def feasible(self) -> bool:
         return self.memory.feasible and self.mu > 0
 
     def group(self, batch: ArrayLike) -> NDArray[np.float64]:
-        """Calls prefilled together at batch ``B``: ``g(B) = max(k, max(B, 1)/O)``."""
-        return np.maximum(self.prefill_batch, np.maximum(batch, 1.0) / self.output_tokens)
+        """Calls prefilled together at batch ``B``: ``g(B) = max(k, max(B, 1)/O)``, capped by the
+        token budget at ``max(1, floor(T / I))``."""
+        g = np.maximum(self.prefill_batch, np.maximum(batch, 1.0) / self.output_tokens)
+        return np.minimum(g, group_cap(self.policy, self.input_tokens))
+
+    def preemptions_at_batch(self, batch: ArrayLike) -> Any:
+        """``π(B)``: predicted preemptions per call with ``B`` calls running (module doc)."""
+        out = batch_preemptions(np.maximum(np.asarray(batch, dtype=float), 1.0),
+                                self.memory.kv_tokens, self.kv_per_seq, self.kv_var,
+                                self.input_tokens, self.policy)
+        return float(out) if np.ndim(batch) == 0 else out
+
+    def preemptions_per_call(self, rate: ArrayLike) -> Any:
+        """Predicted preemptions per call at per-replica call rate ``rate``: ``π`` at the batch
+        in service, ``π(B_max)`` at and beyond μ; ``inf`` on an infeasible instance."""
+        r = np.atleast_1d(np.asarray(rate, dtype=float))
+        out = np.zeros(r.shape)
+        busy = r > 0
+        if not self.feasible:
+            out[busy] = math.inf
+        elif np.any(busy):
+            b, rates = self._table
+            batch = np.where(r[busy] < self.mu, np.interp(r[busy], rates, b), self.max_batch)
+            out[busy] = self.preemptions_at_batch(batch)
+        return float(out[0]) if np.ndim(rate) == 0 else out
+
+    def overloaded(self, rate: ArrayLike) -> Any:
+        """Whether ``rate`` (calls/s per replica) reaches μ or makes more than
+        ``policy.preemption_threshold`` preemptions per call."""
+        r = np.asarray(rate, dtype=float)
+        out = (r >= self.mu) | (np.asarray(self.preemptions_per_call(r))
+                                > self.policy.preemption_threshold)
+        return bool(out) if np.ndim(rate) == 0 else out
 
     @cached_property
     def _table(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
@@ -194,17 +299,80 @@ class ServingCurve:
 
 def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: float,
                   input_tokens: float, output_tokens: float, *, catalog: Catalog | None = None,
-                  policy: MemoryPolicy = MemoryPolicy(),
-                  prefill_batch: float = 1.0) -> ServingCurve:
+                  policy: MemoryPolicy = MemoryPolicy(), prefill_batch: float = 1.0,
+                  output_sq_mean: float | None = None,
+                  io_mean: float | None = None) -> ServingCurve:
     """Build the serving curve of one instance (see the module docstring for the model)."""
     return serving_curves(latency, model, gpu, tp, [share], input_tokens, output_tokens,
-                          catalog=catalog, policy=policy, prefill_batch=prefill_batch)[0]
+                          catalog=catalog, policy=policy, prefill_batch=prefill_batch,
+                          output_sq_mean=output_sq_mean, io_mean=io_mean)[0]
+
+
+@dataclass(frozen=True, slots=True)
+class KVDemand:
+    """What one running call asks of the KV cache (module docstring): the mean tokens it holds
+    (the batch limit's divisor), their variance, and the decode context."""
+
+    per_seq: float
+    var: float
+    ctx: float
+
+
+def kv_demand(input_tokens: float, output_tokens: float, policy: MemoryPolicy,
+              output_sq_mean: float | None = None, io_mean: float | None = None) -> KVDemand:
+    """The KV occupancy of one running call under ``policy`` (length-biased, module doc)."""
+    i, o = float(input_tokens), float(output_tokens)
+    constant = output_sq_mean is None and io_mean is None
+    m2 = o * o if output_sq_mean is None else float(output_sq_mean)
+    io = i * o if io_mean is None else float(io_mean)
+    if not (math.isfinite(m2) and m2 >= o * o * (1 - 1e-9)):
+        raise InputError("query", "output_sq_mean", f"E[O²] >= E[O]² = {o * o:.6g}",
+                         output_sq_mean)
+    if not (math.isfinite(io) and io > 0):
+        raise InputError("query", "io_mean", "E[I·O] > 0", io_mean)
+    m2 = max(m2, o * o)
+    ctx = i + o / 2.0 if constant else (io + m2 / 2.0) / o
+    if policy.kv_management == "reserve":
+        return KVDemand(per_seq=i + o if constant else (io + m2) / o, var=0.0, ctx=ctx)
+    var_o = m2 - o * o
+    m3 = o**3 + 3.0 * o * var_o + 2.0 * var_o**2 / o  # a gamma distribution's third moment
+    mean_a = (m2 + o) / (2.0 * o)
+    mean_a2 = (2.0 * m3 + 3.0 * m2 + o) / (6.0 * o)
+    bs = float(policy.block_size)
+    per_seq = (io + (m2 + o) / 2.0) / o + (bs - 1.0) / 2.0
+    var = max(mean_a2 - mean_a**2, 0.0) + (bs * bs - 1.0) / 12.0
+    return KVDemand(per_seq=per_seq, var=var, ctx=ctx)
+
+
+def group_cap(policy: MemoryPolicy, input_tokens: float) -> float:
+    """The most calls one prefill iteration takes under the token budget (inf without one)."""
+    t = policy.max_num_batched_tokens
+    return math.inf if t is None else float(max(1, math.floor(t / input_tokens)))
+
+
+def batch_preemptions(batch: ArrayLike, kv_tokens: float, per_seq: float, var: float,
+                         victim_tokens: float, policy: MemoryPolicy) -> Any:
+    """``π(B) = E[(S_B − kv_tokens)⁺] / (B · victim_tokens)`` with ``S_B`` normal of mean
+    ``B·per_seq`` and variance ``B·var`` (paged KV; 0 with ``"reserve"``, module doc)."""
+    b, kv = np.broadcast_arrays(np.asarray(batch, dtype=float), np.asarray(kv_tokens, dtype=float))
+    out = np.zeros(b.shape)
+    if policy.kv_management == "paged" and var > 0:
+        room = kv - b * per_seq
+        sd = np.sqrt(b * var)
+        tail = room < 40.0 * sd  # beyond 40 standard deviations the overflow is exactly 0.0
+        if np.any(tail):
+            r, s, z = room[tail], sd[tail], room[tail] / sd[tail]
+            excess = s * np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) \
+                - r * 0.5 * special.erfc(z / math.sqrt(2.0))
+            out[tail] = np.maximum(excess, 0.0) / (b[tail] * victim_tokens)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares: Sequence[float],
                    input_tokens: float, output_tokens: float, *, catalog: Catalog | None = None,
-                   policy: MemoryPolicy = MemoryPolicy(),
-                   prefill_batch: float = 1.0) -> list[ServingCurve]:
+                   policy: MemoryPolicy = MemoryPolicy(), prefill_batch: float = 1.0,
+                   output_sq_mean: float | None = None,
+                   io_mean: float | None = None) -> list[ServingCurve]:
     """The serving curves of one (model, gpu, tp) at several shares, with one latency-model
     query per phase for all of them (the optimiser builds thousands)."""
     if not (input_tokens >= 1 and output_tokens >= 1):
@@ -213,31 +381,48 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
     if not (math.isfinite(prefill_batch) and prefill_batch >= 1):
         raise InputError("query", "prefill_batch", "a number >= 1 (calls prefilled together)",
                          prefill_batch)
+    kv = kv_demand(input_tokens, output_tokens, policy, output_sq_mean, io_mean)
+    paged = policy.kv_management == "paged"
+    cap = group_cap(policy, input_tokens)
     seq = input_tokens + output_tokens
     mems = [memory_fit(model, gpu, tp, sh, math.ceil(seq), catalog, policy) for sh in shares]
-    b_max = np.array([min(policy.max_batch, int(m.kv_tokens // seq)) if m.feasible else 0
-                      for m in mems])
-    k = np.minimum(prefill_batch, np.maximum(b_max, 1)).astype(float)
+    b_max = np.array([min(policy.max_batch, max(int(m.kv_tokens // kv.per_seq), int(paged)))
+                      if m.feasible else 0 for m in mems])
+    k = np.minimum(min(prefill_batch, cap), np.maximum(b_max, 1)).astype(float)
     sh = np.asarray(shares, dtype=float)
     p = np.asarray(latency.prefill_ms(model, gpu, tp, sh, k, input_tokens), dtype=float) * np.ones(len(sh))
-    curves = [ServingCurve(
-        model=model, gpu=gpu, tp=tp, share=float(shares[j]), input_tokens=float(input_tokens),
-        output_tokens=float(output_tokens), memory=mems[j], max_batch=0, mu=0.0,
-        prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency)
-        for j in range(len(sh))]
+    p1 = np.zeros(len(sh))
+    if paged:  # one preemption's recompute prefill p(1, I): the base group's when k = 1
+        p1 = np.where(k == 1.0, p, np.asarray(latency.prefill_ms(
+            model, gpu, tp, sh, 1.0, input_tokens), dtype=float) if np.any(k != 1.0) else p)
+
+    def make(j: int, max_batch: int = 0, mu: float = 0.0,
+             table: NDArray[np.float64] | None = None) -> ServingCurve:
+        return ServingCurve(
+            model=model, gpu=gpu, tp=tp, share=float(shares[j]), input_tokens=float(input_tokens),
+            output_tokens=float(output_tokens), memory=mems[j], max_batch=max_batch, mu=mu,
+            prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency,
+            service_ms=np.empty(0) if table is None else table, policy=policy,
+            kv_per_seq=kv.per_seq, kv_var=kv.var, recompute_ms=float(p1[j]))
+
+    curves = [make(j) for j in range(len(sh))]
     live = np.flatnonzero(b_max >= 1)
     if not len(live):
         return curves
     top = int(b_max[live].max())
     batches = np.arange(1, top + 1, dtype=float)[None, :]
     s2, k2 = sh[live][:, None], k[live][:, None]
-    d = np.asarray(latency.decode_ms(model, gpu, tp, s2, batches, input_tokens + output_tokens / 2.0),
+    d = np.asarray(latency.decode_ms(model, gpu, tp, s2, batches, kv.ctx),
                    dtype=float) * np.ones((len(live), top))
-    groups = np.maximum(k2, batches / output_tokens)
+    groups = np.minimum(np.maximum(k2, batches / output_tokens), max(cap, 1.0))
     pg = np.asarray(latency.prefill_ms(model, gpu, tp, s2, groups, input_tokens), dtype=float)
     pg = np.where(groups == k2, p[live][:, None], pg)  # the same float as the base group's
     stall = np.maximum(batches - groups, 0.0) * pg / groups
     service = pg + (output_tokens - 1.0) * d + stall
+    if paged:
+        kv_tokens = np.array([float(mems[j].kv_tokens) for j in live])[:, None]
+        pre = batch_preemptions(batches, kv_tokens, kv.per_seq, kv.var, input_tokens, policy)
+        service = service + batches * pre * p1[live][:, None]
     rates = 1e3 * batches / service
     for row, j in enumerate(live):
         r = rates[row, : b_max[j]]
@@ -245,9 +430,5 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
         best = int(np.flatnonzero(r >= r.max() * (1.0 - 1e-9))[-1]) + 1
         table = service[row, :best].copy()
         table.setflags(write=False)
-        curves[j] = ServingCurve(
-            model=model, gpu=gpu, tp=tp, share=float(shares[j]), input_tokens=float(input_tokens),
-            output_tokens=float(output_tokens), memory=mems[j], max_batch=best, mu=float(r[best - 1]),
-            prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency,
-            service_ms=table)
+        curves[j] = make(j, best, float(r[best - 1]), table)
     return curves
