@@ -4,9 +4,11 @@ A beam-search workload (a generator writes one reasoning step per beam, a proces
 scores every step; tens to hundreds of short calls per request) and a RAG workload, both built by
 hand (or, for beam search, from ``datasets/workflows/beam-search.yaml`` when that file and
 :func:`scepsy_opt.workflows.generate_trace` exist), served on A100 shares with the roofline
-latency model at about 70% of the allocation's saturation load.
+latency model at about 70% of the allocation's saturation load. Each timed run is done with
+paged KV (vLLM's blocks and preemption, the default memory policy) and with ``reserve`` (the
+whole sequence reserved at admission), best wall time of ``--repeat`` runs, and the ratio.
 
-    python benchmarks/simulator_speed.py [--requests N] [--seed S]
+    python benchmarks/simulator_speed.py [--requests N] [--seed S] [--quick]
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.simulate import saturation_rate, simulate
 from scepsy_opt.traces import CallRecord, Trace
 from scepsy_profile.roofline import roofline_model
+from scepsy_profile.serving import MemoryPolicy
 
 REPO = Path(__file__).resolve().parents[1]
 LOAD = 0.7  # fraction of the saturation rate the timed runs use
@@ -112,7 +115,20 @@ def report(name: str, res) -> None:
           f"p99 {wf.p99_latency_s:.2f} s, unfinished {wf.unfinished}")
     for llm, s in res.llms.items():
         print(f"  {llm}: utilisation {s.utilisation:.2f}, mean decode batch {s.mean_batch:.1f}, "
-              f"mean prefill batch {s.mean_prefill_batch:.1f}")
+              f"mean prefill batch {s.mean_prefill_batch:.1f}, "
+              f"preemptions {s.preemptions} ({s.preemptions_per_call:.3f}/call)")
+
+
+def timed(name: str, repeat: int, run) -> None:
+    """Best of ``repeat`` runs with paged KV and with reserve; their wall-time ratio."""
+    walls = {}
+    for mode in ("paged", "reserve"):
+        runs = [run(MemoryPolicy(kv_management=mode)) for _ in range(repeat)]
+        best = min(runs, key=lambda r: r.wall_s)
+        assert all(r == best for r in runs)  # deterministic
+        report(f"{name}, {mode} KV", best)
+        walls[mode] = best.wall_s
+    print(f"  paged / reserve wall time: {walls['paged'] / walls['reserve']:.2f}x")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,8 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=3000, help="beam-search arrivals")
     ap.add_argument("--rag-requests", type=int, default=10000, help="RAG arrivals")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per KV mode (best kept)")
+    ap.add_argument("--quick", action="store_true",
+                    help="1,000 beam-search and 3,000 RAG arrivals, shorter saturation searches")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
+    if args.quick:
+        args.requests, args.rag_requests = 1000, 3000
+    sat_requests = (300, 1000) if args.quick else (500, 2000)
     latency = roofline_model()
 
     found = beam_search_from_yaml(200, args.seed)
@@ -133,25 +155,27 @@ def main(argv: list[str] | None = None) -> int:
                         "prm": Instance("A100-80GB", 1, 0.5, 1)})
     wf = beam.workflows()[0]
     tic = time.perf_counter()
-    sat = saturation_rate(beam, models, alloc, latency, {wf: 1.0}, requests=500,
+    sat = saturation_rate(beam, models, alloc, latency, {wf: 1.0}, requests=sat_requests[0],
                           seed=args.seed, routing="least_loaded")
-    print(f"beam search saturates at {sat:.3f} req/s "
-          f"(bisection over runs of 500 requests, {time.perf_counter() - tic:.1f} s)")
-    res = simulate(beam, models, alloc, latency, {wf: LOAD * sat},
-                   requests=args.requests, seed=args.seed, routing="least_loaded",
-                   progress=args.progress)
-    report(f"beam search ({source} trace) at {LOAD:.0%} of saturation", res)
+    print(f"beam search saturates at {sat:.3f} req/s (bisection over runs of "
+          f"{sat_requests[0]} requests, {time.perf_counter() - tic:.1f} s)")
+    timed(f"beam search ({source} trace) at {LOAD:.0%} of saturation", args.repeat,
+          lambda policy: simulate(beam, models, alloc, latency, {wf: LOAD * sat},
+                                  requests=args.requests, seed=args.seed,
+                                  routing="least_loaded", policy=policy,
+                                  progress=args.progress))
 
     rag = rag_trace(500, args.seed)
     alloc = Allocation({"rewriter": Instance("A100-80GB", 1, 0.3, 1),
                         "reranker": Instance("A100-80GB", 1, 0.2, 1),
                         "answerer": Instance("A100-80GB", 1, 0.5, 2)})
-    sat = saturation_rate(rag, MODELS, alloc, latency, {"rag": 1.0}, requests=2000,
+    sat = saturation_rate(rag, MODELS, alloc, latency, {"rag": 1.0}, requests=sat_requests[1],
                           seed=args.seed)
     print(f"RAG saturates at {sat:.3f} req/s")
-    res = simulate(rag, MODELS, alloc, latency, {"rag": LOAD * sat},
-                   requests=args.rag_requests, seed=args.seed, progress=args.progress)
-    report(f"RAG at {LOAD:.0%} of saturation", res)
+    timed(f"RAG at {LOAD:.0%} of saturation", args.repeat,
+          lambda policy: simulate(rag, MODELS, alloc, latency, {"rag": LOAD * sat},
+                                  requests=args.rag_requests, seed=args.seed, policy=policy,
+                                  progress=args.progress))
     return 0
 
 

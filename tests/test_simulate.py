@@ -348,7 +348,8 @@ def naive_replica(arrivals, latency, max_batch, kv_cap):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_jumps_match_a_token_by_token_replica(seed):
-    """Random single-call requests (some 12-20k-token prompts: the KV cache binds) on one replica."""
+    """Random single-call requests (some 12-20k-token prompts: the KV cache binds) on one replica,
+    reserve mode (tests/test_simulate_paged.py has the paged counterpart)."""
     rng = np.random.default_rng(seed)
     n = 150
     starts = np.sort(rng.uniform(0, 3.0, n)).round(4)
@@ -357,7 +358,7 @@ def test_jumps_match_a_token_by_token_replica(seed):
     calls = tuple(CallRecord("w", f"r{k}", "c", float(starts[k]), float(starts[k]) + 1, llm="m",
                              input_tokens=int(inp[k]), output_tokens=int(out[k]))
                   for k in range(n))
-    policy = MemoryPolicy(max_batch=4)
+    policy = MemoryPolicy(max_batch=4, kv_management="reserve")  # the reference reserves I + O
     res = simulate(Trace(calls), MODELS, one_llm(share=0.5), BatchToy(), policy=policy)
     kv = res.llms["m"].kv_tokens
     arrivals = [(float(starts[k]) - starts[0], f"r{k}", int(inp[k]), int(out[k]))

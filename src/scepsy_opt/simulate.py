@@ -16,29 +16,46 @@ Call graph
     ``arrival + (its recorded start − the request's first start)``. A tool call takes its recorded
     duration (tools have unlimited concurrency). An LLM call goes to one replica of its LLM:
     ``round_robin`` cycles through the replicas, ``least_loaded`` picks the replica with the
-    fewest calls queued or running (lowest index on ties). A request completes when its last call
-    does; its latency is completion minus arrival.
+    fewest calls queued, running or on their way to it (lowest index on ties). Every LLM call
+    reaches its replica ``call_delay_s(latency)`` after it is ready (the engine overheads' pure
+    delay per call, :mod:`scepsy_profile.overheads`; 0 for a plain latency model), the replica
+    not busy meanwhile. A request completes when its last call does; its latency is completion
+    minus arrival.
 
 Replica (continuous batching, vLLM-style, prefill first)
     A replica keeps a FCFS queue and a running set of sequences. A call is admitted when the head
     of the queue fits: the running set is below ``policy.max_batch`` and the KV cache
-    (:func:`~scepsy_profile.serving.memory_fit` ``.kv_tokens``) can reserve the call's whole
-    ``input + output`` tokens; admission stops at the first call that does not fit (no
-    overtaking). At every iteration boundary the replica either prefills all calls it can admit
-    now (at most ``max_prefill_tokens`` prompt tokens, when set) in one iteration of
+    (:func:`~scepsy_profile.serving.memory_fit` ``.kv_tokens``) has room for it; admission stops
+    at the first call that does not fit (no overtaking). At every iteration boundary the replica
+    either prefills all calls it can admit now (at most ``max_prefill_tokens`` prompt tokens,
+    default ``policy.max_num_batched_tokens``; a longer prompt goes alone) in one iteration of
     ``prefill_ms(k, mean input of the k)`` that stalls decoding (and produces each call's first
     token), or, with nothing to admit, runs one decode step of all running sequences,
     ``decode_ms(B, mean context)``. An idle replica starts once every call arriving at the same
-    instant is queued, so calls sent together are prefilled together. A sequence of ``O`` output tokens leaves
-    after ``O − 1`` decode steps (``O = 1``, a reranker or PRM scoring call, leaves right after its
-    prefill); its KV reservation is released then. Token counts of 0 are read as 1.
+    instant is queued, so calls sent together are prefilled together. A sequence of ``O``
+    output tokens leaves after ``O − 1`` decode steps (``O = 1``, a reranker or PRM scoring
+    call, leaves right after its prefill) and frees its KV cache. Token counts of 0 are read
+    as 1.
+
+KV cache (``policy.kv_management``)
+    ``"paged"`` (vLLM's): ``kv_tokens // block_size`` blocks; a sequence holds
+    ``ceil(tokens / block_size)`` blocks (tokens = prompt + generated so far), admission needs
+    the blocks of ``prompt + 1`` tokens, each decode step adds a token to every running
+    sequence. When the free blocks do not cover a step, the most recently admitted running
+    sequence is preempted by recomputation: its blocks are freed, it goes back to the front of
+    the queue, and when admitted again it is prefilled with its prompt plus the tokens it had
+    generated and then generates the rest; repeated until the step fits. ``"reserve"``: a call
+    reserves its whole ``input + output`` tokens at admission and is never preempted.
 
 Speed
     Nothing is done per token or per sequence per step. A replica with a running set and nothing
     to admit jumps straight to its next completion: ``n`` steps (the fewest remaining output
     tokens) at the step time of the mean context in the middle of the jump (exact for step times
-    linear in the context). A call that arrives during a jump and fits cuts the jump short at the
-    end of the step in progress, as vLLM's scheduler would. Step times come from per-batch tables
+    linear in the context). With paged KV the jump also stops at the step whose blocks the free
+    ones do not cover: a token-count bound first, and only when it fails the exact count, from
+    the running sequences' token counts modulo the block size (``O(block size)``, not per
+    sequence). A call that arrives during a jump and fits cuts the jump short at the end of the
+    step in progress (at ``k`` times the jump's step time), as vLLM's scheduler would. Step times come from per-batch tables
     of the latency model over a log-spaced token grid (1% spacing, linear interpolation between
     grid points: exact for step times linear in the tokens), filled lazily with one vectorised
     query per batch size.
@@ -76,6 +93,7 @@ from scepsy_opt.allocation import Allocation, check_allocation
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
+from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.serving import MemoryPolicy, memory_fit
 
 Routing = Literal["round_robin", "least_loaded"]
@@ -86,7 +104,7 @@ MAX_REQUESTS = 1_000_000
 _DEFAULT_POLICY = MemoryPolicy()
 
 _GRID_STEP = 0.01  # log spacing of the step-time tables (1%)
-_ARRIVAL, _START, _TOOL_END, _WAKE = 0, 1, 2, 3
+_ARRIVAL, _START, _TOOL_END, _WAKE, _SUBMIT = 0, 1, 2, 3, 4
 _IDLE, _PREFILL, _DECODE, _BOUNDARY = 0, 1, 2, 3
 
 
@@ -117,6 +135,8 @@ class SimulatedLLM:
     mean_prefill_batch: float  # calls per prefill iteration
     kv_tokens: int  # KV capacity of one replica
     max_batch: int  # policy.max_batch
+    preemptions: int = 0  # sequences evicted (paged KV), over the whole run, warm-up included
+    preemptions_per_call: float = 0.0  # preemptions / calls, both over the whole run
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +166,9 @@ class CallEvent:
     ready_s: float
     start_s: float | None
     end_s: float | None
+    admitted_s: tuple[float, ...] = ()  # every admission to a prefill (re-admissions after
+    #                                     a preemption too); the first is start_s
+    preempted_s: tuple[float, ...] = ()  # when the call was preempted (paged KV)
 
 
 @dataclass(frozen=True)
@@ -274,15 +297,31 @@ class _StepTable:
 
 # --------------------------------------------------------------------------- the engine
 class _Replica:
+    """One replica: FCFS queue, running heap, KV in tokens (reserve) or blocks (paged).
+
+    ``kv_used`` is, with ``reserve``, the tokens reserved by the running and admitted calls; with
+    ``paged``, the blocks of the calls admitted to the prefill in progress only (the running
+    set's blocks follow from its tokens: :meth:`used_blocks`). ``hist[r]`` counts the running
+    sequences whose ``tokens − steps`` is ``r`` modulo the block size (constant per sequence):
+    with it the blocks held, and those taken by each of the next steps, cost ``O(block size)``.
+    A call is ``(arrival, call index, input tokens, output tokens)``; a preempted call comes back
+    as ``(arrival, call, input + generated, output − generated)``.
+    """
+
     __slots__ = (
-        "admitted", "busy", "calls", "ctx_base", "decode_batch", "decode_steps", "eng", "idx",
-        "jump_n", "jump_t0", "jump_tau", "kv_cap", "kv_used", "llm", "max_batch", "n_prefill",
-        "prefill_calls", "queue", "running", "state", "steps", "version",
+        "admitted", "bs", "busy", "calls", "ctx_base", "decode_batch", "decode_steps", "eng",
+        "hist", "idx", "inflight", "jump_n", "jump_t0", "jump_tau", "kv_cap", "kv_used", "llm",
+        "max_batch", "n_prefill", "paged", "preemptions", "prefill_calls", "queue", "running",
+        "state", "steps", "version",
     )
 
-    def __init__(self, eng: _Engine, llm: int, idx: int, kv_cap: int, max_batch: int) -> None:
+    def __init__(self, eng: _Engine, llm: int, idx: int, kv_cap: int, max_batch: int,
+                 block_size: int) -> None:
         self.eng, self.llm, self.idx = eng, llm, idx
         self.kv_cap, self.max_batch = kv_cap, max_batch
+        self.paged = block_size > 0  # 0: reserve
+        self.bs = block_size
+        self.hist = [0] * block_size
         self.kv_used = 0
         self.queue: deque = deque()
         self.running: list = []  # heap of (finish step, seq, call)
@@ -293,13 +332,64 @@ class _Replica:
         self.version = 0
         self.jump_t0 = self.jump_tau = 0.0
         self.jump_n = 0
-        self.calls = 0
+        self.calls = self.preemptions = self.inflight = 0
         self.busy = self.decode_steps = self.decode_batch = 0.0
         self.n_prefill = self.prefill_calls = 0
 
     def load(self) -> int:
-        return len(self.queue) + len(self.running) + len(self.admitted)
+        return len(self.queue) + len(self.running) + len(self.admitted) + self.inflight
 
+    # ----------------------------------------------------------------- paged KV
+    def used_blocks(self, steps: int) -> int:
+        """Blocks the running set holds after ``steps`` decode steps (exact, paged)."""
+        bs = self.bs
+        tot = self.ctx_base + len(self.running) * steps
+        for r, h in enumerate(self.hist):
+            if h:
+                tot += h * ((-r - steps) % bs)  # the free slots of each last block
+        return tot // bs
+
+    def block_steps(self, n: int) -> int:
+        """The most decode steps (≤ n) whose new blocks the free blocks cover (paged)."""
+        b, bs, steps, hist = len(self.running), self.bs, self.steps, self.hist
+        m, rem = divmod(self.kv_cap - self.used_blocks(steps), b)
+        k = m * bs  # every bs steps each sequence takes exactly one block
+        if k >= n:
+            return n
+        for j in range(1, bs + 1):  # step j takes the blocks of the sequences whose are full
+            a = hist[(1 - steps - j) % bs]
+            if a > rem:
+                break
+            rem -= a
+            k += 1
+        return min(k, n)
+
+    def preempt(self, t: float) -> None:
+        """Evict the most recently admitted running sequence to the front of the queue."""
+        running = self.running
+        j = max(range(len(running)), key=lambda x: running[x][1])
+        f, _, c = running[j]
+        running[j] = running[-1]
+        running.pop()
+        heapq.heapify(running)
+        d = c[2] + c[3] - f  # tokens − steps
+        self.ctx_base -= d
+        self.hist[d % self.bs] -= 1
+        tokens = d + self.steps  # prompt + generated so far: the recompute prefill's input
+        self.queue.appendleft((c[0], c[1], tokens, c[3] - (tokens - c[2])))
+        self.preemptions += 1
+        log = self.eng.log
+        if log is not None:
+            log[(c[0], c[1])][5].append(t)
+
+    def fits_paged(self, call: tuple, steps: int) -> bool:
+        """Would ``call`` be admitted at a boundary after ``steps`` (nothing in prefill)?"""
+        b, bs = len(self.running), self.bs
+        need = (call[2] + bs) // bs  # the blocks of prompt + 1 token
+        bound = (self.ctx_base + b * steps + b * (bs - 1)) // bs  # ≥ the blocks held
+        return bound + need <= self.kv_cap or self.used_blocks(steps) + need <= self.kv_cap
+
+    # ----------------------------------------------------------------- events
     def submit(self, call: tuple, t: float) -> None:
         q = self.queue
         q.append(call)
@@ -308,49 +398,99 @@ class _Replica:
             self.state = _BOUNDARY
             self.version += 1
             self.eng.push(t, _WAKE, self, self.version)
-        elif st == _DECODE and len(q) == 1 and len(self.running) < self.max_batch \
-                and self.kv_used + call[2] + call[3] <= self.kv_cap:
+        elif st == _DECODE and len(q) == 1 and len(self.running) < self.max_batch:
             k = int((t - self.jump_t0) / self.jump_tau) + 1  # end the step in progress
-            if k < self.jump_n:
+            if k < self.jump_n and (self.fits_paged(call, self.steps + k) if self.paged
+                                    else self.kv_used + call[2] + call[3] <= self.kv_cap):
                 self.jump_n = k
                 self.version += 1
                 self.eng.push(self.jump_t0 + k * self.jump_tau, _WAKE, self, self.version)
+
+    def admit_reserve(self, q: deque, room: int, budget: float) -> int:
+        """Move the calls that fit from the queue to ``admitted``; their prompt tokens."""
+        head = q[0]
+        if self.kv_used + head[2] + head[3] > self.kv_cap:
+            return 0
+        adm = self.admitted
+        kv, cap, tot = self.kv_used, self.kv_cap, 0
+        while q and room > 0:
+            c = q[0]
+            need = c[2] + c[3]
+            if kv + need > cap or (tot and tot + c[2] > budget):
+                break
+            kv += need
+            tot += c[2]
+            adm.append(q.popleft())
+            room -= 1
+        self.kv_used = kv
+        return tot
+
+    def admit_paged(self, q: deque, room: int, budget: float) -> int:
+        """:meth:`admit_reserve` with paged KV: each call needs its prompt's blocks (+1 token)."""
+        b, bs, cap, steps = len(self.running), self.bs, self.kv_cap, self.steps
+        held = (self.ctx_base + b * steps + b * (bs - 1)) // bs  # a bound first
+        exact = b == 0
+        if exact:
+            held = 0
+        adm = self.admitted
+        pend, tot = 0, 0
+        while q and room > 0:
+            c = q[0]
+            need = (c[2] + bs) // bs
+            if held + pend + need > cap:
+                if exact:
+                    break
+                held, exact = self.used_blocks(steps), True
+                if held + pend + need > cap:
+                    break
+            if tot and tot + c[2] > budget:
+                break
+            pend += need
+            tot += c[2]
+            adm.append(q.popleft())
+            room -= 1
+        self.kv_used = pend
+        return tot
 
     def start(self, t: float) -> None:
         """At an iteration boundary: prefill what can be admitted, else decode, else idle."""
         q = self.queue
         eng = self.eng
-        if q:
-            head = q[0]
-            room = self.max_batch - len(self.running)
-            if room > 0 and self.kv_used + head[2] + head[3] <= self.kv_cap:
-                adm = self.admitted
-                kv, cap, tot, budget = self.kv_used, self.kv_cap, 0, eng.prefill_budget
-                while q and room > 0:
-                    c = q[0]
-                    need = c[2] + c[3]
-                    if kv + need > cap or (tot and tot + c[2] > budget):
-                        break
-                    kv += need
-                    tot += c[2]
-                    adm.append(q.popleft())
-                    room -= 1
-                self.kv_used = kv
-                k = len(adm)
-                dt = eng.prefill[self.llm](k, tot / k) * 1e-3
-                if eng.log is not None:
-                    for c in adm:
-                        eng.log[(c[0], c[1])][2] = t
-                self.state = _PREFILL
-                self.version += 1
-                eng.account(self, t, t + dt, 0, 0.0, k)
-                eng.push(t + dt, _WAKE, self, self.version)
-                return
         running = self.running
+        if q:
+            room = self.max_batch - len(running)
+            if room > 0:
+                tot = (self.admit_paged if self.paged else self.admit_reserve)(
+                    q, room, eng.prefill_budget)
+                if tot:
+                    adm = self.admitted
+                    k = len(adm)
+                    dt = eng.prefill[self.llm](k, tot / k) * 1e-3
+                    if eng.log is not None:
+                        for c in adm:
+                            rec = eng.log[(c[0], c[1])]
+                            if rec[2] is None:
+                                rec[2] = t
+                            rec[4].append(t)
+                    self.state = _PREFILL
+                    self.version += 1
+                    eng.account(self, t, t + dt, 0, 0.0, k)
+                    eng.push(t + dt, _WAKE, self, self.version)
+                    return
         if running:
             b = len(running)
-            n = running[0][0] - self.steps
-            ctx = (self.ctx_base + b * self.steps) / b + 0.5 * (n - 1)
+            steps = self.steps
+            n = running[0][0] - steps
+            if self.paged and self.ctx_base + b * (steps + n + self.bs - 1) > self.bs * self.kv_cap:
+                while True:  # the blocks may run out within the jump: stop there, or preempt
+                    k = self.block_steps(n)
+                    if k:
+                        n = k
+                        break
+                    self.preempt(t)
+                    n = running[0][0] - steps  # a lone sequence always fits (_prepare)
+                b = len(running)
+            ctx = (self.ctx_base + b * steps) / b + 0.5 * (n - 1)
             tau = eng.decode[self.llm](b, ctx) * 1e-3
             self.jump_t0, self.jump_tau, self.jump_n = t, tau, n
             self.state = _DECODE
@@ -368,16 +508,23 @@ class _Replica:
         eng = self.eng
         done = []
         running = self.running
+        paged = self.paged
         if self.state == _PREFILL:
             steps = self.steps
+            hist, bs = self.hist, self.bs
             for c in self.admitted:
                 if c[3] <= 1:
                     done.append(c)
                 else:
                     eng.seq += 1
                     heapq.heappush(running, (steps + c[3] - 1, eng.seq, c))
-                    self.ctx_base += c[2] + 1 - steps
+                    d = c[2] + 1 - steps
+                    self.ctx_base += d
+                    if paged:
+                        hist[d % bs] += 1
             self.admitted = []
+            if paged:
+                self.kv_used = 0  # the admitted blocks now belong to the running set
         else:
             n = self.jump_n
             eng.account(self, self.jump_t0, self.jump_t0 + n * self.jump_tau, n, len(running), 0)
@@ -385,11 +532,15 @@ class _Replica:
             steps = self.steps
             while running and running[0][0] <= steps:
                 f, _, c = heapq.heappop(running)
-                self.ctx_base -= c[2] + c[3] - f  # input + 1 − admission step (= f − O + 1)
+                d = c[2] + c[3] - f  # input + 1 − admission step (= f − O + 1)
+                self.ctx_base -= d
+                if paged:
+                    self.hist[d % self.bs] -= 1
                 done.append(c)
         self.state = _BOUNDARY
         for c in done:
-            self.kv_used -= c[2] + c[3]
+            if not paged:
+                self.kv_used -= c[2] + c[3]
             self.calls += 1
             eng.finish(c[0], c[1], t)
         self.start(t)
@@ -397,20 +548,21 @@ class _Replica:
 
 class _Engine:
     def __init__(self, templates: list[_Template], arrivals: list[tuple[float, int]],
-                 tables: list[tuple[_StepTable, _StepTable]], shapes: list[tuple[int, int, int]],
+                 tables: list[tuple[_StepTable, _StepTable]], shapes: list[_Shape],
                  routing: str, window: tuple[float, float], horizon: float,
-                 prefill_budget: float, record: bool, progress: bool) -> None:
+                 prefill_budget: float, delay: float, record: bool, progress: bool) -> None:
         self.templates = templates
         self.arrivals = arrivals
         self.prefill = [p for p, _ in tables]
         self.decode = [d for _, d in tables]
-        self.replicas = [[_Replica(self, m, r, kv, mb) for r in range(n)]
-                         for m, (n, kv, mb) in enumerate(shapes)]
+        self.replicas = [[_Replica(self, m, r, sh.kv_cap, sh.max_batch, sh.block_size)
+                          for r in range(sh.replicas)] for m, sh in enumerate(shapes)]
         self.rr = [0] * len(shapes)
         self.least = routing == "least_loaded"
         self.w0, self.w1 = window
         self.horizon = horizon
         self.prefill_budget = prefill_budget
+        self.delay = delay  # pure delay of every LLM call before its replica sees it
         self.heap: list = []
         self.seq = 0
         n = len(arrivals)
@@ -455,7 +607,7 @@ class _Engine:
         m = tm.llm[i]
         if m < 0:
             if self.log is not None:
-                self.log[(aid, i)] = [None, t, t, None]
+                self.log[(aid, i)] = [None, t, t, None, [], []]
             self.push(t + tm.dur[i], _TOOL_END, aid, i)
             return
         reps = self.replicas[m]
@@ -468,8 +620,12 @@ class _Engine:
             rep = reps[r]
             self.rr[m] = (r + 1) % len(reps)
         if self.log is not None:
-            self.log[(aid, i)] = [rep.idx, t, None, None]
-        rep.submit((aid, i, tm.inp[i], tm.out[i]), t)
+            self.log[(aid, i)] = [rep.idx, t, None, None, [], []]
+        if self.delay > 0:  # routed now, seen by the replica after the delay
+            rep.inflight += 1
+            self.push(t + self.delay, _SUBMIT, rep, (aid, i, tm.inp[i], tm.out[i]))
+        else:
+            rep.submit((aid, i, tm.inp[i], tm.out[i]), t)
 
     def finish(self, aid: int, i: int, t: float) -> None:
         if self.log is not None:
@@ -511,6 +667,9 @@ class _Engine:
                     a.wake(t, b)
                 elif kind == _TOOL_END:
                     self.finish(a, b, t)
+                elif kind == _SUBMIT:
+                    a.inflight -= 1
+                    a.submit(b, t)
                 else:
                     self.start_call(a, b, t)
             events += 1
@@ -538,13 +697,29 @@ class _Engine:
 
 
 # --------------------------------------------------------------------------- public API
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """One LLM's replicas: how many, their KV capacity and batch limit."""
+
+    replicas: int
+    kv_tokens: int
+    kv_cap: int  # tokens (reserve) or blocks (paged)
+    max_batch: int
+    block_size: int  # 0: reserve
+
+
 @dataclass(frozen=True)
 class _Prepared:
     templates: list[_Template]
     by_workflow: dict[str, list[int]]
     llm_names: list[str]
     tables: list[tuple[_StepTable, _StepTable]]
-    shapes: list[tuple[int, int, int]]
+    shapes: list[_Shape]
+
+
+def _kv_block_size(policy: MemoryPolicy) -> int:
+    """The block size of paged KV management, 0 for ``reserve``."""
+    return policy.block_size if policy.kv_management == "paged" else 0
 
 
 def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
@@ -566,6 +741,7 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
             by_workflow[w].append(len(templates))
             templates.append(_compile(recs, llm_index))
     tables, shapes = [], []
+    bs = _kv_block_size(policy)
     for name in llm_names:
         if name not in models:
             raise InputError("simulate", f"models.{name}", "the catalog model this LLM runs")
@@ -578,11 +754,15 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
         longest = max(max(c.input_tokens, 1) + max(c.output_tokens, 1) for c in mine)
         max_in = max(max(c.input_tokens, 1) for c in mine)
         fit = memory_fit(model, inst.gpu, inst.tp, inst.share, longest, catalog, policy)
-        if not fit.feasible:
+        cap = fit.kv_tokens // bs if bs else fit.kv_tokens
+        if not fit.feasible or (bs and -(-longest // bs) > cap):
+            blocks = f" = {cap} blocks of {bs}" if bs else ""
             raise InputError("allocation", f"llms.{name}",
                              f"an instance whose KV cache holds the longest call ({longest} "
                              f"tokens; {model} on {inst.share:g} of {inst.tp} x {inst.gpu} holds "
-                             f"{fit.kv_tokens})")
+                             f"{fit.kv_tokens}{blocks})")
+        if bs:  # a preempted call is prefilled again with what it had generated
+            max_in = longest
         g, tp, s = inst.gpu, inst.tp, inst.share
 
         def pre(b, x, model=model, g=g, tp=tp, s=s):
@@ -593,7 +773,7 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
 
         tables.append((_StepTable(pre, max_in, f"prefill_ms({name})"),
                        _StepTable(dec, longest, f"decode_ms({name})")))
-        shapes.append((inst.replicas, fit.kv_tokens, policy.max_batch))
+        shapes.append(_Shape(inst.replicas, fit.kv_tokens, cap, policy.max_batch, bs))
     return _Prepared(templates, by_workflow, llm_names, tables, shapes)
 
 
@@ -682,6 +862,11 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
                                                and max_prefill_tokens >= 1):
         raise InputError("simulate", "max_prefill_tokens", "an integer >= 1 or None",
                          max_prefill_tokens)
+    if max_prefill_tokens is None:
+        max_prefill_tokens = policy.max_num_batched_tokens
+    delay = call_delay_s(latency)
+    if not (isinstance(delay, int | float) and math.isfinite(delay) and delay >= 0):
+        raise InputError("latency model", "call_delay_s", "a delay >= 0 s", delay)
     if drain_s is not None and not drain_s >= 0:
         raise InputError("simulate", "drain_s", "a time >= 0 s or None", drain_s)
     cat = catalog or default_catalog()
@@ -713,7 +898,7 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
         w1 = math.inf
     budget = math.inf if max_prefill_tokens is None else float(max_prefill_tokens)
     eng = _Engine(prep.templates, arrivals, prep.tables, prep.shapes, routing, (w0, w1),
-                  horizon, budget, record, progress)
+                  horizon, budget, float(delay), record, progress)
     tic = time.perf_counter()
     eng.run()
     wall = time.perf_counter() - tic
@@ -751,7 +936,10 @@ def simulate(
     lasts ``duration_s`` (at most one; Poisson runs default to 1000 arrivals) and stops
     ``drain_s`` after the last arrival (``None``: when every request has completed).
     ``max_prefill_tokens`` caps the prompt tokens of one prefill iteration (vLLM's
-    ``max_num_batched_tokens``; a longer prompt still goes alone); ``None``: no cap.
+    ``max_num_batched_tokens``; a longer prompt still goes alone); ``None``: the policy's
+    ``max_num_batched_tokens`` (``None`` there too: no cap). ``policy`` also sets the batch
+    limit and the KV management (``paged`` blocks with preemption, or ``reserve``); a
+    latency model with a ``call_delay_s`` (engine overheads) delays every LLM call by it.
     ``record_events`` keeps every call's ready, start and end time in ``call_log``;
     ``progress`` prints a progress line on stderr. Deterministic for a given ``seed``.
     ``trace`` may also be a sequence of call records (validated here).
@@ -790,21 +978,25 @@ def simulate(
         reps = eng.replicas[m]
         steps = sum(r.decode_steps for r in reps)
         n_pre = sum(r.n_prefill for r in reps)
+        calls = sum(r.calls for r in reps)
+        evicted = sum(r.preemptions for r in reps)
         per_llm[name] = SimulatedLLM(
-            replicas=len(reps), calls=sum(r.calls for r in reps),
+            replicas=len(reps), calls=calls,
             utilisation=sum(r.busy for r in reps) / (span * len(reps)) if span > 0 else 0.0,
             mean_batch=sum(r.decode_batch for r in reps) / steps if steps else 0.0,
             mean_prefill_batch=sum(r.prefill_calls for r in reps) / n_pre if n_pre else 0.0,
-            kv_tokens=reps[0].kv_cap, max_batch=reps[0].max_batch,
+            kv_tokens=prep.shapes[m].kv_tokens, max_batch=reps[0].max_batch,
+            preemptions=evicted, preemptions_per_call=evicted / calls if calls else 0.0,
         )
     log = None
     if eng.log is not None:
         names = prep.llm_names
         rows = []
-        for (aid, i), (rep, ready, start, end) in sorted(eng.log.items()):
+        for (aid, i), (rep, ready, start, end, adm, pre) in sorted(eng.log.items()):
             t = tm[arrivals[aid][1]]
             llm = names[t.llm[i]] if t.llm[i] >= 0 else None
-            rows.append(CallEvent(aid, t.ids[i], llm, t.tools[i], rep, ready, start, end))
+            rows.append(CallEvent(aid, t.ids[i], llm, t.tools[i], rep, ready, start, end,
+                                  tuple(adm), tuple(pre)))
         log = tuple(rows)
     return SimulationResult(
         workflows=MappingProxyType(per_wf), llms=MappingProxyType(per_llm), requests=outcomes,
