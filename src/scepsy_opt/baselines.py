@@ -281,7 +281,8 @@ def _no_scale(problem: PlanningProblem, name: str, stats: dict[str, Any]) -> Pla
     """Infeasible: no scale of the targets meets the latency bounds (or the optimiser found none)."""
     bounds = _bounds(problem)
     info = Infeasibility(
-        "gpus", f"{name} found no scale of the targets at which the workflows meet their latency "
+        "latency" if bounds else "gpus",
+        f"{name} found no scale of the targets at which the workflows meet their latency "
         f"bounds ({', '.join(f'{w} {b:.4g} s' for w, b in bounds.items())})" if bounds else
         f"{name} found no scale of the targets it can serve", 0.0,
         {w: 0.0 for w in problem.targets}, None, ())  # no GPU budget is known to bind

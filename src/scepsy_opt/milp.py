@@ -11,6 +11,28 @@ One binary ``x_c`` per surviving candidate (``scepsy_opt.candidates``):
   answer is refined by bisection on ``s`` with min-latency solves whose workflows' latencies
   (linear in ``x``) are constrained.
 
+**Percentile bounds** (``PlanOptions.latency_bounds``, workflow -> (percentile ``q``, seconds
+``B``), either objective): the predicted ``q``-th percentile of the workflow's request latency
+(:mod:`scepsy_opt.tails`: request ``j`` takes ``Σ_m W_jm·u_m + t_j``, ``u_m`` the unit latency
+of the chosen candidate of ``m``, linear in ``x``) must not exceed ``B``. A percentile is not
+linear in ``x``; :func:`solve_min_latency` enforces it by lazy constraints
+(:func:`_percentile_bounded`): solve, *verify* the choice with
+:func:`scepsy_opt.tails.latency_quantiles`, and on a violation add (a) a dominance no-good cut
+excluding that choice and every choice no faster on any of the workflow's LLMs (valid: the
+percentile grows with every unit latency), (b) a valid lower bound of the percentile
+(:func:`scepsy_opt.tails.floor_cut`: the least weights of the requests above the percentile's
+rank; valid for every choice) and (c) the percentile linearised at the choice (the mean
+weights of the requests within ±2.5 percentile points of ``q``, :func:`scepsy_opt.tails.linearise`),
+then re-solve; at most :data:`LINEARISE_ITERS` times. The linearised rows steer the search but may
+cut off allowed choices, so the verified answer is then checked without them: the MILP with only
+the valid cuts (a relaxation of the bounded problem: its optimum is a lower bound) and a
+cost below the verified choice's, until it is infeasible (the choice is optimal), finds a
+cheaper choice that verifies (that one is optimal) or :data:`EXACT_ITERS` solves are spent
+(status ``time_limit``, with the gap to the relaxation's bound). Without any verified choice the
+plan is ``infeasible``: proven when even the fastest candidate of every LLM misses the bound or
+the relaxation runs out of choices, and said to be unproven otherwise. Every plan's
+``stats["latency_bounds"]`` gives each bound, the predicted percentile and whether it is met.
+
 Before the min-latency MILP, :func:`reduced_candidates` applies exact Lagrangian reduced-cost
 fixing (prices from the LP relaxation of a coarse candidate sample; docs/optimiser.md), so large
 clusters solve over a few percent of the candidates with the same optimum.
@@ -50,6 +72,8 @@ from scepsy_opt.candidates import (
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.plans import Infeasibility, Plan, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.stats import LLMStats
+from scepsy_opt.tails import floor_cut, latency_quantiles, linearise
 
 SEED = 0
 BISECT_REL = 1e-4  # max-throughput within latency bounds: the scale's relative bracket
@@ -58,6 +82,8 @@ ONE_TYPE_REL = 1e-13  # the max scale on one GPU type: bisected to float precisi
 Row = tuple[Mapping[Candidate, float], float]  # an extra MILP row: Σ coeff·x_c ≤ rhs
 Shape = tuple[str, int, float, int, float]  # (gpu, tp, share, units per replica, μ per replica)
 Shapes = Mapping[str, Sequence[Shape]]  # per LLM (:func:`capacity_shapes`)
+LINEARISE_ITERS = 6  # percentile bounds: solves with linearised rows before the exact check
+EXACT_ITERS = 40  # ... and solves of the exact check (valid cuts only)
 
 
 def _quiet_banner() -> None:
@@ -280,9 +306,13 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
     ``blocks`` counts GPUs as whole-GPU blocks (:func:`generate_candidates`); ``rows`` gives the
     extra rows of the final MILP for a candidate set (the block capacity rows). ``LB`` relaxes
     them (still a bound) and ``A`` satisfies them. ``deadline``: the plan's time limit
-    (:class:`TimeLimitReached` once it passes).
+    (:class:`TimeLimitReached` once it passes). With percentile bounds
+    (``PlanOptions.latency_bounds``: lazy constraints, no known feasible ``A``) the result is
+    every candidate.
     """
     left = Deadline.of(problem, deadline)
+    if _percentile_bounds(problem):  # the bound is no MILP row: nothing to fix by
+        return generate_candidates(problem, blocks=blocks, deadline=left)
     t0 = time.perf_counter()
     cache: dict[tuple[str, str, int], list[Any]] = {}
     gen = functools.partial(generate_candidates, problem, curve_cache=cache, blocks=blocks,
@@ -356,6 +386,8 @@ def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None
         reduce = problem.options.reduce
         if reduce is None:
             reduce = problem.cluster.total_gpus >= 64
+        # the reduction keeps the unbounded optimum's candidates only: not with percentile bounds
+        reduce = reduce and not _percentile_bounds(problem)
         try:
             cset = (reduced_candidates(problem, deadline=left) if reduce
                     else generate_candidates(problem, deadline=left))
@@ -365,6 +397,8 @@ def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None
                              "serving_curves": cset.curves, "candidates_s": cset.seconds}
     if cset.unfit or any(not c for c in cset.by_llm.values()):
         return _diagnosed(problem, cset, name, stats, left)
+    if _percentile_bounds(problem):
+        return _percentile_bounded(problem, cset, list(extra or []), name, stats, left)
     t1 = time.perf_counter()
     prob, xs = _knapsack(problem, cset.by_llm, extra)
     t2 = time.perf_counter()
@@ -386,6 +420,197 @@ def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None
     choice = _chosen(xs)
     return plan_from_choice(problem, name, status, choice, stats,  # type: ignore[arg-type]
                             bound_s=bound + problem.constant_s)
+
+
+def _percentile_bounds(problem: PlanningProblem) -> dict[str, tuple[float, float]]:
+    """The percentile bounds of the targeted workflows: workflow -> (percentile, seconds)."""
+    return {w: b for w, b in problem.options.latency_bounds.items() if w in problem.targets}
+
+
+def _path_weight(s: LLMStats) -> float:
+    """An LLM's mean critical-path weight in a workflow (units of its mean call): the ``Σ_c k_c``
+    the candidates' per-workflow latencies are weighted by (scepsy_opt.pipeline)."""
+    return s.critical_s / s.mean_call_s if s.mean_call_s > 0 else s.critical_calls
+
+
+def unit_latency(problem: PlanningProblem, workflow: str, cand: Candidate) -> float:
+    """The unit latency (s) of ``cand``'s LLM for ``workflow``: its contribution to the
+    workflow's mean latency over the LLM's mean critical-path weight (0 when off every path)."""
+    k = _path_weight(problem.stats[workflow].llms[cand.llm])
+    return dict(cand.workflow_latency_s).get(workflow, 0.0) / k if k > 0 else 0.0
+
+
+def percentile_latencies(problem: PlanningProblem, choice: Mapping[str, Candidate],
+                         ) -> dict[str, float]:
+    """Per percentile-bounded workflow, its predicted percentile (s) under ``choice``."""
+    out = {}
+    for w, (q, _) in _percentile_bounds(problem).items():
+        u = {m: unit_latency(problem, w, choice[m]) for m in problem.stats[w].llms}
+        out[w] = latency_quantiles(problem.stats[w].paths, u, (q,))[0]
+    return out
+
+
+def _meets(value: float, bound: float) -> bool:
+    return value <= bound * (1.0 + 1e-9)
+
+
+def _bound_report(problem: PlanningProblem, choice: Mapping[str, Candidate] | None,
+                  ) -> dict[str, dict[str, Any]]:
+    """``stats["latency_bounds"]``: each bound, its predicted percentile and whether it is met."""
+    got = percentile_latencies(problem, choice) if choice is not None else {}
+    return {w: {"percentile": q, "bound_s": b, "predicted_s": got.get(w),
+                "met": (w in got and _meets(got[w], b))}
+            for w, (q, b) in _percentile_bounds(problem).items()}
+
+
+def _solve_rows(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
+                rows: list[Row], deadline: Deadline,
+                ) -> tuple[str, dict[str, Candidate] | None, float, float]:
+    """(status, choice, objective, dual bound) of the min-cost MILP with ``rows``."""
+    prob, xs = _knapsack(problem, cands, rows)
+    prob.solve(_solver(problem, deadline))
+    status, _, bound = _status(prob)
+    if status not in ("optimal", "time_limit"):
+        return status, None, math.inf, math.inf
+    choice = _chosen(xs)
+    return status, choice, _cost(choice), bound
+
+
+def _percentile_bounded(problem: PlanningProblem, cset: CandidateSet, extra: list[Row], name: str,
+                        stats: dict[str, Any], deadline: Deadline) -> Plan:
+    """Min-latency within the percentile bounds by lazy constraints (module docstring)."""
+    t0 = time.perf_counter()
+    bounds = _percentile_bounds(problem)
+    cands = cset.by_llm
+    # every candidate's unit latency per bounded workflow, once
+    unit = {w: {c: unit_latency(problem, w, c) for m in problem.stats[w].llms for c in cands[m]}
+            for w in bounds}
+    # a proof of infeasibility at no cost: the fastest candidate of every LLM (the percentile
+    # only grows with any unit latency)
+    for w, (q, b) in bounds.items():
+        llms = problem.stats[w].llms
+        fastest = {m: min(unit[w][c] for c in cands[m]) for m in llms}
+        best = latency_quantiles(problem.stats[w].paths, fastest, (q,))[0]
+        if not _meets(best, b):
+            return _bound_infeasible(problem, name, stats, t0, (
+                f"{w}'s predicted p{q:g} latency is at least {best:.4g} s (every LLM on its "
+                f"fastest candidate at the targets), above the bound of {b:g} s"), proven=True)
+
+    def violated(choice: Mapping[str, Candidate]) -> list[str]:
+        got = percentile_latencies(problem, choice)
+        return [w for w, (_, b) in bounds.items() if not _meets(got[w], b)]
+
+    def nogood(choice: Mapping[str, Candidate], w: str) -> Row:
+        """The choice violates ``w``'s bound, and so does every choice no faster on any LLM
+        (the percentile grows with each unit latency): one of ``w``'s LLMs must be faster."""
+        llms = [m for m in problem.stats[w].llms if _path_weight(problem.stats[w].llms[m]) > 0]
+        coeffs: dict[Candidate, float] = {}
+        for m in llms:
+            at = unit[w][choice[m]]
+            coeffs.update((c, 1.0) for c in cands[m] if unit[w][c] >= at)
+        return coeffs, len(llms) - 1.0
+
+    def lin_row(w: str, choice: Mapping[str, Candidate], valid: bool = False) -> Row:
+        q, b = bounds[w]
+        u = {m: unit[w][choice[m]] for m in problem.stats[w].llms}
+        a, off = (floor_cut if valid else linearise)(problem.stats[w].paths, u, q)
+        coeffs: dict[Candidate, float] = {}
+        for m, am in a.items():
+            if am > 0:
+                for c in cands[m]:
+                    coeffs[c] = coeffs.get(c, 0.0) + am * unit[w][c]
+        return coeffs, b - off
+
+    nogoods: list[Row] = []
+    lins: list[Row] = []
+    best: dict[str, Candidate] | None = None
+    proven = False  # best is optimal (or, without best, no allocation meets the bounds)
+    lower = 0.0  # every cost is >= 0: a bound before any relaxation is solved
+    solves = 0
+    try:
+        # 1. linearised rows steer towards a verified choice
+        for _ in range(LINEARISE_ITERS):
+            status, choice, obj, bound = _solve_rows(problem, cands, extra + nogoods + lins,
+                                                     deadline)
+            solves += 1
+            if status == "time_limit_no_solution":
+                raise TimeLimitReached("time limit")
+            if choice is None and not lins:  # infeasible before any bound: as without bounds
+                if extra:
+                    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {},
+                                dict(stats, latency_bound_solves=solves))
+                return _diagnosed(problem, cset, name, stats, deadline)
+            if choice is None:  # the linearised rows admit nothing
+                break
+            if not lins:  # a relaxation of the bounded problem
+                lower = max(lower, bound)
+            bad = violated(choice)
+            if not bad:
+                best = choice
+                proven = not lins and status == "optimal"
+                break
+            nogoods.append(nogood(choice, bad[0]))
+            nogoods.extend(lin_row(w, choice, valid=True) for w in bad)
+            lins.extend(lin_row(w, choice) for w in bad)
+        # 2. the exact check: valid cuts only, cheaper than the best verified choice
+        for _ in range(EXACT_ITERS if not proven else 0):
+            cut: list[Row] = []
+            if best is not None:
+                z = _cost(best)
+                cut = [({c: c.cost for m in cands for c in cands[m]}, z - 1e-9 * max(1.0, abs(z)))]
+            status, choice, obj, bound = _solve_rows(problem, cands, extra + nogoods + cut,
+                                                     deadline)
+            solves += 1
+            if status == "time_limit_no_solution":
+                break
+            if choice is None:  # nothing cheaper left: the best verified choice is optimal
+                proven = status == "infeasible"
+                if best is not None:
+                    lower = _cost(best)
+                break
+            lower = max(lower, bound if math.isfinite(bound) else obj)
+            bad = violated(choice)
+            if not bad:
+                best, proven = choice, status == "optimal"
+                break
+            nogoods.append(nogood(choice, bad[0]))
+            nogoods.extend(lin_row(w, choice, valid=True) for w in bad)
+    except TimeLimitReached:
+        if best is None:
+            return time_limit_plan(name, dict(stats, latency_bound_solves=solves,
+                                              total_s=cset.seconds + time.perf_counter() - t0))
+    stats = dict(stats, latency_bound_solves=solves, solver=SOLVER,
+                 total_s=cset.seconds + time.perf_counter() - t0)
+    if best is None:
+        if proven:
+            why = (f"no allocation of the candidates meets the percentile bounds "
+                   f"({_bounds_text(bounds)}): every one that fits the GPUs misses one")
+        else:
+            why = (f"no allocation found whose predicted percentiles meet the bounds "
+                   f"({_bounds_text(bounds)}) in {solves} solves (not proven impossible: a longer "
+                   "search or a looser bound may find one)")
+        return _bound_infeasible(problem, name, stats, t0, why, proven=proven)
+    stats["latency_bounds"] = _bound_report(problem, best)
+    stats["latency_bounds_verified"] = True
+    stats["latency_bounds_optimal"] = proven
+    status_ = "optimal" if proven else "time_limit"
+    bound_s = (_cost(best) if proven else min(lower, _cost(best))) + problem.constant_s
+    return plan_from_choice(problem, name, status_, best, stats,  # type: ignore[arg-type]
+                            bound_s=bound_s)
+
+
+def _bounds_text(bounds: Mapping[str, tuple[float, float]]) -> str:
+    return ", ".join(f"{w} p{q:g} <= {b:g} s" for w, (q, b) in bounds.items())
+
+
+def _bound_infeasible(problem: PlanningProblem, name: str, stats: Mapping[str, Any], t0: float,
+                      detail: str, *, proven: bool) -> Plan:
+    """The infeasible plan of percentile bounds no allocation was found to meet."""
+    info = Infeasibility("latency", detail, 0.0, {w: 0.0 for w in problem.targets}, None, ())
+    st = dict(stats, latency_bounds=_bound_report(problem, None), latency_bounds_verified=False,
+              latency_bounds_proven_infeasible=proven)
+    st.setdefault("total_s", time.perf_counter() - t0)
+    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, st, info, 0.0)
 
 
 def _diagnosed(problem: PlanningProblem, cset: CandidateSet, name: str, stats: Mapping[str, Any],
@@ -618,7 +843,7 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
     scale, choice, status = max_scale(problem, shp, deadline=left)
     if status == "time_limit_no_solution":
         return time_limit_plan(name, {"total_s": time.perf_counter() - t0})
-    bounds = problem.options.latency_bound_s
+    bounds = dict(problem.options.latency_bound_s) or _percentile_bounds(problem)
     if not choice or scale <= 0:
         cset = generate_candidates(problem, deadline=left)
         return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left, shp)

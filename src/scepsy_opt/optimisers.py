@@ -4,25 +4,73 @@ Each entry builds an object with a ``name`` and a ``solve(problem) -> Plan`` met
 (:class:`scepsy_opt.plans.Optimiser`): the exact MILP (:mod:`scepsy_opt.milp`) and the baselines
 and oracle (:mod:`scepsy_opt.baselines`). The registry imports the optimisers; they do not know
 of it.
+
+Percentile bounds (``PlanOptions.latency_bounds``): the MILP enforces them; the baselines do not
+know of them, so the registry checks their answers (:func:`bound_checked`): a plan whose
+predicted percentile misses a bound becomes ``infeasible`` with the figures (the ``user``
+optimiser, an evaluation, keeps its allocation and reports the miss), and every plan's
+``stats["latency_bounds"]`` gives each bound, the predicted percentile and whether it is met.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
+from typing import Any
 
 from scepsy_common.errors import InputError
 from scepsy_opt.baselines import BruteForce, EqualSplit, Hierarchical, Independent, UserAllocation
-from scepsy_opt.milp import MILPOptimiser
-from scepsy_opt.plans import Optimiser
+from scepsy_opt.candidates import price
+from scepsy_opt.milp import MILPOptimiser, percentile_latencies
+from scepsy_opt.plans import Infeasibility, Optimiser, Plan
+from scepsy_opt.problem import PlanningProblem
+
+
+def check_latency_bounds(problem: PlanningProblem, plan: Plan, *, keep: bool = False) -> Plan:
+    """``plan`` with its percentile bounds checked (module docstring); ``keep``: report a miss
+    without dropping the allocation."""
+    bounds = {w: b for w, b in problem.options.latency_bounds.items() if w in problem.targets}
+    if not bounds or plan.allocation is None:
+        return plan
+    at = problem.scaled(plan.scale) if plan.scale != 1.0 else problem
+    got = percentile_latencies(at, price(at, plan.allocation))
+    report = {w: {"percentile": q, "bound_s": b, "predicted_s": got[w],
+                  "met": got[w] <= b * (1.0 + 1e-9)} for w, (q, b) in bounds.items()}
+    met = all(r["met"] for r in report.values())
+    stats = dict(plan.stats, latency_bounds=report, latency_bounds_verified=met)
+    if met or keep:
+        return replace(plan, stats=MappingProxyType(stats))
+    miss = ", ".join(f"{w} p{q:g} {got[w]:.4g} s > {b:g} s" for w, (q, b) in bounds.items()
+                     if not report[w]["met"])
+    info = Infeasibility("latency", f"{plan.optimiser} found no allocation within the percentile "
+                         f"bounds (its answer predicts {miss})", 0.0,
+                         {w: 0.0 for w in problem.targets}, None, ())
+    return Plan(plan.optimiser, "infeasible", None, math.inf, math.inf, math.inf, {},
+                MappingProxyType(stats), info, 0.0)
+
+
+def bound_checked(cls: type, *, keep: bool = False) -> type:
+    """A subclass of the optimiser class ``cls`` whose plans are checked against the percentile
+    bounds (:func:`check_latency_bounds`); instances are still instances of ``cls``."""
+
+    class Checked(cls):  # type: ignore[valid-type,misc]
+        def solve(self, problem: PlanningProblem, **kwargs: Any) -> Plan:
+            return check_latency_bounds(problem, super().solve(problem, **kwargs), keep=keep)
+
+    Checked.__name__ = Checked.__qualname__ = cls.__name__
+    Checked.__doc__ = cls.__doc__
+    return Checked
+
 
 OPTIMISERS: Mapping[str, Callable[[], Optimiser]] = MappingProxyType({
-    "milp": MILPOptimiser,
-    "brute-force": BruteForce,
-    "heuristic": Hierarchical,
-    "independent": Independent,
-    "equal-split": EqualSplit,
-    "user": UserAllocation,
+    "milp": MILPOptimiser,  # enforces the bounds itself
+    "brute-force": bound_checked(BruteForce),
+    "heuristic": bound_checked(Hierarchical),
+    "independent": bound_checked(Independent),
+    "equal-split": bound_checked(EqualSplit),
+    "user": bound_checked(UserAllocation, keep=True),
 })
 
 

@@ -26,7 +26,7 @@ Status = Literal["optimal", "time_limit", "time_limit_no_solution", "infeasible"
 class Infeasibility:
     """Why no allocation meets the targets, and how far the cluster gets."""
 
-    reason: Literal["memory", "gpus"]
+    reason: Literal["memory", "gpus", "latency"]
     detail: str
     max_scale: float  # the largest fraction of the targets the cluster carries
     max_throughput: Mapping[str, float]  # per workflow, req/s

@@ -41,6 +41,9 @@ class PlanOptions:
     weights: Mapping[str, float] = field(default_factory=dict)  # per workflow, default 1
     objective: Objective = "min-latency"
     latency_bound_s: Mapping[str, float] = field(default_factory=dict)  # max-throughput mode
+    # per workflow: (percentile in (0, 100), seconds): the predicted request-latency percentile
+    # (scepsy_opt.tails) must not exceed the seconds; both objectives (docs/optimiser.md)
+    latency_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     current: Allocation | None = None
     change_penalty_s: float = 0.0
     prune_rel: float = 1e-9
@@ -70,6 +73,18 @@ class PlanOptions:
         for w, x in self.latency_bound_s.items():
             if not (math.isfinite(x) and x > 0):
                 raise InputError(src, f"latency_bound_s.{w}", "a latency bound > 0 s", x)
+        bounds = {}
+        for w, b in self.latency_bounds.items():
+            field_ = f"latency_bounds.{w}"
+            try:
+                q, x = (float(v) for v in b)
+            except (TypeError, ValueError):
+                raise InputError(src, field_, "a pair (percentile, seconds)", b) from None
+            if not (math.isfinite(q) and 0 < q < 100):
+                raise InputError(src, field_, "a percentile in (0, 100)", q)
+            if not (math.isfinite(x) and x > 0):
+                raise InputError(src, field_, "a latency bound > 0 s", x)
+            bounds[w] = (q, x)
         if not (math.isfinite(self.change_penalty_s) and self.change_penalty_s >= 0):
             raise InputError(src, "change_penalty_s", "a penalty >= 0 s per changed replica",
                              self.change_penalty_s)
@@ -83,6 +98,7 @@ class PlanOptions:
         object.__setattr__(self, "tps", tuple(sorted(set(self.tps))))
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         object.__setattr__(self, "latency_bound_s", MappingProxyType(dict(self.latency_bound_s)))
+        object.__setattr__(self, "latency_bounds", MappingProxyType(dict(sorted(bounds.items()))))
 
 
 class TimeLimitReached(Exception):
@@ -159,6 +175,10 @@ class PlanningProblem:
         for w in self.options.weights:
             if w not in self.targets:
                 raise InputError("plan options", f"weights.{w}", "a workflow with a target", w)
+        for w in self.options.latency_bounds:
+            if w not in self.targets:
+                raise InputError("plan options", f"latency_bounds.{w}",
+                                 f"a workflow with a target ({', '.join(sorted(self.targets))})", w)
         object.__setattr__(self, "targets", MappingProxyType(dict(sorted(self.targets.items()))))
 
     @property

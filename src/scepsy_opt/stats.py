@@ -22,6 +22,12 @@ For a workflow ``w`` with requests ``r = 1..R`` and, per request, LLM calls ``C_
   replacement, ``numpy.random.default_rng(seed)``).
 * ``llm_overlap = mean_r |{t: ≥ 2 different LLMs busy}| / |{t: ≥ 1 LLM busy}|``: the concurrency
   across different LLMs that the paper's serial-stage form ignores (limitation 1).
+* ``paths`` (:class:`RequestPaths`): per request (``request_id`` order), each LLM's time on its
+  critical path in units of that LLM's mean call, ``W_rm = Σ_{c on the path, LLM m} d_c /
+  mean_call_s_m`` (the count of its calls there when ``mean_call_s_m`` is 0), and the tool time on
+  it. Their means over the requests are the predictor's critical-path weights
+  ``critical_s / mean_call_s`` and ``tool_critical_s``; their spread gives the tail latency
+  (:mod:`scepsy_opt.tails`).
 
 CV is the population coefficient of variation ``std / mean`` (``ddof = 0``), 0 when there are
 fewer than two values or the mean is 0. Everything is invariant to the order of the records
@@ -32,7 +38,7 @@ shifting all times of a request by a constant.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
@@ -80,6 +86,54 @@ class LLMStats:
     mean_call_s: float
 
 
+@dataclass(frozen=True, eq=False)
+class RequestPaths:
+    """Per request (rows in ``request_id`` order), each LLM's time on the critical path in units
+    of its mean call (``weights``, R x M, columns in ``llms`` order) and the tool time on it
+    (``tool_s``, R). Compares by value; the arrays are read-only."""
+
+    llms: tuple[str, ...]
+    weights: np.ndarray
+    tool_s: np.ndarray
+
+    def __post_init__(self) -> None:
+        t = np.array(self.tool_s, dtype=float).reshape(-1)
+        w = np.array(self.weights, dtype=float).reshape(t.shape[0], len(self.llms))
+        if w.shape[0] != t.shape[0]:
+            raise ValueError(f"RequestPaths: {w.shape[0]} weight rows but {t.shape[0]} tool times")
+        w.setflags(write=False)
+        t.setflags(write=False)
+        object.__setattr__(self, "llms", tuple(self.llms))
+        object.__setattr__(self, "weights", w)
+        object.__setattr__(self, "tool_s", t)
+
+    @property
+    def requests(self) -> int:
+        """Number of requests (rows)."""
+        return int(self.tool_s.shape[0])
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, RequestPaths):
+            return NotImplemented
+        return (self.llms == other.llms and np.array_equal(self.weights, other.weights)
+                and np.array_equal(self.tool_s, other.tool_s))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+NO_PATHS = RequestPaths((), np.zeros((0, 0)), np.zeros(0))
+
+
+def mean_paths(llms: Mapping[str, LLMStats], tool_critical_s: float) -> RequestPaths:
+    """One request with the mean critical path of ``llms`` (for statistics without per-request
+    data: every percentile is then the mean)."""
+    names = tuple(sorted(llms))
+    row = [llms[m].critical_s / llms[m].mean_call_s if llms[m].mean_call_s > 0
+           else llms[m].critical_calls for m in names]
+    return RequestPaths(names, np.array([row], dtype=float).reshape(1, len(names)),
+                        np.array([tool_critical_s]))
+
+
 @dataclass(frozen=True)
 class WorkflowStats:
     """Aggregate statistics of one workflow's requests; ``llms`` sorted by name."""
@@ -96,9 +150,13 @@ class WorkflowStats:
     tool_time_mean_s: float
     tool_critical_s: float
     llm_overlap: float
+    # per-request critical paths (tails); left out: one request with the mean path (mean_paths)
+    paths: RequestPaths = field(default_factory=lambda: NO_PATHS)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
+        if self.paths.requests == 0:
+            object.__setattr__(self, "paths", mean_paths(self.llms, self.tool_critical_s))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -295,6 +353,13 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
             mean_call_s=float(busy_total[j] / count[:, j].sum()),
         )
 
+    mean_call = np.array([llm_stats[m].mean_call_s for m in llms])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        weights = np.where(mean_call[None, :] > 0,
+                           critical_busy / np.where(mean_call > 0, mean_call, 1.0)[None, :],
+                           critical)
+    paths = RequestPaths(tuple(llms), weights.reshape(R, K),
+                         np.array([q.tool_critical_s for q in per]))
     spans = np.array([q.span_s for q in per])
     overlaps = [q.llm_overlap_s / q.llm_busy_s for q in per if q.llm_busy_s > 0]
     return WorkflowStats(
@@ -308,6 +373,7 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
         tool_time_mean_s=float(np.mean([q.tool_s for q in per])),
         tool_critical_s=float(np.mean([q.tool_critical_s for q in per])),
         llm_overlap=float(np.mean(overlaps)) if overlaps else 0.0,
+        paths=paths,
     )
 
 
@@ -343,7 +409,8 @@ def _workflow_dict(ws: WorkflowStats) -> dict:
                         for c in s.classes]
         return d
 
-    d = {k: getattr(ws, k) for k in WorkflowStats.__dataclass_fields__ if k != "llms"}
+    d = {k: getattr(ws, k) for k in WorkflowStats.__dataclass_fields__
+         if k not in ("llms", "paths")}  # paths: per request, not part of the summary
     d["llms"] = {m: llm(s) for m, s in ws.llms.items()}
     return d
 

@@ -159,7 +159,7 @@ class InfeasibleSection(BaseModel):
     """Why no allocation meets the targets, and how far the cluster gets."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    reason: Literal["memory", "gpus"]
+    reason: Literal["memory", "gpus", "latency"]
     detail: str
     max_scale: float
     max_throughput: dict[str, float]
