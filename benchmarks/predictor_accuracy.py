@@ -5,6 +5,9 @@
     python benchmarks/predictor_accuracy.py --workflows beam-search   # rerun one, keep the others
     python benchmarks/predictor_accuracy.py --workflows beam-search --latency-only
         # keep the stored saturation references, re-simulate only the latency points
+    python benchmarks/predictor_accuracy.py --quick [--reprice]
+        # 6 allocations per size, stored apart (results/predictor_accuracy_quick.json)
+    python benchmarks/predictor_accuracy.py --kv reserve   # both sides with reserved KV
 
 For each bundled workflow (RAG + reranker, beam search + PRM, coding agent) and cluster size (4, 8
 and 16 A100-80GB GPUs), draw random feasible allocations (seeded), and compare
@@ -33,7 +36,7 @@ from scepsy_opt.traces import validate_calls
 from scepsy_opt.workflows import generate_trace, load_workflow
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.roofline import roofline_model
-from scepsy_profile.serving import memory_fit
+from scepsy_profile.serving import MemoryPolicy, memory_fit
 
 WORKFLOWS = ("rag", "beam-search", "coding-agent")
 # simulated arrivals per run, relative to --requests: beam-search requests are heavy-tailed (6-211
@@ -95,15 +98,29 @@ def allocations(spec: Any, gpus: int, seed: int, count: int) -> list[Allocation 
     return [random_allocation(dict(spec.llms), gpus, rng) for _ in range(count)]
 
 
+KV = "default"  # --kv: the KV management both sides use ("default": each side's own default)
+
+
+def policy() -> MemoryPolicy:
+    """The memory policy of both the predictor and the simulator (``--kv``)."""
+    if KV == "default":
+        return MemoryPolicy()
+    if "kv_management" not in getattr(MemoryPolicy, "__dataclass_fields__", {}):
+        raise SystemExit("--kv needs MemoryPolicy.kv_management (not in this version)")
+    return MemoryPolicy(kv_management=KV)  # type: ignore[call-arg]
+
+
 def predictions(spec: Any, st: Any, alloc: Allocation, roof: Any, saturation: float) -> dict:
     """Both forms' predicted saturation and their latency at FRACTIONS of the simulated one."""
     out = {}
+    pol = policy()
     for form in FORMS:
-        pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0}, form=form)
+        pred = predict({spec.name: st}, dict(spec.llms), alloc, roof, {spec.name: 1.0}, form=form,
+                       policy=pol)
         out[f"{form}:saturation"] = pred.workflows[spec.name].max_throughput
         for frac in FRACTIONS:
             pred = predict({spec.name: st}, dict(spec.llms), alloc, roof,
-                           {spec.name: frac * saturation}, form=form)
+                           {spec.name: frac * saturation}, form=form, policy=pol)
             out[f"{form}:latency@{frac}"] = pred.workflows[spec.name].mean_latency_s
     return out
 
@@ -126,7 +143,8 @@ def evaluate(name: str, gpus: int, k: int, seed: int, requests: int) -> list[dic
     for i, alloc in enumerate(allocations(spec, gpus, seed, k)):
         if alloc is None:
             continue
-        sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roof, seed=seed + i)
+        sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roof, seed=seed + i,
+                      policy=policy())
         sat = saturation_rate(trace, rates={spec.name: 1.0}, requests=sat_requests, rel_tol=0.05,
                               **sim_kw)
         rows.append({"workflow": name, "gpus": gpus, "alloc": i, "sim_saturation": sat,
@@ -143,7 +161,7 @@ def latency_runs(name: str, gpus: int, index: int, seed: int, requests: int,
     spec, trace = workload(name, seed)
     alloc = allocations(spec, gpus, seed, index + 1)[index]
     sim_kw = dict(models=dict(spec.llms), allocation=alloc, latency=roofline_model(),
-                  seed=seed + index)
+                  seed=seed + index, policy=policy())
     n = max(200, int(requests * LATENCY_SCALE[name]))
     return {"workflow": name, "gpus": gpus, "alloc": index,
             **simulated_latencies(spec, trace, sim_kw, n, saturation)}
@@ -169,8 +187,16 @@ def reprice(rows: list[dict], seed: int) -> list[dict]:
 
 
 def main() -> None:
+    global KV
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--allocations", type=int, default=20)
+    ap.add_argument("--allocations", type=int, default=None, help="per size (20; --quick 6)")
+    ap.add_argument("--quick", action="store_true",
+                    help="6 allocations per size unless --allocations; results stored apart "
+                         "(results/predictor_accuracy_quick.json)")
+    ap.add_argument("--kv", choices=("default", "reserve", "paged"), default="default",
+                    help="KV management of both the predictor and the simulator")
+    ap.add_argument("--name", default=None,
+                    help="results name (default predictor_accuracy[_quick][_KV])")
     ap.add_argument("--requests", type=int, default=1600,
                     help="simulated arrivals per run (RAG; beam search 1/4, coding agent 2.5x)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -185,6 +211,12 @@ def main() -> None:
                     help="with --workflows: keep the stored saturation references of those "
                          "workflows and re-simulate only their latency points")
     args = ap.parse_args()
+    KV = args.kv
+    if args.allocations is None:
+        args.allocations = 6 if args.quick else 20
+    name = "predictor_accuracy" + ("_quick" if args.quick else "") + (
+        "" if args.kv == "default" else f"_{args.kv}")
+    name = args.name or name
     chosen = [w.strip() for w in args.workflows.split(",") if w.strip()]
     if not chosen or any(w not in WORKFLOWS for w in chosen):
         raise SystemExit(f"--workflows: expected a comma-separated subset of {list(WORKFLOWS)}, "
@@ -192,7 +224,7 @@ def main() -> None:
     from joblib import Parallel, delayed
 
     t0 = time.perf_counter()
-    stored = REPO / "results" / "predictor_accuracy.json"
+    stored = REPO / "results" / f"{name}.json"
     if args.reprice:
         if not stored.exists():
             raise SystemExit(f"--reprice needs {stored} from a full run")
@@ -203,7 +235,7 @@ def main() -> None:
         old = json.loads(stored.read_text())["rows"]
         redo = [r for r in old if r["workflow"] in chosen]
         fresh = Parallel(n_jobs=args.jobs)(
-            delayed(latency_runs)(r["workflow"], r["gpus"], r["alloc"], args.seed, args.requests,
+            delayed(_with_kv(latency_runs, KV))(r["workflow"], r["gpus"], r["alloc"], args.seed, args.requests,
                                   r["sim_saturation"]) for r in redo)
         new = {(f["workflow"], f["gpus"], f["alloc"]): f for f in fresh}
         merged = [{**r, **new.get((r["workflow"], r["gpus"], r["alloc"]), {})} for r in old]
@@ -211,13 +243,14 @@ def main() -> None:
     else:
         kept = []
         if len(chosen) < len(WORKFLOWS):
-            if not stored.exists():
-                raise SystemExit(f"--workflows {args.workflows} keeps the other rows of {stored}, "
-                                 "which does not exist: run all workflows first")
-            kept = [r for r in json.loads(stored.read_text())["rows"] if r["workflow"] not in chosen]
+            if stored.exists():
+                kept = [r for r in json.loads(stored.read_text())["rows"]
+                        if r["workflow"] not in chosen]
+            else:
+                print(f"{stored} does not exist: only {args.workflows} is reported")
         jobs = [(w, g) for w in chosen for g in (4, 8, 16)]
         results = Parallel(n_jobs=args.jobs)(
-            delayed(evaluate)(w, g, args.allocations, args.seed, args.requests) for w, g in jobs)
+            delayed(_with_kv(evaluate, KV))(w, g, args.allocations, args.seed, args.requests) for w, g in jobs)
         fresh = [r for rs in results for r in rs]
         rows = sorted(kept + fresh, key=lambda r: (WORKFLOWS.index(r["workflow"]), r["gpus"], r["alloc"]))
     summary = []
@@ -237,11 +270,25 @@ def main() -> None:
                             if not math.isfinite(r[f"{form}:latency@{f}"])]
                 line[f"{form} sat"] = pct(float(np.median(sat_err))) if sat_err else "-"
                 line[f"{form} lat"] = pct(float(np.median(lat_err))) if lat_err else "-"
+            for f in FRACTIONS:  # the critical-path form's signed error per load level
+                signed = [r[f"critical-path:latency@{f}"] / r[f"sim_latency@{f}"] - 1 for r in sel
+                          if r[f"sim_latency@{f}"] > 0]
+                line[f"signed@{f}"] = pct(float(np.median(signed))) if signed else "-"
             summary.append(line)
-    print("Median absolute error of the predictor against the simulator")
+    print("Median absolute error of the predictor against the simulator "
+          "(signed@f: the critical-path form's signed median at f of saturation)")
     print(table(summary, list(summary[0])))
     print(f"wall time {time.perf_counter() - t0:.0f} s")
-    print(f"results: {write_results('predictor_accuracy', {'rows': rows, 'summary': summary})}")
+    print(f"results: {write_results(name, {'rows': rows, 'summary': summary, 'kv': args.kv})}")
+
+
+def _with_kv(fn: Any, kv: str) -> Any:
+    """``fn`` run with the KV setting ``kv`` (joblib's workers do not see :func:`main`'s)."""
+    def run(*args: Any) -> Any:
+        global KV
+        KV = kv
+        return fn(*args)
+    return run
 
 
 if __name__ == "__main__":

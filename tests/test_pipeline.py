@@ -223,7 +223,9 @@ def test_two_roles_of_one_llm_get_their_own_latency():
     alloc = Allocation({"a": Instance(GPU, 1, 1.0, 1)})
     pred = predict(stats, MODELS, alloc, ROOF, {"w": 1e-9})
     # at zero load each role costs its own prefill plus its own O - 1 decode steps
-    ctx = (4000 + 200) / 2 + (16 + 600) / 4  # the mixture's mean context I + O/2
+    # the mixture's time-average context of a running call, (E[I·O] + E[O²]/2) / E[O]: each
+    # call holds I + O/2 on average over its O steps, weighted by those steps
+    ctx = ((4000 * 16 + 200 * 600) / 2 + (16**2 + 600**2) / 4) / ((16 + 600) / 2)
     d = ROOF.decode_ms(MODELS["a"], GPU, 1, 1.0, 1, ctx)
     want = (ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 4000) + 15 * d
             + ROOF.prefill_ms(MODELS["a"], GPU, 1, 1.0, 1, 200) + 599 * d) / 1e3

@@ -14,7 +14,11 @@ budgets are exact integers.
 **Candidates** (:func:`generate_candidates`): every GPU type of the cluster × TP degree the model
 supports and a node of that type holds in one NVLink domain × share on the grid (shares < 1 only
 where the instance fits in that share of the memory; the serving curve decides) × replicas from
-the fewest that carry the load at ``max_utilisation`` up to what the budget allows. Replica counts
+the fewest that carry the load at ``max_utilisation`` and are not overloaded (the serving curve
+predicts no more preemptions per call than the policy's threshold at the per-replica call rate:
+the optimiser does not plan predicted preemption; :func:`unoverloaded_replicas`) up to what the
+budget allows. Latency costs include the engine's per-call delay
+(``scepsy_profile.overheads.call_delay_s``), as the predictor's do. Replica counts
 stop once the latency is within ``prune_rel`` of its zero-load floor (more replicas cannot gain
 more than that). **Dominance pruning**, per LLM and GPU type: a candidate is dropped when another
 uses no more GPU units and costs no more (on equal cost the one with fewer GPUs survives: the
@@ -42,6 +46,7 @@ from scepsy_opt.pipeline import (
     LLMDemand,
     class_latencies,
     class_latencies_many,
+    curve_preemptions,
     instance_curve,
     instance_curves,
     min_replicas,
@@ -274,6 +279,31 @@ class _ScanSpec:
     deadline: Deadline | None
 
 
+def unoverloaded_replicas(curve: Any, rate: float, start: int, limit: int) -> int:
+    """The fewest replicas, from ``start``, at which ``curve`` is not overloaded at the
+    per-replica call rate ``rate / r`` (:func:`~scepsy_opt.pipeline.curve_preemptions`: predicted
+    preemption above the policy's threshold); ``limit + 1`` when none up to ``limit`` is.
+    Preemption grows with the rate, so the answer is found by doubling and bisection."""
+    if rate <= 0 or not curve_preemptions(curve, rate / start)[1]:
+        return start
+
+    def ok(r: int) -> bool:
+        return not curve_preemptions(curve, rate / r)[1]
+
+    lo, hi = start, start + 1  # lo overloaded, hi to test
+    while hi <= limit and not ok(hi):
+        lo, hi = hi, start + 2 * (hi - start)
+    if hi > limit:
+        if ok(limit) and limit > lo:
+            hi = limit
+        else:
+            return limit + 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
 def _scans(spec: _ScanSpec, gpu: str, tp: int, live: list[Any]) -> list[_Scan]:
     """The replica range of each shape: from the fewest replicas that carry the load at
     ``max_utilisation`` to what the cap and ``max_replicas`` allow (empty ranges dropped)."""
@@ -283,7 +313,9 @@ def _scans(spec: _ScanSpec, gpu: str, tp: int, live: list[Any]) -> list[_Scan]:
     for c in live:
         k = replicas_per_gpu(c.share) if spec.blocks else 1
         per = UNITS * tp if spec.blocks else gpu_units(tp, c.share)
-        r_min = min_replicas(load, c.mu, opts.max_utilisation)
+        r_min = unoverloaded_replicas(c, spec.demand.rate,
+                                      min_replicas(load, c.mu, opts.max_utilisation),
+                                      opts.max_replicas)
         s_min, s_cap = math.ceil(r_min / k), min(spec.caps.get(gpu, 0) // per, opts.max_replicas // k)
         if s_min <= s_cap:
             out.append(_Scan(c, s_min, s_cap, per, k))

@@ -5,8 +5,9 @@ receives ``λ_m = Σ_w λ_w · n_wm`` calls/s, split evenly over its ``r_m`` rep
 the serving curve of its instance (``scepsy_profile.serving``) for the mean input and output
 tokens of the calls it receives (the call-rate-weighted mixture over workflows and roles).
 
-* **Throughput.** The workload scales until its first LLM saturates:
-  ``s* = min_m r_m·μ_m / ℓ_m``; workflow ``w``'s maximum throughput is ``T_w = s*·λ_w``. The
+* **Throughput.** All rates scale together; LLM ``m`` saturates at ``s_m = r_m·μ_m / ℓ_m`` and
+  workflow ``w``'s maximum throughput is ``T_w = λ_w · min_{m ∈ w} s_m`` over the LLMs ``w``
+  uses (workflows sharing no LLM are independent); ``throughput = min(λ_w, T_w)``. The
   load ``ℓ_m`` (:func:`llm_load`) is the call rate ``λ_m`` in the paper's form and, in the
   critical-path form, the larger of ``λ_m`` and the station's work ``Λ·p̄`` (below): exactly where
   each form's latency becomes infinite. For a single serial workflow both are the paper's
@@ -43,6 +44,13 @@ slowest-of-the-group factor from the critical path), so ``N`` is a birth-death c
 replaces the per-call M/M/c wait, which saw a Poisson stream of calls and missed the bursts
 (beam-search latency error 24-31% → 11-13%, docs/benchmarks.md).
 
+**Prefill-only LLMs** (one output token: rerankers, reward models) are not processor sharing:
+each iteration prefills every queued call and all finish together, so
+:func:`batch_prefill_latency` (an M/G/1 queue served in gated batches, with the prompts'
+variability) replaces the station for them. **Per-call delay**: every call's latency gains the
+engine's pure delay ``call_delay_s(latency)`` (calibrated overheads; 0 without). **Percentiles**
+of the request latency come from the trace's critical paths (``scepsy_opt.tails``).
+
 Per-class latency on a shared
 instance: the mixture's latency scaled by the class's own work,
 ``T_c = T_mix · (P(g, I_c) + (O_c − 1)·d) / (P(g, I_mix) + (O_mix − 1)·d)`` at the load's batch and
@@ -65,12 +73,15 @@ from numpy.typing import ArrayLike, NDArray
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, check_allocation
 from scepsy_opt.stats import WorkflowStats
+from scepsy_opt.tails import latency_quantiles
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel
+from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curves
 
 Form = Literal["paper", "critical-path"]
 FORMS: tuple[Form, ...] = ("paper", "critical-path")
+QUANTILES = (50, 90, 99)  # the request-latency percentiles of a prediction
 
 
 @dataclass(frozen=True)
@@ -85,12 +96,19 @@ class LLMLoad:
     output_mean: float
     mu: float  # calls/s per replica
     utilisation: float  # load / (replicas · mu), the load of :func:`llm_load` (saturated at 1)
-    call_latency_s: float  # mean over its calls at this load (inf when saturated)
+    call_latency_s: float  # mean over its calls at this load, call delay included (inf when saturated)
+    preemptions_per_call: float = 0.0  # the serving curve's, at the per-replica call rate
+    overloaded: bool = False  # the serving curve's verdict at the per-replica call rate
 
 
 @dataclass(frozen=True)
 class WorkflowPrediction:
-    """Predicted maximum throughput and mean latency of one workflow."""
+    """Predicted throughput, maximum throughput and latency (mean and percentiles) of one workflow.
+
+    ``max_throughput`` is the rate at which the first LLM the workflow uses saturates when every
+    workflow's rate scales together (``bottleneck`` is that LLM); ``throughput`` is
+    ``min(rate, max_throughput)`` and ``saturated`` says whether the rate reaches it. The
+    percentiles are NaN where they are not predicted (the paper's form)."""
 
     workflow: str
     rate: float
@@ -98,6 +116,11 @@ class WorkflowPrediction:
     bottleneck: str
     mean_latency_s: float
     form: Form
+    throughput: float = math.nan
+    saturated: bool = False
+    p50_latency_s: float = math.nan
+    p90_latency_s: float = math.nan
+    p99_latency_s: float = math.nan
 
 
 @dataclass(frozen=True)
@@ -141,6 +164,28 @@ class LLMDemand:
     parts: tuple[tuple[float, float, float], ...]
     terms: tuple[tuple[str, float, float, float], ...]
     critical_rate: float  # Σ_w λ_w · k_wm: critical-path calls per second (units of a mean call)
+    output_sq_mean: float | None = None  # E[O²] of the mixture (None: O constant)
+    io_mean: float | None = None  # E[I·O] of the mixture (None: input_mean · output_mean)
+    input_sq_mean: float | None = None  # E[I²] of the mixture (None: I constant)
+
+    @property
+    def input_scv(self) -> float:
+        """Squared coefficient of variation of the calls' input tokens (0 when unknown)."""
+        if self.input_sq_mean is None or self.input_mean <= 0:
+            return 0.0
+        return max(self.input_sq_mean / self.input_mean ** 2 - 1.0, 0.0)
+
+
+def _moments(st: WorkflowStats, llm: str) -> list[tuple[float, float, float, float]]:
+    """(calls per request, E[O²], E[I·O], E[I²]) per role: ``std² + mean²`` of the token counts
+    and ``input mean · output mean`` (the trace's statistics carry no covariance)."""
+    s = st.llms[llm]
+    classes = list(s.classes)
+    if not classes:
+        return [(s.n, s.output_std ** 2 + s.output_mean ** 2, s.input_mean * s.output_mean,
+                 s.input_std ** 2 + s.input_mean ** 2)]
+    return [(c.n, c.output_std ** 2 + c.output_mean ** 2, c.input_mean * c.output_mean,
+             c.input_std ** 2 + c.input_mean ** 2) for c in classes]
 
 
 def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
@@ -155,7 +200,11 @@ def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
     o_mix = sum(p[0] * p[2] for p in parts) / lam if lam > 0 else parts[0][2]
     terms = tuple((w, k, i, o) for w, st in live for _, k, i, o in _classes(st, llm))
     crit = sum(rates[w] * k for w, st in live for _, k, _, _ in _classes(st, llm))
-    return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms, crit)
+    mom = [(rates[w] * n, *m) for w, st in live for n, *m in _moments(st, llm)]
+    sq_mix, io_mix, isq_mix = (
+        sum(row[0] * row[j] for row in mom) / lam if lam > 0 else mom[0][j] for j in (1, 2, 3))
+    return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms, crit,
+                     sq_mix, io_mix, isq_mix)
 
 
 def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, share: float,
@@ -168,10 +217,43 @@ def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, 
 def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
                     shares: Sequence[float], *, catalog: Catalog | None = None,
                     policy: MemoryPolicy | None = None) -> list[ServingCurve]:
-    """:func:`instance_curve` for several shares at once (one latency query per phase)."""
+    """:func:`instance_curve` for several shares at once (one latency query per phase); the
+    output-length moments of the demand go to the curve (its KV occupancy)."""
+    sq, io = _curve_moments(demand)
     return serving_curves(latency, demand.model, gpu, tp, shares, max(demand.input_mean, 1.0),
                           max(demand.output_mean, 1.0), catalog=catalog,
-                          policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0))
+                          policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0),
+                          output_sq_mean=sq, io_mean=io)
+
+
+def _curve_moments(demand: LLMDemand) -> tuple[float | None, float | None]:
+    """(E[O²], E[I·O]) as the serving curve takes them: at least ``O²`` and positive (token
+    counts below 1 are read as 1, as the curve's means are); None where the demand has none."""
+    i, o = max(demand.input_mean, 1.0), max(demand.output_mean, 1.0)
+    sq = None if demand.output_sq_mean is None else max(demand.output_sq_mean, o * o)
+    io = None if demand.io_mean is None else (demand.io_mean if demand.io_mean > 0 else i * o)
+    return sq, io
+
+
+def decode_context(demand: LLMDemand) -> float:
+    """The mean context of a running call, the serving curve's: ``(E[I·O] + E[O²]/2) / O``, a
+    call holding ``I + O/2`` tokens on average over its ``O`` steps, weighted by those steps
+    (``I + O/2`` for constant lengths)."""
+    i, o = max(demand.input_mean, 1.0), max(demand.output_mean, 1.0)
+    sq, io = _curve_moments(demand)
+    if sq is None and io is None:
+        return i + o / 2.0
+    return ((i * o if io is None else io) + (o * o if sq is None else sq) / 2.0) / o
+
+
+def curve_preemptions(curve: ServingCurve, rate: float) -> tuple[float, bool]:
+    """(preemptions per call, overloaded) of ``curve`` at the per-replica call rate ``rate``.
+
+    Overloaded (the curve's verdict): predicted preemptions above the policy's threshold, or the
+    rate reaches ``μ``; an infeasible curve is ``(inf, True)``."""
+    if not curve.feasible:
+        return math.inf, True
+    return float(curve.preemptions_per_call(rate)), bool(curve.overloaded(rate))
 
 
 # --------------------------------------------------------------------------- capacity
@@ -369,6 +451,41 @@ def station_latencies(demand: LLMDemand, curves: Sequence[ServingCurve],
     return outs
 
 
+def batch_prefill_latency(curve: ServingCurve, demand: LLMDemand,
+                          replicas: ArrayLike) -> NDArray[np.float64]:
+    """Mean call latency (s) of a prefill-only LLM (one output token: a reranker, a reward
+    model) served in gated batches; ``inf`` at or beyond ``μ``. Vectorised over ``replicas``.
+
+    Each iteration prefills every call queued when it starts, and all of them finish together
+    at its end. Per replica, groups of ``g = max(1, p̄/r)`` calls (round robin deals a request's
+    ``p̄`` concurrent calls out over the ``r`` replicas; work ``S = p(g, I)``, squared
+    coefficient of variation ``c²`` of the calls' input tokens) arrive at ``x = λ/r`` calls/s,
+    ``ρ = x/μ``. The unfinished work is Pollaczek-Khinchine's
+    ``V = ρ·S·(1 + c²) / (2(1 − ρ))``; an arrival waits for the iteration in progress
+    (``R = V/(1 + ρ)``: ``V`` is that residual plus the ``ρ·R`` queued since it began) and then
+    for its own iteration, everything that arrived during the previous one
+    (``ρ·(age + R) + S``): ``L = S + V·(1 + 2ρ)/(1 + ρ)``. The processor-sharing station
+    (:func:`station_latency`) lets small calls pass large ones; a prefill is atomic, so long
+    prompts hold up everyone queued behind them.
+    """
+    r = np.atleast_1d(np.asarray(replicas, dtype=float))
+    out = np.full(r.shape, math.inf)
+    if not curve.feasible:
+        return out
+    fin = np.isfinite(r)
+    rho = np.where(fin, demand.rate / np.where(fin, r, 1.0), 0.0) / curve.mu
+    # round robin deals a group's calls out over the replicas: max(1, p̄/r) calls each
+    g = np.maximum(1.0, curve.prefill_batch / np.where(fin, r, math.inf))
+    s = np.where(g == curve.prefill_batch, curve.zero_load_latency_s,
+                 np.asarray(curve.latency_model.prefill_ms(
+                     curve.model, curve.gpu, curve.tp, curve.share, g, curve.input_tokens),
+                     dtype=float) * np.ones(r.shape) / 1e3)
+    ok = rho < 1.0
+    v = rho[ok] * s[ok] * (1.0 + demand.input_scv) / (2.0 * (1.0 - rho[ok]))
+    out[ok] = s[ok] + v * (1.0 + 2.0 * rho[ok]) / (1.0 + rho[ok])
+    return out
+
+
 ClassLatencies = tuple[NDArray[np.float64], dict[tuple[float, float], NDArray[np.float64]]]
 
 
@@ -379,7 +496,8 @@ def class_latencies(demand: LLMDemand, curve: ServingCurve, latency: LatencyMode
     Vectorised over ``replicas`` (the optimiser prices every replica count of a candidate at
     once). A class's latency on the shared instance is the mixture's, scaled by the class's own
     work: ``T_c = T_mix · (P(g, I_c) + (O_c − 1)·d) / (P(g, I_mix) + (O_mix − 1)·d)`` at the batch
-    ``B`` and prefill group ``g(B)`` of the load.
+    ``B`` and prefill group ``g(B)`` of the load. Every latency includes the engine's pure delay
+    per call, ``call_delay_s(latency)`` (0 without overheads).
     """
     return class_latencies_many(demand, [curve], latency, [replicas])[0]
 
@@ -400,6 +518,8 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     for j, mix in zip(live, stations, strict=True):
         c, r = curves[j], rs[j]
         per_replica = demand.rate / r
+        if c.output_tokens <= 1.0:  # every call one prefill: gated batches, not shared
+            mix = np.where(np.isfinite(mix), batch_prefill_latency(c, demand, r), mix)
         ok = np.isfinite(mix) & (per_replica > 0)
         b = np.ones(r.shape)
         if np.any(ok):
@@ -412,7 +532,7 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     share = np.concatenate(shares)
     k = np.concatenate([np.full(rs[j].shape, curves[j].prefill_batch) for j in live])
     g = np.maximum(k, np.maximum(b, 1.0) / c0.output_tokens)
-    ctx = c0.input_tokens + c0.output_tokens / 2.0
+    ctx = decode_context(demand)
     d = np.asarray(latency.decode_ms(c0.model, c0.gpu, c0.tp, share, b, ctx), float) * np.ones(b.shape)
     p_mix = np.asarray(latency.prefill_ms(c0.model, c0.gpu, c0.tp, share, g, c0.input_tokens),
                        float) * np.ones(b.shape)
@@ -428,6 +548,10 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
         p_c = np.asarray(latency.prefill_ms(c0.model, c0.gpu, c0.tp, share, g, max(i, 1.0)),
                          float) * np.ones(b.shape)
         per_class[(i, o)] = mix_all * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work
+    delay = call_delay_s(latency)
+    if delay:  # a pure delay per call, outside the engine (inf stays inf)
+        mixes = [m + delay for m in mixes]
+        per_class = {key: v + delay for key, v in per_class.items()}
     bounds = np.cumsum([0] + [len(rs[j]) for j in live])
     for n, j in enumerate(live):
         lo, hi = bounds[n], bounds[n + 1]
@@ -446,7 +570,8 @@ def predict(
     catalog: Catalog | None = None,
     policy: MemoryPolicy | None = None,
 ) -> Prediction:
-    """Predict every workflow's maximum throughput and its mean latency at ``rates`` (req/s)."""
+    """Predict every workflow's throughput, maximum throughput, mean latency and latency
+    percentiles at ``rates`` (req/s), and every LLM's load (see :class:`WorkflowPrediction`)."""
     if form not in FORMS:
         raise InputError("predict", "form", f"one of {list(FORMS)}", form)
     for w, r in rates.items():
@@ -482,30 +607,50 @@ def predict(
         mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
         load = llm_load(dem, form)
         util = utilisation(load, curve.mu, inst.replicas)
-        paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) if curve.feasible
-                         else math.inf)
+        paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) + call_delay_s(latency)
+                         if curve.feasible else math.inf)
+        pre, over = curve_preemptions(curve, dem.rate / inst.replicas)
         loads[m] = LLMLoad(m, models[m], dem.rate, inst.replicas, dem.input_mean,
-                           dem.output_mean, curve.mu, util, float(mix[0]))
+                           dem.output_mean, curve.mu, util, float(mix[0]), pre, over)
         headroom[m] = carried_scale(load, curve.mu, inst.replicas)
         for (i, o), v in per_class.items():
             class_lat[(m, i, o)] = float(v[0])
 
-    bottleneck = min(headroom, key=lambda m: (headroom[m], m))
-    scale = headroom[bottleneck]
     out: dict[str, WorkflowPrediction] = {}
     for w, st in stats.items():
         r = rates.get(w, 0.0)
         if r <= 0:
             continue
+        # all rates scale together: w saturates with the first LLM it uses
+        bottleneck = min(st.llms, key=lambda m: (headroom[m], m))
+        scale = headroom[bottleneck]
         total = 0.0
+        unit: dict[str, float] = {}  # critical-path-weighted mean call latency per LLM
         for m in st.llms:
             s = st.llms[m]
             if form == "paper":
                 total += paper_call[m] * s.n / max(s.p, 1e-12)
             else:
-                for _, k, i, o in _classes(st, m):
-                    total += k * class_lat[(m, i, o)]
+                ks = [(k, class_lat[(m, i, o)]) for _, k, i, o in _classes(st, m)]
+                total += sum(k * lat for k, lat in ks)
+                weight = sum(k for k, _ in ks)
+                unit[m] = (sum(k * lat for k, lat in ks) / weight if weight > 0
+                           else loads[m].call_latency_s)
         if form == "critical-path":
             total += st.tool_critical_s
-        out[w] = WorkflowPrediction(w, r, r * scale, bottleneck, total, form)
+        qs = _quantiles(st, unit) if form == "critical-path" else (math.nan,) * len(QUANTILES)
+        sat = bool(saturated(1.0 / scale)) if scale > 0 else True
+        max_t = r * scale
+        out[w] = WorkflowPrediction(w, r, max_t, bottleneck, total, form, min(r, max_t), sat, *qs)
     return Prediction(workflows=out, llms=loads)
+
+
+def _quantiles(st: WorkflowStats, unit: Mapping[str, float]) -> tuple[float, ...]:
+    """The request latency's :data:`QUANTILES` from the workflow's critical paths
+    (``scepsy_opt.tails``); inf when an LLM on them is saturated, NaN without path data."""
+    paths = st.paths
+    if paths is None or not paths.requests:
+        return (math.nan,) * len(QUANTILES)
+    if not all(math.isfinite(unit.get(m, 0.0)) for m in paths.llms):
+        return (math.inf,) * len(QUANTILES)
+    return tuple(float(q) for q in latency_quantiles(paths, unit, qs=QUANTILES))
