@@ -92,8 +92,12 @@ def test_predict_equals_what_the_cli_prints(capsys):
     assert main(["predict", "--workflow", RAG, "--allocation", ALLOC, "--rate", "1.5",
                  "--trace-requests", str(N), "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
-    ours = json.loads(json.dumps(prediction_to_dict(pred, "critical-path")))
+    ours = json.loads(json.dumps(scepsy.api.prediction_document(pred, "critical-path")))
     assert ours == cli
+    base = json.loads(json.dumps(prediction_to_dict(pred, "critical-path")))
+    for part in ("workflows", "llms"):  # the library's document, plus the newer fields
+        for key, entry in base[part].items():
+            assert cli[part][key].items() >= entry.items()
     again = scepsy.predict(load_specs(RAG), load_allocation(ALLOC), {"rag": 1.5},
                            trace_requests=N)
     assert again == pred
@@ -104,7 +108,10 @@ def test_simulate_equals_what_the_cli_prints(capsys):
     assert main(["simulate", "--workflow", RAG, "--allocation", ALLOC, "--rate", "1",
                  "--requests", "60", "--trace-requests", str(N), "--seed", "3", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
-    assert json.loads(json.dumps(simulation_to_dict(res))) == cli
+    assert json.loads(json.dumps(scepsy.api.simulation_document(res))) == cli
+    base = json.loads(json.dumps(simulation_to_dict(res)))
+    assert cli["workflows"] == base["workflows"]
+    assert all(cli["llms"][m].items() >= x.items() for m, x in base["llms"].items())
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [

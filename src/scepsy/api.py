@@ -1,11 +1,13 @@
 """scepsy's main jobs as Python functions: :func:`plan`, :func:`predict`, :func:`simulate`.
 
-Each takes the same things the command line does: the workflows (a workflow or workload YAML
-path, or :class:`~scepsy_opt.workflows.WorkflowSpec` objects), the cluster or allocation (a path
-or a loaded object) and the rates (a total, split over a workload's weights, or a mapping
-workflow -> req/s). Each builds the trace (generated, or ``trace=`` a recorded one), its
-statistics and the latency model (the roofline, or ``curves=`` fitted curves on top), and calls
-the library. ``scepsy plan``, ``scepsy predict`` and ``scepsy simulate`` are these functions
+Each takes the same things the command line does: the workflows (a workflow, workload or rate
+workload YAML path, :class:`~scepsy_opt.workflows.WorkflowSpec` objects or a
+:class:`~scepsy_opt.ratework.RateWorkload`), the cluster or allocation (a path or a loaded
+object) and the rates (a total, split over a workload's weights, or a mapping workflow ->
+req/s; optional for a rate workload, whose file gives them, docs/rate-workloads.md). Each
+builds the trace (generated, or ``trace=`` a recorded one), its statistics and the latency model
+(the roofline, or ``curves=`` fitted curves on top, with ``overheads=`` a calibration of the
+engine's overheads added), and calls the library. ``scepsy plan``, ``scepsy predict`` and ``scepsy simulate`` are these functions
 plus argument parsing and printing. Bad input raises :class:`~scepsy_common.errors.InputError`
 naming the argument or file and what was expected, before any work is done.
 """
@@ -36,8 +38,11 @@ if TYPE_CHECKING:
     from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
 
+    Overheads = Any  # a path or a scepsy_profile.overheads.EngineOverheads
+
 PathLike = str | os.PathLike[str]
 Rates = float | Mapping[str, float]
+OptionalRates = Rates | None  # None: a rate workload's own rates
 Progress = Callable[[str], None]
 
 DEFAULT_OPTIMISER = "milp"
@@ -136,20 +141,74 @@ def _specs(workflows: Any) -> tuple[WorkflowSpec, ...]:
     return as_specs(workflows)
 
 
+def _specs_rates(workflows: Any, rates: OptionalRates, what: str
+                 ) -> tuple[tuple[WorkflowSpec, ...], dict[str, float]]:
+    """The specs and their per-workflow rates (:func:`scepsy_opt.workload.resolve_rates`)."""
+    from scepsy_opt.workload import resolve_rates, specs_and_rates
+
+    specs, file_rates = specs_and_rates(workflows)
+    return specs, resolve_rates(specs, rates, file_rates, what)
+
+
+def load_overheads(overheads: PathLike | Any) -> Any:
+    """The :class:`~scepsy_profile.overheads.EngineOverheads` an ``overheads=`` argument stands
+    for: a calibration file (YAML or JSON, ``scepsy profile calibrate``) or the object itself."""
+    from scepsy_profile.overheads import EngineOverheads
+    from scepsy_profile.overheads import load_overheads as _load
+
+    if isinstance(overheads, EngineOverheads):
+        return overheads
+    if isinstance(overheads, str | os.PathLike):
+        return _load(overheads)
+    raise InputError("overheads", "", "an overheads file path or an EngineOverheads",
+                     type(overheads).__name__)
+
+
 def _latency(curves: PathLike | None, latency: LatencyModel | None,
-             catalog: Catalog | None = None) -> LatencyModel:
+             catalog: Catalog | None = None, overheads: Overheads | None = None
+             ) -> LatencyModel:
+    """The latency model: ``latency``, or the roofline with ``curves`` on top; wrapped with
+    the engine ``overheads`` when given (:func:`scepsy_profile.overheads.with_overheads`)."""
     from scepsy_profile.latency import CompositeLatencyModel
     from scepsy_profile.roofline import roofline_model
 
     if latency is not None:
         if curves is not None:
             raise InputError("plan", "curves", "either curves= or latency=, not both", curves)
-        return latency
-    if curves is None:
-        return roofline_model(catalog)
-    from scepsy_profile.fitted import load_curves
+        model = latency
+    elif curves is None:
+        model = roofline_model(catalog)
+    else:
+        from scepsy_profile.fitted import load_curves
 
-    return CompositeLatencyModel(load_curves(curves), roofline_model(catalog))
+        model = CompositeLatencyModel(load_curves(curves), roofline_model(catalog))
+    if overheads is None:
+        return model
+    from scepsy_profile.overheads import with_overheads
+
+    return with_overheads(model, load_overheads(overheads))
+
+
+def _latency_bounds(specs: Sequence[WorkflowSpec], bounds: Any) -> dict[str, tuple[float, float]]:
+    """Percentile latency bounds: ``(percentile, seconds)`` for every workflow, or a mapping
+    workflow -> ``(percentile, seconds)``; percentiles in (0, 100), seconds > 0."""
+    names = [s.name for s in specs]
+    items = bounds.items() if isinstance(bounds, Mapping) else [(w, bounds) for w in names]
+    out: dict[str, tuple[float, float]] = {}
+    for w, b in items:
+        if w not in names:
+            raise InputError("latency_bounds", str(w), f"a workflow of the workload "
+                             f"({', '.join(names)})", w)
+        ok = isinstance(b, tuple | list) and len(b) == 2 and all(
+            isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
+            for x in b)
+        if not ok or not (0 < b[0] < 100 and b[1] > 0):
+            raise InputError("latency_bounds", str(w), "(percentile in (0, 100), seconds > 0)",
+                             b)
+        out[str(w)] = (float(b[0]), float(b[1]))
+    if not out:
+        raise InputError("latency_bounds", "", "a bound for at least one workflow", bounds)
+    return out
 
 
 def _allocation(allocation: PathLike | Allocation, what: str, *, check_gpus: bool = False
@@ -270,10 +329,12 @@ def check_grid(specs: Sequence[WorkflowSpec], topology: Topology, tps: Sequence[
                              f"in memory (>= {least:g})", ",".join(f"{s:g}" for s in shares))
 
 
-def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates, *,
+def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
+                 targets: OptionalRates = None, *,
                  trace: PathLike | Trace | None = None,
                  trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
                  curves: PathLike | None = None, latency: LatencyModel | None = None,
+                 overheads: Overheads | None = None,
                  current: PathLike | Allocation | None = None,
                  latency_bound_s: float | Mapping[str, float] | None = None,
                  optimiser: str = DEFAULT_OPTIMISER, progress: Progress | None = None,
@@ -284,27 +345,29 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets
     with using_catalog(catalog) as cat:
         return _plan_problem(workflows, cluster, targets, trace=trace,
                              trace_requests=trace_requests, seed=seed, curves=curves,
-                             latency=latency, current=current, latency_bound_s=latency_bound_s,
-                             optimiser=optimiser, progress=progress,
-                             catalog=cat if catalog is not None else None, **options)
+                             latency=latency, overheads=overheads, current=current,
+                             latency_bound_s=latency_bound_s, optimiser=optimiser,
+                             progress=progress, catalog=cat if catalog is not None else None,
+                             **options)
 
 
-def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates, *,
+def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
+                  targets: OptionalRates, *,
                   trace: PathLike | Trace | None, trace_requests: int, seed: int,
                   curves: PathLike | None, latency: LatencyModel | None,
+                  overheads: Overheads | None,
                   current: PathLike | Allocation | None,
                   latency_bound_s: float | Mapping[str, float] | None,
                   optimiser: str, progress: Progress | None, catalog: Catalog | None,
                   **options: Any) -> tuple[PlanningProblem, Topology]:
     from scepsy_opt.optimisers import OPTIMISERS
     from scepsy_opt.problem import PlanningProblem, PlanOptions
-    from scepsy_opt.workload import models_of, per_workflow_rates
+    from scepsy_opt.workload import models_of
 
     say = progress or (lambda _s: None)
     say("reading the workflows and the cluster")
-    specs = _specs(workflows)
+    specs, rates = _specs_rates(workflows, targets, "targets")
     topology = _topology(cluster)
-    rates = per_workflow_rates(specs, targets, "targets")
     known = {f.name for f in fields(PlanOptions)} - {"current", "latency_bound_s"}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -325,9 +388,13 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, target
         raise InputError("latency_bound_s", "", "objective 'max-throughput' (a min-latency "
                          "plan already minimises the latencies; bounds apply when maximising "
                          "throughput)", dict(bounds))
+    if options.get("latency_bounds") is not None:
+        options["latency_bounds"] = _latency_bounds(specs, options["latency_bounds"])
+    else:
+        options.pop("latency_bounds", None)
     opts = PlanOptions(current=cur, latency_bound_s=bounds, **options)
     check_grid(specs, topology, opts.tps, opts.shares)
-    lat = _latency(curves, latency, catalog)
+    lat = _latency(curves, latency, catalog, overheads)
     say("building the trace and its statistics")
     stats = _stats(specs, _trace(specs, trace, trace_requests, seed), seed)
     problem = PlanningProblem(stats, models_of(specs), rates, topology.to_cluster(), lat, opts,
@@ -335,22 +402,29 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster, target
     return problem, topology
 
 
-def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates, *,
+def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: OptionalRates = None,
+         *,
          optimiser: str = DEFAULT_OPTIMISER, formulation: str = DEFAULT_FORMULATION,
          placer: str = DEFAULT_PLACER, spread_replicas: bool = False,
          max_rounds: int = DEFAULT_MAX_ROUNDS, progress: Progress | None = None,
          catalog: PathLike | Catalog | None = None, **options: Any) -> PlanResult:
     """The placed plan serving ``workflows`` at ``targets`` on ``cluster``.
 
-    ``workflows``: a workflow or workload YAML path, or specs; ``cluster``: a cluster YAML/JSON
+    ``workflows``: a workflow, workload or rate workload YAML path, specs or a
+    :class:`~scepsy_opt.ratework.RateWorkload`; ``cluster``: a cluster YAML/JSON
     path, a :class:`~scepsy_place.topology.Topology` or a :class:`~scepsy_opt.cluster.Cluster`;
     ``targets``: a total throughput (req/s, split over a workload's weights) or a mapping
-    workflow -> req/s. Options: ``optimiser`` (:data:`~scepsy_opt.optimisers.OPTIMISERS`;
+    workflow -> req/s; for a rate workload ``None`` (the default) means the file's rates and a
+    total rescales them proportionally. Options: ``optimiser`` (:data:`~scepsy_opt.optimisers.OPTIMISERS`;
     ``user`` evaluates ``current``), ``formulation`` (``auto``, ``aggregate``, ``blocks``),
     ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
-    ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``current`` (a path or an
+    ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``overheads`` (an
+    engine-overheads calibration file or object, :func:`load_overheads`, added to the latency
+    model); ``current`` (a path or an
     :class:`~scepsy_opt.allocation.Allocation`), ``latency_bound_s`` (max-throughput only: a
-    bound for every workflow or per workflow) and every other field of
+    mean-latency bound for every workflow or per workflow), ``latency_bounds`` (where the
+    optimiser supports them: ``(percentile, seconds)`` for every workflow or a mapping
+    workflow -> ``(percentile, seconds)``) and every other field of
     :class:`~scepsy_opt.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
     ``time_limit_s``, ...). ``progress`` is called with the name of each stage as it starts.
     ``catalog``: a catalog YAML path (or :class:`~scepsy_profile.catalog.Catalog`) extending
@@ -378,25 +452,24 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Rates,
     return PlanResult(problem, res, placer, topology)
 
 
-def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Rates,
+def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates,
                     trace: PathLike | Trace | None, trace_requests: int, seed: int
                     ) -> tuple[tuple[WorkflowSpec, ...], Allocation, dict[str, float], Trace]:
-    from scepsy_opt.workload import per_workflow_rates
-
-    specs = _specs(workflows)
+    specs, rates = _specs_rates(workflows, rate, "rate")
     alloc = _allocation(allocation, "allocation")
-    rates = per_workflow_rates(specs, rate, "rate")
     return specs, alloc, rates, _trace(specs, trace, trace_requests, seed)
 
 
-def predict(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
+def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None, *,
             form: str = "critical-path", trace: PathLike | Trace | None = None,
             trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
             curves: PathLike | None = None, latency: LatencyModel | None = None,
+            overheads: Overheads | None = None,
             catalog: PathLike | Catalog | None = None) -> Prediction:
-    """Each workflow's predicted maximum throughput and mean latency at ``rate`` on
-    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`.
-    ``allocation`` may be a plan.json (its allocation is read)."""
+    """Each workflow's predicted throughput, maximum throughput and latency at ``rate`` on
+    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`
+    (``rate`` optional for a rate workload). ``allocation`` may be a plan.json (its allocation
+    is read)."""
     from scepsy_opt.pipeline import predict as _predict
     from scepsy_opt.workload import models_of
 
@@ -405,19 +478,21 @@ def predict(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
                                                   trace_requests, seed)
         own = cat if catalog is not None else None
         return _predict(_stats(specs, tr, seed), models_of(specs), alloc,
-                        _latency(curves, latency, own), rates, form=form,  # type: ignore[arg-type]
-                        catalog=own)
+                        _latency(curves, latency, own, overheads), rates,
+                        form=form, catalog=own)  # type: ignore[arg-type]
 
 
-def simulate(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
+def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None, *,
              requests: int = DEFAULT_TRACE_REQUESTS, routing: str = "round_robin",
              trace: PathLike | Trace | None = None,
              trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
              curves: PathLike | None = None, latency: LatencyModel | None = None,
+             overheads: Overheads | None = None,
              progress: bool = False, catalog: PathLike | Catalog | None = None
              ) -> SimulationResult:
     """Simulated throughput and latency of ``requests`` Poisson arrivals at ``rate`` on
-    ``allocation`` (the discrete-event simulator, docs/simulator.md); arguments as :func:`plan`."""
+    ``allocation`` (the discrete-event simulator, docs/simulator.md); arguments as :func:`plan`
+    (``rate`` optional for a rate workload)."""
     from scepsy_opt.simulate import simulate as _simulate
     from scepsy_opt.workload import models_of
 
@@ -426,9 +501,58 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: Rates, *,
         specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
                                                   trace_requests, seed)
         own = cat if catalog is not None else None
-        return _simulate(tr, models_of(specs), alloc, _latency(curves, latency, own), rates,
-                         requests=requests, seed=seed, routing=routing,  # type: ignore[arg-type]
-                         progress=progress)
+        lat = _latency(curves, latency, own, overheads)
+        return _simulate(tr, models_of(specs), alloc, lat, rates, requests=requests, seed=seed,
+                         routing=routing, progress=progress)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------ documents
+
+PREDICTED_WORKFLOW_FIELDS = ("throughput", "saturated", "p50_latency_s", "p90_latency_s",
+                             "p99_latency_s")
+"""Fields of a workflow's prediction added to :func:`prediction_document` where the
+predictor has them."""
+PREDICTED_LLM_FIELDS = ("preemptions_per_call", "overloaded")
+"""Fields of an LLM's predicted load added to :func:`prediction_document` where the predictor
+has them."""
+SIMULATED_LLM_FIELDS = ("preemptions", "preemptions_per_call")
+"""Fields of a simulated LLM added to :func:`simulation_document` where the simulator has
+them."""
+
+
+def fields_present(objects: Mapping[str, Any], names: Sequence[str]) -> list[str]:
+    """The names in ``names`` that every object of ``objects`` has as attributes, in order."""
+    return [n for n in names if objects and all(hasattr(o, n) for o in objects.values())]
+
+
+def _add_fields(doc: dict[str, Any], objects: Mapping[str, Any], names: Sequence[str]) -> None:
+    for key, o in objects.items():
+        for n in fields_present(objects, names):
+            v = getattr(o, n)
+            doc[key][n] = None if isinstance(v, float) and math.isnan(v) else v
+
+
+def prediction_document(pred: Prediction, form: str) -> dict[str, Any]:
+    """``scepsy predict --json``'s document: :func:`scepsy_opt.reports.prediction_to_dict`
+    plus each workflow's throughput, saturated and p50/p90/p99 latency and each LLM's
+    preemptions per call and overloaded flag where the predictor gives them (NaN, not
+    predicted, as None)."""
+    from scepsy_opt.reports import prediction_to_dict
+
+    doc = prediction_to_dict(pred, form)
+    _add_fields(doc["workflows"], pred.workflows, PREDICTED_WORKFLOW_FIELDS)
+    _add_fields(doc["llms"], pred.llms, PREDICTED_LLM_FIELDS)
+    return doc
+
+
+def simulation_document(res: SimulationResult) -> dict[str, Any]:
+    """``scepsy simulate --json``'s document: :func:`scepsy_opt.reports.simulation_to_dict`
+    plus each LLM's preemptions where the simulator counts them."""
+    from scepsy_opt.reports import simulation_to_dict
+
+    doc = simulation_to_dict(res)
+    _add_fields(doc["llms"], res.llms, SIMULATED_LLM_FIELDS)
+    return doc
 
 
 # ---------------------------------------------------------------------------------- launch
@@ -482,5 +606,8 @@ def bench_loop(options: Any = None, *, say: Callable[[str], None] | None = None,
                     say=say)
 
 
-__all__ = ["PlanResult", "bench_loop", "check_grid", "check_launch", "load_catalog", "plan",
-           "plan_problem", "predict", "render", "simulate", "using_catalog"]
+__all__ = ["PREDICTED_LLM_FIELDS", "PREDICTED_WORKFLOW_FIELDS", "SIMULATED_LLM_FIELDS",
+           "PlanResult", "bench_loop", "check_grid", "check_launch", "fields_present",
+           "load_catalog", "load_overheads", "plan", "plan_problem", "predict",
+           "prediction_document", "render", "simulate", "simulation_document",
+           "using_catalog"]

@@ -28,3 +28,19 @@ POSITIVE = arg_type(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 NONNEGATIVE = arg_type(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 NAMES = arg_type(str, lambda v: any(x.strip() for x in v.split(",")),
                   "one or more names, comma-separated")
+
+
+def percentile_bound(text: str, flag: str, given: str | None = None) -> tuple[float, float]:
+    """``PCT:SECONDS`` as ``(percentile, seconds)``, percentile in (0, 100) and seconds > 0;
+    otherwise a :class:`~scepsy.cli_util.UsageError` naming ``flag`` and the value ``given``."""
+    from scepsy.cli_util import UsageError
+
+    pct, _, sec = text.partition(":")
+    try:
+        p, s = float(pct), float(sec)
+    except ValueError:
+        p = s = math.nan
+    if not (math.isfinite(p) and math.isfinite(s) and 0 < p < 100 and s > 0):
+        raise UsageError(f"{flag}: expected PCT:SECONDS with a percentile in (0, 100) and "
+                         f"seconds > 0, e.g. 90:2.5 (got {text if given is None else given!r})")
+    return p, s

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED
+from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED, percentile_bound
 from scepsy.cli_util import UsageError, check_out
 from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
@@ -148,14 +148,18 @@ def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
     """The options predict and simulate share."""
     from scepsy.api import DEFAULT_TRACE_REQUESTS
 
-    cmd.add_argument("--workflow", type=Path, required=True, help="workflow or workload YAML")
+    cmd.add_argument("--workflow", type=Path, required=True,
+                     help="workflow, workload or rate workload (kind: rates) YAML")
     cmd.add_argument("--allocation", type=Path, required=True, help="allocation YAML/JSON")
-    cmd.add_argument("--rate", type=POSITIVE, required=True,
-                     help="total arrival rate, req/s (split over a workload's weights)")
+    cmd.add_argument("--rate", type=POSITIVE,
+                     help="total arrival rate, req/s (split over a workload's weights); "
+                     "optional for a rate workload: its rates, rescaled to this total if given")
     cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
     cmd.add_argument("--trace-requests", type=COUNT, default=DEFAULT_TRACE_REQUESTS,
                      help="requests per workflow of the generated trace (default %(default)s)")
     cmd.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+    cmd.add_argument("--overheads", type=Path, help="engine overheads calibration YAML/JSON "
+                     "(scepsy profile calibrate; default: none, optimistic)")
     cmd.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
     cmd.add_argument("--seed", type=SEED, default=0)
     cmd.add_argument("--json", action="store_true")
@@ -244,11 +248,13 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
     from scepsy_place.placement import PLACERS
 
     d = PlanOptions()
-    plan.add_argument("--workflow", type=Path, required=True, help="workflow or workload YAML")
+    plan.add_argument("--workflow", type=Path, required=True,
+                      help="workflow, workload or rate workload (kind: rates) YAML")
     plan.add_argument("--cluster", type=Path, required=True, help="cluster YAML/JSON")
-    plan.add_argument("--target", action="append", required=True, metavar="RATE|WORKFLOW=RATE",
+    plan.add_argument("--target", action="append", default=[], metavar="RATE|WORKFLOW=RATE",
                       help="target throughput, req/s: a total split over a workload's weights, "
-                           "or per workflow (repeat the flag)")
+                           "or per workflow (repeat the flag); optional for a rate workload "
+                           "(its rates; a total rescales them)")
     plan.add_argument("--optimiser", choices=list(OPTIMISERS), default=api.DEFAULT_OPTIMISER,
                       help="default %(default)s; user: evaluate --current as it is")
     plan.add_argument("--formulation", choices=FORMULATIONS, default=api.DEFAULT_FORMULATION,
@@ -265,8 +271,11 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
                       help="min-latency (default): the weighted sum of the workflows' mean "
                            "predicted latencies; max-throughput: the largest fraction of the "
                            "targets carried")
-    plan.add_argument("--latency-bound", action="append", default=[], metavar="[WORKFLOW=]SECONDS",
-                      help="max-throughput only: bound on a workflow's mean latency")
+    plan.add_argument("--latency-bound", action="append", default=[],
+                      metavar="[WORKFLOW=]SECONDS|[WORKFLOW=]PCT:SECONDS",
+                      help="SECONDS: bound on a workflow's mean latency (max-throughput only); "
+                           "PCT:SECONDS: bound on its PCT-th percentile latency, e.g. rag=90:2 "
+                           "(repeatable)")
     plan.add_argument("--current", type=Path, help="current allocation (or plan.json) to re-plan from")
     plan.add_argument("--change-penalty", type=NONNEGATIVE, default=d.change_penalty_s,
                       help="objective seconds per replica started or stopped (needs --current)")
@@ -280,6 +289,8 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
     plan.add_argument("--trace-requests", type=COUNT, default=api.DEFAULT_TRACE_REQUESTS)
     plan.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+    plan.add_argument("--overheads", type=Path, help="engine overheads calibration YAML/JSON "
+                      "(scepsy profile calibrate; default: none, optimistic)")
     plan.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one "
                       "(devices and models it lacks, e.g. datasets/catalogs/cpu-host.yaml)")
     plan.add_argument("--seed", type=SEED, default=0)
@@ -321,7 +332,7 @@ named, like the others."""
 
 def _per_workflow(values: Sequence[str], flag: str) -> float | dict[str, float] | None:
     """``RATE`` (a total, or the same for all) or ``NAME=RATE`` entries; names are checked
-    against the workflows by the library."""
+    against the workflows by the library. No values: None."""
     total: float | None = None
     named: dict[str, float] = {}
     for v in values:
@@ -342,6 +353,36 @@ def _per_workflow(values: Sequence[str], flag: str) -> float | dict[str, float] 
     return named or total
 
 
+def _latency_bounds(values: Sequence[str]) -> tuple[float | dict[str, float] | None, Any]:
+    """``--latency-bound`` values split into mean bounds (``[W=]SECONDS``, as
+    :func:`_per_workflow`) and percentile bounds (``[W=]PCT:SECONDS``: one ``(pct, s)`` for
+    every workflow, or a mapping workflow -> ``(pct, s)``; None when there are none)."""
+    pct = [v for v in values if ":" in v.rpartition("=")[2]]
+    mean = _per_workflow([v for v in values if v not in pct], "--latency-bound")
+    if not pct:
+        return mean, None
+    total: tuple[float, float] | None = None
+    named: dict[str, tuple[float, float]] = {}
+    for v in pct:
+        name, _, text = v.rpartition("=")
+        bound = percentile_bound(text, "--latency-bound", v)
+        if name:
+            named[name] = bound
+        else:
+            total = bound
+    if total is not None and named:
+        raise UsageError("--latency-bound: expected either one PCT:SECONDS for every workflow "
+                         f"or WORKFLOW=PCT:SECONDS entries (got {list(pct)!r})")
+    from dataclasses import fields
+
+    from scepsy_opt.problem import PlanOptions
+
+    if "latency_bounds" not in {f.name for f in fields(PlanOptions)}:
+        raise UsageError("--latency-bound: percentile bounds (PCT:SECONDS) are not supported by "
+                         f"this optimiser (got {pct[0]!r})")
+    return mean, named or total
+
+
 def _json_float(o: object) -> object:
     raise TypeError(type(o))
 
@@ -360,7 +401,8 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "latency_bound_s": "--latency-bound", "targets": "--target",
                "max_utilisation": "--max-utilisation", "gap_rel": "--gap",
                "time_limit_s": "--time-limit", "seed": "--seed",
-               "trace_requests": "--trace-requests"}
+               "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
+               "overheads": "--overheads"}
 
 
 _LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}
@@ -402,14 +444,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.shares:
         options["shares"] = tuple(_floats(args.shares, "--shares"))
     targets = _per_workflow(args.target, "--target")
-    bounds = _per_workflow(args.latency_bound, "--latency-bound")
+    bounds, pct_bounds = _latency_bounds(args.latency_bound)
+    if pct_bounds is not None:
+        options["latency_bounds"] = pct_bounds
     with progress("planning", quiet=args.quiet or args.json) as bar, _naming(_PLAN_FLAGS):
         res = api.plan(args.workflow, args.cluster, targets, optimiser=args.optimiser,
                        formulation=args.formulation, placer=args.placer,
                        spread_replicas=args.spread_replicas, max_rounds=args.max_rounds,
                        trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                       curves=args.curves, current=args.current, latency_bound_s=bounds,
-                       catalog=args.catalog,
+                       curves=args.curves, overheads=args.overheads, current=args.current,
+                       latency_bound_s=bounds, catalog=args.catalog,
                        progress=lambda stage: bar.update(description=stage), **options)
     doc = res.to_dict(timings=not args.no_timings)
     write_plan(args.out, doc)  # the document printed below, built once
@@ -453,6 +497,10 @@ def plan_summary(res: Any, out: str) -> list[str]:
                    if opts.current is not None and opts.change_penalty_s else "")
         lines.append(f"objective: the weighted sum of the workflows' mean predicted latencies "
                      f"(weights {weights}){penalty} = {plan.objective_s:.6g} s")
+    pct = getattr(opts, "latency_bounds", None)
+    if pct:
+        lines[-1] += " subject to " + ", ".join(f"{w} p{q:g} <= {b:g} s"
+                                                for w, (q, b) in pct.items())
     targets = ", ".join(f"{w} {t:g}" for w, t in problem.targets.items())
     gpus = ", ".join(f"{n} × {g}" for g, n in problem.cluster.budgets().items())
     lines.append(f"targets (req/s): {targets}; cluster {problem.cluster.name}: {gpus}")
@@ -641,40 +689,45 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 _EVAL_FLAGS = {"seed": "--seed", "trace_requests": "--trace-requests", "rate": "--rate",
-               "requests": "--requests"}
+               "requests": "--requests", "overheads": "--overheads"}
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
     from scepsy import api
-    from scepsy_opt.reports import prediction_to_dict
 
     with _naming(_EVAL_FLAGS):
         pred = api.predict(args.workflow, args.allocation, args.rate, form=args.form,
                            trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                           curves=args.curves, catalog=args.catalog)
-    doc = prediction_to_dict(pred, args.form)
+                           curves=args.curves, overheads=args.overheads, catalog=args.catalog)
+    doc = api.prediction_document(pred, args.form)
+    new_w = api.fields_present(pred.workflows, api.PREDICTED_WORKFLOW_FIELDS)
+    new_m = api.fields_present(pred.llms, api.PREDICTED_LLM_FIELDS)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
         return 0
     _print_table([{"workflow": w, **o} for w, o in doc["workflows"].items()],
                  ["workflow", "rate", "throughput", "max_throughput", "bottleneck",
-                  "mean_latency_s"])
+                  *[c for c in new_w if c == "saturated"], "mean_latency_s",
+                  *[c for c in new_w if c != "saturated" and c != "throughput"]])
     print()
     _print_table([{"llm": m, **o} for m, o in doc["llms"].items()],
-                 ["llm", "model", "replicas", "rate", "mu", "utilisation", "call_latency_s"])
+                 ["llm", "model", "replicas", "rate", "mu", "utilisation", "call_latency_s",
+                  *new_m])
     return 0
+
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     from scepsy import api
-    from scepsy_opt.reports import simulation_to_dict
 
     with _naming(_EVAL_FLAGS):
         res = api.simulate(args.workflow, args.allocation, args.rate, requests=args.requests,
                            routing=args.routing, trace=args.trace,
                            trace_requests=args.trace_requests, seed=args.seed,
-                           curves=args.curves, progress=args.progress, catalog=args.catalog)
-    doc = simulation_to_dict(res)
+                           curves=args.curves, overheads=args.overheads,
+                           progress=args.progress, catalog=args.catalog)
+    doc = api.simulation_document(res)
+    new_m = api.fields_present(res.llms, api.SIMULATED_LLM_FIELDS)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
         return 0
@@ -683,7 +736,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                   "p90_latency_s", "p99_latency_s", "completed", "unfinished"])
     print()
     _print_table([{"llm": m, **o} for m, o in doc["llms"].items()],
-                 ["llm", "replicas", "calls", "utilisation", "mean_batch"])
+                 ["llm", "replicas", "calls", "utilisation", "mean_batch", *new_m])
     return 0
 
 

@@ -44,12 +44,13 @@ from scepsy_profile.catalog import default_catalog
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.roofline import roofline_model
 
-DistKind = Literal["constant", "lognormal", "poisson", "geometric", "uniform", "choice",
-                   "empirical"]
+DistKind = Literal["constant", "lognormal", "exponential", "poisson", "geometric", "uniform",
+                   "choice", "empirical"]
 
 _KIND_PARAMS: dict[str, tuple[str, ...]] = {
     "constant": ("value",),
     "lognormal": ("mean", "cv"),
+    "exponential": ("mean",),
     "poisson": ("mean",),
     "geometric": ("mean",),
     "uniform": ("low", "high"),
@@ -97,6 +98,8 @@ class Distribution:
 
     * ``constant``: ``value``;
     * ``lognormal``: ``mean`` (> 0) and ``cv`` (>= 0, standard deviation / mean);
+    * ``exponential``: ``mean`` (> 0), positive reals (cv 1: the memoryless length
+      distribution of the MuxServe / AlpaServe request generators);
     * ``poisson``: ``mean`` (>= 0), values 0, 1, 2, ...;
     * ``geometric``: ``mean`` (>= 1), values 1, 2, 3, ... (trials up to the first success, p =
       1/mean): the number of rounds of a loop that stops with a fixed probability each round;
@@ -182,6 +185,12 @@ class Distribution:
         return cls("lognormal", {"mean": mean, "cv": cv}, min, max)
 
     @classmethod
+    def exponential(cls, mean: float, *, min: float | None = None,
+                    max: float | None = None) -> Distribution:
+        """An exponential distribution of mean ``mean`` (> 0), clipped to ``[min, max]``."""
+        return cls("exponential", {"mean": mean}, min, max)
+
+    @classmethod
     def poisson(cls, mean: float, *, min: float | None = None,
                 max: float | None = None) -> Distribution:
         return cls("poisson", {"mean": mean}, min, max)
@@ -222,6 +231,8 @@ class Distribution:
         elif self.kind == "lognormal":
             mu, sigma = _lognormal_shape(p["mean"], p["cv"])
             x = rng.lognormal(mu, sigma, size)
+        elif self.kind == "exponential":
+            x = rng.exponential(p["mean"], size)
         elif self.kind == "poisson":
             x = rng.poisson(p["mean"], size)
         elif self.kind == "geometric":
@@ -254,6 +265,7 @@ class Distribution:
         lo, hi = {
             "constant": lambda: (p["value"], p["value"]),
             "lognormal": lambda: (0.0, math.inf) if p["cv"] > 0 else (p["mean"], p["mean"]),
+            "exponential": lambda: (0.0, math.inf),
             "poisson": lambda: (0.0, math.inf) if p["mean"] > 0 else (0.0, 0.0),
             "geometric": lambda: (1.0, math.inf) if p["mean"] > 1 else (1.0, 1.0),
             "uniform": lambda: (p["low"], p["high"]),
@@ -270,7 +282,8 @@ class Distribution:
     def _mean_min(self, c: float) -> float:
         """``E[min(X, c)]`` of the unclipped distribution, in closed form.
 
-        log-normal: ``m·Φ((ln c − μ − σ²)/σ) + c·(1 − Φ((ln c − μ)/σ))``; Poisson (λ), with
+        log-normal: ``m·Φ((ln c − μ − σ²)/σ) + c·(1 − Φ((ln c − μ)/σ))``; exponential (mean
+        m): ``m·(1 − e^(−c/m))`` for ``c > 0``; Poisson (λ), with
         ``n = ⌊c⌋``: ``λ − λ·P(K ≥ n) + n·P(K > n) + (c − n)·P(K > n)``; geometric (p):
         ``(1 − qⁿ)/p + (c − n)·qⁿ``, ``q = 1 − p``; uniform: the integral; discrete values: the
         weighted sum.
@@ -290,6 +303,11 @@ class Distribution:
             mu, s = _lognormal_shape(m, p["cv"])
             lc = math.log(c)
             return m * _phi((lc - mu - s * s) / s) + c * (1.0 - _phi((lc - mu) / s))
+        if k == "exponential":
+            m = p["mean"]
+            if c == math.inf:
+                return m
+            return c if c <= 0 else m * -math.expm1(-c / m)
         if k == "poisson":
             lam = p["mean"]
             if c == math.inf:
@@ -345,6 +363,8 @@ def _check_ranges(kind: str, p: Mapping[str, Any], arrays: Mapping[str, NDArray]
             raise InputError(src, "mean", "a number > 0", p["mean"])
         if p["cv"] < 0:
             raise InputError(src, "cv", "a number >= 0", p["cv"])
+    elif kind == "exponential" and p["mean"] <= 0:
+        raise InputError(src, "mean", "a number > 0", p["mean"])
     elif kind == "poisson" and p["mean"] < 0:
         raise InputError(src, "mean", "a number >= 0", p["mean"])
     elif kind == "geometric" and p["mean"] < 1:
@@ -397,7 +417,8 @@ class _EmpiricalRec(_DistRecord):
 
 
 _DIST_RECORDS: dict[str, type[_DistRecord]] = {
-    "constant": _ConstantRec, "lognormal": _LogNormalRec, "poisson": _MeanRec,
+    "constant": _ConstantRec, "lognormal": _LogNormalRec, "exponential": _MeanRec,
+    "poisson": _MeanRec,
     "geometric": _MeanRec, "uniform": _UniformRec, "choice": _ChoiceRec,
     "empirical": _EmpiricalRec,
 }
@@ -494,7 +515,13 @@ class WorkflowSpec:
         object.__setattr__(self, "reference_gpu", gpu.name)
         if not (_is_number(self.weight) and math.isfinite(self.weight) and self.weight > 0):
             raise InputError(src, "weight", "a number > 0", self.weight)
-        _check_names(src, "llms", self.llms, prog.required_llms)
+        if getattr(prog, "any_one_llm", False):
+            if not isinstance(self.llms, Mapping) or len(self.llms) != 1:
+                raise InputError(src, "llms", f"exactly one LLM (program {self.program!r} "
+                                 "calls one LLM, of any name)",
+                                 len(self.llms) if isinstance(self.llms, Mapping) else self.llms)
+        else:
+            _check_names(src, "llms", self.llms, prog.required_llms)
         _check_names(src, "tools", self.tools, prog.required_tools)
         _check_names(src, "params", self.params, prog.required_params)
         llms: dict[str, str] = {}
@@ -593,6 +620,10 @@ def parse_workflow(raw: object, source: str = "<workflow>") -> WorkflowSpec:
     if not isinstance(raw, dict):
         raise InputError(source, "", "a YAML mapping with name, program, llms, tools, params",
                          None if raw is None else type(raw).__name__)
+    if raw.get("kind") == "rates":
+        raise InputError(source, "kind", "a workflow file (this is a rate workload, "
+                         "docs/rate-workloads.md: give it on its own, e.g. --workflow FILE; a "
+                         "workload's workflows cannot include one)", "rates")
     rec = validated(_WorkflowFile, raw, source,
                               allowed=lambda _loc: list(_WorkflowFile.model_fields))
     tools = {t: parse_distribution(v, source, f"tools.{t}") for t, v in rec.tools.items()}
@@ -961,10 +992,35 @@ class CodingAgentProgram:
         return r.calls
 
 
+@dataclass(frozen=True)
+class CallProgram:
+    """One LLM call per request: the rate-driven setting (MuxServe, AlpaServe), no workflow.
+
+    The workflow has exactly one LLM, of any name (``any_one_llm``); each request is one call
+    of ``input_tokens`` in and ``output_tokens`` out, both at least 1. A rate workload
+    (:mod:`scepsy_opt.ratework`, docs/rate-workloads.md) is one such workflow per LLM, named
+    after the LLM.
+    """
+
+    required_params: tuple[str, ...] = ("input_tokens", "output_tokens")
+    required_llms: tuple[str, ...] = ()
+    required_tools: tuple[str, ...] = ()
+    any_one_llm: bool = True
+
+    def run(self, spec: WorkflowSpec, rng: np.random.Generator, request_id: str, t0: float,
+            timer: Timer) -> list[CallRecord]:
+        r = _Request(spec, rng, request_id, t0, timer)
+        (llm,) = spec.llms
+        r.llm(llm, [], draw_count(spec, "input_tokens", rng, 1),
+              draw_count(spec, "output_tokens", rng, 1))
+        return r.calls
+
+
 PROGRAMS: dict[str, Program] = {
     "rag": RagProgram(),
     "beam_search": BeamSearchProgram(),
     "coding_agent": CodingAgentProgram(),
+    "call": CallProgram(),
 }
 """Registered programs by name (the ``program`` of a workflow file)."""
 

@@ -1,7 +1,9 @@
 """A workload: one or more workflows served together, their trace and their rates.
 
 A workflow YAML holds one workflow; a workload YAML (``workflows: [a.yaml, ...]``, optional
-``weights``) holds several, each with a relative arrival rate (docs/workflows.md). The planner,
+``weights``) holds several, each with a relative arrival rate (docs/workflows.md); a rate
+workload YAML (``kind: rates``, :mod:`scepsy_opt.ratework`, docs/rate-workloads.md) holds LLMs
+with their own rates, each a one-call workflow whose weight is its rate. The planner,
 the predictor and the simulator all start from the same three things built here: the specs
 (:func:`load_specs`), one trace of every workflow (:func:`workload_trace`) and the split of a
 total rate over the workflows' weights (:func:`split_rate`).
@@ -16,34 +18,60 @@ from pathlib import Path
 
 from scepsy_common.errors import InputError
 from scepsy_common.files import read_yaml
+from scepsy_opt.ratework import RateWorkload, is_rate_workload, parse_rate_workload
 from scepsy_opt.traces import CallRecord, Trace, read_trace, validate_calls
 from scepsy_opt.workflows import WorkflowSpec, generate_trace, load_workflow, load_workload
 
 Specs = tuple[WorkflowSpec, ...]
+Workflows = str | os.PathLike[str] | WorkflowSpec | Sequence[WorkflowSpec] | RateWorkload
 
 
 def load_specs(path: str | os.PathLike[str]) -> Specs:
-    """The workflows of a workflow YAML (one) or a workload YAML (``workflows: [...]``).
+    """The workflows of a workflow YAML (one), a workload YAML (``workflows: [...]``) or a rate
+    workload YAML (``kind: rates``: one one-call workflow per served LLM, weight = its rate).
 
-    Both are read by their library loaders (:func:`~scepsy_opt.workflows.load_workflow`,
-    :func:`~scepsy_opt.workflows.load_workload`), which reject duplicate keys and name the file
-    and field of every problem.
+    Each is read by its library loader (:func:`~scepsy_opt.workflows.load_workflow`,
+    :func:`~scepsy_opt.workflows.load_workload`,
+    :func:`~scepsy_opt.ratework.load_rate_workload`), which reject duplicate keys and name the
+    file and field of every problem.
     """
+    return load_specs_and_rates(path)[0]
+
+
+def load_specs_and_rates(path: str | os.PathLike[str]) -> tuple[Specs, dict[str, float] | None]:
+    """:func:`load_specs` and, for a rate workload, its rates (workflow -> calls/s; else None)."""
     raw = read_yaml(Path(path), "workflow or workload file (.yaml)")
+    if is_rate_workload(raw):
+        rw = parse_rate_workload(raw, str(path))
+        return rw.specs(), {s.name: s.weight for s in rw.specs()}
     if isinstance(raw, dict) and "workflows" in raw:
-        return load_workload(path)
-    return (load_workflow(path),)
+        return load_workload(path), None
+    return (load_workflow(path),), None
 
 
-def as_specs(workflows: str | os.PathLike[str] | WorkflowSpec | Sequence[WorkflowSpec]) -> Specs:
-    """``workflows`` as specs: a path (:func:`load_specs`), one spec or a sequence of specs."""
+def specs_and_rates(workflows: Workflows) -> tuple[Specs, dict[str, float] | None]:
+    """:func:`as_specs` and, when ``workflows`` is a rate workload (a ``kind: rates`` file or a
+    :class:`~scepsy_opt.ratework.RateWorkload`), its rates; otherwise ``None``."""
+    if isinstance(workflows, str | os.PathLike):
+        return load_specs_and_rates(workflows)
+    if isinstance(workflows, RateWorkload):
+        return workflows.specs(), {s.name: s.weight for s in workflows.specs()}
+    return as_specs(workflows), None
+
+
+def as_specs(workflows: Workflows) -> Specs:
+    """``workflows`` as specs: a path (:func:`load_specs`), a rate workload, one spec or a
+    sequence of specs."""
     if isinstance(workflows, str | os.PathLike):
         return load_specs(workflows)
+    if isinstance(workflows, RateWorkload):
+        return workflows.specs()
     if isinstance(workflows, WorkflowSpec):
         return (workflows,)
     specs = tuple(workflows)
     if not specs or not all(isinstance(s, WorkflowSpec) for s in specs):
-        raise InputError("workflows", "", "a workflow/workload path or WorkflowSpec objects",
+        raise InputError("workflows", "", "a workflow/workload path, a RateWorkload or "
+                         "WorkflowSpec objects",
                          type(workflows).__name__)
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -81,6 +109,20 @@ def per_workflow_rates(specs: Sequence[WorkflowSpec], rates: float | Mapping[str
     if not out:
         raise InputError(what, "", "a rate for at least one workflow", dict(rates))
     return out
+
+
+def resolve_rates(specs: Sequence[WorkflowSpec], rates: float | Mapping[str, float] | None,
+                  file_rates: Mapping[str, float] | None, what: str = "rate") -> dict[str, float]:
+    """Per-workflow rates: ``rates`` as :func:`per_workflow_rates` reads it, or, when ``rates``
+    is None, a rate workload's own ``file_rates`` (None for other workloads: an error naming
+    ``what``). A total given for a rate workload rescales its rates proportionally (the
+    weights are the rates)."""
+    if rates is None:
+        if file_rates is None:
+            raise InputError(what, "", "a total rate > 0 req/s (optional only for a rate "
+                             "workload, whose file gives the rates)")
+        return dict(file_rates)
+    return per_workflow_rates(specs, rates, what)
 
 
 def generate_workload_trace(specs: Sequence[WorkflowSpec], requests: int,
