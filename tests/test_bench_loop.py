@@ -230,7 +230,7 @@ def test_server_terms_pool_replicas_and_skip_missing() -> None:
 
 def test_loop_with_fake_engine_accounts_for_every_request(tmp_path: Path,
                                                            fake_engine: tuple[str, ...]) -> None:
-    res = api.bench_loop(_options(tmp_path, fake_engine, keep=True, rate=10.0))
+    res = api.bench_loop(_options(tmp_path, fake_engine, keep=True, rate=5.0))
     drive = res.drive
     assert drive is not None
     assert drive["sent"] == 30 and drive["completed"] + drive["failed"] == drive["sent"]
