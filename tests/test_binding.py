@@ -67,12 +67,12 @@ def _diagnosis(problem: PlanningProblem) -> Infeasibility:
 
 
 def test_a_type_in_use_whose_budget_does_not_bind_is_not_binding():
-    """1 node of 8 H100s plus 1 A100: the max-scale allocation puts 0.7 GPU of work on the
-    A100, but a second A100 does not raise the max scale; more H100s do."""
+    """1 node of 8 H100s plus 1 A100: the max-scale allocation uses the whole A100, but a
+    second A100 does not raise the max scale; more H100s do."""
     cl = Cluster("h8a1", (GPUPool("H100-80GB", 1, 8), GPUPool("A100-80GB", 1, 1)))
     problem = random_problem(3, 9, ROOF, seed=21, workflows=1, load=1.5, cluster=cl)
     s, choice, _ = max_scale(problem)
-    assert units_by_gpu(choice.values())["A100-80GB"] == 700
+    assert units_by_gpu(choice.values())["A100-80GB"] == 1000
     info = _diagnosis(problem)
     assert info.max_scale == pytest.approx(s, rel=1e-12) and s < 1
     assert max_scale(problem, budgets={"H100-80GB": 8, "A100-80GB": 2})[0] <= s * (1 + GAIN_REL)

@@ -433,7 +433,7 @@ def _tp_mismatch(d):
 
 
 def _repeated_gpu(d):
-    i = _instance(d, "reranker")
+    i = next(k for k, x in enumerate(d["placement"]["instances"]) if len(x["gpus"]) > 1)
     g = d["placement"]["instances"][i]["gpus"]
     d["placement"]["instances"][i]["gpus"] = [g[0]] * len(g)
     return (f"placement.instances[{i}].gpus", "distinct")
@@ -453,7 +453,7 @@ def _unknown_llm(d):
 
 def _missing_replica(d):
     del d["placement"]["instances"][_instance(d, "prm")]
-    return ("placement.instances", "replicas 0..0 of prm")
+    return ("placement.instances", f"replicas 0..{d['llms']['prm']['replicas'] - 1} of prm")
 
 
 def _address_of_unknown_node(d):
@@ -462,7 +462,7 @@ def _address_of_unknown_node(d):
 
 
 def _allocation_disagrees(d):
-    d["allocation"]["llms"]["prm"]["replicas"] = 2
+    d["allocation"]["llms"]["prm"]["replicas"] += 1
     return ("allocation.llms.prm.replicas", "llms.prm.replicas")
 
 

@@ -210,6 +210,7 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
     from scepsy_profile.profiling.backend import BackendOptions, BackendUnavailable
     from scepsy_profile.profiling.engine_env import vllm_python
     from scepsy_profile.profiling.models import engine_model
+    from scepsy_profile.profiling.registry import get_backend
     from scepsy_profile.profiling.servecurve import (
         SweepPlan,
         compare_with_step_profile,
@@ -223,8 +224,10 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
     if not 0 < args.share <= 1:
         raise UsageError(f"--share: expected a share in (0, 1] (got {args.share!r})")
     curves = _step_curves(args.step_profile) if args.step_profile else None
+    options = BackendOptions(engine_python=args.engine_python)
     try:
-        python = vllm_python(BackendOptions(engine_python=args.engine_python)).path
+        python = vllm_python(options).path
+        version = get_backend("vllm").version(options)  # recorded with the curve
     except BackendUnavailable as exc:
         raise UsageError(f"vLLM: {exc}; run `scepsy profile install-vllm` or pass "
                          "--engine-python (docs/profiling.md)") from None
@@ -239,7 +242,7 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
             bar.update(description=f"measured {p.offered_rate:.3g} calls/s")  # type: ignore[attr-defined]
 
         result = measure_serving_curve(config, inputs, outputs, Path(work), plan, seed=args.seed,
-                                       out=args.out, progress=on_point)
+                                       out=args.out, engine_version=version, progress=on_point)
     comparison = (compare_with_step_profile(result, curves) if curves is not None else None)
     if args.json:
         doc = {"result": result.to_json(),

@@ -168,7 +168,7 @@ wait_healthy() {  # NAME PORT...: poll each server's /health until all answer or
 check_free generator-0 8000
 check_free generator-1 8001
 check_free prm-0 8002
-check_free reranker-0 8003
+check_free prm-1 8003
 check_free rewriter-0 8004
 
 # MPS: shares below 1 run as clients of an MPS control daemon (started unless one runs).
@@ -208,11 +208,11 @@ else
   echo "start.sh ($node): started an MPS control daemon (pipe directory $mps_pipe)"
 fi
 
-# generator-0: generator replica 0 on GPUs 4,5,6,7 (share 0.5, 40 GiB each), port 8000
-# scepsy-replica: {"device": "cuda", "gpus": [4, 5, 6, 7], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-0", "port": 8000, "replica": 0, "share": 0.5}
+# generator-0: generator replica 0 on GPUs 0,3,5,6 (share 0.5, 40 GiB each), port 8000
+# scepsy-replica: {"device": "cuda", "gpus": [0, 3, 5, 6], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-0", "port": 8000, "replica": 0, "share": 0.5}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=4,5,6,7'
+  'CUDA_VISIBLE_DEVICES=0,3,5,6'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
@@ -225,11 +225,11 @@ cmd=(
 )
 start_server generator-0 "${cmd[@]}"
 
-# generator-1: generator replica 1 on GPUs 4,5,6,7 (share 0.5, 40 GiB each), port 8001
-# scepsy-replica: {"device": "cuda", "gpus": [4, 5, 6, 7], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-0", "port": 8001, "replica": 1, "share": 0.5}
+# generator-1: generator replica 1 on GPUs 0,3,5,6 (share 0.5, 40 GiB each), port 8001
+# scepsy-replica: {"device": "cuda", "gpus": [0, 3, 5, 6], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-0", "port": 8001, "replica": 1, "share": 0.5}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=4,5,6,7'
+  'CUDA_VISIBLE_DEVICES=0,3,5,6'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
@@ -242,56 +242,56 @@ cmd=(
 )
 start_server generator-1 "${cmd[@]}"
 
-# prm-0: prm replica 0 on GPUs 0,1,2,3 (share 0.9, 72 GiB each), port 8002
-# scepsy-replica: {"device": "cuda", "gpus": [0, 1, 2, 3], "llm": "prm", "memory_gib": 72.0, "node": "A100-80GB-0", "port": 8002, "replica": 0, "share": 0.9}
+# prm-0: prm replica 0 on GPUs 1,4 (share 0.9, 72 GiB each), port 8002
+# scepsy-replica: {"device": "cuda", "gpus": [1, 4], "llm": "prm", "memory_gib": 72.0, "node": "A100-80GB-0", "port": 8002, "replica": 0, "share": 0.9}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=0,1,2,3'
+  'CUDA_VISIBLE_DEVICES=1,4'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=90
-  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=72G,1=72G,2=72G,3=72G'
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=72G,1=72G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
   vllm serve Qwen/Qwen2.5-Math-PRM-7B
   --served-model-name prm
-  --tensor-parallel-size 4
+  --tensor-parallel-size 2
   --gpu-memory-utilization 0.9
   --host 0.0.0.0
   --port 8002
 )
 start_server prm-0 "${cmd[@]}"
 
-# reranker-0: reranker replica 0 on GPUs 0,1 (share 0.1, 8 GiB each), port 8003
-# scepsy-replica: {"device": "cuda", "gpus": [0, 1], "llm": "reranker", "memory_gib": 8.0, "node": "A100-80GB-0", "port": 8003, "replica": 0, "share": 0.1}
+# prm-1: prm replica 1 on GPUs 2,7 (share 0.9, 72 GiB each), port 8003
+# scepsy-replica: {"device": "cuda", "gpus": [2, 7], "llm": "prm", "memory_gib": 72.0, "node": "A100-80GB-0", "port": 8003, "replica": 1, "share": 0.9}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=0,1'
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10
-  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G,1=8G'
+  'CUDA_VISIBLE_DEVICES=2,7'
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=90
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=72G,1=72G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
-  vllm serve BAAI/bge-reranker-large
-  --served-model-name reranker
+  vllm serve Qwen/Qwen2.5-Math-PRM-7B
+  --served-model-name prm
   --tensor-parallel-size 2
-  --gpu-memory-utilization 0.1
+  --gpu-memory-utilization 0.9
   --host 0.0.0.0
   --port 8003
 )
-start_server reranker-0 "${cmd[@]}"
+start_server prm-1 "${cmd[@]}"
 
-# rewriter-0: rewriter replica 0 on GPUs 2,3 (share 0.1, 8 GiB each), port 8004
-# scepsy-replica: {"device": "cuda", "gpus": [2, 3], "llm": "rewriter", "memory_gib": 8.0, "node": "A100-80GB-0", "port": 8004, "replica": 0, "share": 0.1}
+# rewriter-0: rewriter replica 0 on GPUs 1,2,4,7 (share 0.1, 8 GiB each), port 8004
+# scepsy-replica: {"device": "cuda", "gpus": [1, 2, 4, 7], "llm": "rewriter", "memory_gib": 8.0, "node": "A100-80GB-0", "port": 8004, "replica": 0, "share": 0.1}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=2,3'
+  'CUDA_VISIBLE_DEVICES=1,2,4,7'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10
-  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G,1=8G'
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G,1=8G,2=8G,3=8G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
   vllm serve Qwen/Qwen2.5-1.5B
   --served-model-name rewriter
-  --tensor-parallel-size 2
+  --tensor-parallel-size 4
   --gpu-memory-utilization 0.1
   --host 0.0.0.0
   --port 8004
 )
 start_server rewriter-0 "${cmd[@]}"
 
-wait_healthy generator-0 8000 generator-1 8001 prm-0 8002 reranker-0 8003 rewriter-0 8004
+wait_healthy generator-0 8000 generator-1 8001 prm-0 8002 prm-1 8003 rewriter-0 8004
 echo "start.sh ($node): all 5 server(s) healthy"

@@ -90,7 +90,7 @@ stop_all() {  # NAME...: SIGTERM each running group, SIGKILL after the grace per
   done
 }
 
-stop_all generator-0 generator-1 prm-0 reranker-0 rewriter-0
+stop_all generator-0 generator-1 prm-0 prm-1 rewriter-0
 if ((${#left[@]})); then
   # the MPS daemon and the temporary folders stay while a server may still use them
   echo "stop.sh ($node): still running: ${left[*]}" >&2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Start the 4 vLLM server(s) of node A100-80GB-1 (plan of cluster a100-16).
+# Start the 6 vLLM server(s) of node A100-80GB-1 (plan of cluster a100-16).
 # Written by `scepsy launch --target shell` (docs/launch.md): run it on that node.
 # Logs go to RUN/logs/NAME.log, process ids to RUN/pids/NAME.pid; RUN is run/ beside this folder, or $SCEPSY_RUN_DIR.
 # Refuses a port in use; then waits for every server's /health (up to $SCEPSY_HEALTH_TIMEOUT_S, default 900 s);
@@ -168,7 +168,9 @@ wait_healthy() {  # NAME PORT...: poll each server's /health until all answer or
 check_free generator-2 8000
 check_free generator-3 8001
 check_free generator-4 8002
-check_free generator-5 8003
+check_free prm-2 8003
+check_free reranker-0 8004
+check_free reranker-1 8005
 
 # MPS: shares below 1 run as clients of an MPS control daemon (started unless one runs).
 mps_running() {  # whether an MPS control daemon or server runs on this host
@@ -207,11 +209,11 @@ else
   echo "start.sh ($node): started an MPS control daemon (pipe directory $mps_pipe)"
 fi
 
-# generator-2: generator replica 2 on GPUs 0,1,2,3 (share 0.5, 40 GiB each), port 8000
-# scepsy-replica: {"device": "cuda", "gpus": [0, 1, 2, 3], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8000, "replica": 2, "share": 0.5}
+# generator-2: generator replica 2 on GPUs 0,1,3,4 (share 0.5, 40 GiB each), port 8000
+# scepsy-replica: {"device": "cuda", "gpus": [0, 1, 3, 4], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8000, "replica": 2, "share": 0.5}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=0,1,2,3'
+  'CUDA_VISIBLE_DEVICES=0,1,3,4'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
@@ -224,11 +226,11 @@ cmd=(
 )
 start_server generator-2 "${cmd[@]}"
 
-# generator-3: generator replica 3 on GPUs 0,1,2,3 (share 0.5, 40 GiB each), port 8001
-# scepsy-replica: {"device": "cuda", "gpus": [0, 1, 2, 3], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8001, "replica": 3, "share": 0.5}
+# generator-3: generator replica 3 on GPUs 0,2,3,6 (share 0.5, 40 GiB each), port 8001
+# scepsy-replica: {"device": "cuda", "gpus": [0, 2, 3, 6], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8001, "replica": 3, "share": 0.5}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=0,1,2,3'
+  'CUDA_VISIBLE_DEVICES=0,2,3,6'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
@@ -241,11 +243,11 @@ cmd=(
 )
 start_server generator-3 "${cmd[@]}"
 
-# generator-4: generator replica 4 on GPUs 4,5,6,7 (share 0.5, 40 GiB each), port 8002
-# scepsy-replica: {"device": "cuda", "gpus": [4, 5, 6, 7], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8002, "replica": 4, "share": 0.5}
+# generator-4: generator replica 4 on GPUs 1,2,4,6 (share 0.5, 40 GiB each), port 8002
+# scepsy-replica: {"device": "cuda", "gpus": [1, 2, 4, 6], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8002, "replica": 4, "share": 0.5}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=4,5,6,7'
+  'CUDA_VISIBLE_DEVICES=1,2,4,6'
   CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
   'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
@@ -258,22 +260,56 @@ cmd=(
 )
 start_server generator-4 "${cmd[@]}"
 
-# generator-5: generator replica 5 on GPUs 4,5,6,7 (share 0.5, 40 GiB each), port 8003
-# scepsy-replica: {"device": "cuda", "gpus": [4, 5, 6, 7], "llm": "generator", "memory_gib": 40.0, "node": "A100-80GB-1", "port": 8003, "replica": 5, "share": 0.5}
+# prm-2: prm replica 2 on GPUs 5,7 (share 0.9, 72 GiB each), port 8003
+# scepsy-replica: {"device": "cuda", "gpus": [5, 7], "llm": "prm", "memory_gib": 72.0, "node": "A100-80GB-1", "port": 8003, "replica": 2, "share": 0.9}
 cmd=(
   env
-  'CUDA_VISIBLE_DEVICES=4,5,6,7'
-  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50
-  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=40G,1=40G,2=40G,3=40G'
+  'CUDA_VISIBLE_DEVICES=5,7'
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=90
+  'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=72G,1=72G'
   "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
-  vllm serve Qwen/Qwen2.5-7B
-  --served-model-name generator
-  --tensor-parallel-size 4
-  --gpu-memory-utilization 0.5
+  vllm serve Qwen/Qwen2.5-Math-PRM-7B
+  --served-model-name prm
+  --tensor-parallel-size 2
+  --gpu-memory-utilization 0.9
   --host 0.0.0.0
   --port 8003
 )
-start_server generator-5 "${cmd[@]}"
+start_server prm-2 "${cmd[@]}"
 
-wait_healthy generator-2 8000 generator-3 8001 generator-4 8002 generator-5 8003
-echo "start.sh ($node): all 4 server(s) healthy"
+# reranker-0: reranker replica 0 on GPU 5 (share 0.1, 8 GiB each), port 8004
+# scepsy-replica: {"device": "cuda", "gpus": [5], "llm": "reranker", "memory_gib": 8.0, "node": "A100-80GB-1", "port": 8004, "replica": 0, "share": 0.1}
+cmd=(
+  env
+  CUDA_VISIBLE_DEVICES=5
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G
+  "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
+  vllm serve BAAI/bge-reranker-large
+  --served-model-name reranker
+  --tensor-parallel-size 1
+  --gpu-memory-utilization 0.1
+  --host 0.0.0.0
+  --port 8004
+)
+start_server reranker-0 "${cmd[@]}"
+
+# reranker-1: reranker replica 1 on GPU 7 (share 0.1, 8 GiB each), port 8005
+# scepsy-replica: {"device": "cuda", "gpus": [7], "llm": "reranker", "memory_gib": 8.0, "node": "A100-80GB-1", "port": 8005, "replica": 1, "share": 0.1}
+cmd=(
+  env
+  CUDA_VISIBLE_DEVICES=7
+  CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=10
+  CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=8G
+  "CUDA_MPS_PIPE_DIRECTORY=$mps_pipe"
+  vllm serve BAAI/bge-reranker-large
+  --served-model-name reranker
+  --tensor-parallel-size 1
+  --gpu-memory-utilization 0.1
+  --host 0.0.0.0
+  --port 8005
+)
+start_server reranker-1 "${cmd[@]}"
+
+wait_healthy generator-2 8000 generator-3 8001 generator-4 8002 prm-2 8003 reranker-0 8004 reranker-1 8005
+echo "start.sh ($node): all 6 server(s) healthy"

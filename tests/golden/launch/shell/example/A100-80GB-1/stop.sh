@@ -90,7 +90,7 @@ stop_all() {  # NAME...: SIGTERM each running group, SIGKILL after the grace per
   done
 }
 
-stop_all generator-2 generator-3 generator-4 generator-5
+stop_all generator-2 generator-3 generator-4 prm-2 reranker-0 reranker-1
 if ((${#left[@]})); then
   # the MPS daemon and the temporary folders stay while a server may still use them
   echo "stop.sh ($node): still running: ${left[*]}" >&2
