@@ -38,6 +38,7 @@ from typing import Any
 import scepsy
 from _common import REPO, RESULTS, progress, table, write_results
 from scepsy_profile.overheads import load_overheads
+from scepsy_profile.serving import MemoryPolicy
 
 MEASUREMENTS = REPO / "datasets" / "measurements"
 CATALOG = REPO / "datasets" / "catalogs" / "cpu-host.yaml"
@@ -97,6 +98,7 @@ def serve_record(name: str, measured: Path, curves: Path, overheads: Path | None
     """One server's measured curve against the rate workload of its calls."""
     res = json.loads(measured.read_text())
     sat = float(res["saturation_rate"])
+    engine = MemoryPolicy(max_batch=int(res["server"]["max_num_seqs"]))  # the server's limit
     out: dict[str, Any] = {"record": name, "kind": "serve", "measured_mu": sat,
                            "points": [], "mu": {}}
     rows = []
@@ -120,7 +122,7 @@ def serve_record(name: str, measured: Path, curves: Path, overheads: Path | None
             variants.update(cal=cal, srv=dataclasses.replace(cal, http_ms=0.0))
         for variant, oh in variants.items():
             pred = scepsy.predict(workload(1.0), alloc, None, curves=curves, catalog=CATALOG,
-                                  overheads=oh, trace_requests=2000)
+                                  overheads=oh, engine=engine, trace_requests=2000)
             out["mu"][variant] = pred.workflows["server"].max_throughput
         for p in res["points"]:
             if p["saturated"] or not p["completed"]:
@@ -134,10 +136,11 @@ def serve_record(name: str, measured: Path, curves: Path, overheads: Path | None
                                      "srv_lat_meas_s": srv_lat}
             for variant, oh in variants.items():
                 pred = scepsy.predict(workload(rate), alloc, None, curves=curves,
-                                      catalog=CATALOG, overheads=oh, trace_requests=2000)
+                                      catalog=CATALOG, overheads=oh, engine=engine,
+                                      trace_requests=2000)
                 sim = scepsy.simulate(workload(rate), alloc, None, curves=curves,
-                                      catalog=CATALOG, overheads=oh, trace_requests=2000,
-                                      requests=sim_requests)
+                                      catalog=CATALOG, overheads=oh, engine=engine,
+                                      trace_requests=2000, requests=sim_requests)
                 wp, ws = pred.workflows["server"], sim.workflows["server"]
                 point[variant] = {"thr_pred": wp.throughput, "lat_pred_s": wp.mean_latency_s,
                                "p90_pred_s": wp.p90_latency_s, "thr_sim": ws.throughput,
@@ -200,7 +203,8 @@ def loop_record(folder: Path, overheads: Path | None, sim_requests: int) -> dict
     with tempfile.TemporaryDirectory() as tmp:
         alloc = Path(tmp) / "allocation.json"
         alloc.write_text(json.dumps({"llms": res["allocation"]}))
-        common = {"curves": curves, "catalog": CATALOG, "seed": int(opts["seed"])}
+        common = {"curves": curves, "catalog": CATALOG, "seed": int(opts["seed"]),
+                  "engine": MemoryPolicy(max_batch=int(opts["max_num_seqs"]))}
         gen = {"trace_requests": opts["trace_requests"]}
         for name, oh in variants.items():
             preds[name] = scepsy.predict(workflow, alloc, rates, overheads=oh, **common, **gen)

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from scepsy_place.topology import Topology
     from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
+    from scepsy_profile.serving import MemoryPolicy
 
     Overheads = Any  # a path or a scepsy_profile.overheads.EngineOverheads
 
@@ -162,6 +163,18 @@ def load_overheads(overheads: PathLike | Any) -> Any:
         return _load(overheads)
     raise InputError("overheads", "", "an overheads file path or an EngineOverheads",
                      type(overheads).__name__)
+
+
+def _engine(engine: Any) -> MemoryPolicy | None:
+    """The engine settings an ``engine=`` argument stands for: a
+    :class:`~scepsy_profile.serving.MemoryPolicy` (vLLM's ``max_num_seqs`` as ``max_batch``, the
+    KV block size and management, the token budget) or None (the defaults)."""
+    from scepsy_profile.serving import MemoryPolicy
+
+    if engine is None or isinstance(engine, MemoryPolicy):
+        return engine
+    raise InputError("engine", "", "a MemoryPolicy (the engine's settings) or None",
+                     type(engine).__name__)
 
 
 def _latency(curves: PathLike | None, latency: LatencyModel | None,
@@ -334,7 +347,7 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
                  trace: PathLike | Trace | None = None,
                  trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
                  curves: PathLike | None = None, latency: LatencyModel | None = None,
-                 overheads: Overheads | None = None,
+                 overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
                  current: PathLike | Allocation | None = None,
                  latency_bound_s: float | Mapping[str, float] | None = None,
                  optimiser: str = DEFAULT_OPTIMISER, progress: Progress | None = None,
@@ -345,7 +358,8 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
     with using_catalog(catalog) as cat:
         return _plan_problem(workflows, cluster, targets, trace=trace,
                              trace_requests=trace_requests, seed=seed, curves=curves,
-                             latency=latency, overheads=overheads, current=current,
+                             latency=latency, overheads=overheads, engine=engine,
+                             current=current,
                              latency_bound_s=latency_bound_s, optimiser=optimiser,
                              progress=progress, catalog=cat if catalog is not None else None,
                              **options)
@@ -355,7 +369,7 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
                   targets: OptionalRates, *,
                   trace: PathLike | Trace | None, trace_requests: int, seed: int,
                   curves: PathLike | None, latency: LatencyModel | None,
-                  overheads: Overheads | None,
+                  overheads: Overheads | None, engine: MemoryPolicy | None,
                   current: PathLike | Allocation | None,
                   latency_bound_s: float | Mapping[str, float] | None,
                   optimiser: str, progress: Progress | None, catalog: Catalog | None,
@@ -398,7 +412,7 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
     say("building the trace and its statistics")
     stats = _stats(specs, _trace(specs, trace, trace_requests, seed), seed)
     problem = PlanningProblem(stats, models_of(specs), rates, topology.to_cluster(), lat, opts,
-                              catalog=catalog)
+                              catalog=catalog, policy=_engine(engine))
     return problem, topology
 
 
@@ -420,7 +434,9 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
     ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``overheads`` (an
     engine-overheads calibration file or object, :func:`load_overheads`, added to the latency
-    model); ``current`` (a path or an
+    model); ``engine`` (a :class:`~scepsy_profile.serving.MemoryPolicy`: the serving engine's
+    settings, vLLM's ``max_num_seqs`` as ``max_batch``, KV block size and management, token
+    budget; the defaults when None); ``current`` (a path or an
     :class:`~scepsy_opt.allocation.Allocation`), ``latency_bound_s`` (max-throughput only: a
     mean-latency bound for every workflow or per workflow), ``latency_bounds`` (where the
     optimiser supports them: ``(percentile, seconds)`` for every workflow or a mapping
@@ -464,7 +480,7 @@ def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRat
             form: str = "critical-path", trace: PathLike | Trace | None = None,
             trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
             curves: PathLike | None = None, latency: LatencyModel | None = None,
-            overheads: Overheads | None = None,
+            overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
             catalog: PathLike | Catalog | None = None) -> Prediction:
     """Each workflow's predicted throughput, maximum throughput and latency at ``rate`` on
     ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`
@@ -479,7 +495,7 @@ def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRat
         own = cat if catalog is not None else None
         return _predict(_stats(specs, tr, seed), models_of(specs), alloc,
                         _latency(curves, latency, own, overheads), rates,
-                        form=form, catalog=own)  # type: ignore[arg-type]
+                        form=form, catalog=own, policy=_engine(engine))  # type: ignore[arg-type]
 
 
 def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None, *,
@@ -487,7 +503,7 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
              trace: PathLike | Trace | None = None,
              trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
              curves: PathLike | None = None, latency: LatencyModel | None = None,
-             overheads: Overheads | None = None,
+             overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
              progress: bool = False, catalog: PathLike | Catalog | None = None
              ) -> SimulationResult:
     """Simulated throughput and latency of ``requests`` Poisson arrivals at ``rate`` on
@@ -502,8 +518,10 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
                                                   trace_requests, seed)
         own = cat if catalog is not None else None
         lat = _latency(curves, latency, own, overheads)
+        policy = _engine(engine)
+        more = {} if policy is None else {"policy": policy}
         return _simulate(tr, models_of(specs), alloc, lat, rates, requests=requests, seed=seed,
-                         routing=routing, progress=progress)  # type: ignore[arg-type]
+                         routing=routing, progress=progress, **more)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------ documents

@@ -144,6 +144,40 @@ def _trace_args(trace: argparse.ArgumentParser) -> None:
     gen.set_defaults(func=_cmd_trace_generate)
 
 
+_ENGINE_FLAGS = {"max_batch": "--max-num-seqs", "block_size": "--block-size",
+                 "max_num_batched_tokens": "--max-num-batched-tokens", "kv_management": "--kv"}
+
+
+def _engine_args(cmd: argparse.ArgumentParser) -> None:
+    """The serving engine's settings, as vLLM names them (predict, simulate, plan)."""
+    g = cmd.add_argument_group("engine settings (default: vLLM's)")
+    g.add_argument("--max-num-seqs", type=COUNT, help="calls a replica runs at once "
+                   "(vLLM --max-num-seqs; default 256)")
+    g.add_argument("--block-size", type=COUNT, help="tokens per KV block (default 16)")
+    g.add_argument("--max-num-batched-tokens", type=COUNT,
+                   help="prompt tokens one iteration takes (default: unlimited)")
+    g.add_argument("--kv", choices=("paged", "reserve"),
+                   help="KV cache: paged blocks with preemption (vLLM, the default) or a call's "
+                   "whole length reserved at admission")
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    """The MemoryPolicy of the engine flags, or None when none is given."""
+    from scepsy_common.errors import InputError
+    from scepsy_profile.serving import MemoryPolicy
+
+    given = {field: getattr(args, flag[2:].replace("-", "_"))
+             for field, flag in _ENGINE_FLAGS.items()}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return None
+    try:
+        return MemoryPolicy(**given)
+    except InputError as exc:
+        raise UsageError(f"{_ENGINE_FLAGS.get(exc.field, exc.field)}: expected {exc.expected} "
+                         f"(got {exc.got!r})") from None
+
+
 def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
     """The options predict and simulate share."""
     from scepsy.api import DEFAULT_TRACE_REQUESTS
@@ -163,6 +197,7 @@ def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
     cmd.add_argument("--seed", type=SEED, default=0)
     cmd.add_argument("--json", action="store_true")
+    _engine_args(cmd)
 
 
 def _predict_args(cmd: argparse.ArgumentParser) -> None:
@@ -294,6 +329,7 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one "
                       "(devices and models it lacks, e.g. datasets/catalogs/cpu-host.yaml)")
     plan.add_argument("--seed", type=SEED, default=0)
+    _engine_args(plan)
     plan.add_argument("--out", type=Path, default=Path("plan.json"), help="default %(default)s")
     plan.add_argument("--launch", metavar="TARGET[,TARGET...]",
                       help="also render the written plan for launch targets (shell, k8s, ray, "
@@ -452,8 +488,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                        formulation=args.formulation, placer=args.placer,
                        spread_replicas=args.spread_replicas, max_rounds=args.max_rounds,
                        trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                       curves=args.curves, overheads=args.overheads, current=args.current,
-                       latency_bound_s=bounds, catalog=args.catalog,
+                       curves=args.curves, overheads=args.overheads, engine=_engine(args),
+                       current=args.current, latency_bound_s=bounds, catalog=args.catalog,
                        progress=lambda stage: bar.update(description=stage), **options)
     doc = res.to_dict(timings=not args.no_timings)
     write_plan(args.out, doc)  # the document printed below, built once
@@ -698,7 +734,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     with _naming(_EVAL_FLAGS):
         pred = api.predict(args.workflow, args.allocation, args.rate, form=args.form,
                            trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                           curves=args.curves, overheads=args.overheads, catalog=args.catalog)
+                           curves=args.curves, overheads=args.overheads,
+                           engine=_engine(args), catalog=args.catalog)
     doc = api.prediction_document(pred, args.form)
     new_w = api.fields_present(pred.workflows, api.PREDICTED_WORKFLOW_FIELDS)
     new_m = api.fields_present(pred.llms, api.PREDICTED_LLM_FIELDS)
@@ -725,7 +762,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                            routing=args.routing, trace=args.trace,
                            trace_requests=args.trace_requests, seed=args.seed,
                            curves=args.curves, overheads=args.overheads,
-                           progress=args.progress, catalog=args.catalog)
+                           engine=_engine(args), progress=args.progress, catalog=args.catalog)
     doc = api.simulation_document(res)
     new_m = api.fields_present(res.llms, api.SIMULATED_LLM_FIELDS)
     if args.json:

@@ -86,6 +86,7 @@ from scepsy_profile.profiling.server import (
 from scepsy_profile.profiling.store import checked_store, read_store
 from scepsy_profile.profiling.store import fit_store as fit_profile_store
 from scepsy_profile.profiling.sweep import run_sweep
+from scepsy_profile.serving import MemoryPolicy
 
 __all__ = [
     "BUNDLED_CURVES", "FLAGS", "MARKER", "CurvesUsed", "Leftovers", "LoopOptions", "LoopResult",
@@ -900,8 +901,10 @@ def run_loop(options: LoopOptions, planning: Planning,
                 used = given_curves(options.curves)
             state["curves"] = used
             timings["profile_s"] = time.monotonic() - t0
+            # plan and predict for the engines the loop starts (their max_num_seqs)
             common = {"catalog": options.catalog, "curves": used.path,
-                      "seed": options.seed, "trace_requests": options.trace_requests}
+                      "seed": options.seed, "trace_requests": options.trace_requests,
+                      "engine": MemoryPolicy(max_batch=options.max_num_seqs)}
             t0 = time.monotonic()
             if options.rate is None:
                 _say(say, "planning: the largest throughput the cluster carries")
