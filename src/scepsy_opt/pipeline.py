@@ -73,7 +73,7 @@ from numpy.typing import ArrayLike, NDArray
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, check_allocation
 from scepsy_opt.stats import WorkflowStats
-from scepsy_opt.tails import latency_quantiles
+from scepsy_opt.tails import QUANTILES, latency_quantiles
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.overheads import call_delay_s
@@ -81,7 +81,6 @@ from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curves
 
 Form = Literal["paper", "critical-path"]
 FORMS: tuple[Form, ...] = ("paper", "critical-path")
-QUANTILES = (50, 90, 99)  # the request-latency percentiles of a prediction
 
 
 @dataclass(frozen=True)
