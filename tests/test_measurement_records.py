@@ -1,7 +1,9 @@
 """The real-engine measurement records (datasets/measurements/) hold together: every request
 accounted for, the measured trace readable and as large as the completed requests, the curves
-covering every instance of the allocation, and the catalog and workflow files they name present
-(benchmarks/fidelity.py recomputes the prediction from them)."""
+covering every instance of the allocation (the record's own, or those of the record its
+``profile`` file names), and the catalog and workflow files they name present; every serving-curve
+record readable, with curves of its model (benchmarks/fidelity.py recomputes the predictions
+from them)."""
 
 from __future__ import annotations
 
@@ -14,9 +16,22 @@ from scepsy.api import using_catalog
 from scepsy_opt.traces import read_trace
 from scepsy_opt.workload import load_specs, models_of
 from scepsy_profile.fitted import load_curves
+from scepsy_profile.profiling.servecurve import load_result
 
 REPO = Path(__file__).resolve().parents[1]
-RECORDS = sorted(p.parent for p in (REPO / "datasets" / "measurements").glob("*/results.json"))
+MEASUREMENTS = REPO / "datasets" / "measurements"
+RECORDS = sorted(p.parent for p in MEASUREMENTS.glob("*/results.json"))
+SERVES = sorted(p.parent for p in MEASUREMENTS.glob("*/serve-curve.json"))
+
+
+def curves_path(folder: Path) -> Path:
+    """A record's step-profile curves: its own, or the ``profile`` record's (same session)."""
+    own = folder / "curves.json"
+    if own.is_file():
+        return own
+    ref = (folder / "profile").read_text().strip()
+    assert (MEASUREMENTS / ref).is_dir(), f"{folder.name}: profile names no record ({ref!r})"
+    return MEASUREMENTS / ref / "curves.json"
 
 
 def test_there_is_a_record() -> None:
@@ -40,7 +55,18 @@ def test_record_holds_together(folder: Path) -> None:
     assert per_llm == {m: v["ok"] for m, v in drive["llms"].items()}
     with using_catalog(REPO / res["options"]["catalog"]):
         models = models_of(load_specs(REPO / res["options"]["workflow"]))
-        curves = load_curves(folder / "curves.json")
+        curves = load_curves(curves_path(folder))
         for llm, inst in res["allocation"].items():
             assert curves.covers(models[llm], inst["gpu"], inst["tp"]), llm
     assert (REPO / res["options"]["workflow"]).is_file()
+
+
+@pytest.mark.parametrize("folder", SERVES, ids=[p.name for p in SERVES])
+def test_serve_record_holds_together(folder: Path) -> None:
+    result = load_result(folder / "serve-curve.json")
+    assert result.engine == "vllm" and result.engine_version
+    assert result.points and result.saturation_rate > 0
+    assert any(not p.saturated for p in result.points)
+    with using_catalog(REPO / "datasets" / "catalogs" / "cpu-host.yaml"):
+        curves = load_curves(curves_path(folder))
+        assert curves.covers(result.profiled_name, "cpu", result.tp)
