@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 import pytest
@@ -57,3 +59,13 @@ def tiny_openb(tmp_path: Path) -> tuple[Path, Path]:
                     + "".join(f"p{i},1000,1024,1,500,,LS,Running,{i},{i + 100},{i}\n"
                               for i in range(6)))
     return nodes, pods
+
+
+def run_cli(*argv: str) -> tuple[int, str, str]:
+    """``scepsy ARGV`` in this process: (exit status, stdout, stderr)."""
+    from scepsy.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()

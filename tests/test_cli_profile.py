@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import re
@@ -21,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from scepsy.cli import main
+from conftest import run_cli
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL, SCALE, PROFILED = "llama-3-8b", "0.0625", "llama-3-8b:x0.0625"
@@ -31,14 +29,6 @@ SHARES = ("0.5", "1")
 RUN_ARGS = (*TINY, "--shares", ",".join(SHARES), "--max-points", "20")
 CURVES = [(1, float(s), phase) for s in SHARES for phase in ("prefill", "decode")]
 SUMMARY_NOTE = re.compile(r"(\d+) points measured, (\d+) failed in this run, (\d+) already in")
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    """``scepsy ARGV`` in this process: (exit status, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def profile_run(store: Path, *extra: str) -> list[str]:

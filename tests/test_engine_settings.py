@@ -4,16 +4,13 @@ command line (``--max-num-seqs``, ``--block-size``, ``--max-num-batched-tokens``
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, run_cli
 from scepsy import api
-from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_profile.serving import MemoryPolicy
 
@@ -30,15 +27,8 @@ def _alloc(tmp_path: Path) -> Path:
     return path
 
 
-def _cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
-
-
 def _predict_cli(tmp_path: Path, *flags: str) -> dict:
-    code, out, err = _cli("predict", "--workflow", str(RATES), "--allocation",
+    code, out, err = run_cli("predict", "--workflow", str(RATES), "--allocation",
                           str(_alloc(tmp_path)), "--catalog", str(CATALOG), "--curves",
                           str(CURVES), "--json", *flags)
     assert code == 0, err
@@ -93,7 +83,7 @@ def test_the_planner_plans_for_the_given_engine() -> None:
 ])
 def test_bad_engine_flags_are_one_line_exit_2(tmp_path: Path, flags: tuple[str, ...],
                                               says: str) -> None:
-    code, out, err = _cli("predict", "--workflow", str(RATES), "--allocation",
+    code, out, err = run_cli("predict", "--workflow", str(RATES), "--allocation",
                           str(_alloc(tmp_path)), "--catalog", str(CATALOG), *flags)
     assert code == 2 and out == ""
     text = err.strip()

@@ -5,8 +5,6 @@ synthesised with them (the oracle), the bundled calibration improving the derive
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 from dataclasses import replace
@@ -15,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scepsy.cli import main
+from conftest import run_cli
 from scepsy_common.errors import InputError
 from scepsy_profile.fitted import load_curves
 from scepsy_profile.overheads import (
@@ -64,13 +62,6 @@ class LinearLatency:
 
     def covers(self, model, gpu, tp) -> bool:
         return True
-
-
-def run_cli(*argv: str) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 # --------------------------------------------------------------------------- the file
