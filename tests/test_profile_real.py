@@ -86,8 +86,10 @@ def test_fitted_curve_keeps_every_clear_order_the_engine_shows(
         if not _predict(fitted, phase, *q) > _predict(fitted, phase, *p):
             wrong.append((p, q, lo, hi, _predict(fitted, phase, *p), _predict(fitted, phase, *q)))
     assert not wrong, wrong
-    # not vacuous: batch 1 -> 16 at 256 tokens is clearly slower for both phases
-    assert lattice[(phase, 16, 256)] > CLEARLY * lattice[(phase, 1, 256)]
+    # not vacuous: the most work (batch 16, 256 tokens) is clearly slower than the least (batch
+    # 1, 16 tokens) for both phases, and many pairs were checked (on a small CPU model a decode
+    # step's batch 1 -> 16 alone can stay within timing noise)
+    assert lattice[(phase, BATCHES[-1], TOKENS[-1])] > CLEARLY * lattice[(phase, 1, TOKENS[0])]
     assert checked >= 10, checked
 
 
