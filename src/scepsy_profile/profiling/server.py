@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import re
 import shutil
 import socket
@@ -101,8 +102,42 @@ class RunningServer:
         return f"http://127.0.0.1:{self.port}"
 
 
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+FIXED_PORTS = (20000, 32768)
+"""Where :func:`free_port` looks first when the ephemeral range starts above it."""
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The OS's ephemeral port range (Linux's default where it cannot be read)."""
+    try:
+        lo, hi = (int(x) for x in EPHEMERAL_RANGE_FILE.read_text().split()[:2])
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def free_port() -> int:
-    """A loopback TCP port nothing listens on now (the OS's choice)."""
+    """A loopback TCP port nothing is bound to now, below the OS's ephemeral range when it can:
+    a port the OS picks (port 0) comes from that range, where the engines' own internal sockets
+    and every outgoing connection also draw theirs, so one may take it before the server binds
+    it. Tries random ports of :data:`FIXED_PORTS` below the range, then the OS's choice."""
+    lo, _ = _ephemeral_range()
+    top = min(FIXED_PORTS[1], lo)
+    if top > FIXED_PORTS[0]:
+        rng = random.Random(time.time_ns() ^ os.getpid())
+        for _ in range(64):
+            port = rng.randrange(FIXED_PORTS[0], top)
+            if _bindable(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
