@@ -526,51 +526,18 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
 
 # ------------------------------------------------------------------------------ documents
 
-PREDICTED_WORKFLOW_FIELDS = ("throughput", "saturated", "p50_latency_s", "p90_latency_s",
-                             "p99_latency_s")
-"""Fields of a workflow's prediction added to :func:`prediction_document` where the
-predictor has them."""
-PREDICTED_LLM_FIELDS = ("preemptions_per_call", "overloaded")
-"""Fields of an LLM's predicted load added to :func:`prediction_document` where the predictor
-has them."""
-SIMULATED_LLM_FIELDS = ("preemptions", "preemptions_per_call")
-"""Fields of a simulated LLM added to :func:`simulation_document` where the simulator has
-them."""
-
-
-def fields_present(objects: Mapping[str, Any], names: Sequence[str]) -> list[str]:
-    """The names in ``names`` that every object of ``objects`` has as attributes, in order."""
-    return [n for n in names if objects and all(hasattr(o, n) for o in objects.values())]
-
-
-def _add_fields(doc: dict[str, Any], objects: Mapping[str, Any], names: Sequence[str]) -> None:
-    for key, o in objects.items():
-        for n in fields_present(objects, names):
-            v = getattr(o, n)
-            doc[key][n] = None if isinstance(v, float) and math.isnan(v) else v
-
-
 def prediction_document(pred: Prediction, form: str) -> dict[str, Any]:
-    """``scepsy predict --json``'s document: :func:`scepsy_opt.reports.prediction_to_dict`
-    plus each workflow's throughput, saturated and p50/p90/p99 latency and each LLM's
-    preemptions per call and overloaded flag where the predictor gives them (NaN, not
-    predicted, as None)."""
+    """``scepsy predict --json``'s document (:func:`scepsy_opt.reports.prediction_to_dict`)."""
     from scepsy_opt.reports import prediction_to_dict
 
-    doc = prediction_to_dict(pred, form)
-    _add_fields(doc["workflows"], pred.workflows, PREDICTED_WORKFLOW_FIELDS)
-    _add_fields(doc["llms"], pred.llms, PREDICTED_LLM_FIELDS)
-    return doc
+    return prediction_to_dict(pred, form)
 
 
 def simulation_document(res: SimulationResult) -> dict[str, Any]:
-    """``scepsy simulate --json``'s document: :func:`scepsy_opt.reports.simulation_to_dict`
-    plus each LLM's preemptions where the simulator counts them."""
+    """``scepsy simulate --json``'s document (:func:`scepsy_opt.reports.simulation_to_dict`)."""
     from scepsy_opt.reports import simulation_to_dict
 
-    doc = simulation_to_dict(res)
-    _add_fields(doc["llms"], res.llms, SIMULATED_LLM_FIELDS)
-    return doc
+    return simulation_to_dict(res)
 
 
 # ---------------------------------------------------------------------------------- launch
@@ -624,8 +591,7 @@ def bench_loop(options: Any = None, *, say: Callable[[str], None] | None = None,
                     say=say)
 
 
-__all__ = ["PREDICTED_LLM_FIELDS", "PREDICTED_WORKFLOW_FIELDS", "SIMULATED_LLM_FIELDS",
-           "PlanResult", "bench_loop", "check_grid", "check_launch", "fields_present",
+__all__ = ["PlanResult", "bench_loop", "check_grid", "check_launch",
            "load_catalog", "load_overheads", "plan", "plan_problem", "predict",
            "prediction_document", "render", "simulate", "simulation_document",
            "using_catalog"]

@@ -737,19 +737,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
                            curves=args.curves, overheads=args.overheads,
                            engine=_engine(args), catalog=args.catalog)
     doc = api.prediction_document(pred, args.form)
-    new_w = api.fields_present(pred.workflows, api.PREDICTED_WORKFLOW_FIELDS)
-    new_m = api.fields_present(pred.llms, api.PREDICTED_LLM_FIELDS)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
         return 0
     _print_table([{"workflow": w, **o} for w, o in doc["workflows"].items()],
-                 ["workflow", "rate", "throughput", "max_throughput", "bottleneck",
-                  *[c for c in new_w if c == "saturated"], "mean_latency_s",
-                  *[c for c in new_w if c != "saturated" and c != "throughput"]])
+                 ["workflow", "rate", "throughput", "max_throughput", "bottleneck", "saturated",
+                  "mean_latency_s", "p50_latency_s", "p90_latency_s", "p99_latency_s"])
     print()
     _print_table([{"llm": m, **o} for m, o in doc["llms"].items()],
                  ["llm", "model", "replicas", "rate", "mu", "utilisation", "call_latency_s",
-                  *new_m])
+                  "preemptions_per_call", "overloaded"])
     return 0
 
 
@@ -764,7 +761,6 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                            curves=args.curves, overheads=args.overheads,
                            engine=_engine(args), progress=args.progress, catalog=args.catalog)
     doc = api.simulation_document(res)
-    new_m = api.fields_present(res.llms, api.SIMULATED_LLM_FIELDS)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
         return 0
@@ -773,7 +769,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                   "p90_latency_s", "p99_latency_s", "completed", "unfinished"])
     print()
     _print_table([{"llm": m, **o} for m, o in doc["llms"].items()],
-                 ["llm", "replicas", "calls", "utilisation", "mean_batch", *new_m])
+                 ["llm", "replicas", "calls", "utilisation", "mean_batch", "preemptions", "preemptions_per_call"])
     return 0
 
 
