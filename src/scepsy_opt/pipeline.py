@@ -77,7 +77,7 @@ from scepsy_opt.tails import QUANTILES, latency_quantiles
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.overheads import call_delay_s
-from scepsy_profile.serving import MemoryPolicy, ServingCurve, serving_curves
+from scepsy_profile.serving import MemoryPolicy, ServingCurve, kv_demand, serving_curves
 
 Form = Literal["paper", "critical-path"]
 FORMS: tuple[Form, ...] = ("paper", "critical-path")
@@ -238,11 +238,9 @@ def decode_context(demand: LLMDemand) -> float:
     """The mean context of a running call, the serving curve's: ``(E[I·O] + E[O²]/2) / O``, a
     call holding ``I + O/2`` tokens on average over its ``O`` steps, weighted by those steps
     (``I + O/2`` for constant lengths)."""
-    i, o = max(demand.input_mean, 1.0), max(demand.output_mean, 1.0)
     sq, io = _curve_moments(demand)
-    if sq is None and io is None:
-        return i + o / 2.0
-    return ((i * o if io is None else io) + (o * o if sq is None else sq) / 2.0) / o
+    return kv_demand(max(demand.input_mean, 1.0), max(demand.output_mean, 1.0), MemoryPolicy(),
+                     sq, io).ctx
 
 
 def curve_preemptions(curve: ServingCurve, rate: float) -> tuple[float, bool]:
