@@ -31,12 +31,17 @@ from scepsy_profile.serving import MemoryPolicy, memory_fit
 
 @dataclass(frozen=True, slots=True)
 class Instance:
-    """One LLM's deployment: ``replicas`` copies of a (gpu, tp, share) instance."""
+    """One LLM's deployment: ``replicas`` copies of a (gpu, tp, share) instance.
+
+    ``share`` is the fraction of each GPU's compute (MPS active thread percentage); ``memory``
+    the fraction of each GPU's memory the replica may use (vLLM's memory fraction), a second
+    resource. ``None`` ties it to the compute share (:attr:`memory_share`)."""
 
     gpu: str
     tp: int
     share: float
     replicas: int = 1
+    memory: float | None = None
 
     def __post_init__(self) -> None:
         if not (isinstance(self.tp, int) and self.tp >= 1):
@@ -45,6 +50,14 @@ class Instance:
             raise InputError("instance", "share", "a GPU share in (0, 1]", self.share)
         if not (isinstance(self.replicas, int) and self.replicas >= 1):
             raise InputError("instance", "replicas", "an integer >= 1", self.replicas)
+        if self.memory is not None and not 0 < self.memory <= 1:
+            raise InputError("instance", "memory", "a fraction of GPU memory in (0, 1]",
+                             self.memory)
+
+    @property
+    def memory_share(self) -> float:
+        """Fraction of each GPU's memory per replica: ``memory``, or the compute share."""
+        return self.share if self.memory is None else self.memory
 
     @property
     def gpus(self) -> float:
@@ -67,8 +80,14 @@ class Allocation:
         return sum(i.gpus for i in self.llms.values() if gpu is None or i.gpu == gpu)
 
     def to_dict(self) -> dict:
-        return {"llms": {name: {"gpu": i.gpu, "tp": i.tp, "share": i.share,
-                                "replicas": i.replicas} for name, i in self.llms.items()}}
+        return {"llms": {name: _instance_dict(i) for name, i in self.llms.items()}}
+
+
+def _instance_dict(i: Instance) -> dict:
+    out: dict = {"gpu": i.gpu, "tp": i.tp, "share": i.share, "replicas": i.replicas}
+    if i.memory is not None:
+        out["memory"] = i.memory
+    return out
 
 
 MAX_REPLICAS = 100_000
@@ -81,6 +100,7 @@ class _InstanceRec(BaseModel):
     tp: int = Field(ge=1, le=MAX_GPUS_PER_NODE)
     share: float = Field(gt=0, le=1)
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
+    memory: float | None = Field(default=None, gt=0, le=1)
 
 
 class _AllocationRec(BaseModel):
@@ -109,7 +129,7 @@ def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -
         if r.tp > gpu.nvlink_domain:
             raise InputError(source, f"{prefix}llms.{name}.tp", f"a TP degree within one "
                              f"{gpu.name} NVLink domain (at most {gpu.nvlink_domain})", r.tp)
-        llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas)
+        llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas, r.memory)
     return Allocation(llms, source)
 
 
@@ -135,13 +155,15 @@ def check_allocation(alloc: Allocation, models: Mapping[str, str], *,
             raise InputError(alloc.source, f"llms.{name}.tp", f"a TP degree {spec.name} supports "
                              f"(dividing its {spec.heads} attention heads; its KV heads "
                              f"{spec.kv_heads} divide it or it divides them)", inst.tp)
-        fit = memory_fit(spec.name, inst.gpu, inst.tp, inst.share, 1, catalog=cat, policy=pol)
+        fit = memory_fit(spec.name, inst.gpu, inst.tp, inst.memory_share, 1, catalog=cat,
+                         policy=pol)
         if not fit.feasible:
-            raise InputError(alloc.source, f"llms.{name}.share", f"a share of {inst.gpu} whose "
+            field_ = "memory" if inst.memory is not None else "share"
+            raise InputError(alloc.source, f"llms.{name}.{field_}", f"a share of {inst.gpu} whose "
                              f"memory ({fit.available_gib:.3g} GiB per GPU) holds {spec.name}'s "
                              f"weights ({fit.weights_gib:.3g} GiB per GPU at tp {inst.tp}), the "
                              f"reserve ({fit.reserve_gib:.3g} GiB) and a KV cache; the model "
-                             "does not fit", inst.share)
+                             "does not fit", inst.memory_share)
 
 
 def save_allocation(alloc: Allocation, path: str | os.PathLike[str]) -> None:

@@ -72,6 +72,7 @@ class Candidate:
     # per workflow: this LLM's contribution to the workflow's mean latency
     workflow_latency_s: tuple[tuple[str, float], ...] = ()
     memory_gib: float = 0.0  # per GPU of each replica: its share of the GPU's memory (MPS limit)
+    memory_share: float | None = None  # fraction of each GPU's memory; None: the compute share
 
     @property
     def cost(self) -> float:
@@ -87,8 +88,16 @@ class Candidate:
         return self.units / UNITS
 
     @property
+    def mem_units(self) -> int:
+        """GPU memory used in 1/1000 of a GPU's memory: replicas · tp · memory share · 1000
+        (the compute units when memory is tied to the share)."""
+        if self.memory_share is None:
+            return self.units
+        return self.replicas * gpu_units(self.tp, self.memory_share)
+
+    @property
     def instance(self) -> Instance:
-        return Instance(self.gpu, self.tp, self.share, self.replicas)
+        return Instance(self.gpu, self.tp, self.share, self.replicas, self.memory_share)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,9 @@ class PlanOptions:
     """Knobs of candidate generation and of the solvers (defaults documented in docs/optimiser.md)."""
 
     shares: tuple[float, ...] = TENTHS
+    # the grid of memory fractions per GPU (a second resource beside the compute share); None:
+    # memory tied to the compute share (an instance gets that share of each GPU's memory)
+    memory_shares: tuple[float, ...] | None = None
     tps: tuple[int, ...] = (1, 2, 4, 8)
     max_utilisation: float = 0.95
     weights: Mapping[str, float] = field(default_factory=dict)  # per workflow, default 1
@@ -61,6 +64,11 @@ class PlanOptions:
         if not self.shares or any(not (0 < s <= 1) or abs(s * UNITS - round(s * UNITS)) > 1e-9
                                   for s in self.shares):
             raise InputError(src, "shares", "GPU shares in (0, 1], multiples of 0.001", self.shares)
+        if self.memory_shares is not None and (not self.memory_shares or any(
+                not (0 < s <= 1) or abs(s * UNITS - round(s * UNITS)) > 1e-9
+                for s in self.memory_shares)):
+            raise InputError(src, "memory_shares", "fractions of GPU memory in (0, 1], "
+                             "multiples of 0.001", self.memory_shares)
         if not self.tps or any(not (isinstance(t, int) and t >= 1) for t in self.tps):
             raise InputError(src, "tps", "TP degrees, integers >= 1", self.tps)
         if not 0 < self.max_utilisation < 1:

@@ -171,7 +171,8 @@ def demands(allocation: Allocation, catalog: Catalog | None = None, *,
             first_replica: Mapping[str, int] | None = None) -> list[Demand]:
     """One :class:`Demand` per replica of ``allocation``, sorted by (llm, replica).
 
-    Memory per GPU is ``share × device memory`` (an MPS instance gets that share of memory).
+    Memory per GPU is ``memory_share × device memory`` (the instance's memory fraction, its
+    compute share unless set apart: compute and memory are two resources of a GPU).
     ``first_replica`` numbers an LLM's replicas from there (for a scale-out placed next to
     running replicas ``0..k-1``, pass ``{llm: k}``).
     """
@@ -182,7 +183,7 @@ def demands(allocation: Allocation, catalog: Catalog | None = None, *,
         spec = cat.gpu(inst.gpu)
         for r in range(inst.replicas):
             out.append(Demand(llm, start.get(llm, 0) + r, spec.name, inst.tp, inst.share,
-                              _clean(inst.share * spec.memory_gib)))
+                              _clean(inst.memory_share * spec.memory_gib)))
     return out
 
 
