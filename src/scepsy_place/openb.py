@@ -1,11 +1,15 @@
 """Online replay of the Alibaba GPU-sharing trace (openb), as in FGD (Weng et al., ATC'23).
 
 Tasks arrive one at a time onto the cluster; each is placed by a policy or counted as failed (and
-skipped). The workload is the trace's tasks plus copies sampled from it with replacement (seeded)
-until requested GPU reaches ``until`` (1.3) x cluster GPU capacity, shuffled with the same seed --
-the artifact's ``-tune 1.3 -tuneseed N --shuffle-pod=true``. The allocation ratio (allocated GPU
-capacity / total) and FGD's fragmentation are recorded when the arrived demand (cumulative
-requested GPU / capacity, failed tasks included) first reaches 100% and at the end.
+skipped). The workload is the trace's tasks, shuffled with the seed, followed by copies sampled
+from them with replacement (seeded) until requested GPU reaches ``until`` (1.3) x cluster GPU
+capacity -- the artifact's ``-tune 1.3 -tuneseed N --shuffle-pod=true``. Ties between equally
+scored nodes go to the node whose name sorts first after the artifact's seeded random prefix
+(``tie="shuffled-name"``). The allocation ratio (allocated GPU capacity / total) and FGD's
+fragmentation are recorded when the arrived demand (cumulative requested GPU / capacity, failed
+tasks included) first reaches 100% and at the end. CPU-only tasks take CPU and memory, count
+as arrived tasks with no GPU demand, and fail like any other task when no node has the CPU or
+memory left; :func:`cpu_variant` builds the trace family's CPU-heavy variants.
 
 See docs/openb.md.
 """
@@ -26,8 +30,9 @@ from scepsy_common.files import read_csv_rows
 from scepsy_place.fgd import MILLI, fragmentation_batch, typical_tasks
 
 __all__ = [
-    "POLICIES", "TIES", "ClusterState", "NodeSpec", "OpenBError", "ReplayResult", "Snapshot", "Task",
-    "build_workload", "read_nodes", "read_pods", "replay",
+    "CPU_VARIANTS", "ORDERS", "POLICIES", "TIES", "ClusterState", "NodeSpec", "OpenBError",
+    "ReplayResult", "Snapshot", "Task", "build_workload", "cpu_variant", "read_nodes", "read_pods",
+    "replay", "shuffled_name_rank",
 ]
 
 # Best-fit normalisers of the artifact (gpushareutils.MaxSpecCpu / MaxSpecGpu).
@@ -246,12 +251,13 @@ def _pick_max(scores: np.ndarray, rng: np.random.Generator) -> int:
 
 def _pick_node(scores: np.ndarray, nodes: np.ndarray, state: ClusterState, t: Task,
                ctx: Context) -> int:
-    """Position in ``nodes`` of the best score. Ties: ``ctx.tie == "name"`` takes the node whose
-    name sorts first (the artifact's patched kube-scheduler ``selectHost``: "for reproducibility,
-    choose the smallest lexicographical order"); ``"least-allocated"`` the node with most
-    CPU/memory left after placing, then a seeded random one; ``"random"`` a seeded random one
-    (stock kube-scheduler)."""
-    if ctx.tie == "name":
+    """Position in ``nodes`` of the best score. Ties: ``ctx.tie`` ``"shuffled-name"`` or
+    ``"name"`` takes the node first in ``state.name_rank`` (the artifact's patched kube-scheduler
+    ``selectHost``: "for reproducibility, choose the smallest lexicographical order"; with
+    ``"shuffled-name"`` the rank is that of the artifact's seeded, prefixed names, see
+    :func:`shuffled_name_rank`); ``"least-allocated"`` the node with most CPU/memory left after
+    placing, then a seeded random one; ``"random"`` a seeded random one (stock kube-scheduler)."""
+    if ctx.tie in ("name", "shuffled-name"):
         best = np.flatnonzero(scores == scores.max())
         return int(best[np.argmin(state.name_rank[nodes[best]])])
     if ctx.tie == "least-allocated":
@@ -370,7 +376,8 @@ def fgd(state: ClusterState, t: Task, ctx: Context) -> Choice:
     return node, _whole_gpus(state, node, t) if t.num_gpu else []
 
 
-TIES = ("name", "least-allocated", "random")
+TIES = ("shuffled-name", "name", "least-allocated", "random")
+"""Tie rules between equally scored nodes; the first is the artifact's and the default."""
 
 POLICIES: dict[str, Policy] = {
     "best-fit": best_fit,
@@ -414,20 +421,32 @@ class ReplayResult:
         return d
 
 
+ORDERS = ("artifact", "shuffle", "trace")
+"""Arrival orders of :func:`build_workload`; the first is the artifact's and the default."""
+
+
 def build_workload(nodes: Sequence[NodeSpec], pods: Sequence[Task], seed: int = 42,
-                   until: float = 1.3, order: str = "shuffle", tune: bool = True) -> list[Task]:
-    """Trace tasks plus seeded copies sampled with replacement until requested GPU would exceed
-    ``until`` x capacity (or random trace tasks dropped while it exceeds it), then shuffled
-    (``order="shuffle"``, the artifact's --shuffle-pod) or kept in trace order with the copies
-    appended (``order="trace"``). ``tune=False`` keeps exactly the given tasks."""
-    if order not in ("shuffle", "trace"):
-        raise ValueError(f"order must be 'shuffle' or 'trace', got {order!r}")
+                   until: float = 1.3, order: str = "artifact", tune: bool = True) -> list[Task]:
+    """The arriving tasks: ``pods`` tuned to ``until`` x cluster GPU capacity, in ``order``.
+
+    Tuning (the artifact's ``TunePodsByNodeTotalResource``): when the pods request less GPU than
+    the target, copies drawn with replacement are appended until the next draw's per-GPU milli
+    would push the requested total past it (``tuneUpPods``; CPU-only draws never stop it); when
+    they request more, random pods are dropped until the total fits (``tuneDownPods``).
+    ``order="artifact"``: the trace's pods shuffled, then the copies in draw order (the
+    artifact shuffles before it tunes); ``"shuffle"``: everything shuffled together;
+    ``"trace"``: trace order, copies appended. ``tune=False`` keeps exactly the given tasks.
+    """
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
     if not pods:
         return []
     rng = np.random.default_rng([seed, 0])
     capacity = sum(n.gpus for n in nodes) * MILLI
     target = until * capacity
     tasks = list(pods)
+    if order == "artifact":
+        tasks = [tasks[i] for i in rng.permutation(len(tasks))]
     total = sum(t.total_gpu_milli for t in tasks)
     if not tune:
         pass
@@ -441,7 +460,7 @@ def build_workload(nodes: Sequence[NodeSpec], pods: Sequence[Task], seed: int = 
         k = 0
         while True:
             src = pods[int(rng.integers(len(pods)))]
-            if total + src.total_gpu_milli > target:
+            if total + src.gpu_milli > target:
                 break
             tasks.append(Task(f"{src.name}-tuned-{k}", src.cpu_milli, src.memory_mib,
                               src.num_gpu, src.gpu_milli, src.gpu_spec))
@@ -451,6 +470,46 @@ def build_workload(nodes: Sequence[NodeSpec], pods: Sequence[Task], seed: int = 
         perm = rng.permutation(len(tasks))
         tasks = [tasks[i] for i in perm]
     return tasks
+
+
+CPU_VARIANTS = {"cpu050": 0.05, "cpu100": 0.10, "cpu200": 0.20, "cpu250": 0.25}
+"""The trace family's non-GPU variants: share of CPU-only tasks in the task count."""
+
+
+def cpu_variant(pods: Sequence[Task], share: float, seed: int = 0) -> list[Task]:
+    """``pods``' GPU tasks plus CPU-only tasks drawn from its CPU-only ones (with replacement,
+    seeded) so that they make ``share`` of the tasks, CPU-only tasks first.
+
+    This is how the published ``openb_pod_list_cpu050/100/200/250`` files are laid out: the
+    default trace's 7,064 GPU tasks in trace order after CPU-only tasks resampled from its 1,088
+    (5%, 10%, 20%, 25% of the task count). The draws themselves are ours, not the published ones.
+    """
+    if not 0 <= share < 1 or not math.isfinite(share):
+        raise ValueError(f"share must be in [0, 1), got {share}")
+    gpu = [t for t in pods if t.num_gpu > 0]
+    cpu = [t for t in pods if t.num_gpu == 0]
+    n = round(len(gpu) * share / (1 - share))
+    if n and not cpu:
+        raise ValueError("the pods have no CPU-only task to draw from")
+    rng = np.random.default_rng([seed, 3])
+    drawn = [cpu[int(i)] for i in rng.integers(len(cpu), size=n)] if n else []
+    return [Task(f"{t.name}-cpu-{k}", t.cpu_milli, t.memory_mib, 0, 0, t.gpu_spec)
+            for k, t in enumerate(drawn)] + gpu
+
+
+def shuffled_name_rank(nodes: Sequence[NodeSpec], seed: int) -> np.ndarray:
+    """Tie rank of each node as in the artifact: nodes sorted by name get the seeded random
+    prefix ``"%04d-"`` of a permutation (``syncClusterResourceList``'s ``rand.Perm``), and ties
+    go to the smallest prefixed name. Lower rank wins."""
+    n = len(nodes)
+    perm = np.random.default_rng([seed, 2]).permutation(n)
+    by_name = sorted(range(n), key=lambda i: nodes[i].name)
+    prefixed = [""] * n
+    for k, i in enumerate(by_name):
+        prefixed[i] = f"{int(perm[k]):04d}-{nodes[i].name}"
+    rank = np.empty(n, dtype=np.int64)
+    rank[sorted(range(n), key=lambda i: prefixed[i])] = np.arange(n)
+    return rank
 
 
 def _mix_arrays(pods: Sequence[Task], threshold: float) -> tuple[np.ndarray, ...]:
@@ -471,30 +530,33 @@ def _snapshot(state: ClusterState, ctx: Context, arrived_milli: int, arrived: in
 
 
 def replay(nodes: Sequence[NodeSpec], pods: Sequence[Task], policy: str = "fgd", seed: int = 42,
-           until: float = 1.3, *, order: str = "shuffle", quantize: bool = True,
-           tie: str = "name", tune: bool = True,
+           until: float = 1.3, *, order: str = "artifact", quantize: bool = True,
+           tie: str = "shuffled-name", tune: bool = True,
            mix_threshold: float = 0.95, curve_step: float = 0.1,
            progress: bool | Callable[[int, int], None] = False) -> ReplayResult:
     """Replay ``pods`` onto ``nodes`` with ``policy``; see the module docstring.
 
     Deterministic per (inputs, policy, seed). ``quantize`` keeps the artifact's integer 0..100
-    scores; ``False`` scores exactly. Ties go to the node whose name sorts first (``tie="name"``,
-    the artifact's patched kube-scheduler ``selectHost``); ``tie="least-allocated"`` prefers the
-    node with most CPU/memory left, then a seeded random one (the previous default, our guess at a
-    LeastAllocated scorer the artifact's profile in fact disables); ``tie="random"`` is stock
-    kube-scheduler's reservoir sampling (seeded). ``tune=False`` replays exactly ``pods``.
+    scores; ``False`` scores exactly. Ties go to the node whose name sorts first after the
+    artifact's seeded random prefix (``tie="shuffled-name"``, :func:`shuffled_name_rank`; a fixed
+    node priority that changes with the seed); ``tie="name"`` sorts the plain names (one fixed
+    priority for every seed); ``tie="least-allocated"`` prefers the node with most CPU/memory
+    left, then a seeded random one; ``tie="random"`` is stock kube-scheduler's reservoir sampling
+    (seeded). ``order`` and ``tune``: see :func:`build_workload`.
     ``progress=True`` reports on stderr every few seconds.
     """
     if policy not in POLICIES:
         raise KeyError(f"unknown policy {policy!r}; known: {', '.join(sorted(POLICIES))}")
     if until <= 0:
         raise ValueError(f"until must be > 0, got {until}")
-    t0 = time.perf_counter()
-    state = ClusterState(nodes)
-    workload = build_workload(nodes, pods, seed, until, order, tune)
-    n, g, cpu, p = _mix_arrays(pods, mix_threshold)
     if tie not in TIES:
         raise ValueError(f"tie must be one of {', '.join(TIES)}, got {tie!r}")
+    t0 = time.perf_counter()
+    state = ClusterState(nodes)
+    if tie == "shuffled-name":
+        state.name_rank = shuffled_name_rank(nodes, seed)
+    workload = build_workload(nodes, pods, seed, until, order, tune)
+    n, g, cpu, p = _mix_arrays(pods, mix_threshold)
     ctx = Context(np.random.default_rng([seed, 1]), n, g, cpu, p, quantize, tie=tie)
     fn = POLICIES[policy]
     tracks_frag = fn is fgd
