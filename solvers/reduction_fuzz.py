@@ -10,6 +10,11 @@ formulations are checked:
 * ``blocks``: ``reduced_candidates(blocks=True, rows=capacity_rows)`` against every block
   candidate, both with the block capacity rows.
 
+``--memory independent`` plans memory as a second resource (``PlanOptions.memory_shares`` =
+tenths): candidates carry a memory share of their own, the MILPs have two budget rows per GPU
+type and the reduction two prices (compute and memory); ``--memory both`` runs each instance
+both ways.
+
 They agree when both are infeasible, or both optimal with objectives within 1e-9 relative. Also
 counted: candidates kept by the reduction (share of the unreduced set), how often it keeps
 every candidate (no feasible allocation known, or the fallback), and the reduced set holding
@@ -17,6 +22,7 @@ only real candidates of the unreduced one (same shape and replica count).
 
     python solvers/reduction_fuzz.py                  # 400 instances (results/reduction_fuzz.json)
     python solvers/reduction_fuzz.py --start 400 --count 50 --out reduction_fuzz_b
+    python solvers/reduction_fuzz.py --count 100 --memory independent --out reduction_fuzz_mem
 
 Exit status 1 on any disagreement.
 """
@@ -24,6 +30,7 @@ Exit status 1 on any disagreement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -41,7 +48,7 @@ from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates  
 from scepsy_opt.cluster import Cluster, GPUPool  # noqa: E402
 from scepsy_opt.instances import random_problem  # noqa: E402
 from scepsy_opt.milp import reduced_candidates, solve_min_latency  # noqa: E402
-from scepsy_opt.problem import PlanningProblem, PlanOptions  # noqa: E402
+from scepsy_opt.problem import TENTHS, PlanningProblem, PlanOptions  # noqa: E402
 from scepsy_place.blocks import capacity_rows  # noqa: E402
 from scepsy_place.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
@@ -50,6 +57,17 @@ REL = 1e-9  # objectives agree within this relative difference
 GPUS = ("A100-80GB", "H100-80GB")
 LOADS = (0.1, 0.3, 0.5, 0.7, 0.9, 1.2)
 LATENCY = roofline_model()
+
+
+MEMORY_MODES = ("tied", "independent")
+
+
+def with_memory(problem: PlanningProblem, memory: str) -> PlanningProblem:
+    """``problem`` with memory tied to the share or planned on the tenths grid."""
+    if memory == "tied":
+        return problem
+    return dataclasses.replace(problem, options=dataclasses.replace(problem.options,
+                                                                    memory_shares=TENTHS))
 
 
 def instance(i: int) -> PlanningProblem:
@@ -66,7 +84,8 @@ def instance(i: int) -> PlanningProblem:
 
 
 def _keys(cands: Mapping[str, Sequence[Candidate]]) -> set[tuple[Any, ...]]:
-    return {(m, c.gpu, c.tp, c.share, c.replicas) for m, cs in cands.items() for c in cs}
+    return {(m, c.gpu, c.tp, c.share, c.replicas, c.memory_share)
+            for m, cs in cands.items() for c in cs}
 
 
 def agree(a: float, b: float) -> bool:
@@ -98,25 +117,31 @@ def compare(problem: PlanningProblem, blocks: bool) -> dict[str, Any]:
             "subset": _keys(red.by_llm) <= _keys(full.by_llm), "reduce_s": reduce_s}
 
 
-def run(start: int, count: int) -> list[dict[str, Any]]:
+def run(start: int, count: int, memory: Sequence[str] = ("tied",)) -> list[dict[str, Any]]:
     rows = []
     for i in range(start, start + count):
         if i % 50 == 0:
             progress(f"instance {i}/{start + count}")
-        p = instance(i)
-        for blocks in (False, True):
-            rows.append({"instance": i, "llms": len(p.llms), "gpus": p.cluster.total_gpus,
-                         "types": len(p.cluster.budgets()), **compare(p, blocks)})
+        base = instance(i)
+        for mode in memory:
+            p = with_memory(base, mode)
+            for blocks in (False, True):
+                rows.append({"instance": i, "memory": mode, "llms": len(p.llms),
+                             "gpus": p.cluster.total_gpus, "types": len(p.cluster.budgets()),
+                             **compare(p, blocks)})
     return rows
 
 
 def summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for form in ("aggregate", "blocks"):
-        mine = [r for r in rows if r["formulation"] == form]
+    for mode, form in [(m, f) for m in MEMORY_MODES for f in ("aggregate", "blocks")]:
+        mine = [r for r in rows if r["formulation"] == form and r.get("memory", "tied") == mode]
+        if not mine:
+            continue
         opt = [r for r in mine if r["status"] == "optimal"]
         share = [r["kept"] / r["unreduced"] for r in mine if r["unreduced"]]
-        out.append({"formulation": form, "instances": len(mine), "optimal": len(opt),
+        out.append({"memory": mode, "formulation": form, "instances": len(mine),
+                    "optimal": len(opt),
                     "infeasible": sum(r["status"] == "infeasible" for r in mine),
                     "disagree": sum(not r["agree"] for r in mine),
                     "not_subset": sum(not r["subset"] for r in mine),
@@ -134,14 +159,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--count", type=int, default=400, help="instances (default %(default)s)")
     ap.add_argument("--start", type=int, default=0, help="first instance index (default 0)")
     ap.add_argument("--out", default="reduction_fuzz", help="results name")
+    ap.add_argument("--memory", choices=(*MEMORY_MODES, "both"), default="tied",
+                    help="memory tied to the share, planned as a second resource, or both "
+                         "(default %(default)s)")
     args = ap.parse_args(argv)
-    rows = run(args.start, args.count)
+    modes = MEMORY_MODES if args.memory == "both" else (args.memory,)
+    rows = run(args.start, args.count, modes)
     summ = summary(rows)
     print(table(summ, list(summ[0])))
     bad = [r for r in rows if not r["agree"] or not r["subset"]]
     for r in bad[:20]:
         print("DISAGREE", r)
-    path = write_results(args.out, {"start": args.start, "count": args.count, "summary": summ,
+    path = write_results(args.out, {"start": args.start, "count": args.count,
+                                    "memory": list(modes), "summary": summ,
                                     "rows": rows,
                                     "failures": len(bad)})
     print(f"wrote {path}")

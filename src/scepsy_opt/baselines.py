@@ -47,6 +47,11 @@ allocation although one exists, its infeasible plan's detail says so (``baseline
 stats). The heuristics answer max-throughput problems by bisection on the scale of the targets
 (to 1e-4) with their own min-latency solves, a plan counting when it is feasible and, with
 latency bounds, within them; a user allocation is evaluated at the largest scale it carries.
+
+**Two resources** (``PlanOptions.memory_shares``): the brute-force oracle and the capacity search
+check the compute and the memory budget of every GPU type exactly (it stays an exact oracle);
+the heuristics count each candidate as ``max(units, mem_units)`` of one budget per type, which
+keeps both budgets (a sum of maxima bounds both sums) at some loss of room.
 """
 
 from __future__ import annotations
@@ -89,6 +94,11 @@ def _budget_units(problem: PlanningProblem) -> dict[str, int]:
     return {g: n * UNITS for g, n in problem.cluster.budgets().items()}
 
 
+def _eff(c: Candidate) -> int:
+    """The units a heuristic counts for ``c``: ``max(units, mem_units)`` (= units when tied)."""
+    return max(c.units, c.mem_units)
+
+
 def _cset_stats(cset: CandidateSet) -> dict[str, Any]:
     return {"candidates_generated": cset.generated, "candidates_kept": cset.kept,
             "serving_curves": cset.curves, "candidates_s": cset.seconds}
@@ -120,7 +130,7 @@ def _relaxed_bound(problem: PlanningProblem, cset: CandidateSet) -> float:
 
 def _sorted_cands(by_llm: Mapping[str, Sequence[Candidate]]) -> dict[str, list[Candidate]]:
     """Each LLM's candidates, cheapest first (then fewer units, then listing order)."""
-    return {m: [c for _, c in sorted(enumerate(cs), key=lambda p: (p[1].cost, p[1].units, p[0]))]
+    return {m: [c for _, c in sorted(enumerate(cs), key=lambda p: (p[1].cost, _eff(p[1]), p[0]))]
             for m, cs in by_llm.items()}
 
 
@@ -130,7 +140,7 @@ def _min_units(by_llm: Mapping[str, Sequence[Candidate]]) -> dict[str, dict[str,
     for m, cs in by_llm.items():
         d: dict[str, int] = {}
         for c in cs:
-            d[c.gpu] = min(d.get(c.gpu, c.units), c.units)
+            d[c.gpu] = min(d.get(c.gpu, _eff(c)), _eff(c))
         out[m] = d
     return out
 
@@ -160,7 +170,7 @@ def _slice_choice(by_llm: Mapping[str, Sequence[Candidate]],
     """Each LLM's cheapest candidate within its own per-type slice; None if one has none."""
     choice = {}
     for m, cs in _sorted_cands(by_llm).items():
-        pick = next((c for c in cs if c.units <= slices[m].get(c.gpu, 0)), None)
+        pick = next((c for c in cs if _eff(c) <= slices[m].get(c.gpu, 0)), None)
         if pick is None:
             return None
         choice[m] = pick
@@ -178,6 +188,12 @@ class _CapOption:
     replicas: int
     units: int
     scale: float  # the fraction of the targets' load on this LLM it carries at max_utilisation
+    mem_units: int = -1  # memory units (-1: = units, tied)
+    memory_share: float | None = None
+
+    @property
+    def mem(self) -> int:
+        return self.units if self.mem_units < 0 else self.mem_units
 
 
 def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
@@ -191,14 +207,32 @@ def _capacity_options(problem: PlanningProblem) -> dict[str, list[_CapOption]]:
     for m in problem.llms:
         load = problem.loads[m]
         raw: list[_CapOption] = []
+        two = problem.options.memory_shares is not None
         for gpu, tp, curve in fitting_curves(problem, m, problem.demands[m]):
             per = gpu_units(tp, curve.share)
             top = min(budgets.get(gpu, 0) // per, problem.options.max_replicas)
+            if not two:
+                raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
+                                      carried_scale(load, curve.mu, r, u))
+                           for r in range(1, top + 1))
+                continue
+            mper = gpu_units(tp, curve.memory_share)
+            top = min(top, budgets.get(gpu, 0) // mper)
             raw.extend(_CapOption(gpu, tp, curve.share, r, per * r,
-                                  carried_scale(load, curve.mu, r, u))
+                                  carried_scale(load, curve.mu, r, u), mper * r,
+                                  curve.memory_share)
                        for r in range(1, top + 1))
         kept: list[_CapOption] = []
         for gpu in sorted({o.gpu for o in raw}):
+            if two:  # Pareto on (fewer units, fewer memory units, larger scale)
+                mine: list[_CapOption] = []
+                for o in sorted((o for o in raw if o.gpu == gpu),
+                                key=lambda o: (o.units, o.mem, -o.scale, o.tp, o.share,
+                                               o.memory_share or 0.0)):
+                    if not any(k.mem <= o.mem and k.scale >= o.scale for k in mine):
+                        mine.append(o)
+                kept.extend(mine)
+                continue
             best = -math.inf
             for o in sorted((o for o in raw if o.gpu == gpu),
                             key=lambda o: (o.units, -o.scale, o.tp, o.share)):
@@ -230,6 +264,7 @@ def capacity_scale(problem: PlanningProblem, max_product: int = DEFAULT_MAX_PROD
     rem_u = [sum(min_u[d:]) for d in range(len(order) + 1)]
     best = [0.0, {}]
     used = dict.fromkeys(budgets, 0)
+    used_m = dict.fromkeys(budgets, 0)
     pick: dict[str, _CapOption] = {}
 
     def rec(d: int, cur: float) -> None:
@@ -245,10 +280,14 @@ def capacity_scale(problem: PlanningProblem, max_product: int = DEFAULT_MAX_PROD
                 break
             if used[o.gpu] + o.units > budgets[o.gpu] or rem_u[d + 1] > free - o.units:
                 continue
+            if used_m[o.gpu] + o.mem > budgets[o.gpu]:
+                continue
             used[o.gpu] += o.units
+            used_m[o.gpu] += o.mem
             pick[m] = o
             rec(d + 1, min(cur, o.scale))
             used[o.gpu] -= o.units
+            used_m[o.gpu] -= o.mem
             del pick[m]
 
     rec(0, math.inf)
@@ -350,9 +389,11 @@ def _search(problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
     rem_wl = {w: [math.fsum(min((x.get(w, 0.0) for x in wl[m]), default=0.0) for m in order[d:])
                   for d in range(n + 1)] for w in rhs}
     flat = {m: [(c.cost, c.units, c.gpu) for c in lists[m]] for m in order}
+    mems = {m: [c.mem_units for c in lists[m]] for m in order}
 
     best: list[Any] = [None, None]  # key, choice
     used = dict.fromkeys(budgets, 0)
+    used_m = dict.fromkeys(budgets, 0)  # memory units (= used when tied)
     pick: dict[str, Candidate] = {}
     part_wl = dict.fromkeys(rhs, 0.0)
     nodes = [0]
@@ -390,10 +431,15 @@ def _search(problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
         for j, (c_cost, c_units, c_gpu) in enumerate(flat[m]):
             if used[c_gpu] + c_units > budgets[c_gpu] or need > free - c_units:
                 continue
+            c_mem = mems[m][j]
+            if used_m[c_gpu] + c_mem > budgets[c_gpu]:  # the memory budget (two resources)
+                continue
+            used_m[c_gpu] += c_mem
             used[c_gpu] += c_units
             lb = cost + c_cost + (rest_bound(d + 1) if d + 1 < n else 0.0)
             if best[0] is not None and lb > best[0][0] * (1 + _REL):
                 used[c_gpu] -= c_units
+                used_m[c_gpu] -= c_mem
                 if cost + c_cost > best[0][0] * (1 + _REL):
                     break  # cheapest first: the rest cost more
                 continue
@@ -401,6 +447,7 @@ def _search(problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
             if rhs and any(part_wl[w] + lat.get(w, 0.0) + rem_wl[w][d + 1] > r
                            for w, r in rhs.items()):
                 used[c_gpu] -= c_units
+                used_m[c_gpu] -= c_mem
                 continue
             for w in rhs:
                 part_wl[w] += lat.get(w, 0.0)
@@ -410,6 +457,7 @@ def _search(problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
             for w in rhs:
                 part_wl[w] -= lat.get(w, 0.0)
             used[c_gpu] -= c_units
+            used_m[c_gpu] -= c_mem
 
     rec(0, 0.0, 0)
     return best[1], nodes[0]
@@ -551,8 +599,8 @@ class Hierarchical(_CandidateHeuristic):
         # latency share: the LLM's weighted latency term at its smallest allocation
         heavy = {}
         for m, cs in lists.items():
-            fewest = min(c.units for c in cs)
-            heavy[m] = min(c.cost for c in cs if c.units == fewest)
+            fewest = min(_eff(c) for c in cs)
+            heavy[m] = min(c.cost for c in cs if _eff(c) == fewest)
         rank = sorted(lists, key=lambda m: (-heavy[m], m))
         best: tuple[float, dict[str, Candidate], float] | None = None
         for alpha in self.exponents:
@@ -587,32 +635,32 @@ class Hierarchical(_CandidateHeuristic):
             pick = None
             for c in lists[m]:  # cheapest first: the best TP x share x replicas within its share
                 spare = max(free[c.gpu] - reserved[c.gpu], 0)
-                if c.units > min(free[c.gpu], min_units[m][c.gpu] + math.floor(spare * frac)):
+                if _eff(c) > min(free[c.gpu], min_units[m][c.gpu] + math.floor(spare * frac)):
                     continue
                 after = dict(free)
-                after[c.gpu] -= c.units
+                after[c.gpu] -= _eff(c)
                 if _placement(rest, min_units, after) is not None:
                     pick = c
                     break
             if pick is None:
                 return None
             choice[m] = pick
-            free[pick.gpu] -= pick.units
+            free[pick.gpu] -= _eff(pick)
         # left-over GPUs: each time to the LLM they help most, until nothing improves
         while True:
             gain, best = 0.0, None
             for m in rank:
                 cur = choice[m]
                 avail = dict(free)
-                avail[cur.gpu] += cur.units
-                better = next(c for c in lists[m] if c.units <= avail[c.gpu])
+                avail[cur.gpu] += _eff(cur)
+                better = next(c for c in lists[m] if _eff(c) <= avail[c.gpu])
                 if cur.cost - better.cost > gain:
                     gain, best = cur.cost - better.cost, (m, better)
             if best is None:
                 return choice
             m, better = best
-            free[choice[m].gpu] += choice[m].units
-            free[better.gpu] -= better.units
+            free[choice[m].gpu] += _eff(choice[m])
+            free[better.gpu] -= _eff(better)
             choice[m] = better
 
 
@@ -699,9 +747,14 @@ class UserAllocation:
         loads = problem.loads
         budgets = problem.cluster.budgets()
         used: dict[str, int] = {}
+        used_m: dict[str, int] = {}
         for inst in alloc.llms.values():
             used[inst.gpu] = used.get(inst.gpu, 0) + gpu_units(inst.tp, inst.share, inst.replicas)
+            used_m[inst.gpu] = used_m.get(inst.gpu, 0) + gpu_units(inst.tp, inst.memory_share,
+                                                                   inst.replicas)
         stats: dict[str, Any] = {"gpus_used": {g: v / UNITS for g, v in sorted(used.items())}}
+        if any(i.memory is not None for i in alloc.llms.values()):
+            stats["gpu_memory_used"] = {g: v / UNITS for g, v in sorted(used_m.items())}
         zero = {w: 0.0 for w in problem.targets}
 
         def infeasible(info: Infeasibility) -> Plan:
@@ -715,15 +768,20 @@ class UserAllocation:
             return infeasible(Infeasibility("memory", f"{what} does not fit in memory", 0.0,
                                             zero, unfit[0], unfit)), 0.0
         over = tuple(sorted(g for g, v in used.items() if v > budgets.get(g, 0) * UNITS))
+        over_m = tuple(sorted(g for g, v in used_m.items() if v > budgets.get(g, 0) * UNITS
+                              and g not in over))
         wide = tuple(sorted(m for m, c in priced.items() if c.tp > problem.cluster.max_tp(c.gpu, cat)))
-        if over or wide:
+        if over or over_m or wide:
             parts = [f"it uses {used[g] / UNITS:g} {g} GPUs of {budgets.get(g, 0)}" for g in over]
+            parts += [f"it uses the memory of {used_m[g] / UNITS:g} {g} GPUs of "
+                      f"{budgets.get(g, 0)}" for g in over_m]
             parts += [f"{m}'s TP group of {priced[m].tp} does not fit one {priced[m].gpu} node"
                       for m in wide]
             return infeasible(Infeasibility("gpus", "the allocation does not fit the cluster: "
                                             + "; ".join(parts), 0.0, zero,
                                             wide[0] if wide else None,
-                                            over or tuple(sorted({priced[m].gpu for m in wide})))), 0.0
+                                            tuple(sorted(set(over) | set(over_m)))
+                                            or tuple(sorted({priced[m].gpu for m in wide})))), 0.0
         heads = {m: carried_scale(loads[m], priced[m].mu, priced[m].replicas, u)
                  for m in problem.llms if loads[m] > 0}
         bottleneck = min(heads, key=lambda m: (heads[m], m))

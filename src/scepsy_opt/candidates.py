@@ -24,6 +24,17 @@ more than that). **Dominance pruning**, per LLM and GPU type: a candidate is dro
 uses no more GPU units and costs no more (on equal cost the one with fewer GPUs survives: the
 tie-break on GPUs used). Both counts are reported.
 
+**Two resources** (``PlanOptions.memory_shares``, a grid of memory fractions; None ties memory
+to the compute share, the default): every (gpu, tp, compute share) is crossed with the memory
+shares of the grid at which the instance fits (:func:`shape_curves`). The compute share drives
+the latency model, the memory share the KV cache and hence the batch limit and μ. Memory values
+above the first whose serving curve equals the curve at the grid's largest memory that fits
+(same μ, batch limit and service table, no preemption at the batch limit) buy nothing and are
+skipped. Candidates then carry ``memory_share`` (always set in this mode) and use two
+resources per GPU type, compute ``units`` and memory ``mem_units``; dominance pruning drops a
+candidate when another uses no more of either and costs no more (ties: fewer units, fewer memory
+units, then tp, share, memory, replicas).
+
 Re-planning: with a ``current`` allocation, each candidate also pays ``change_penalty_s`` per
 replica started or stopped (``|r − r₀|`` on the same shape, ``r + r₀`` on another).
 """
@@ -121,18 +132,35 @@ def units_by_gpu(cands: Iterable[Candidate]) -> dict[str, int]:
     return used
 
 
+def mem_units_by_gpu(cands: Iterable[Candidate]) -> dict[str, int]:
+    """GPU memory units (thousandths of a GPU's memory) the candidates use, per GPU type."""
+    used: dict[str, int] = {}
+    for c in cands:
+        used[c.gpu] = used.get(c.gpu, 0) + c.mem_units
+    return used
+
+
+def independent_memory(problem: PlanningProblem) -> bool:
+    """Whether ``problem`` plans memory as a resource of its own (a memory grid is set)."""
+    return problem.options.memory_shares is not None
+
+
 def changed_replicas(inst: Instance, current: Instance | None) -> int:
     """Replicas started or stopped to go from ``current`` to ``inst``."""
-    return int(_changed(current, inst.gpu, inst.tp, inst.share, np.array([inst.replicas]))[0])
+    return int(_changed(current, inst.gpu, inst.tp, inst.share, np.array([inst.replicas]),
+                        inst.memory_share)[0])
 
 
 def _changed(current: Instance | None, gpu: str, tp: int, share: float,
-             replicas: np.ndarray) -> np.ndarray:
-    """Replicas started or stopped to go from ``current`` to each replica count of the shape:
-    ``|r − r₀|`` on the same shape, ``r + r₀`` on another, ``r`` from nothing."""
+             replicas: np.ndarray, memory: float | None = None) -> np.ndarray:
+    """Replicas started or stopped to go from ``current`` to each replica count of the shape
+    (``memory``: its memory share, None: ``share``): ``|r − r₀|`` on the same shape, ``r + r₀``
+    on another, ``r`` from nothing."""
     if current is None:
         return replicas
-    if current.gpu == gpu and current.tp == tp and abs(current.share - share) < 1e-9:
+    mem = share if memory is None else memory
+    if (current.gpu == gpu and current.tp == tp and abs(current.share - share) < 1e-9
+            and abs(current.memory_share - mem) < 1e-9):
         return np.abs(replicas - current.replicas)
     return replicas + current.replicas
 
@@ -194,16 +222,25 @@ class PricedRows:
     latency_s: np.ndarray  # its weighted contribution to the objective
     change_s: np.ndarray  # re-planning penalty
     workflow_latency_s: Mapping[str, np.ndarray]  # per workflow: the LLM's contribution
+    memory_share: float | None = None  # fraction of each GPU's memory; None: tied to the share
 
     def __len__(self) -> int:
         return len(self.replicas)
+
+    @property
+    def mem_units(self) -> np.ndarray:
+        """Memory use in 1/1000 of a GPU's memory per replica count (= units when tied)."""
+        if self.memory_share is None:
+            return self.units
+        return self.replicas.astype(np.int64) * gpu_units(self.tp, self.memory_share)
 
     def head(self, n: int) -> PricedRows:
         """The first ``n`` replica counts."""
         return PricedRows(self.gpu, self.tp, self.share, self.mu, self.memory_gib,
                           self.replicas[:n], self.units[:n], self.call_latency_s[:n],
                           self.latency_s[:n], self.change_s[:n],
-                          {w: v[:n] for w, v in self.workflow_latency_s.items()})
+                          {w: v[:n] for w, v in self.workflow_latency_s.items()},
+                          self.memory_share)
 
     def candidate(self, llm: str, j: int) -> Candidate:
         """The ``j``-th replica count as a :class:`Candidate`."""
@@ -211,16 +248,16 @@ class PricedRows:
                          int(self.units[j]), self.mu, float(self.call_latency_s[j]),
                          float(self.latency_s[j]), float(self.change_s[j]),
                          tuple((w, float(v[j])) for w, v in sorted(self.workflow_latency_s.items())),
-                         self.memory_gib)
+                         self.memory_gib, self.memory_share)
 
 
 def _change_s(problem: PlanningProblem, current: Instance | None, gpu: str, tp: int, share: float,
-              replicas: np.ndarray) -> np.ndarray:
+              replicas: np.ndarray, memory: float | None = None) -> np.ndarray:
     """The re-planning penalty of each replica count (:func:`changed_replicas`, vectorised)."""
     opts = problem.options
     if opts.current is None:
         return np.zeros(len(replicas))
-    return opts.change_penalty_s * _changed(current, gpu, tp, share, replicas)
+    return opts.change_penalty_s * _changed(current, gpu, tp, share, replicas, memory)
 
 
 def _current(problem: PlanningProblem, llm: str) -> Instance | None:
@@ -228,13 +265,57 @@ def _current(problem: PlanningProblem, llm: str) -> Instance | None:
     return cur.llms.get(llm) if cur is not None else None
 
 
+def same_service(a: Any, b: Any) -> bool:
+    """Whether two feasible serving curves of one compute share serve alike: the same μ, batch
+    limit and service table, and no predicted preemption at the batch limit in either (the
+    preemption term is then exactly 0 at every batch up to it: module doc of
+    ``scepsy_profile.serving``)."""
+    return (a.feasible and b.feasible and a.mu == b.mu and a.max_batch == b.max_batch
+            and np.array_equal(a.service_ms, b.service_ms)
+            and a.preemptions_at_batch(a.max_batch) == 0.0
+            and b.preemptions_at_batch(b.max_batch) == 0.0)
+
+
+def shape_curves(problem: PlanningProblem, demand: LLMDemand, gpu: str, tp: int,
+                 shares: list[float], *, skip: bool = True) -> list[Any]:
+    """The serving curves of ``demand``'s LLM on (gpu, tp) at ``shares``: one per share when
+    memory is tied; with a memory grid, one per (share, memory) of the grid, share-major and
+    memory ascending, dropping (``skip``) the memory values above the first whose curve serves
+    as the largest memory that fits does (:func:`same_service`: they buy nothing)."""
+    mems = problem.options.memory_shares
+    if mems is None:
+        return instance_curves(demand, problem.latency, gpu, tp, shares,
+                               catalog=problem.catalog, policy=problem.policy)
+    grid = sorted(set(mems))
+    pairs = [(sh, m) for sh in shares for m in grid]
+    curves = instance_curves(demand, problem.latency, gpu, tp, [p[0] for p in pairs],
+                             catalog=problem.catalog, policy=problem.policy,
+                             memory_shares=[p[1] for p in pairs])
+    if not skip:
+        return curves
+    out: list[Any] = []
+    n = len(grid)
+    for i in range(len(shares)):
+        row = curves[i * n:(i + 1) * n]
+        live = [c for c in row if c.feasible]
+        if not live:
+            out.extend(row[:1])  # one infeasible curve stands for the share
+            continue
+        top = live[-1]
+        for c in live:
+            out.append(c)
+            if c is top or same_service(c, top):
+                break
+    return out
+
+
 def fitting_curves(problem: PlanningProblem, llm: str,
                    demand: LLMDemand) -> Iterator[tuple[str, int, Any]]:
     """(gpu, tp, serving curve) of every shape of ``llm`` whose instance fits in memory, in
-    :func:`shape_groups` order (``demand``: the LLM's :func:`~scepsy_opt.pipeline.llm_demand`)."""
+    :func:`shape_groups` order (``demand``: the LLM's :func:`~scepsy_opt.pipeline.llm_demand`);
+    with a memory grid, every (share, memory) of :func:`shape_curves`."""
     for (gpu, tp), shares in shape_groups(problem, llm).items():
-        for curve in instance_curves(demand, problem.latency, gpu, tp, shares,
-                                     catalog=problem.catalog, policy=problem.policy):
+        for curve in shape_curves(problem, demand, gpu, tp, shares):
             if curve.feasible:
                 yield gpu, tp, curve
 
@@ -248,13 +329,15 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
         inst = allocation.llms[m]
         dem = problem.demands[m]
         curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
-                               catalog=problem.catalog, policy=problem.policy)
+                               catalog=problem.catalog, policy=problem.policy,
+                               memory_share=inst.memory)
         r = np.array([float(inst.replicas)])
         mix, total, per_wf = _terms(problem, dem, curve, r)
         row = PricedRows(inst.gpu, inst.tp, inst.share, curve.mu, curve.memory.available_gib, r,
                          np.array([gpu_units(inst.tp, inst.share, inst.replicas)]), mix, total,
-                         _change_s(problem, _current(problem, m), inst.gpu, inst.tp, inst.share, r),
-                         per_wf)
+                         _change_s(problem, _current(problem, m), inst.gpu, inst.tp, inst.share, r,
+                                   inst.memory),
+                         per_wf, inst.memory)
         out[m] = row.candidate(m, 0)
     return out
 
@@ -282,6 +365,7 @@ class _ScanSpec:
     current: Instance | None
     caps: Mapping[str, int]
     prices: Mapping[str, float] | None
+    memory_prices: Mapping[str, float] | None
     slack: float
     coarse: bool
     blocks: bool
@@ -319,13 +403,20 @@ def _scans(spec: _ScanSpec, gpu: str, tp: int, live: list[Any]) -> list[_Scan]:
     opts = spec.problem.options
     load = spec.problem.loads[spec.demand.llm]  # what every candidate carries at max_utilisation
     out = []
+    tied = opts.memory_shares is None
     for c in live:
-        k = replicas_per_gpu(c.share) if spec.blocks else 1
+        k = 1
+        if spec.blocks:
+            k = replicas_per_gpu(c.share) if tied else min(replicas_per_gpu(c.share),
+                                                           replicas_per_gpu(c.memory_share))
         per = UNITS * tp if spec.blocks else gpu_units(tp, c.share)
         r_min = unoverloaded_replicas(c, spec.demand.rate,
                                       min_replicas(load, c.mu, opts.max_utilisation),
                                       opts.max_replicas)
-        s_min, s_cap = math.ceil(r_min / k), min(spec.caps.get(gpu, 0) // per, opts.max_replicas // k)
+        s_cap = min(spec.caps.get(gpu, 0) // per, opts.max_replicas // k)
+        if not tied and not spec.blocks:  # memory units within the budget too
+            s_cap = min(s_cap, spec.caps.get(gpu, 0) // gpu_units(tp, c.memory_share))
+        s_min = math.ceil(r_min / k)
         if s_min <= s_cap:
             out.append(_Scan(c, s_min, s_cap, per, k))
     return out
@@ -343,6 +434,8 @@ def _scan_group(spec: _ScanSpec, gpu: str, tp: int, live: list[Any],
     pending = _scans(spec, gpu, tp, live)
     r0 = spec.current.replicas if spec.current is not None else 0
     price_ = spec.prices.get(gpu, 0.0) if spec.prices is not None else 0.0
+    mprice = spec.memory_prices.get(gpu, 0.0) if spec.memory_prices is not None else 0.0
+    tied = opts.memory_shares is None
     rows: list[PricedRows] = []
     chunk, first = 16, True
     while pending:
@@ -366,18 +459,22 @@ def _scan_group(spec: _ScanSpec, gpu: str, tp: int, live: list[Any],
                 floor = float(total[0])
                 r_arr, mix, total = r_arr[1:], mix[1:], total[1:]
                 per_wf = {w: v[1:] for w, v in per_wf.items()}
-            change = _change_s(problem, spec.current, gpu, tp, p.curve.share, r_arr)
+            mem = None if tied else p.curve.memory_share
+            change = _change_s(problem, spec.current, gpu, tp, p.curve.share, r_arr, mem)
             units = p.per * (r_arr // p.k)
             stop = (r_arr >= r0) & (total <= floor * (1.0 + opts.prune_rel))
             if spec.prices is not None:  # beyond this, v ≥ floor + π·units > v*_m + slack
-                v = total + change + price_ * units
+                use = price_ * units
+                if mprice:  # ... + ρ·memory units (two resources)
+                    use = use + mprice * (units if mem is None else r_arr * gpu_units(tp, mem))
+                v = total + change + use
                 best_v = min(best_v, float(v.min()))
-                stop |= (r_arr >= r0) & (floor + price_ * units > best_v + spec.slack)
+                stop |= (r_arr >= r0) & (floor + use > best_v + spec.slack)
             done = bool(stop.any()) or spec.coarse
             n = int(np.argmax(stop)) + 1 if stop.any() else len(r_arr)  # more gain < prune_rel
             rows.append(PricedRows(gpu, tp, p.curve.share, p.curve.mu,
                                    p.curve.memory.available_gib, r_arr, units, mix, total, change,
-                                   per_wf).head(n))
+                                   per_wf, mem).head(n))
             last = int(r_arr[-1]) // p.k
             if not done and last < p.cap:
                 nxt.append(_Scan(p.curve, last + 1, p.cap, p.per, p.k, floor))
@@ -390,6 +487,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         max_units: Mapping[str, int] | None = None, coarse: bool = False,
                         prices: Mapping[str, float] | None = None,
                         slack: float = math.inf,
+                        memory_prices: Mapping[str, float] | None = None,
                         curve_cache: dict[tuple[str, str, int], list[Any]] | None = None,
                         blocks: bool = False, deadline: Deadline | None = None) -> CandidateSet:
     """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
@@ -412,6 +510,9 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     uses no more units, costs no more and has no larger TP degree (the block capacity rows weigh
     larger TP groups more).
 
+    ``memory_prices`` (per GPU type, per memory unit; two resources): ``v_c`` gains
+    ``ρ·mem_units_c`` and ``LB`` subtracts ``Σ_t ρ_t·budget_t`` as well.
+
     ``deadline``: raise :class:`TimeLimitReached` once it passes (checked per batch of curves).
     """
     t0 = time.perf_counter()
@@ -424,8 +525,8 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     for m in problem.llms:
         best_v = math.inf
         dem = problem.demands[m]
-        spec = _ScanSpec(problem, dem, _current(problem, m), caps, prices, slack, coarse, blocks,
-                         deadline)
+        spec = _ScanSpec(problem, dem, _current(problem, m), caps, prices, memory_prices, slack,
+                         coarse, blocks, deadline)
         rows: list[PricedRows] = []
         any_fit = False
         for (gpu, tp), shares in shape_groups(problem, m).items():
@@ -435,8 +536,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
             if curve_cache is not None and key in curve_cache:
                 curves_ = curve_cache[key]
             else:
-                curves_ = instance_curves(dem, problem.latency, gpu, tp, shares,
-                                          catalog=problem.catalog, policy=problem.policy)
+                curves_ = shape_curves(problem, dem, gpu, tp, shares, skip=prune)
                 if curve_cache is not None:
                     curve_cache[key] = curves_
             curves += len(curves_)
@@ -450,7 +550,10 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
         generated += sum(len(row) for row in rows)
         cands = _candidates(m, rows, prune, by_tp=blocks)
         if prices is not None and cands:
-            v = np.array([c.cost + prices.get(c.gpu, 0.0) * c.units for c in cands])
+            mp = memory_prices or {}
+            v = np.array([c.cost + prices.get(c.gpu, 0.0) * c.units
+                          + (mp.get(c.gpu, 0.0) * c.mem_units if mp.get(c.gpu, 0.0) else 0.0)
+                          for c in cands])
             least[m] = float(v.min())
             cands = [c for c, x in zip(cands, v, strict=True) if x - least[m] <= slack]
         by_llm[m] = tuple(cands)
@@ -463,10 +566,15 @@ def _candidates(llm: str, rows: list[PricedRows], prune: bool,
                 by_tp: bool = False) -> list[Candidate]:
     """Candidate objects from the priced rows; with ``prune``, per GPU type only those no other
     beats on both units and cost (on equal cost the fewest units, then tp, share, replicas);
-    with ``by_tp`` the other must also have no larger TP degree."""
+    with ``by_tp`` the other must also have no larger TP degree. Rows with a memory share of
+    their own (two resources) are pruned on units, memory units and cost (:func:`_pareto3`;
+    blocks: on units, cost and TP degree, the block's replicas fit both resources)."""
     out = []
     for gpu in sorted({row.gpu for row in rows}):
         mine = [row for row in rows if row.gpu == gpu]
+        if not by_tp and any(row.memory_share is not None for row in mine):
+            out.extend(_pareto3(llm, mine, prune))
+            continue
         idx = np.concatenate([np.column_stack((np.full(len(row), i), np.arange(len(row))))
                               for i, row in enumerate(mine)]).astype(int)
         units = np.concatenate([row.units for row in mine])
@@ -493,7 +601,50 @@ def _candidates(llm: str, rows: list[PricedRows], prune: bool,
     return out
 
 
+def _pareto3(llm: str, mine: list[PricedRows], prune: bool) -> list[Candidate]:
+    """The candidates of one GPU type's rows, in the order (units, memory units, cost, tp,
+    share, memory share, replicas); with ``prune`` only those that no earlier one matches or
+    beats on memory units and cost (earlier ones use no more units): the 3-D Pareto front."""
+    idx = np.concatenate([np.column_stack((np.full(len(row), i), np.arange(len(row))))
+                          for i, row in enumerate(mine)]).astype(int)
+    units = np.concatenate([row.units for row in mine]).astype(np.int64)
+    mem = np.concatenate([row.mem_units for row in mine]).astype(np.int64)
+    cost = np.concatenate([row.latency_s + row.change_s for row in mine])
+    tp = np.concatenate([np.full(len(row), row.tp) for row in mine])
+    share = np.concatenate([np.full(len(row), row.share) for row in mine])
+    mshare = np.concatenate([np.full(len(row), row.share if row.memory_share is None
+                                     else row.memory_share) for row in mine])
+    reps = np.concatenate([row.replicas for row in mine])
+    order = np.lexsort((reps, mshare, share, tp, cost, mem, units))
+    if prune:
+        # a prefix-minimum Fenwick tree over the memory units of the kept candidates
+        levels = np.unique(mem)
+        pos = np.searchsorted(levels, mem)
+        tree = [math.inf] * (len(levels) + 1)
+        keep = []
+        for k in order.tolist():
+            i, best = int(pos[k]) + 1, math.inf
+            while i > 0:
+                best = min(best, tree[i])
+                i -= i & -i
+            if cost[k] < best:
+                keep.append(k)
+                i = int(pos[k]) + 1
+                while i <= len(levels):
+                    tree[i] = min(tree[i], float(cost[k]))
+                    i += i & -i
+        order = np.array(keep, dtype=int)
+    out = []
+    for k in order.tolist():
+        i, j = idx[k]
+        out.append(mine[i].candidate(llm, int(j)))
+    return out
+
+
 def fits_budget(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> bool:
-    used = units_by_gpu(choice.values())
+    """Whether ``choice`` is within every GPU type's budget of compute units and of memory
+    units (exact integers)."""
     budgets = problem.cluster.budgets()
-    return all(u <= budgets.get(g, 0) * UNITS for g, u in used.items())
+    return all(u <= budgets.get(g, 0) * UNITS
+               for used in (units_by_gpu(choice.values()), mem_units_by_gpu(choice.values()))
+               for g, u in used.items())

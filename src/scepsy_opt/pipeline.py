@@ -208,21 +208,26 @@ def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
 
 def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, share: float,
                    *, catalog: Catalog | None = None,
-                   policy: MemoryPolicy | None = None) -> ServingCurve:
-    """The serving curve of one replica of ``demand.llm`` on (gpu, tp, share)."""
-    return instance_curves(demand, latency, gpu, tp, [share], catalog=catalog, policy=policy)[0]
+                   policy: MemoryPolicy | None = None,
+                   memory_share: float | None = None) -> ServingCurve:
+    """The serving curve of one replica of ``demand.llm`` on (gpu, tp, share), holding
+    ``memory_share`` of each GPU's memory (None: ``share``, tied)."""
+    return instance_curves(demand, latency, gpu, tp, [share], catalog=catalog, policy=policy,
+                           memory_shares=None if memory_share is None else [memory_share])[0]
 
 
 def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
                     shares: Sequence[float], *, catalog: Catalog | None = None,
-                    policy: MemoryPolicy | None = None) -> list[ServingCurve]:
+                    policy: MemoryPolicy | None = None,
+                    memory_shares: Sequence[float] | None = None) -> list[ServingCurve]:
     """:func:`instance_curve` for several shares at once (one latency query per phase); the
-    output-length moments of the demand go to the curve (its KV occupancy)."""
+    output-length moments of the demand go to the curve (its KV occupancy). ``memory_shares``:
+    one memory share per share (None: tied to the shares)."""
     sq, io = _curve_moments(demand)
     return serving_curves(latency, demand.model, gpu, tp, shares, max(demand.input_mean, 1.0),
                           max(demand.output_mean, 1.0), catalog=catalog,
                           policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0),
-                          output_sq_mean=sq, io_mean=io)
+                          output_sq_mean=sq, io_mean=io, memory_shares=memory_shares)
 
 
 def _curve_moments(demand: LLMDemand) -> tuple[float | None, float | None]:
@@ -595,12 +600,13 @@ def predict(
         inst = allocation.llms[m]
         dem = llm_demand(stats, models, rates, m)
         curve = instance_curve(dem, latency, inst.gpu, inst.tp, inst.share, catalog=catalog,
-                               policy=policy)
+                               policy=policy, memory_share=inst.memory)
         if not curve.feasible:  # the model fits, but not one call of this workload's length
-            raise InputError(allocation.source, f"llms.{m}.share", f"a share of {inst.gpu} whose "
+            field_ = "memory" if inst.memory is not None else "share"
+            raise InputError(allocation.source, f"llms.{m}.{field_}", f"a share of {inst.gpu} whose "
                              f"KV cache holds one call of {m} ({curve.memory.kv_tokens} tokens "
                              f"fit; calls average {dem.input_mean + dem.output_mean:.0f})",
-                             inst.share)
+                             inst.memory_share)
         mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
         load = llm_load(dem, form)
         util = utilisation(load, curve.mu, inst.replicas)

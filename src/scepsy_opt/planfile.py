@@ -7,6 +7,10 @@ The document carries its format version (:data:`PLAN_VERSION`); readers
 launcher needs: the device types (``devices``), each LLM's weights, each workflow's LLMs and a
 ``launch`` section of defaults an operator may edit (the served model, the engine command,
 arguments, environment, ports and node addresses).
+
+With memory planned as a second resource (``PlanOptions.memory_shares``) every LLM of the
+allocation carries ``memory`` (its fraction of each GPU's memory, docs/resources.md) and ``llms``
+carries it too, beside ``memory_gib_per_gpu``; plans with memory tied to the share are unchanged.
 """
 
 from __future__ import annotations
@@ -36,16 +40,21 @@ def _num(x: float) -> float | None:
 
 
 def plan_rows(problem: PlanningProblem, plan: Plan) -> list[dict[str, Any]]:
-    """One row per LLM: its instance, μ, load, utilisation and share of the objective."""
+    """One row per LLM: its instance, μ, load, utilisation and share of the objective; with
+    memory planned as a resource of its own, also ``memory`` (the fraction of each GPU's memory
+    per replica, beside ``memory_gib_per_gpu``)."""
     total = sum(c.latency_s for c in plan.candidates.values()) or 1.0
     rows = []
     for m, c in plan.candidates.items():
-        rows.append({
+        row = {
             "llm": m, "model": problem.models[m], "gpu": c.gpu, "tp": c.tp, "share": c.share,
             "replicas": c.replicas, "gpus": c.gpus, "memory_gib_per_gpu": c.memory_gib,
             "mu_calls_s": c.mu,
             "call_latency_s": c.call_latency_s, "latency_share": c.latency_s / total,
-        })
+        }
+        if c.memory_share is not None:
+            row["memory"] = c.memory_share
+        rows.append(row)
     return rows
 
 

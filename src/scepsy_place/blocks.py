@@ -10,7 +10,10 @@ It is the pattern formulation (integer counts of node fillings) restricted to th
 need no enumeration: a *block* is ``tp`` wholly free GPUs of one NVLink domain serving
 ``k = replicas_per_gpu(share)`` replicas of one LLM shape (``floor(1/share)`` in the units of
 :func:`scepsy_common.units.share_units`; each replica takes ``share`` of every GPU of the
-block). A candidate ``replicas × (gpu, tp, share)`` then uses ``tp·ceil(replicas/k)`` whole
+block). With memory as a resource of its own (``PlanOptions.memory_shares``) a block holds
+``k = min(replicas_per_gpu(share), replicas_per_gpu(memory_share))`` replicas: as many as fit
+both the GPU's compute and its memory (the memory budget rows are then implied by the block
+rows). A candidate ``replicas × (gpu, tp, share)`` then uses ``tp·ceil(replicas/k)`` whole
 GPUs (``generate_candidates(blocks=True)`` counts them so), and the MILP gets, per GPU type and
 per TP degree ``t`` the candidates use, the capacity row
 

@@ -23,8 +23,16 @@ without an allocation.
   ``s``: replacing each slice by a smaller weighted size keeps any GPU's slices fitting, so
   ``K`` is unchanged and the row stays valid for every allocation, not only the failed one.
 
-Memory, NVLink domains and equal TP shares are left out of these rows (leaving constraints out
-keeps a row valid); what they exclude the loop learns from its placer.
+**Two resources** (candidates with a memory share of their own, ``PlanOptions.memory_shares``):
+:func:`free_capacity_rows` adds per GPU type the memory units within the topology's free memory,
+and :func:`packing_inequalities` writes its rows for the memory dimension too (a GPU holds at
+most ``k`` replicas' slices of more than ``1/(k+1)`` of its memory; memory shares are multiples
+of 0.001, so ``k+1`` such slices exceed the GPU's memory). The configuration cuts stay
+compute-only: a relaxation of the two-dimensional packing (every placement that fits both
+resources fits compute alone), so they remain valid, only weaker than vector-packing cuts.
+
+NVLink domains and equal TP shares are left out of these rows (leaving constraints out keeps a
+row valid); what they exclude the loop learns from its placer.
 """
 
 from __future__ import annotations
@@ -38,7 +46,7 @@ from scepsy_common.units import UNITS, share_units
 from scepsy_opt.candidates import Candidate
 from scepsy_opt.milp import Row
 from scepsy_opt.problem import PlanningProblem
-from scepsy_place.topology import Topology
+from scepsy_place.topology import MEMORY_TOL_GIB, Topology
 
 # a configuration cut must cut the failed allocation by more than this (relative to its rhs)
 VIOLATION_REL = 1e-6
@@ -54,6 +62,24 @@ def free_capacity_rows(topology: Topology, cands: Mapping[str, Sequence[Candidat
         coeffs = {c: float(c.units) for cs in cands.values() for c in cs if c.gpu == gpu}
         if coeffs:
             rows.append((coeffs, float(round(free * UNITS))))
+    rows.extend(free_memory_rows(topology, cands))
+    return rows
+
+
+def free_memory_rows(topology: Topology, cands: Mapping[str, Sequence[Candidate]]) -> list[Row]:
+    """Per GPU type with candidates of a memory share of their own, their memory units within
+    the topology's free memory: ``Σ_GPUs floor(1000·free GiB / device GiB)`` (memory shares are
+    multiples of 0.001, so the replicas on a GPU use no more units than that); none when memory
+    is tied to the share."""
+    rows: list[Row] = []
+    flat = [c for cs in cands.values() for c in cs]
+    for gpu in sorted({c.gpu for c in flat if c.memory_share is not None}):
+        mine = [c for c in flat if c.gpu == gpu]
+        ref = next(c for c in mine if c.memory_share is not None and c.memory_gib > 0)
+        device = ref.memory_gib / ref.memory_share
+        free = sum(int((n.free_memory(i) + MEMORY_TOL_GIB) * UNITS / device + 1e-9)
+                   for n in topology.nodes if n.gpu == gpu for i in range(n.gpus))
+        rows.append(({c: float(c.mem_units) for c in mine}, float(free)))
     return rows
 
 
@@ -61,12 +87,22 @@ def packing_inequalities(problem: PlanningProblem, cands: Mapping[str, Sequence[
                          kmax: int = 4) -> list[Row]:
     """Valid inequalities of bin packing, per GPU type ``t`` and ``k = 1..kmax``: a GPU holds at
     most ``k`` slices of more than ``1/(k+1)`` of it, so
-    ``Σ_c tp_c·replicas_c·[units_c > 1000/(k+1)]·x_c ≤ k·G_t``."""
+    ``Σ_c tp_c·replicas_c·[units_c > 1000/(k+1)]·x_c ≤ k·G_t``; with memory shares of their own,
+    the same rows for the memory slices (module docstring)."""
     rows: list[Row] = []
+    two = any(c.memory_share is not None for cs in cands.values() for c in cs)
     for gpu, g in problem.cluster.budgets().items():
         for k in range(1, kmax + 1):
             coeffs = {c: float(c.tp * c.replicas) for cs in cands.values() for c in cs
                       if c.gpu == gpu and share_units(c.share) * (k + 1) > UNITS}
+            if coeffs:
+                rows.append((coeffs, float(k * g)))
+        if not two:
+            continue
+        for k in range(1, kmax + 1):
+            coeffs = {c: float(c.tp * c.replicas) for cs in cands.values() for c in cs
+                      if c.gpu == gpu and c.memory_share is not None
+                      and share_units(c.memory_share) * (k + 1) > UNITS}
             if coeffs:
                 rows.append((coeffs, float(k * g)))
     return rows

@@ -1,10 +1,13 @@
 """The serving curve of one LLM instance under continuous batching.
 
-An instance is (model, gpu, tp, share): ``tp`` GPUs inside one NVLink domain, ``share`` of each
-GPU's compute (MPS) and memory. For calls with mean input ``I`` and output ``O`` tokens:
+An instance is (model, gpu, tp, share, memory share): ``tp`` GPUs inside one NVLink domain,
+``share`` of each GPU's compute (MPS active thread percentage) and ``memory_share`` of each GPU's
+memory (vLLM's memory limit; the compute share when not given: the two tied). The compute share
+sets the latency model's speed, the memory share the KV cache, hence the batch limit: more memory
+gives a larger batch and a higher μ. For calls with mean input ``I`` and output ``O`` tokens:
 
-* **Memory** (per GPU): ``weights/tp + reserve + KV`` must fit in ``share · memory``. The reserve
-  is activation and framework memory, ``reserve_fraction`` of the share (vLLM's
+* **Memory** (per GPU): ``weights/tp + reserve + KV`` must fit in ``memory_share · memory``. The
+  reserve is activation and framework memory, ``reserve_fraction`` of the memory share (vLLM's
   ``gpu_memory_utilization`` headroom) plus ``reserve_gib`` per GPU whatever the share (each MPS
   client keeps its own CUDA context). What is left holds the KV cache:
   ``kv_tokens = kv_bytes / kv_bytes_per_token_per_gpu``. A candidate that cannot hold one
@@ -201,6 +204,13 @@ class ServingCurve:
     """Variance of one running call's KV tokens (paged; 0 with ``"reserve"``)."""
     recompute_ms: float = 0.0
     """One preemption's recompute prefill, ``p(1, I)``."""
+    memory_share: float = math.nan
+    """Fraction of each GPU's memory the instance holds (its :attr:`memory`); the compute
+    ``share`` when not given (tied)."""
+
+    def __post_init__(self) -> None:
+        if math.isnan(self.memory_share):
+            object.__setattr__(self, "memory_share", self.share)
 
     @property
     def feasible(self) -> bool:
@@ -301,11 +311,14 @@ def serving_curve(latency: LatencyModel, model: str, gpu: str, tp: int, share: f
                   input_tokens: float, output_tokens: float, *, catalog: Catalog | None = None,
                   policy: MemoryPolicy = MemoryPolicy(), prefill_batch: float = 1.0,
                   output_sq_mean: float | None = None,
-                  io_mean: float | None = None) -> ServingCurve:
-    """Build the serving curve of one instance (see the module docstring for the model)."""
+                  io_mean: float | None = None,
+                  memory_share: float | None = None) -> ServingCurve:
+    """Build the serving curve of one instance (see the module docstring for the model);
+    ``memory_share``: its fraction of each GPU's memory (None: ``share``, tied)."""
     return serving_curves(latency, model, gpu, tp, [share], input_tokens, output_tokens,
                           catalog=catalog, policy=policy, prefill_batch=prefill_batch,
-                          output_sq_mean=output_sq_mean, io_mean=io_mean)[0]
+                          output_sq_mean=output_sq_mean, io_mean=io_mean,
+                          memory_shares=None if memory_share is None else [memory_share])[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,9 +385,14 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
                    input_tokens: float, output_tokens: float, *, catalog: Catalog | None = None,
                    policy: MemoryPolicy = MemoryPolicy(), prefill_batch: float = 1.0,
                    output_sq_mean: float | None = None,
-                   io_mean: float | None = None) -> list[ServingCurve]:
+                   io_mean: float | None = None,
+                   memory_shares: Sequence[float] | None = None) -> list[ServingCurve]:
     """The serving curves of one (model, gpu, tp) at several shares, with one latency-model
-    query per phase for all of them (the optimiser builds thousands)."""
+    query per phase for all of them (the optimiser builds thousands). ``memory_shares``: each
+    curve's fraction of GPU memory (one per share; None: the shares themselves, tied)."""
+    if memory_shares is not None and len(memory_shares) != len(shares):
+        raise InputError("query", "memory_shares", f"one memory share per share ({len(shares)})",
+                         len(memory_shares))
     if not (input_tokens >= 1 and output_tokens >= 1):
         raise InputError("query", "input_tokens/output_tokens", "mean token counts >= 1",
                          (input_tokens, output_tokens))
@@ -385,7 +403,8 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
     paged = policy.kv_management == "paged"
     cap = group_cap(policy, input_tokens)
     seq = input_tokens + output_tokens
-    mems = [memory_fit(model, gpu, tp, sh, math.ceil(seq), catalog, policy) for sh in shares]
+    mshares = shares if memory_shares is None else memory_shares
+    mems = [memory_fit(model, gpu, tp, ms, math.ceil(seq), catalog, policy) for ms in mshares]
     b_max = np.array([min(policy.max_batch, max(int(m.kv_tokens // kv.per_seq), int(paged)))
                       if m.feasible else 0 for m in mems])
     k = np.minimum(min(prefill_batch, cap), np.maximum(b_max, 1)).astype(float)
@@ -403,7 +422,8 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
             output_tokens=float(output_tokens), memory=mems[j], max_batch=max_batch, mu=mu,
             prefill_ms=float(p[j]), prefill_batch=float(k[j]), latency_model=latency,
             service_ms=np.empty(0) if table is None else table, policy=policy,
-            kv_per_seq=kv.per_seq, kv_var=kv.var, recompute_ms=float(p1[j]))
+            kv_per_seq=kv.per_seq, kv_var=kv.var, recompute_ms=float(p1[j]),
+            memory_share=float(mshares[j]))
 
     curves = [make(j) for j in range(len(sh))]
     live = np.flatnonzero(b_max >= 1)

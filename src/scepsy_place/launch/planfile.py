@@ -122,6 +122,7 @@ class InstanceAllocation(BaseModel):
     tp: int = Field(ge=1)
     share: float = Field(gt=0, le=1)
     replicas: int = Field(ge=1)
+    memory: float | None = Field(default=None, gt=0, le=1)  # memory fraction, when not tied
 
 
 class AllocationSection(BaseModel):
@@ -147,6 +148,7 @@ class LLMSection(BaseModel):
     tp: int = Field(ge=1)
     share: float = Field(gt=0, le=1)
     replicas: int = Field(ge=1)
+    memory: float | None = Field(default=None, gt=0, le=1)  # memory fraction, when not tied
     gpus: float = Field(gt=0)
     memory_gib_per_gpu: float = Field(gt=0)
     weights_gib: float = Field(ge=0)
