@@ -60,6 +60,7 @@ import numpy as np
 import pulp
 
 from scepsy_common.bisection import Probe, largest_accepted
+from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.candidates import (
     Candidate,
@@ -80,7 +81,27 @@ BISECT_REL = 1e-4  # max-throughput within latency bounds: the scale's relative 
 BISECT_STEPS = 40
 ONE_TYPE_REL = 1e-13  # the max scale on one GPU type: bisected to float precision
 Row = tuple[Mapping[Candidate, float], float]  # an extra MILP row: Σ coeff·x_c ≤ rhs
-Shape = tuple[str, int, float, int, float]  # (gpu, tp, share, units per replica, μ per replica)
+
+
+class Shape(tuple):  # type: ignore[type-arg]
+    """A capacity shape ``(gpu, tp, share, units per replica, μ per replica)`` (a 5-tuple), with
+    the memory units per replica (:attr:`mem_units`, = units when tied) and the memory share
+    (:attr:`memory_share`, None when tied) as attributes."""
+
+    mem_units: int
+    memory_share: float | None
+
+    def __new__(cls, gpu: str, tp: int, share: float, units: int, mu: float,
+                mem_units: int | None = None, memory_share: float | None = None) -> Shape:
+        self = super().__new__(cls, (gpu, tp, share, units, mu))
+        self.mem_units = units if mem_units is None else mem_units
+        self.memory_share = memory_share
+        return self
+
+    def __reduce__(self) -> Any:
+        return (Shape, (*self, self.mem_units, self.memory_share))
+
+
 Shapes = Mapping[str, Sequence[Shape]]  # per LLM (:func:`capacity_shapes`)
 LINEARISE_ITERS = 6  # percentile bounds: solves with linearised rows before the exact check
 EXACT_ITERS = 40  # ... and solves of the exact check (valid cuts only)
@@ -165,14 +186,24 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
     prob += pulp.LpAffineExpression([(v, c.cost) for m in xs for c, v in xs[m]])
     for j, m in enumerate(xs):
         prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{j}"
+    two = _two_resources(cands)
     for i, (gpu, g) in enumerate(problem.cluster.budgets().items()):
         terms = [(v, c.units) for m in xs for c, v in xs[m] if c.gpu == gpu]
         if terms:
             prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{i}"
+        if two:
+            terms = [(v, c.mem_units) for m in xs for c, v in xs[m] if c.gpu == gpu]
+            if terms:
+                prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"mem_budget_{i}"
     for j, (coeffs, rhs) in enumerate(extra or []):
         terms = [(v, coeffs[c]) for m in xs for c, v in xs[m] if c in coeffs]
         prob += pulp.LpAffineExpression(terms) <= rhs, f"extra_{j}"
     return prob, xs
+
+
+def _two_resources(cands: Mapping[str, Sequence[Candidate]]) -> bool:
+    """Whether some candidate has a memory share of its own (memory is then a second budget)."""
+    return any(c.memory_share is not None for cs in cands.values() for c in cs)
 
 
 def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[str, Candidate]:
@@ -183,9 +214,11 @@ def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[s
 
 
 def _prices(problem: PlanningProblem, cands: CandidateSet,
-            deadline: Deadline) -> tuple[dict[str, float], float] | None:
-    """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0), and the
-    relaxation's objective; None when it has no optimum (it is infeasible, and so is the MILP)."""
+            deadline: Deadline) -> tuple[dict[str, float], float, dict[str, float]] | None:
+    """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0), the
+    relaxation's objective and, per type, the memory budget's dual (a price per memory unit,
+    ≥ 0; 0 when memory is tied); None when it has no optimum (it is infeasible, and so is the
+    MILP)."""
     prob, _ = _knapsack(problem, cands.by_llm)
     prob.solve(_solver(problem, deadline, mip=False))
     st = prob.solverModel.getModelStatus()
@@ -193,22 +226,28 @@ def _prices(problem: PlanningProblem, cands: CandidateSet,
         raise TimeLimitReached(f"the LP relaxation ran out of time ({deadline.limit_s:g} s)")
     if st != highspy.HighsModelStatus.kOptimal:
         return None
-    prices = {}
+    prices, mem = {}, {}
     for i, gpu in enumerate(problem.cluster.budgets()):
         con = prob.get_constraint_by_name(f"budget_{i}")
         prices[gpu] = max(0.0, -(con.pi or 0.0)) if con is not None else 0.0
-    return prices, float(prob.solverModel.getInfo().objective_function_value)
+        con = prob.get_constraint_by_name(f"mem_budget_{i}")
+        mem[gpu] = max(0.0, -(con.pi or 0.0)) if con is not None else 0.0
+    return prices, float(prob.solverModel.getInfo().objective_function_value), mem
 
 
 def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
             prices: Mapping[str, float], deadline: Deadline | None = None,
+            memory_prices: Mapping[str, float] | None = None,
             ) -> dict[str, Candidate] | None:
     """A feasible allocation near the Lagrangian optimum (None if none found): per LLM the least
     ``v = cost + π·units`` (fewest units on ties); then, while a GPU type is over budget (the
     first by name), the move of one LLM off its current candidate on that type, to one with
     fewer units on it or to another type with room, that adds the least cost per unit of the
     excess it frees (ties: the first LLM by name, then the fewest units). Vectorised over all
-    candidates; ``deadline`` is checked every move."""
+    candidates; ``deadline`` is checked every move. Two resources (candidates with a memory
+    share of their own): ``v`` adds ``ρ·mem_units`` (``memory_prices``), a type is over budget in
+    compute or memory (compute repaired first), and a move must keep the other resource within
+    its budget."""
     budgets = problem.cluster.budgets()
     types = sorted(budgets)
     cap = np.array([budgets[g] * UNITS for g in types], dtype=np.int64)
@@ -217,26 +256,43 @@ def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
     owner = np.array([j for j, m in enumerate(llms) for _ in cands[m]], dtype=np.int64)
     cost = np.array([c.cost for c in flat])
     units = np.array([c.units for c in flat], dtype=np.int64)
+    mem = np.array([c.mem_units for c in flat], dtype=np.int64)
     gpu = np.array([types.index(c.gpu) for c in flat], dtype=np.int64)
+    two = _two_resources(cands)
+    rho = memory_prices or {}
     start = np.concatenate(([0], np.cumsum([len(cands[m]) for m in llms])))
+
+    def v(c: Candidate) -> float:
+        out = c.cost + prices[c.gpu] * c.units
+        return out + rho[c.gpu] * c.mem_units if two and rho.get(c.gpu, 0.0) else out
+
     pick = np.array([int(start[j]) + min(range(len(cands[m])), key=lambda i: (
-        cands[m][i].cost + prices[cands[m][i].gpu] * cands[m][i].units, cands[m][i].units))
+        v(cands[m][i]), cands[m][i].units, cands[m][i].mem_units))
         for j, m in enumerate(llms)], dtype=np.int64)
     for _ in range(100 * len(llms) + 100):
         if deadline is not None:
             deadline.check()
         used = np.bincount(gpu[pick], weights=units[pick], minlength=len(types)).astype(np.int64)
+        used_m = (np.bincount(gpu[pick], weights=mem[pick], minlength=len(types)).astype(np.int64)
+                  if two else used)
         over = np.flatnonzero(used > cap)
+        res, used_r, other, used_o = units, used, mem, used_m
+        if not len(over) and two:  # compute within budget: repair memory
+            over = np.flatnonzero(used_m > cap)
+            res, used_r, other, used_o = mem, used_m, units, used
         if not len(over):
             return {m: flat[int(pick[j])] for j, m in enumerate(llms)}
         g = int(over[0])
         cur = pick[owner]  # each candidate's LLM's current choice
-        freed = np.where(gpu == g, units[cur] - units, units[cur])
+        freed = np.where(gpu == g, res[cur] - res, res[cur])
         room = (gpu == g) | (used[gpu] + units <= cap[gpu])
+        if two:  # the other resource stays within its budget where the LLM lands
+            same = used_o[g] - other[cur] + other <= cap[g]
+            room = np.where(gpu == g, same, room & (used_m[gpu] + mem <= cap[gpu]))
         ok = np.flatnonzero((gpu[cur] == g) & (freed > 0) & room)
         if not len(ok):
             return None
-        ratio = (cost[ok] - cost[cur[ok]]) / np.minimum(freed[ok], used[g] - cap[g])
+        ratio = (cost[ok] - cost[cur[ok]]) / np.minimum(freed[ok], used_r[g] - cap[g])
         k = ok[np.lexsort((units[ok], owner[ok], ratio))[0]]
         pick[owner[k]] = k
     return None
@@ -271,7 +327,8 @@ def _covers(cands: Mapping[str, Sequence[Candidate]], choice: Mapping[str, Candi
     no more units (``by_tp``: and no larger TP degree): then ``cands`` holds an allocation that is
     feasible wherever ``choice`` is (the budgets and the block capacity rows only count units per
     type and TP level)."""
-    return all(any(c.gpu == a.gpu and c.units <= a.units and (not by_tp or c.tp <= a.tp)
+    return all(any(c.gpu == a.gpu and c.units <= a.units and c.mem_units <= a.mem_units
+                   and (not by_tp or c.tp <= a.tp)
                    for c in cands.get(m, ()))
                for m, a in choice.items())
 
@@ -290,6 +347,11 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
        ``UB``): the greedy again, or, when that leaves ``UB − LB`` above the guess (or ``rows``
        are given), the MILP over the sample and the scanned candidates (with the rows).
     3. The result keeps every candidate with ``v_c − v*_m ≤ max(UB − LB, 0) + tol``.
+
+    With two resources (candidates with a memory share of their own) every GPU type has two
+    budget rows and two prices, ``π_t`` (compute units) and ``ρ_t`` (memory units):
+    ``v_c = cost_c + π·units_c + ρ·mem_units_c`` and ``LB = Σ_m v*_m − Σ_t (π_t + ρ_t)·budget_t``;
+    the argument below holds row by row.
 
     Why the optimum is unchanged: for any allocation ``x`` within the budgets,
     ``cost(x) ≥ cost(x) − Σ_t π_t·(budget_t − units_t(x)) = LB + Σ_m (v_{x_m} − v*_m)``, every
@@ -335,12 +397,13 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
     priced = _prices(problem, coarse, left)
     if priced is None:  # the relaxation is infeasible: nothing to price by
         return result(run())
-    prices, relaxed = priced
+    prices, relaxed, mprices = priced
     budgets = problem.cluster.budgets()
-    fixed = math.fsum(prices[g] * budgets[g] * UNITS for g in budgets)
-    best = _greedy(problem, coarse.by_llm, prices, left) if rows is None else None
+    fixed = math.fsum([prices[g] * budgets[g] * UNITS for g in budgets]
+                      + [mprices[g] * budgets[g] * UNITS for g in budgets if mprices[g]])
+    best = _greedy(problem, coarse.by_llm, prices, left, mprices) if rows is None else None
     guess = 1e-4 * abs(_cost(best) if best is not None else relaxed)
-    near = run(prices=prices, slack=guess)
+    near = run(prices=prices, slack=guess, memory_prices=mprices)
     least = [near.least_price[m] for m in sorted(near.least_price)]
     lb = math.fsum(least) - fixed
 
@@ -350,10 +413,11 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
         return max(ub - lb, 0.0) + REDUCE_REL * scale + REDUCE_ABS
 
     if rows is None:
-        best = _better(best, _greedy(problem, near.by_llm, prices, left))
+        best = _better(best, _greedy(problem, near.by_llm, prices, left, mprices))
     if best is None or slack(best) > guess:  # a tighter UB: the MILP over sample and scan
         pool = {m: tuple(sorted(set(coarse.by_llm[m]) | set(near.by_llm.get(m, ())),
-                                key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share, c.replicas)))
+                                key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share, c.replicas,
+                                               c.mem_units, c.memory_share or 0.0)))
                 for m in coarse.by_llm}
         extra = rows(pool) if rows is not None else []
         prob, xs = _knapsack(problem, pool, extra)
@@ -365,7 +429,7 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
     if best is None:  # no feasible allocation known, so no bound to fix by
         return result(run())
     need = slack(best)
-    kept = near if need <= guess else run(prices=prices, slack=need)
+    kept = near if need <= guess else run(prices=prices, slack=need, memory_prices=mprices)
     if not _covers(kept.by_llm, best, by_tp=blocks):  # the proof says never; checked all the same
         return result(run())
     return result(kept)
@@ -629,21 +693,42 @@ def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
     """Per LLM, the shapes that fit: ``(gpu, tp, share, units per replica, μ per replica)``.
 
     For max-throughput only capacity matters, and per GPU type and units per replica only the
-    shape with the largest μ is kept (a smaller μ for the same GPUs never helps).
+    shape with the largest μ is kept (a smaller μ for the same GPUs never helps). With a memory
+    grid (two resources) shapes also carry memory units per replica (:class:`Shape`), and one
+    is kept unless another of the type has no more units, no more memory units and no less μ.
     """
     out: dict[str, list[Shape]] = {}
+    two = problem.options.memory_shares is not None
     for m in problem.llms:
         if deadline is not None:  # the plan's time limit (TimeLimitReached)
             deadline.check()
         dem = problem.demands[m]
+        if two:
+            out[m] = _pareto_shapes([
+                Shape(gpu, tp, curve.share, gpu_units(tp, curve.share), curve.mu,
+                      gpu_units(tp, curve.memory_share), curve.memory_share)
+                for gpu, tp, curve in fitting_curves(problem, m, dem)])
+            continue
         best: dict[tuple[str, int], Shape] = {}
         for gpu, tp, curve in fitting_curves(problem, m, dem):
             per = gpu_units(tp, curve.share)
             key = (gpu, per)
             if key not in best or curve.mu > best[key][4]:
-                best[key] = (gpu, tp, curve.share, per, curve.mu)
+                best[key] = Shape(gpu, tp, curve.share, per, curve.mu)
         out[m] = [best[k] for k in sorted(best)]
     return out
+
+
+def _pareto_shapes(shapes_: list[Shape]) -> list[Shape]:
+    """The shapes no other of their GPU type matches or beats on units, memory units and μ
+    (ties: fewer units, fewer memory units, larger μ, then tp, share, memory share)."""
+    order = sorted(shapes_, key=lambda s: (s[0], s[3], s.mem_units, -s[4], s[1], s[2],
+                                          s.memory_share or 0.0))
+    kept: list[Shape] = []
+    for s in order:
+        if not any(k[0] == s[0] and k.mem_units <= s.mem_units and k[4] >= s[4] for k in kept):
+            kept.append(s)
+    return kept
 
 
 def max_scale(problem: PlanningProblem,
@@ -667,7 +752,8 @@ def max_scale(problem: PlanningProblem,
         return 0.0, {}, "infeasible"
     budgets = dict(budgets) if budgets is not None else problem.cluster.budgets()
     u = problem.options.max_utilisation
-    if len(budgets) == 1:
+    two = any(sh.mem_units != sh[3] for v in shp.values() for sh in v if isinstance(sh, Shape))
+    if len(budgets) == 1 and not two:
         return _max_scale_one_type(problem, shp, budgets)
     prob = pulp.LpProblem("scepsy_max_throughput", pulp.LpMaximize)
     s = prob.add_variable("scale", 0, None)
@@ -677,6 +763,10 @@ def max_scale(problem: PlanningProblem,
         ys[m] = []
         for sh in shp[m]:
             top = budgets[sh[0]] * UNITS // sh[3]
+            if two:
+                top = min(top, budgets[sh[0]] * UNITS // sh.mem_units)
+                if top < 1:  # not one replica fits the memory budget: not a choice
+                    continue
             y = prob.add_variable(f"y{n}", 0, 1, pulp.LpBinary)
             r = prob.add_variable(f"r{n}", 0, top, pulp.LpInteger)
             prob += pulp.LpAffineExpression([(r, 1), (y, -top)]) <= 0, f"link{n}"
@@ -693,6 +783,12 @@ def max_scale(problem: PlanningProblem,
         terms = [(r, sh[3]) for m in ys for sh, _, r in ys[m] if sh[0] == gpu]
         if terms:
             prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{gpu}"
+        if two:
+            terms = [(r, sh.mem_units) for m in ys for sh, _, r in ys[m] if sh[0] == gpu]
+            if terms:
+                prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"mem_budget_{gpu}"
+    if two and any(not v for v in ys.values()):
+        return 0.0, {}, "infeasible"
     try:
         prob.solve(_solver(problem, deadline))
     except TimeLimitReached:
@@ -704,7 +800,7 @@ def max_scale(problem: PlanningProblem,
     for m, triples in ys.items():
         sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
         reps = max(1, round(r.value() or 0))
-        choice[m] = Candidate(m, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0)
+        choice[m] = _shape_candidate(m, sh, reps)
     scale = min(headroom(problem, choice).values())
     return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
 
@@ -742,6 +838,13 @@ def _max_scale_one_type(problem: PlanningProblem,
     cands = {m: Candidate(m, sh[0], sh[1], sh[2], r, sh[3] * r, sh[4], math.nan, 0.0, 0.0)
              for m, (sh, r) in choice.items()}
     return max(min(headroom(problem, cands).values()), lo), cands, "optimal"
+
+
+def _shape_candidate(llm: str, sh: Shape, reps: int) -> Candidate:
+    """``reps`` replicas of a capacity shape as an (unpriced) :class:`Candidate`."""
+    mem = getattr(sh, "memory_share", None)
+    return Candidate(llm, sh[0], sh[1], sh[2], reps, sh[3] * reps, sh[4], math.nan, 0.0, 0.0,
+                     memory_share=mem)
 
 
 GAIN_REL = 1e-9  # a max scale this much (relative) above another is a gain, not rounding
@@ -903,6 +1006,10 @@ class MILPOptimiser:
     def solve(self, problem: PlanningProblem, *, deadline: Deadline | None = None) -> Plan:
         """The plan within ``deadline`` (default: the problem's time limit from now)."""
         left = Deadline.of(problem, deadline)
+        if problem.options.objective == "min-cost":  # scepsy_opt.mincost builds on this module
+            raise InputError("plan", "objective", "min-latency or max-throughput for "
+                             "scepsy_opt.milp (min-cost: scepsy_opt.optimisers.optimiser('milp') "
+                             "or scepsy_opt.mincost.solve_min_cost)", "min-cost")
         if problem.options.objective == "max-throughput":
             try:
                 return solve_max_throughput(problem, self.name, deadline=left)

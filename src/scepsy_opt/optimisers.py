@@ -24,8 +24,20 @@ from scepsy_common.errors import InputError
 from scepsy_opt.baselines import BruteForce, EqualSplit, Hierarchical, Independent, UserAllocation
 from scepsy_opt.candidates import price
 from scepsy_opt.milp import MILPOptimiser, percentile_latencies
+from scepsy_opt.mincost import solve_min_cost
 from scepsy_opt.plans import Infeasibility, Optimiser, Plan
-from scepsy_opt.problem import PlanningProblem
+from scepsy_opt.problem import Deadline, PlanningProblem
+
+
+class ExactOptimiser(MILPOptimiser):
+    """The exact MILP for every objective: min-latency and max-throughput
+    (:mod:`scepsy_opt.milp`), min-cost (:mod:`scepsy_opt.mincost`)."""
+
+    def solve(self, problem: PlanningProblem, *, deadline: Deadline | None = None) -> Plan:
+        """The plan within ``deadline`` (default: the problem's time limit from now)."""
+        if problem.options.objective == "min-cost":
+            return solve_min_cost(problem, deadline=Deadline.of(problem, deadline))
+        return super().solve(problem, deadline=deadline)
 
 
 def check_latency_bounds(problem: PlanningProblem, plan: Plan, *, keep: bool = False) -> Plan:
@@ -65,7 +77,7 @@ def bound_checked(cls: type, *, keep: bool = False) -> type:
 
 
 OPTIMISERS: Mapping[str, Callable[[], Optimiser]] = MappingProxyType({
-    "milp": MILPOptimiser,  # enforces the bounds itself
+    "milp": ExactOptimiser,  # enforces the bounds itself
     "brute-force": bound_checked(BruteForce),
     "heuristic": bound_checked(Hierarchical),
     "independent": bound_checked(Independent),

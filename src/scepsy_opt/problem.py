@@ -27,8 +27,10 @@ from scepsy_profile.latency import LatencyModel
 from scepsy_profile.serving import MemoryPolicy
 
 TENTHS = tuple(round(0.1 * i, 1) for i in range(1, 11))
-Objective = Literal["min-latency", "max-throughput"]
-OBJECTIVES: tuple[Objective, ...] = ("min-latency", "max-throughput")
+# min-cost: the cheapest GPUs (price per hour, scepsy_opt.mincost) that meet the targets and the
+# latency bounds (latency_bound_s: mean; latency_bounds: percentile), ties broken by latency
+Objective = Literal["min-latency", "max-throughput", "min-cost"]
+OBJECTIVES: tuple[Objective, ...] = ("min-latency", "max-throughput", "min-cost")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,8 @@ class PlanOptions:
     max_utilisation: float = 0.95
     weights: Mapping[str, float] = field(default_factory=dict)  # per workflow, default 1
     objective: Objective = "min-latency"
-    latency_bound_s: Mapping[str, float] = field(default_factory=dict)  # max-throughput mode
+    # per workflow: a bound on its predicted mean latency (s); max-throughput and min-cost
+    latency_bound_s: Mapping[str, float] = field(default_factory=dict)
     # per workflow: (percentile in (0, 100), seconds): the predicted request-latency percentile
     # (scepsy_opt.tails) must not exceed the seconds; both objectives (docs/optimiser.md)
     latency_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
@@ -167,8 +170,12 @@ class PlanningProblem:
                                  f"a workflow of the problem ({', '.join(sorted(self.stats))})", w)
             if not (isinstance(t, int | float) and math.isfinite(t) and t > 0):
                 raise InputError("plan", f"targets.{w}", "a throughput > 0 req/s", t)
-        if self.cluster.total_gpus < 1:
+        if self.cluster.total_gpus < 1 and not self.cluster.open:
             raise InputError("plan", "cluster", "a cluster with at least one GPU")
+        if self.cluster.unbounded and self.options.objective != "min-cost":
+            raise InputError("plan", "cluster", "pools of a known size (nodes: auto without "
+                             "max_nodes needs the min-cost objective)",
+                             ", ".join(self.cluster.unbounded))
         cat = self.catalog or default_catalog()
         for m in self.llms:
             if m not in self.models:

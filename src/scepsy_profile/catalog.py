@@ -5,7 +5,7 @@ The package ships one catalog (``scepsy_profile/data/catalog.yaml``, read by
 
     gpus:
       <name>: {memory_gib: ..., bf16_tflops: ..., hbm_gbps: ..., nvlink_domain: ...,
-               interconnect_gbps: ...}
+               interconnect_gbps: ..., [price_per_hour]}
     models:
       <name>: {family: ..., layers: ..., hidden: ..., heads: ..., kv_heads: ...,
                intermediate: ..., vocab: ..., max_context: ..., [dtype_bytes, gated_mlp,
@@ -16,6 +16,10 @@ The package ships one catalog (``scepsy_profile/data/catalog.yaml``, read by
 Names are case-insensitive identities: ``gpu("h100-80gb")`` finds ``H100-80GB``, and a user entry
 ``LLaMA-7B`` replaces the bundled ``llama-7b``. Aliases (for instance Hugging Face ids) resolve
 to canonical model names, also case-insensitively.
+
+A GPU entry's optional ``price_per_hour`` (USD per GPU-hour, what the min-cost objective of
+``scepsy_opt.mincost`` minimises) is kept beside its :class:`GPUSpec` in :attr:`Catalog.prices`;
+the bundled prices are public list prices, defaults to override (docs/catalog.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import contextlib
 import contextvars
 import difflib
 import functools
+import math
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
@@ -61,12 +66,13 @@ class Catalog:
     ``gpus`` and ``models`` map each entry's own ``name`` to it; ``aliases`` maps an alternative
     model name (e.g. ``meta-llama/Llama-2-7b-hf``) to a canonical model name. The mappings are
     stored sorted and read-only. Build variants with :meth:`with_gpu`, :meth:`with_model` and
-    :meth:`merge`.
+    :meth:`merge`. ``prices`` maps a GPU's name to its price per GPU-hour (USD, optional per GPU).
     """
 
     gpus: Mapping[str, GPUSpec] = field(default_factory=dict)
     models: Mapping[str, ModelSpec] = field(default_factory=dict)
     aliases: Mapping[str, str] = field(default_factory=dict)
+    prices: Mapping[str, float] = field(default_factory=dict)
     _gpu_index: Mapping[str, str] = field(init=False, compare=False)
     _model_index: Mapping[str, str] = field(init=False, compare=False)
     _alias_index: Mapping[str, str] = field(init=False, compare=False)
@@ -96,6 +102,15 @@ class Catalog:
                                  target)
             aliases[alias] = model_index[_key(target)]
             alias_index[key] = alias
+        if not isinstance(self.prices, Mapping):
+            raise InputError("catalog", "prices", "a mapping of GPU name -> price per GPU-hour")
+        for name, usd in self.prices.items():
+            if name not in self.gpus:
+                raise InputError("catalog", f"prices.{name}", "the name of a GPU of the catalog",
+                                 name)
+            _check_price(usd, "catalog", f"gpus.{name}.price_per_hour")
+        object.__setattr__(self, "prices", MappingProxyType(
+            _sorted({n: float(v) for n, v in self.prices.items()})))
         object.__setattr__(self, "gpus", MappingProxyType(_sorted(self.gpus)))
         object.__setattr__(self, "models", MappingProxyType(_sorted(self.models)))
         object.__setattr__(self, "aliases", MappingProxyType(_sorted(aliases)))
@@ -110,7 +125,8 @@ class Catalog:
                 f"{len(self.aliases)} aliases)")
 
     def __reduce__(self) -> tuple[Any, ...]:  # mappingproxy does not pickle; rebuild from dicts
-        return (Catalog, (dict(self.gpus), dict(self.models), dict(self.aliases)))
+        return (Catalog, (dict(self.gpus), dict(self.models), dict(self.aliases),
+                          dict(self.prices)))
 
     # -- lookup -------------------------------------------------------------------------------
 
@@ -136,6 +152,10 @@ class Catalog:
         known.update((k, a) for k, a in ((_key(a), a) for a in self.aliases))
         raise _unknown("model", name, known)
 
+    def price(self, gpu: str) -> float | None:
+        """The price per GPU-hour (USD) of GPU ``gpu`` (any case), None when the catalog has none."""
+        return self.prices.get(self.gpu(gpu).name)
+
     def has_gpu(self, name: str) -> bool:
         """Whether :meth:`gpu` would find ``name``."""
         return isinstance(name, str) and _key(name) in self._gpu_index
@@ -153,9 +173,11 @@ class Catalog:
 
     # -- derivation ---------------------------------------------------------------------------
 
-    def with_gpu(self, spec: GPUSpec) -> Catalog:
-        """A new catalog with ``spec`` added, replacing any GPU of the same name (any case)."""
-        return self.merge(Catalog(gpus={spec.name: spec}))
+    def with_gpu(self, spec: GPUSpec, price_per_hour: float | None = None) -> Catalog:
+        """A new catalog with ``spec`` (and its price per GPU-hour, if given) added, replacing
+        any GPU of the same name (any case) and its price."""
+        prices = {spec.name: price_per_hour} if price_per_hour is not None else {}
+        return self.merge(Catalog(gpus={spec.name: spec}, prices=prices))
 
     def with_model(self, spec: ModelSpec, aliases: Iterable[str] = ()) -> Catalog:
         """A new catalog with ``spec`` (and ``aliases`` for it) added or replacing its namesake."""
@@ -166,12 +188,13 @@ class Catalog:
         """A new catalog with ``override``'s entries added to this one's, ``override`` winning.
 
         Entries match by name ignoring case, and an entry is replaced whole (no field-by-field
-        merge). An alias of this catalog that ``override`` defines as a model name is dropped;
+        merge; a replaced GPU keeps no price unless ``override`` gives one). An alias of this
+        catalog that ``override`` defines as a model name is dropped;
         aliases that pointed at a replaced model now point at the replacement.
         """
         if not isinstance(override, Catalog):
             raise TypeError(f"can only merge a Catalog, not {type(override).__name__}")
-        return _merge(self, override.gpus, override.models, override.aliases)
+        return _merge(self, override.gpus, override.models, override.aliases, override.prices)
 
 
 def _merge(
@@ -179,6 +202,7 @@ def _merge(
     gpus: Mapping[str, GPUSpec],
     models: Mapping[str, ModelSpec],
     aliases: Mapping[str, str],
+    prices: Mapping[str, float] | None = None,
 ) -> Catalog:
     """``base`` with the given entries added or replacing theirs (see :meth:`Catalog.merge`).
 
@@ -197,7 +221,17 @@ def _merge(
         if _key(a) not in new_models and _key(a) not in new_aliases
     }
     all_aliases.update(aliases)
-    return Catalog(gpus=all_gpus, models=all_models, aliases=all_aliases)
+    all_prices = {n: p for n, p in base.prices.items() if _key(n) not in new_gpus}
+    all_prices.update(prices or {})
+    return Catalog(gpus=all_gpus, models=all_models, aliases=all_aliases, prices=all_prices)
+
+
+def _check_price(value: object, source: str, field_: str) -> None:
+    """An :class:`InputError` unless ``value`` is a finite price >= 0 (USD per GPU-hour)."""
+    ok = (isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value) and value >= 0)
+    if not ok:
+        raise InputError(source, field_, "a price >= 0 USD per GPU-hour", value)
 
 
 def _check_entries(entries: object, cls: type, section: str) -> dict[str, str]:
@@ -249,6 +283,7 @@ class _GPURecord(BaseModel):
     hbm_gbps: float = Field(gt=0, allow_inf_nan=False)
     nvlink_domain: int = Field(ge=1)
     interconnect_gbps: float = Field(gt=0, allow_inf_nan=False)
+    price_per_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
 class _ModelRecord(BaseModel):
@@ -300,19 +335,24 @@ def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = N
     doc = validated(_CatalogFile, raw, source, allowed=_allowed_fields)
     gpus: dict[str, GPUSpec] = {}
     models: dict[str, ModelSpec] = {}
+    prices: dict[str, float] = {}
     for name, grec in (doc.gpus or {}).items():
-        gpus[name] = _build(GPUSpec, name, grec, source, "gpus")
+        gpus[name] = _build(GPUSpec, name, grec, source, "gpus", exclude={"price_per_hour"})
+        if grec.price_per_hour is not None:  # type: ignore[attr-defined]
+            prices[name] = grec.price_per_hour  # type: ignore[attr-defined]
     for name, mrec in (doc.models or {}).items():
         models[name] = _build(ModelSpec, name, mrec, source, "models")
     try:
-        return _merge(base if base is not None else Catalog(), gpus, models, doc.aliases or {})
+        return _merge(base if base is not None else Catalog(), gpus, models, doc.aliases or {},
+                      prices)
     except InputError as exc:
         raise InputError(source, exc.field, exc.expected, exc.got) from None
 
 
-def _build(cls: type, name: str, rec: BaseModel, source: str, section: str) -> Any:
+def _build(cls: type, name: str, rec: BaseModel, source: str, section: str,
+           exclude: set[str] | None = None) -> Any:
     try:
-        return cls(name=name, **rec.model_dump())
+        return cls(name=name, **rec.model_dump(exclude=exclude))
     except InputError as exc:
         raise InputError(source, f"{section}.{name}.{exc.field}", exc.expected, exc.got) from None
 
@@ -333,8 +373,14 @@ def dump_catalog(catalog: Catalog) -> str:
     def entry(spec: Any) -> dict[str, Any]:
         return {f.name: getattr(spec, f.name) for f in fields(spec) if f.name != "name"}
 
+    def gpu_entry(name: str, spec: GPUSpec) -> dict[str, Any]:
+        out = entry(spec)
+        if name in catalog.prices:
+            out["price_per_hour"] = catalog.prices[name]
+        return out
+
     doc = {
-        "gpus": {name: entry(spec) for name, spec in catalog.gpus.items()},
+        "gpus": {name: gpu_entry(name, spec) for name, spec in catalog.gpus.items()},
         "models": {name: entry(spec) for name, spec in catalog.models.items()},
         "aliases": dict(catalog.aliases),
     }
