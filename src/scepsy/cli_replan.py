@@ -1,0 +1,208 @@
+"""``scepsy replan``: re-plan a running plan after events (a node failed, a rack drained, a
+workflow's load changed) and say which replicas are kept, moved, started and stopped
+(docs/incremental.md).
+
+Parsing and printing only; the work is :func:`scepsy_place.incremental.replan`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED
+
+HELP = ("re-plan a running plan.json after events (node failed, rack drained, load changed): "
+        "what is kept, moved, started and stopped")
+
+EXIT_UNPLACED = 1  # no placed plan after the events (not enough GPUs left, or not placed)
+EXIT_TIME_LIMIT = 3
+
+_FLAGS = {"tps": "--tp", "shares": "--shares", "max_utilisation": "--max-utilisation",
+          "time_limit_s": "--time-limit", "seed": "--seed", "trace_requests": "--trace-requests",
+          "overheads": "--overheads", "move_cost_s": "--move-cost",
+          "change_penalty_s": "--change-penalty", "targets": "--plan"}
+
+
+def add_replan_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``replan`` to a ``scepsy`` sub-command set; returns its parser."""
+    return add_arguments(subparsers.add_parser("replan", help=HELP))
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """:func:`add_replan_parser` under the name ``scepsy.cli`` calls for registered modules."""
+    return add_replan_parser(subparsers)
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``scepsy replan`` on ``cmd``; sets ``func``."""
+    from scepsy import api
+    from scepsy_opt.problem import PlanOptions
+    from scepsy_place.incremental import DEFAULT_CHANGE_PENALTY_S, DEFAULT_MOVE_COST_S
+    from scepsy_place.loop import FORMULATIONS
+    from scepsy_place.placement import PLACERS
+
+    d = PlanOptions()
+    cmd.add_argument("--plan", type=Path, required=True,
+                     help="the running plan.json (scepsy plan --out, or an earlier replan)")
+    cmd.add_argument("--workflow", type=Path, required=True,
+                     help="the workflow, workload or rate workload YAML the plan was made for")
+    cmd.add_argument("--cluster", type=Path,
+                     help="cluster YAML/JSON the plan runs on (default: the plan's own nodes)")
+    cmd.add_argument("--event", action="append", required=True,
+                     metavar="node-failed=NODE|rack-drained=RACK|load=WORKFLOW*F|load=WORKFLOW=RATE",
+                     help="what happened (repeat the flag for several, applied in order)")
+    cmd.add_argument("--move-cost", type=NONNEGATIVE, default=DEFAULT_MOVE_COST_S, metavar="S",
+                     help="objective seconds per replica moved (default %(default)s)")
+    cmd.add_argument("--change-penalty", type=NONNEGATIVE, default=DEFAULT_CHANGE_PENALTY_S,
+                     metavar="S", help="objective seconds per replica started or stopped "
+                     "(default %(default)s)")
+    cmd.add_argument("--formulation", choices=FORMULATIONS, default=api.DEFAULT_FORMULATION,
+                     help="formulation of the re-plan (default %(default)s)")
+    cmd.add_argument("--placer", choices=list(PLACERS), default=api.DEFAULT_PLACER,
+                     help="placement policy (default %(default)s)")
+    cmd.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
+    cmd.add_argument("--tp", default=",".join(map(str, d.tps)), help="comma-separated TP degrees")
+    cmd.add_argument("--max-utilisation", type=float, default=d.max_utilisation)
+    cmd.add_argument("--time-limit", type=POSITIVE, default=d.time_limit_s,
+                     help="time limit of the whole re-plan, s (default %(default)s)")
+    cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
+    cmd.add_argument("--trace-requests", type=COUNT, default=api.DEFAULT_TRACE_REQUESTS)
+    cmd.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
+    cmd.add_argument("--overheads", type=Path, help="engine overheads calibration YAML/JSON")
+    cmd.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
+    cmd.add_argument("--seed", type=SEED, default=0)
+    cmd.add_argument("--out", type=Path, default=Path("plan.json"),
+                     help="the new plan.json (default %(default)s; may be --plan itself)")
+    cmd.add_argument("--no-timings", action="store_true",
+                     help="leave wall-clock timings out of the new plan.json")
+    cmd.add_argument("--json", action="store_true",
+                     help="print the report (kept, moved, started, stopped) as JSON")
+    cmd.set_defaults(func=cmd_replan)
+    return cmd
+
+
+def _running(path: Path) -> tuple[dict[str, Any], Any]:
+    """(raw plan.json, its running allocation and placement)."""
+    from scepsy_common.files import read_json
+    from scepsy_place.incremental import running_from_document
+    from scepsy_place.launch.planfile import check_version
+
+    raw = read_json(path, "plan.json file (scepsy plan --out)")
+    check_version(raw, str(path))
+    return raw, running_from_document(raw, str(path))
+
+
+def _topology(raw: dict[str, Any], cluster: Path | None, source: str) -> Any:
+    from scepsy_place.topology import load_topology, parse_topology
+
+    if cluster is not None:
+        return load_topology(cluster)
+    return parse_topology(raw.get("topology") or raw["cluster"], source)
+
+
+def cmd_replan(args: argparse.Namespace) -> int:
+    """Run ``scepsy replan``: read, re-plan, write the new plan.json, print the report."""
+    from scepsy import api
+    from scepsy.cli_util import UsageError, check_out, naming, print_rows
+    from scepsy.cli_util import floats as _floats
+    from scepsy.cli_util import ints as _ints
+    from scepsy_common.errors import InputError
+    from scepsy_opt.planfile import write_plan
+    from scepsy_opt.problem import Deadline
+    from scepsy_place.incremental import parse_event, replan
+    from scepsy_profile.catalog import catalog_in_force
+
+    check_out(args.out)
+    events = []
+    for text in args.event:
+        try:
+            events.append(parse_event(text, "--event"))
+        except InputError as exc:
+            raise UsageError(f"--event: {exc.field}: expected {exc.expected} "
+                             f"(got {text!r})") from None
+    options: dict[str, Any] = {"tps": tuple(_ints(args.tp, "--tp")),
+                               "max_utilisation": args.max_utilisation,
+                               "time_limit_s": args.time_limit}
+    if args.shares:
+        options["shares"] = tuple(_floats(args.shares, "--shares"))
+    with api.using_catalog(args.catalog), naming(_FLAGS):
+        raw, running = _running(args.plan)
+        topology = _topology(raw, args.cluster, str(args.plan))
+        problem, topology = api.plan_problem(
+            args.workflow, topology, dict(raw["targets"]), trace=args.trace,
+            trace_requests=args.trace_requests, seed=args.seed, curves=args.curves,
+            overheads=args.overheads, current=running.allocation, catalog=args.catalog,
+            **options)
+        deadline = Deadline.after(args.time_limit)
+        with catalog_in_force(problem.catalog):
+            try:
+                res = replan(problem, topology, running, events, move_cost_s=args.move_cost,
+                             change_penalty_s=args.change_penalty, deadline=deadline,
+                             policy=args.placer, formulation=args.formulation)
+            except InputError as exc:
+                if exc.source == "event":
+                    raise UsageError(f"--event: {exc.field}: expected {exc.expected} "
+                                     f"(got {exc.got!r})") from None
+                raise
+            doc = res.document(policy=args.placer, timings=not args.no_timings)
+    write_plan(args.out, doc)
+    if args.json:
+        import json
+
+        print(json.dumps(res.to_dict(), indent=2, sort_keys=True))
+    else:
+        _print_report(res, args, print_rows)
+    if res.status == "time_limit":
+        print(f"scepsy: time_limit: {res.placed.reason} (wrote {args.out})", file=sys.stderr)
+        return EXIT_TIME_LIMIT
+    if not res.ok:
+        print(f"scepsy: {res.status}: {res.placed.reason} (wrote {args.out})", file=sys.stderr)
+        return EXIT_UNPLACED
+    return 0
+
+
+def _where(x: dict[str, Any] | None) -> str:
+    return "-" if x is None else f"{x['node']}:{','.join(map(str, x['gpus']))}"
+
+
+def _print_report(res: Any, args: argparse.Namespace, print_rows: Any) -> None:
+    rep = res.to_dict()
+    rows = []
+    for m, r in rep["llms"].items():
+        b, a = r["before"], r["after"]
+        rows.append({"llm": m, "before": _shape(b), "after": _shape(a), "kept": r["kept"],
+                     "moved": r["moved"], "started": r["started"], "stopped": r["stopped"],
+                     "lost": r["lost"]})
+    print_rows(rows, ["llm", "before", "after", "kept", "moved", "started", "stopped", "lost"])
+    changes = [{"action": name, "llm": r["llm"], "replica": _num(r),
+                "from": _where(r["from"]), "to": _where(r["to"])}
+               for name in ("moved", "started", "stopped", "lost") for r in rep[name]]
+    if changes:
+        print()
+        print_rows(changes, ["action", "llm", "replica", "from", "to"])
+    print()
+    obj = rep["objective_s"]
+    print(f"events: {', '.join(rep['events'])}; status {rep['status']}"
+          + (f": {rep['reason']}" if rep["reason"] else ""))
+    if obj is not None:
+        print(f"objective {obj:.6g} s (latency + {res.change_penalty_s:g} s per replica started "
+              f"or stopped) + {res.move_cost_s:g} s x {len(res.moved)} moved = "
+              f"{rep['cost_s']:.6g} s; {rep['gpus_used']} GPUs used; moves "
+              f"{'proven fewest' if rep['moves_minimal'] else 'not proven fewest'}; "
+              f"{rep['seconds']:.3f} s; wrote {args.out}")
+
+
+def _shape(i: dict[str, Any] | None) -> str:
+    return "-" if i is None else f"{i['replicas']} x {i['gpu']} tp{i['tp']} {i['share']:g}"
+
+
+def _num(r: dict[str, Any]) -> str:
+    b, a = r["replica_before"], r["replica_after"]
+    if b is None:
+        return f"-> {a}"
+    if a is None:
+        return f"{b}"
+    return f"{b}" if a == b else f"{b} -> {a}"
