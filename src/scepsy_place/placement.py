@@ -14,7 +14,8 @@ Placers (one protocol, registry :data:`PLACERS`, docs/placement.md):
   newly opened node → (closeness to the LLM's workflow mates, if asked) → least fragmentation
   added (FGD per NVLink domain, :func:`scepsy_place.fgd.domain_fragmentation`, when present) →
   best fit (least share left on the chosen GPUs, then in the domain, then on the node) → the
-  node whose state sorts first, then canonical order.
+  node whose state sorts first, then canonical order. The improvement phase
+  (:mod:`scepsy_place.improve`, local search that frees GPUs) then runs on its placement.
 * ``ffd``: first-fit decreasing: demands by GPU capacity (``tp × share``) descending, the first
   node (canonical order), domain and GPUs that fit.
 * ``best-fit``: the same order; the position leaving the least free share on the chosen GPUs,
@@ -51,8 +52,9 @@ from typing import Any, Protocol
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, replicas_per_gpu, share_units
 from scepsy_opt.allocation import Allocation
-from scepsy_place.bounds import bound
+from scepsy_place.bounds import l2_bound
 from scepsy_place.fgd import domain_fragmentation
+from scepsy_place.improve import improve as improve_placement
 from scepsy_place.replicas import Demand, Key, Slot, task_mix
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology, _clean
 from scepsy_profile.catalog import Catalog, default_catalog
@@ -482,7 +484,11 @@ class Hierarchical(_Strategy):
     is importable (best fit otherwise). ``orders``: how many demand orders to try (TP degree
     descending; GPU capacity descending; share descending): the placement with fewest unplaced
     replicas, then fewest newly opened GPUs, GPUs and nodes wins; the search stops at the first
-    complete placement that meets the L2 bound.
+    complete placement that meets the L2 bound. ``improve``: run the improvement phase
+    (:func:`scepsy_place.improve.improve`, local search that frees GPUs) on the chosen placement
+    when it is above the L2 bound; skipped with ``spread_replicas`` or ``colocate`` (it would
+    trade those preferences for GPUs); ``repack``: how many exact repacking MILPs of one or two
+    nodes the improvement phase may add (0: local search only).
     """
 
     spread_replicas: bool = False
@@ -490,6 +496,8 @@ class Hierarchical(_Strategy):
     mix: tuple[tuple[int, int, float], ...] | None = None
     fragmentation: bool = True
     orders: int = 3
+    improve: bool = True
+    repack: int = 0
     name: str = "hierarchical"
 
     def place_alone(self, topology: Topology, demands: Sequence[Demand],
@@ -529,20 +537,29 @@ class Hierarchical(_Strategy):
             return min(range(len(cands)), key=lambda i: score(st, d, *cands[i]))
 
         best: tuple[Any, ...] | None = None
+        l2 = _l2(demands)
         for i, order in enumerate(_ORDERS[:self.orders]):
             pl = _greedy(topology, demands, order, pick, "best", self.name, placed,
                          by_llm=self.spread_replicas or bool(self.colocate))
             key = (*_cost(topology, pl), i)
             if best is None or key < best[0]:
                 best = (key, pl)
-            if not pl.unplaced and len(pl.gpus()) <= _l2(demands):
+            if not pl.unplaced and len(pl.gpus()) <= l2:
                 break  # provably fewest GPUs: the other orders cannot do better
         assert best is not None
-        return best[1]
+        pl = best[1]
+        if (self.improve and not self.spread_replicas and not self.colocate
+                and (pl.unplaced or len(pl.gpus()) > l2)):
+            pl = improve_placement(topology, demands, pl, repack=self.repack)
+        return pl
 
 
 def _l2(ds: Sequence[Demand]) -> int:
-    return bound(ds).l2
+    """Σ over GPU types of the L2 bound (only it: the vector bounds cost more)."""
+    per: dict[str, list[int]] = {}
+    for d in ds:
+        per.setdefault(d.gpu, []).extend([d.units] * d.tp)
+    return sum(l2_bound(v) for _, v in sorted(per.items()))
 
 
 _ORDERS: tuple[Callable[[Demand], Any], ...] = (

@@ -26,7 +26,8 @@ def fragmentation(topology: Topology, mix: Sequence[tuple[int, int, float]]) -> 
 
 def quality(topology: Topology, placement: Placement, demands: Sequence[Demand]) -> dict[str, Any]:
     """GPUs and nodes ``placement`` uses on ``topology`` (the topology it was placed on) against
-    the lower bounds of the demands it placed. Names no node: compare it across permutations."""
+    the lower bounds of the demands it placed (``gap_to_bound``: GPUs used over the best bound,
+    minus one). Names no node: compare it across permutations."""
     placed = placement.replicas()
     mine = [d for d in demands if d.key in placed]
     b = bound(mine, topology)
@@ -45,7 +46,11 @@ def quality(topology: Topology, placement: Placement, demands: Sequence[Demand])
         "bound_l1": b.l1,
         "bound_l2": b.l2,
         "bound_nodes": b.nodes,
+        "bound_memory_l2": b.memory_l2,
+        "bound_vector": b.vector,
+        "bound_best": b.best,
         "gpus_over_bound": len(gpus) / b.l2 if b.l2 else 1.0,
+        "gap_to_bound": len(gpus) / b.best - 1 if b.best else 0.0,
         "nodes_over_bound": len(nodes) / b.nodes if b.nodes else 1.0,
         "free_gpus": sum(1 for n in after.nodes for s, m in n.used if s == 0 and m == 0),
         "free_nodes": sum(1 for n in after.nodes if not n.busy),
