@@ -1,55 +1,48 @@
-"""Placeable plans at scale: the aggregate optimise-place loop against the blocks formulation.
+"""Placeable plans: the three formulations and ``auto`` against the aggregate bound and an oracle.
 
-Two ways of handing on a plan that a concrete placement realises (``scepsy_place.loop``):
+Every formulation of ``scepsy_place.formulations.FORMULATIONS_REGISTRY`` (``blocks``,
+``patterns``, ``aggregate``, ``auto``) on seeded ``scepsy_opt.instances.random_problem``
+instances (roofline latency model, targets at about half the cluster's GPUs):
 
-* **aggregate**: the MILP budgets GPU capacity in aggregate (``scepsy_opt.milp``), the
-  ``hierarchical`` placer places its allocation, and when replicas stay unplaced cuts are added
-  and the MILP solved again (``plan_and_place(..., formulation="aggregate")``, closed loop);
-* **blocks**: the placeable-by-construction MILP of ``scepsy_place.blocks`` (whole-GPU blocks of
-  one LLM shape each), placed in one round by the ``blocks`` placer
-  (``plan_and_place(..., formulation="blocks")``).
+* 5 LLMs / 16 GPUs, 20 / 256 and 100 / 4,096 (A100-80GB nodes of 8 GPUs), and a heterogeneous
+  cluster, 10 LLMs on 32 A100-80GB + 32 H100-80GB GPUs (``mix``);
+* per instance first the aggregate MILP alone (``scepsy_opt.milp.solve_min_latency``, row
+  ``bound``): its optimum bounds every placeable allocation, and each formulation's
+  ``agg_gap`` is ``objective / that optimum - 1`` (a placed objective below the MILP's proven
+  bound would be a bug);
+* per formulation: status, objective, ``agg_gap``, its own proven bound (``bound_s``: the
+  aggregate loop's, patterns' column generation bound, none for blocks) and ``own_gap``
+  (``objective / bound_s - 1``), wall time, and peak memory: each formulation runs in a forked
+  child process and ``peak_mb`` is that child's peak RSS (``getrusage`` ``ru_maxrss``) minus its
+  RSS when it started (so it counts the solver's C++ memory too, and nothing a previous
+  formulation left behind). The aggregate loop runs up to :data:`LOOP_MAX_GPUS` GPUs
+  (placements of seconds each at 4,096 GPUs, many rounds);
+* the oracle: on tiny instances (3 LLMs on 3 GPUs of one node, TP 1; 3 LLMs on two nodes of 2
+  GPUs, TP 1-2) ``scepsy_place.exhaustive.placeable_optimum`` gives the cheapest placeable
+  allocation of the whole candidate grid, and each formulation is counted as ``equal`` to it,
+  ``above`` it, or ``unplaced``.
 
-On seeded ``scepsy_opt.instances.random_problem`` instances (A100-80GB nodes of 8 GPUs, roofline
-latency model, targets at about half the cluster's GPUs) of 5 LLMs / 16 GPUs, 20 / 256 and
-100 / 4096, per instance:
+    python solvers/formulations_bench.py            # full run (results/formulations_bench.json)
+    python solvers/formulations_bench.py --quick    # 5/16, mix and the oracle, seed 0
+    python solvers/formulations_bench.py --sizes 100x4096 --seeds 0 --only blocks,auto
 
-a. ``bound``: the aggregate MILP alone (``milp.solve_min_latency(problem)``): wall time and
-   objective. Its objective is a lower bound on every placed plan; each formulation's ``gap`` is
-   ``objective / bound - 1`` (a negative gap would be a bug).
-b. ``blocks``: total wall time of ``plan_and_place(formulation="blocks")`` (candidates, MILP and
-   placement), its MILP time, objective, gap, whether it placed, GPUs used, and the placement
-   step timed alone: ``place(topo, demands(allocation), "blocks")`` (``place_s``).
-c. ``aggregate``: up to 256 GPUs the closed loop ``plan_and_place(formulation="aggregate",
-   max_rounds=25)``: wall time, rounds, objective, gap, placed, exact; ``place_s`` is one
-   ``hierarchical`` placement of the bound's allocation timed alone. At 4,096 GPUs a loop round
-   costs ~12 s of placement and takes many rounds, so there (``aggregate-1``) only ONE
-   hierarchical placement of the aggregate MILP's allocation is timed, with the replicas that
-   stay unplaced (``placed`` no when any do).
-
-Then a summary per size and formulation (median / max wall time, median placement time, median /
-max gap, instances placed) and the process's peak RSS (``getrusage`` ``ru_maxrss``, all sizes).
-
-Time targets (reported, not enforced): placement of a 4,096-GPU plan <= 5 s (the blocks
-placement, ``place_s``, at 100 / 4096), and plan with placement for 100 LLMs / 4,096 GPUs
-<= 20 s (the blocks formulation's ``wall_s``).
-
-    python solvers/formulations_bench.py            # full run, several minutes (results/formulations_bench.json)
-    python solvers/formulations_bench.py --quick    # 5/16 and 20/256, seed 0 (results/formulations_bench_quick.json)
-    python solvers/formulations_bench.py --sizes 100x4096 --seeds 0   # one large instance
-
-Exit status 1 when a correctness check fails (a placed objective below the aggregate bound, a
-blocks plan that does not place, a separately timed blocks placement that differs from the
-loop's); an aggregate loop that does not place is reported, not a failure.
+Exit status 1 when a correctness check fails: a placed objective below the aggregate bound or
+the exhaustive optimum, a bound above the objective it bounds, a plan claiming a proven gap of 0
+over the whole grid that is not the exhaustive optimum, or an instance with a placeable
+allocation reported ``infeasible``. A formulation that does not place is reported, not a failure.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing as mp
+import os
+import resource
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,230 +50,295 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
-from _common import peak_rss_mb, progress, sig, table, write_results  # noqa: E402
+from _common import progress, sig, table, write_results  # noqa: E402
+from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster  # noqa: E402
 from scepsy_opt.instances import random_problem  # noqa: E402
 from scepsy_opt.milp import solve_min_latency  # noqa: E402
-from scepsy_place.loop import plan_and_place  # noqa: E402
-from scepsy_place.placement import demands, place  # noqa: E402
+from scepsy_opt.problem import PlanOptions  # noqa: E402
+from scepsy_place.check import violations  # noqa: E402
+from scepsy_place.exhaustive import OracleLimit, placeable_optimum  # noqa: E402
+from scepsy_place.formulations import FORMULATIONS_REGISTRY, formulation  # noqa: E402
+from scepsy_place.loop import GRID_BOUNDS, PROVEN_GAP, UNPRUNED_MAX_GPUS  # noqa: E402
+from scepsy_place.placement import demands  # noqa: E402
 from scepsy_place.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
 
 GPU = "A100-80GB"
-REL = 1e-9  # an objective below the bound by more than this (relative) is a bug
-MAX_ROUNDS = 25
-LOOP_MAX_GPUS = 256  # above this, the aggregate loop is replaced by one timed placement
-FULL_SIZES = ((5, 16), (20, 256), (100, 4096))
-QUICK_SIZES = ((5, 16), (20, 256))
-FULL_SEEDS = (0, 1, 2)
+REL = 1e-9  # an objective below a bound by more than this (relative) is a bug
+LOOP_MAX_GPUS = 256  # the aggregate loop above this: skipped (many seconds-long placements)
+NAMES = ("blocks", "patterns", "aggregate", "auto")
+FULL_SIZES = ("5x16", "20x256", "100x4096", "mix")
+QUICK_SIZES = ("5x16", "mix")
+FULL_SEEDS = (0, 1)
 QUICK_SEEDS = (0,)
-TARGET_PLACE_S = {(100, 4096): 5.0}  # placement of a 4,096-GPU plan (blocks placer)
-TARGET_TOTAL_S = {(100, 4096): 20.0}  # plan with placement (blocks formulation)
-COLS = ["size", "seed", "formulation", "wall_s", "milp_s", "place_s", "rounds", "objective_s",
-        "gap", "placed", "unplaced", "gpus_used", "exact", "kept", "status"]
+ORACLE_SEEDS = (0, 1, 2, 3)
+COLS = ["size", "seed", "formulation", "status", "objective_s", "agg_gap", "bound_s", "own_gap",
+        "wall_s", "peak_mb", "exact", "gpus_used", "compared"]
+_LATENCY = roofline_model()
 
 
+def make_problem(size: str, seed: int) -> Any:
+    """The instance ``size`` (``LLMSxGPUS`` on A100 nodes of 8, or ``mix``) of ``seed``."""
+    if size == "mix":
+        cl = Cluster("mix-64", (GPUPool(GPU, 4, 8), GPUPool("H100-80GB", 4, 8)))
+        return random_problem(10, 64, _LATENCY, seed=seed, cluster=cl)
+    n, _, g = size.partition("x")
+    return random_problem(int(n), int(g), _LATENCY, seed=seed, gpu=GPU)
 
 
+def tiny_problem(kind: str, seed: int) -> Any:
+    """The oracle's tiny instances (as in tests/test_formulations.py)."""
+    if kind == "3gpu":
+        return random_problem(3, 3, _LATENCY, seed=seed, load=0.6, cluster=uniform_cluster(GPU, 3, 3),
+                              options=PlanOptions(shares=(0.3, 0.6, 1.0), tps=(1,)))
+    return random_problem(3, 4, _LATENCY, seed=seed, load=0.7, cluster=uniform_cluster(GPU, 4, 2),
+                          options=PlanOptions(shares=(0.3, 0.6, 1.0), tps=(1, 2)))
 
-def _gap(objective: float, bound: float) -> float:
-    if not (math.isfinite(objective) and math.isfinite(bound)) or bound <= 0:
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
+    start = _rss_mb()
+    try:
+        out = fn()
+    except Exception as e:  # reported, not raised: the parent carries on
+        out = {"status": "error", "error": f"{type(e).__name__}: {e}"}
+    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start
+    q.put(out)
+
+
+def isolated(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``fn()`` in a forked child, with its peak RSS growth (``peak_mb``)."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(fn, q))
+    p.start()
+    out = q.get()
+    p.join()
+    return out
+
+
+def _gap(objective: float, bound: float | None) -> float:
+    if bound is None or not (math.isfinite(objective) and math.isfinite(bound)) or bound <= 0:
         return math.nan
     return objective / bound - 1.0
 
 
-def _row(n: int, g: int, seed: int, formulation: str, **kw: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"size": f"{n}/{g}", "llms": n, "gpus": g, "seed": seed,
-                           "formulation": formulation, "wall_s": math.nan, "milp_s": math.nan,
-                           "place_s": math.nan, "rounds": 0, "objective_s": math.nan,
-                           "gap": math.nan, "placed": "-", "unplaced": 0, "gpus_used": 0,
-                           "exact": "-", "kept": 0, "status": "-"}
-    row.update(kw)
+def solve_row(name: str, problem: Any, topo: Any) -> dict[str, Any]:
+    """One formulation's run (in the child): what the table reports, and its problems."""
+    t0 = time.perf_counter()
+    res = formulation(name).solve(problem, topo)
+    wall = time.perf_counter() - t0
+    row: dict[str, Any] = {"status": res.status, "wall_s": wall, "exact": res.exact,
+                           "objective_s": res.plan.objective_s if res.placed else math.nan,
+                           "bound_s": res.bound_s if res.bound_s is not None else math.nan,
+                           "own_gap": res.gap if res.gap is not None else math.nan,
+                           "winner": res.formulation, "gpus_used": 0, "problems": [],
+                           "compared": " ".join(f"{k}:{o.status}" for k, o in
+                                                res.compared.items()),
+                           "reason": res.reason}
+    if res.placed:
+        row["gpus_used"] = res.placement.gpus_used()
+        bad = violations(topo, demands(res.plan.allocation, problem.catalog), res.placement)
+        if bad:
+            row["problems"].append(f"{len(bad)} placement violation(s): {bad[0]}")
+        if res.bound_s is not None and res.bound_s > res.plan.objective_s * (1 + REL):
+            row["problems"].append(f"bound {res.bound_s:.12g} above the objective")
     return row
 
 
-def _timed_place(topo: Any, problem: Any, allocation: Any, policy: str) -> tuple[float, Any]:
-    t0 = time.perf_counter()
-    placement = place(topo, demands(allocation, problem.catalog), policy)
-    return time.perf_counter() - t0, placement
+def grid_claims_optimal(name: str, row: dict[str, Any], gpus: int) -> bool:
+    """Whether the row claims the placeable optimum of the whole candidate grid."""
+    scoped = row["winner"] in GRID_BOUNDS or name == "auto" or gpus <= UNPRUNED_MAX_GPUS
+    return scoped and row["status"] == "placed" and row["own_gap"] <= PROVEN_GAP
 
 
-def run_instance(n: int, g: int, seed: int, latency: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """The rows (bound, blocks, aggregate) of one instance and what is wrong with them."""
-    problem = random_problem(n, g, latency, seed=seed, gpu=GPU)
+def run_instance(size: str, seed: int, names: Sequence[str]) -> tuple[list[dict[str, Any]],
+                                                                      list[str]]:
+    problem = make_problem(size, seed)
     topo = from_cluster(problem.cluster, problem.catalog)
-    where = f"{n}/{g} seed {seed}"
-    problems: list[str] = []
-    rows = []
+    gpus = problem.cluster.total_gpus
+    where = f"{size} seed {seed}"
+    base = {"size": size, "seed": seed, "gpus": gpus}
+    progress(f"{where}: aggregate bound")
 
-    # a. the aggregate MILP alone: the lower bound
-    t0 = time.perf_counter()
-    agg = solve_min_latency(problem)
-    t1 = time.perf_counter()
-    bound = agg.objective_s
-    rows.append(_row(n, g, seed, "bound", wall_s=t1 - t0, milp_s=agg.stats.get("total_s", math.nan),
-                     objective_s=bound, gap=0.0 if math.isfinite(bound) else math.nan,
-                     kept=agg.stats.get("candidates_kept", 0), status=agg.status))
-    if not agg.feasible:
-        problems.append(f"{where}: the aggregate MILP has no plan ({agg.status})")
-
-    # b. blocks: one round, placeable by construction
-    progress(f"  {where}: blocks")
-    t0 = time.perf_counter()
-    res = plan_and_place(problem, topo, formulation="blocks", max_rounds=MAX_ROUNDS)
-    t1 = time.perf_counter()
-    row = _row(n, g, seed, "blocks", wall_s=t1 - t0, milp_s=res.plan.stats.get("total_s", math.nan),
-               rounds=res.rounds, objective_s=res.plan.objective_s,
-               gap=_gap(res.plan.objective_s, bound), placed="yes" if res.placed else "NO",
-               exact="yes" if res.exact else "no", kept=res.plan.stats.get("candidates_kept", 0),
-               status=res.plan.status)
-    if res.placement is not None:
-        row.update(unplaced=len(res.placement.unplaced), gpus_used=res.placement.gpus_used())
-    if res.plan.allocation is not None:
-        place_s, alone = _timed_place(topo, problem, res.plan.allocation, "blocks")
-        row["place_s"] = place_s
-        if res.placement is not None and (alone.complete != res.placement.complete
-                                          or alone.gpus_used() != res.placement.gpus_used()):
-            problems.append(f"{where}: the blocks placement timed alone differs from the loop's "
-                            f"({alone.gpus_used()} vs {res.placement.gpus_used()} GPUs)")
-    if not res.placed:
-        problems.append(f"{where}: blocks did not place ({res.reason})")
-    if math.isfinite(bound) and res.plan.objective_s < bound * (1 - REL):
-        problems.append(f"{where}: blocks objective {res.plan.objective_s:.12g} below the aggregate "
-                        f"bound {bound:.12g}")
-    rows.append(row)
-
-    # c. aggregate: the closed loop up to LOOP_MAX_GPUS, one hierarchical placement above
-    if g <= LOOP_MAX_GPUS:
-        progress(f"  {where}: aggregate loop")
+    def bound_fn() -> dict[str, Any]:
         t0 = time.perf_counter()
-        loop = plan_and_place(problem, topo, formulation="aggregate", max_rounds=MAX_ROUNDS)
-        t1 = time.perf_counter()
-        row = _row(n, g, seed, "aggregate", wall_s=t1 - t0,
-                   milp_s=loop.plan.stats.get("total_s", math.nan), rounds=loop.rounds,
-                   objective_s=loop.plan.objective_s, gap=_gap(loop.plan.objective_s, bound),
-                   placed="yes" if loop.placed else "NO", exact="yes" if loop.exact else "no",
-                   kept=loop.plan.stats.get("candidates_kept", 0), status=loop.plan.status,
-                   first_unplaced=loop.history[0]["unplaced"] if loop.history else 0)
-        if loop.placement is not None:
-            row.update(unplaced=len(loop.placement.unplaced), gpus_used=loop.placement.gpus_used())
-        if agg.allocation is not None:
-            row["place_s"], _ = _timed_place(topo, problem, agg.allocation, "hierarchical")
-        if loop.placed and math.isfinite(bound) and loop.plan.objective_s < bound * (1 - REL):
-            problems.append(f"{where}: aggregate objective {loop.plan.objective_s:.12g} below the "
-                            f"bound {bound:.12g}")
-        rows.append(row)
-    elif agg.allocation is not None:
-        progress(f"  {where}: one hierarchical placement of the aggregate allocation")
-        place_s, placement = _timed_place(topo, problem, agg.allocation, "hierarchical")
-        rows.append(_row(n, g, seed, "aggregate-1", wall_s=(rows[0]["wall_s"] + place_s),
-                         milp_s=rows[0]["milp_s"], place_s=place_s, rounds=1, objective_s=bound,
-                         gap=0.0, placed="yes" if placement.complete else "NO",
-                         unplaced=len(placement.unplaced), gpus_used=placement.gpus_used(),
-                         exact="-", kept=rows[0]["kept"], status=agg.status,
-                         first_unplaced=len(placement.unplaced),
-                         replicas=len(placement.slots) + len(placement.unplaced)))
+        agg = solve_min_latency(problem)
+        return {"status": agg.status, "wall_s": time.perf_counter() - t0,
+                "objective_s": agg.objective_s, "bound_s": agg.bound_s}
+
+    b = isolated(bound_fn)
+    opt, lb = b.get("objective_s", math.nan), b.get("bound_s", math.nan)
+    rows = [{**base, "formulation": "bound", "agg_gap": 0.0, "own_gap": _gap(opt, lb),
+             "exact": "-", "gpus_used": 0, "compared": "", **b}]
+    problems: list[str] = []
+    for name in names:
+        if name == "aggregate" and gpus > LOOP_MAX_GPUS:
+            rows.append({**base, "formulation": name, "status": "skipped", "objective_s": math.nan,
+                         "agg_gap": math.nan, "bound_s": math.nan, "own_gap": math.nan,
+                         "wall_s": math.nan, "peak_mb": math.nan, "exact": "-", "gpus_used": 0,
+                         "compared": ""})
+            continue
+        progress(f"{where}: {name}")
+        r = isolated(lambda name=name: solve_row(name, problem, topo))
+        r.update(base, formulation=name, agg_gap=_gap(r.get("objective_s", math.nan), opt))
+        problems += [f"{where} {name}: {p}" for p in r.pop("problems", [])]
+        if r["status"] == "error":
+            problems.append(f"{where} {name}: {r['error']}")
+        if r["status"] == "placed" and r["objective_s"] < lb * (1 - REL):
+            problems.append(f"{where} {name}: objective {r['objective_s']:.12g} below the "
+                            f"aggregate bound {lb:.12g}")
+        rows.append(r)
+    return rows, problems
+
+
+def run_oracle(names: Sequence[str], seeds: Sequence[int]) -> tuple[list[dict[str, Any]],
+                                                                    list[str]]:
+    """Every formulation against the exhaustive placeable optimum on the tiny instances."""
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for kind in ("3gpu", "2x2"):
+        for seed in seeds:
+            p = tiny_problem(kind, seed)
+            topo = from_cluster(p.cluster)
+            where = f"tiny {kind} seed {seed}"
+            t0 = time.perf_counter()
+            try:
+                oracle = placeable_optimum(p, topo)
+            except OracleLimit as e:
+                rows.append({"instance": where, "formulation": "oracle", "verdict": f"limit: {e}"})
+                continue
+            best = oracle[0] if oracle is not None else math.nan
+            rows.append({"instance": where, "formulation": "oracle", "objective_s": best,
+                         "wall_s": time.perf_counter() - t0,
+                         "verdict": "placeable" if oracle else "none placeable"})
+            for name in names:
+                r = solve_row(name, p, topo)
+                problems += [f"{where} {name}: {x}" for x in r["problems"]]
+                obj = r["objective_s"]
+                if r["status"] == "placed":
+                    verdict = ("equal" if math.isclose(obj, best, rel_tol=1e-7)
+                               else "above" if obj > best else "BELOW")
+                else:
+                    verdict = "unplaced" if oracle is not None else "none (agrees)"
+                if verdict == "BELOW" or (oracle is None and r["status"] == "placed"):
+                    problems.append(f"{where} {name}: objective {obj:.12g} below the exhaustive "
+                                    f"optimum {best:.12g}")
+                if oracle is not None and r["status"] == "infeasible":
+                    problems.append(f"{where} {name}: infeasible, yet an allocation places")
+                if verdict == "above" and grid_claims_optimal(name, r, p.cluster.total_gpus):
+                    problems.append(f"{where} {name}: claims a proven gap of 0 at {obj:.12g}, the "
+                                    f"exhaustive optimum is {best:.12g}")
+                rows.append({"instance": where, "formulation": name, "objective_s": obj,
+                             "wall_s": r["wall_s"], "own_gap": r["own_gap"], "verdict": verdict,
+                             "status": r["status"]})
     return rows, problems
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    keys = dict.fromkeys((r["llms"], r["gpus"], r["formulation"]) for r in rows)
-    for n, g, f in keys:
-        rs = [r for r in rows if (r["llms"], r["gpus"], r["formulation"]) == (n, g, f)]
-        gaps = [r["gap"] for r in rs if not math.isnan(r["gap"])]
-        place = [r["place_s"] for r in rs if not math.isnan(r["place_s"])]
-        s: dict[str, Any] = {
-            "size": f"{n}/{g}", "formulation": f, "n": len(rs),
-            "wall_s_med": statistics.median(r["wall_s"] for r in rs),
-            "wall_s_max": max(r["wall_s"] for r in rs),
-            "place_s_med": statistics.median(place) if place else math.nan,
-            "rounds_med": statistics.median(r["rounds"] for r in rs),
-            "gap_med": statistics.median(gaps) if gaps else math.nan,
-            "gap_max": max(gaps) if gaps else math.nan,
-            "placed": f"{sum(r['placed'] == 'yes' for r in rs)}/{len(rs)}" if f != "bound" else "-",
-            "unplaced_med": statistics.median(r["unplaced"] for r in rs),
-        }
-        meets = []
-        if f == "blocks" and (n, g) in TARGET_PLACE_S:
-            meets.append(f"place<={TARGET_PLACE_S[(n, g)]:g}s:"
-                         + ("yes" if s["place_s_med"] <= TARGET_PLACE_S[(n, g)] else "NO"))
-        if f == "blocks" and (n, g) in TARGET_TOTAL_S:
-            meets.append(f"total<={TARGET_TOTAL_S[(n, g)]:g}s:"
-                         + ("yes" if s["wall_s_med"] <= TARGET_TOTAL_S[(n, g)] else "NO"))
-        s["targets"] = " ".join(meets) or "-"
-        out.append(s)
+    for size, f in dict.fromkeys((r["size"], r["formulation"]) for r in rows):
+        rs = [r for r in rows if (r["size"], r["formulation"]) == (size, f)]
+
+        def vals(k: str, rs: list[dict[str, Any]] = rs) -> list[float]:
+            return [r[k] for r in rs if isinstance(r.get(k), float) and not math.isnan(r[k])]
+
+        agg, own, wall, mem = vals("agg_gap"), vals("own_gap"), vals("wall_s"), vals("peak_mb")
+        out.append({
+            "size": size, "formulation": f, "n": len(rs),
+            "placed": (f"{sum(r['status'] in ('placed', 'optimal') for r in rs)}/{len(rs)}"),
+            "agg_gap_med": statistics.median(agg) if agg else math.nan,
+            "agg_gap_max": max(agg) if agg else math.nan,
+            "own_gap_med": statistics.median(own) if own else math.nan,
+            "wall_s_med": statistics.median(wall) if wall else math.nan,
+            "wall_s_max": max(wall) if wall else math.nan,
+            "peak_mb_max": max(mem) if mem else math.nan})
     return out
 
 
-def _parse_sizes(text: str) -> tuple[tuple[int, int], ...]:
+def oracle_counts(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
-    for part in text.split(","):
-        n, _, g = part.partition("x")
-        out.append((int(n), int(g)))
-    return tuple(out)
+    for f in dict.fromkeys(r["formulation"] for r in rows if r["formulation"] != "oracle"):
+        rs = [r for r in rows if r["formulation"] == f]
+        counts = {v: sum(r["verdict"] == v for r in rs)
+                  for v in ("equal", "above", "unplaced", "none (agrees)", "BELOW")}
+        above = [r["objective_s"] / o["objective_s"] - 1 for r in rs if r["verdict"] == "above"
+                 for o in rows if o["formulation"] == "oracle" and o["instance"] == r["instance"]]
+        out.append({"formulation": f, "instances": len(rs), **counts,
+                    "above_max": max(above) if above else math.nan})
+    return out
 
 
-def _parse_seeds(text: str) -> tuple[int, ...]:
-    return tuple(int(s) for s in text.split(","))
+def _fmt(r: dict[str, Any]) -> dict[str, Any]:
+    return {k: (sig(v, 10 if k == "objective_s" else 3) if isinstance(v, float) else v)
+            for k, v in r.items()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="5/16 and 20/256, seed 0 only")
-    ap.add_argument("--sizes", type=_parse_sizes, default=None,
-                    help="LLMSxGPUS,... (default 5x16,20x256,100x4096; quick 5x16,20x256)")
-    ap.add_argument("--seeds", type=_parse_seeds, default=None,
-                    help="comma-separated problem seeds (default 0,1,2; quick 0)")
+    ap.add_argument("--quick", action="store_true", help="5/16, mix and the oracle, seed 0")
+    ap.add_argument("--sizes", default=None,
+                    help="LLMSxGPUS or mix, comma-separated (default 5x16,20x256,100x4096,mix)")
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (default 0,1)")
+    ap.add_argument("--only", default=None, help="formulations, comma-separated (default all)")
+    ap.add_argument("--no-oracle", action="store_true", help="skip the tiny oracle instances")
     ap.add_argument("--out", default=None, help="results name (default formulations_bench[_quick])")
     args = ap.parse_args(argv)
-    sizes = args.sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
-    seeds = args.seeds or (QUICK_SEEDS if args.quick else FULL_SEEDS)
-    latency = roofline_model()
+    sizes = tuple(args.sizes.split(",")) if args.sizes else (QUICK_SIZES if args.quick
+                                                             else FULL_SIZES)
+    seeds = (tuple(int(s) for s in args.seeds.split(",")) if args.seeds
+             else QUICK_SEEDS if args.quick else FULL_SEEDS)
+    names = tuple(args.only.split(",")) if args.only else NAMES
+    unknown = [n for n in names if n not in FORMULATIONS_REGISTRY]
+    if unknown:
+        ap.error(f"unknown formulation(s) {unknown}; choose from {sorted(FORMULATIONS_REGISTRY)}")
     t_start = time.perf_counter()
-
     rows: list[dict[str, Any]] = []
     failures: list[str] = []
-    for n, g in sizes:
+    for size in sizes:
         for seed in seeds:
-            progress(f"{n} LLMs / {g} GPUs, seed {seed}")
-            rs, probs = run_instance(n, g, seed, latency)
+            rs, probs = run_instance(size, seed, names)
             rows += rs
             failures += probs
-    peak_mb = peak_rss_mb()
+    oracle_rows: list[dict[str, Any]] = []
+    if not args.no_oracle:
+        progress("tiny instances against the exhaustive placeable optimum")
+        oracle_rows, probs = run_oracle(names, ORACLE_SEEDS)
+        failures += probs
     summary = summarise(rows)
-    notes = [f"{r['size']} seed {r['seed']}: the aggregate loop did not place after {r['rounds']} "
-             f"round(s) ({r['unplaced']} replica(s) unplaced)"
-             for r in rows if r["formulation"] == "aggregate" and r["placed"] != "yes"]
-    notes += [f"{r['size']} seed {r['seed']}: one hierarchical placement of the aggregate "
-              f"allocation leaves {r['unplaced']} of {r['replicas']} replica(s) unplaced"
-              for r in rows if r["formulation"] == "aggregate-1" and r["unplaced"]]
+    counts = oracle_counts(oracle_rows)
 
-    print("Per instance (seconds; objective = weighted latency, s; gap = objective / bound - 1)")
-    print(table([{k: (sig(v, 12 if k == "objective_s" else 3) if isinstance(v, float) else v)
-                  for k, v in r.items()} for r in rows], COLS))
+    print("Per instance (objective: weighted latency, s; agg_gap = objective / aggregate MILP "
+          "optimum - 1; own_gap = objective / own bound - 1; peak_mb: peak RSS growth of the "
+          "formulation's process)")
+    print(table([_fmt(r) for r in rows], COLS))
     print()
-    print("Summary per size and formulation (medians / max over seeds)")
-    print(table([{k: (sig(v) if isinstance(v, float) else v) for k, v in s.items()} for s in summary],
-                ["size", "formulation", "n", "wall_s_med", "wall_s_max", "place_s_med", "rounds_med",
-                 "gap_med", "gap_max", "placed", "unplaced_med", "targets"]))
-    print(f"peak RSS of the process (all sizes, largest {sizes[-1][0]}/{sizes[-1][1]}): {peak_mb:.0f} MB")
-    if notes:
+    print("Summary per size and formulation (over seeds)")
+    print(table([_fmt(s) for s in summary],
+                ["size", "formulation", "n", "placed", "agg_gap_med", "agg_gap_max",
+                 "own_gap_med", "wall_s_med", "wall_s_max", "peak_mb_max"]))
+    if counts:
         print()
-        print(f"NOTES ({len(notes)}):")
-        for s in notes:
-            print(f"  {s}")
+        print("Against the exhaustive placeable optimum (tiny instances)")
+        print(table([_fmt(c) for c in counts],
+                    ["formulation", "instances", "equal", "above", "unplaced", "none (agrees)",
+                     "BELOW", "above_max"]))
     if failures:
         print()
         print(f"PROBLEMS ({len(failures)}):")
         for f in failures:
             print(f"  {f}")
-    path = write_results(args.out or ("formulations_bench_quick" if args.quick else "formulations_bench"), {
-        "args": {"quick": args.quick, "sizes": sizes, "seeds": seeds, "max_rounds": MAX_ROUNDS,
+    path = write_results(args.out or ("formulations_bench_quick" if args.quick
+                                      else "formulations_bench"), {
+        "args": {"quick": args.quick, "sizes": sizes, "seeds": seeds, "formulations": names,
                  "loop_max_gpus": LOOP_MAX_GPUS},
-        "gpu": GPU,
-        "targets": {"place_s": {f"{n}/{g}": t for (n, g), t in TARGET_PLACE_S.items()},
-                    "total_s": {f"{n}/{g}": t for (n, g), t in TARGET_TOTAL_S.items()}},
-        "instances": rows, "summary": summary, "peak_rss_mb": peak_mb, "notes": notes,
+        "memory": "peak RSS growth of a forked child per formulation (getrusage ru_maxrss "
+                  "minus the RSS at its start), MB",
+        "instances": rows, "summary": summary, "oracle": oracle_rows, "oracle_counts": counts,
         "failures": failures, "wall_s": time.perf_counter() - t_start})
     print(f"\nwrote {path} ({time.perf_counter() - t_start:.1f} s)")
     return 1 if failures else 0

@@ -314,12 +314,17 @@ def test_compared_says_how_each_formulation_ended():
     agg, blk = res.compared["aggregate"], res.compared["blocks"]
     assert res.formulation == "blocks" and blk.status == "placed"
     assert agg.status == "stopped" and agg.objective_s >= blk.objective_s
-    assert res.to_dict()["compared"]["aggregate"] == {"status": "stopped",
-                                                      "objective_s": agg.objective_s}
-    # blocks find nothing here, the aggregate loop places
+    entry = res.to_dict()["compared"]["aggregate"]
+    assert entry == {"status": "stopped", "objective_s": agg.objective_s,
+                     "bound_s": agg.bound_s, "seconds": entry["seconds"]}
+    assert "seconds" not in res.to_dict(timings=False)["compared"]["aggregate"]
+    # the exact loop's bound stopped at the blocks plan: blocks are proven optimal
+    assert agg.bound_s == pytest.approx(blk.objective_s, rel=1e-6)
+    assert res.bound_s == agg.bound_s and res.gap == pytest.approx(0.0, abs=1e-6)
+    # blocks find nothing here (not a proof: whole GPUs cost more), the aggregate loop places
     p = random_problem(3, 4, ROOF, seed=1)
     res = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
-    assert res.compared["blocks"].status == "infeasible"
+    assert res.compared["blocks"].status == "unplaced"
     assert res.compared["blocks"].objective_s is None
     assert res.compared["aggregate"].status == "placed" and res.formulation == "aggregate"
 

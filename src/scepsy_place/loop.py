@@ -34,19 +34,35 @@ re-solve round after round: the loop keeps the dominance-pruned candidates and r
 Statuses (:data:`LoopStatus`, per formulation in ``compared``): ``placed``; ``infeasible``
 (proven: the targets need more GPUs than the cluster has, or valid rows leave no allocation);
 ``unplaced`` (no placed plan, not proven infeasible: ``max_rounds`` ran out, or unproven cuts
-or pruned candidates left no allocation); ``stopped`` (``auto``: the loop's objective reached the
+or pruned candidates left no allocation; ``blocks``: no whole-GPU block allocation exists, which
+proves nothing about allocations that share GPUs); ``stopped`` (``auto``: the loop's objective reached the
 plan in hand, which it could then not beat); ``time_limit`` (the deadline passed first).
 
-Formulations (``formulation``): ``aggregate`` is the loop above; ``blocks`` solves the
-placeable-by-construction formulation of :mod:`scepsy_place.blocks` (one LLM shape per GPU,
-whole-GPU blocks) and places it with the ``blocks`` placer in one round; ``auto`` (the
-default, here and in the CLI) solves ``blocks`` and, up to :data:`UNPRUNED_MAX_GPUS` GPUs, the
-aggregate loop too, and keeps the better placed plan (lower objective; the loop stops once its
-objective reaches the blocks plan's, so blocks win ties). Above that size the aggregate loop needs many rounds of
-placements that cost seconds each at thousands of GPUs (docs/benchmarks.md), so ``auto`` is
-``blocks`` there. With a current allocation (``PlanOptions.current``) that still carries the
-targets, fits the budgets and places, keeping it is a candidate too: it wins when its objective
-(no change penalty) is lower than the formulation's.
+Formulations (``formulation``; :mod:`scepsy_place.formulations` puts them behind one interface):
+``aggregate`` is the loop above; ``blocks`` solves the placeable-by-construction formulation of
+:mod:`scepsy_place.blocks` (one LLM shape per GPU, whole-GPU blocks) and places it with the
+``blocks`` placer in one round (:func:`scepsy_place.placed.plan_blocks`); ``patterns``
+(:mod:`scepsy_place.patterns`) packs co-located replicas into GPU and NVLink-domain patterns by
+column generation. ``auto`` (the
+default, here and in the CLI; :func:`plan_auto`) runs ``blocks``; up to
+:data:`UNPRUNED_MAX_GPUS` GPUs the aggregate loop (exact there), stopped once its objective
+reaches the blocks plan's; then ``patterns`` unless the plan in hand is proven optimal over the
+candidate grid (within :data:`PROVEN_GAP` of a grid bound); above :data:`UNPRUNED_MAX_GPUS`
+GPUs, with the time left, the aggregate MILP alone, for its bound (its loop needs many rounds
+of placements that cost seconds each at thousands of GPUs). The best placed plan wins (ties: the first run). With a
+current allocation (``PlanOptions.current``) that still carries the targets, fits the budgets
+and places, keeping it is a candidate too: it wins when its objective (no change penalty) is
+lower than the formulation's.
+
+Bounds (:attr:`PlacedPlan.bound_s`, ``gap = objective / bound_s − 1``): the aggregate loop's is
+its first MILP's bound (the aggregate optimum's, valid for every allocation), or, when every row
+it added is proven and its candidates are unpruned, its last MILP's bound (then a placed plan
+has gap 0: the placeable optimum of the grid); ``patterns``' is its column generation bound,
+valid for every placeable allocation of its candidates (the whole grid up to 64 GPUs, the
+reduced candidates above); ``blocks`` give none (their MILP bound holds for block allocations
+only). ``auto`` reports the highest bound that holds for the whole candidate grid
+(:data:`GRID_BOUNDS`, :data:`GRID_BOUNDS_UNPRUNED`). ``compared`` gives each formulation's
+status, objective, bound and wall time.
 
 Max-throughput: when the capacity optimum does not place, the scale is bisected with
 min-latency plans of the same formulation (:func:`_placeable_scale`).
@@ -55,8 +71,9 @@ min-latency plans of the same formulation (:func:`_placeable_scale`).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -64,19 +81,22 @@ from scepsy_common.bisection import Probe, largest_accepted
 from scepsy_common.errors import InputError
 from scepsy_common.units import share_units
 from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price
+from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.milp import Row, solve_min_latency
+from scepsy_opt.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_cost
 from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import Plan, headroom, plan_from_choice, time_limit_plan
-from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
-from scepsy_place.blocks import block_candidates, capacity_rows
+from scepsy_opt.plans import Plan, headroom, plan_from_choice
+from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_place.cuts import (
     configuration_cut,
     free_capacity_rows,
     packing_inequalities,
 )
 from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
+from scepsy_place.patterns import plan_patterns, solve_patterns
+from scepsy_place.placed import LoopStatus, Outcome, PlacedPlan, plan_blocks, timed_out
 from scepsy_place.placement import Placement, demands, place
 from scepsy_place.quality import quality
 from scepsy_place.replicas import Demand, Slot
@@ -85,87 +105,19 @@ from scepsy_place.topology import Topology, from_cluster, topology_to_dict
 UNPRUNED_MAX_GPUS = 64
 SCALE_REL = 1e-3  # max-throughput with placement: the bisection's relative bracket
 SCALE_STEPS = 20  # at most this many bisection steps (2^-20 of the capacity optimum)
-Formulation = Literal["aggregate", "blocks", "auto"]
-FORMULATIONS: tuple[Formulation, ...] = ("aggregate", "blocks", "auto")
-LoopStatus = Literal["placed", "infeasible", "unplaced", "stopped", "time_limit"]
-# the plan.json status of a plan that was not placed, per loop status
-_PLAN_STATUS: Mapping[str, str] = MappingProxyType({
-    "infeasible": "infeasible", "unplaced": "unplaced", "stopped": "unplaced",
-    "time_limit": "time_limit_no_solution"})
+Formulation = Literal["aggregate", "blocks", "patterns", "auto"]
+FORMULATIONS: tuple[Formulation, ...] = ("aggregate", "blocks", "patterns", "auto")
+PROVEN_GAP = 1e-6  # a placed plan within this relative gap of its bound is proven optimal
+# formulations whose bound holds for every placeable allocation of the whole candidate grid
+# (``auto`` reports the highest of theirs): the aggregate loop's first MILP is the aggregate
+# optimum's bound; blocks have none beyond their own allocations
+GRID_BOUNDS: tuple[str, ...] = ("aggregate",)
+# ... up to UNPRUNED_MAX_GPUS GPUs, where their candidates are every candidate (reduced above)
+GRID_BOUNDS_UNPRUNED: tuple[str, ...] = ("patterns",)
 CUT_KINDS = ("free_capacity", "packing", "configuration", "no_good", "no_good_placer", "tightened")
 # unproven no-good cuts (the exact test could not decide) before the budget of a type that
 # still fails is also tightened (inexact: it may skip a placeable allocation)
 TIGHTEN_AFTER = 2
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one formulation (or keeping the current allocation) ended: its status and, when it
-    placed or stopped at a plan, that plan's objective (s)."""
-
-    status: LoopStatus
-    objective_s: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "objective_s": self.objective_s}
-
-
-@dataclass(frozen=True)
-class PlacedPlan:
-    """A plan, its placement, and how many optimise-place rounds it took.
-
-    ``placement`` is the last one tried: complete when ``placed``, otherwise the attempt whose
-    ``unplaced`` replicas say what did not fit (or None when no allocation was found).
-    """
-
-    plan: Plan
-    placement: Placement | None
-    rounds: int
-    history: tuple[Mapping[str, Any], ...]  # per round: objective, unplaced replicas, cuts added
-    quality: Mapping[str, Any] | None
-    reason: str | None = None  # why no placed plan (None when placed)
-    # all candidates and only proven cuts: the cheapest placeable allocation of the candidates
-    exact: bool = True
-    formulation: str = "aggregate"  # the formulation whose plan this is ("current": kept)
-    # how each formulation tried ended (auto, or with a current allocation)
-    compared: Mapping[str, Outcome] = field(default_factory=lambda: MappingProxyType({}))
-    status: LoopStatus = "placed"
-    cuts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # rows by kind
-
-    @property
-    def placed(self) -> bool:
-        return self.placement is not None and self.placement.complete
-
-    @property
-    def outcome(self) -> Outcome:
-        obj = self.plan.objective_s if self.status in ("placed", "stopped") else None
-        return Outcome(self.status, obj)
-
-    @property
-    def answer(self) -> Plan:
-        """The plan handed on: the placed plan, or no allocation and a status that says why
-        (``infeasible`` only when proven; ``unplaced``; ``time_limit_no_solution``)."""
-        if self.placed:
-            return self.plan
-        return replace(self.plan, allocation=None,
-                       status=_PLAN_STATUS.get(self.status, "unplaced"))  # type: ignore[arg-type]
-
-    def to_dict(self, policy: str | None = None) -> dict[str, Any]:
-        """plan.json's ``placement`` section: replica rows only when every replica is placed;
-        otherwise ``instances`` is empty and ``unplaced`` / ``reason`` say what did not fit
-        (``policy``: the placer named when no placement was tried)."""
-        pl = self.placement
-        return {
-            "policy": pl.policy if pl is not None else policy,
-            "placed_by": getattr(pl, "placed_by", None) if self.placed else None,
-            "formulation": self.formulation, "status": self.status,
-            "compared": {k: v.to_dict() for k, v in self.compared.items()},
-            "rounds": self.rounds, "placed": self.placed, "exact": self.exact,
-            "cuts": dict(self.cuts), "history": [dict(h) for h in self.history],
-            "quality": dict(self.quality) if self.quality and self.placed else None,
-            "instances": pl.to_dict()["slots"] if pl is not None and self.placed else [],
-            "unplaced": [list(u) for u in pl.unplaced] if pl is not None else [],
-            "reason": self.reason}
 
 
 def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | None = None,
@@ -177,7 +129,11 @@ def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | No
     ``topology``: the cluster placed on. Its racks format (``topology``) is added when its nodes
     are not those the ``cluster`` section's pools name (a racks cluster file: node names,
     NVLink domains, GPUs in use), so that a reader finds every placed node."""
-    extra: dict[str, Any] = {"placement": res.to_dict(policy)}
+    extra: dict[str, Any] = {"placement": res.to_dict(policy, timings)}
+    topology = res.topology or topology
+    if problem.cluster.open:  # the cluster bought (open pools sized), or the fixed pools alone
+        problem = replace(problem, cluster=(topology or from_cluster(problem.cluster)).to_cluster(
+            problem.catalog))
     if topology is not None and _node_shapes(topology) != _node_shapes(
             from_cluster(problem.cluster, problem.catalog)):
         extra["topology"] = topology_to_dict(topology)
@@ -211,29 +167,260 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
                           "placer_options": placer_options, "deadline": deadline}
     if problem.options.objective == "max-throughput" and name == "milp":
         return _max_throughput(problem, topology, formulation, **kw)
+    if problem.options.objective == "min-cost" and name == "milp":
+        return _min_cost(problem, topology, **kw)
     return keep_current(problem, topology, _min_latency(problem, topology, formulation, **kw),
                         policy=policy, placer_options=placer_options, deadline=deadline)
 
 
+OPEN_RACK = "open-"
+"""Rack name prefix of the nodes added for open pools without ``max_nodes`` (min-cost)."""
+
+
+COST_TIE = 1e-6
+"""min-cost by patterns: candidate latencies weigh this fraction of the cheapest GPU-hour over
+the largest total latency, so that latency only breaks ties in price."""
+
+
+def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
+    """The min-cost placed plan (docs/min-cost.md): the cheapest allocation in aggregate
+    (:func:`scepsy_opt.mincost.solve_min_cost`: its price is a lower bound on that of every
+    placeable allocation) placed by the placer (then the exact test), and, without percentile
+    bounds, the pattern formulation with the GPUs' prices as its objective (placeable by
+    construction, LLMs sharing GPUs); the cheaper placed plan wins (ties: lower latency). The
+    price of a placed plan is that of the GPUs its placement uses
+    (``stats["placed_cost_per_hour"]``, gap to the best bound in ``placed_cost_gap``). Open
+    pools without ``max_nodes`` get nodes for twice the GPUs the aggregate plan uses, and
+    ``stats["nodes_to_buy"]`` counts the nodes of open pools the placement uses."""
+    deadline: Deadline = kw["deadline"]
+    t0 = time.perf_counter()
+    plan = solve_min_cost(problem, deadline=deadline)
+    if plan.status == "time_limit_no_solution":
+        return timed_out(deadline, plan.optimiser, 1, (), "aggregate")
+    history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": 0},)
+    if plan.allocation is None:
+        why = (plan.infeasible.detail if plan.infeasible is not None
+               else "no allocation meets the targets and the latency bounds")
+        return PlacedPlan(plan, None, 1, history, None, why, True, "aggregate",
+                          status="infeasible", seconds=time.perf_counter() - t0)
+    top = open_topology(problem.cluster, topology, plan.stats.get("gpus_used", {}))
+    prices = gpu_prices(problem)
+    bound = plan.stats.get("cost_bound_per_hour", 0.0)
+    tried: dict[str, PlacedPlan] = {}
+    dem = demands(plan.allocation, problem.catalog)
+    placement = place_or_exact(top, dem, kw["policy"], kw["placer_options"], deadline)
+    history = ({**history[0], "unplaced": len(placement.unplaced)},)
+    if placement.complete:
+        tried["aggregate"] = PlacedPlan(plan, placement, 1, history, None, None, False,
+                                        "aggregate", seconds=time.perf_counter() - t0)
+    else:
+        tried["aggregate"] = PlacedPlan(
+            plan, placement, 1, history, None, f"{len(placement.unplaced)} replica(s) of the "
+            "cheapest allocation in aggregate did not fit on the cluster's nodes", False,
+            "aggregate", status="unplaced", seconds=time.perf_counter() - t0)
+    if not problem.options.latency_bounds and deadline.remaining() > 0:
+        pat, pat_bound = _min_cost_patterns(problem, top, prices, deadline)
+        tried["patterns"] = pat
+        bound = max(bound, pat_bound)
+    placed = {k: r for k, r in tried.items() if r.placed}
+    compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
+    if not placed:
+        last = tried.get("patterns", tried["aggregate"])
+        why = "; ".join(f"{k}: {r.reason}" for k, r in sorted(tried.items()))
+        return replace(last, compared=compared, reason=why, seconds=time.perf_counter() - t0)
+    costs = {k: _placed_cost(top, r.placement, prices) for k, r in placed.items()}
+    name = min(placed, key=lambda k: (costs[k][0], placed[k].plan.objective_s, k))
+    best = placed[name]
+    cost, used = costs[name]
+    stats = dict(best.plan.stats, placed_cost_per_hour=cost, placed_gpus=used,
+                 cost_bound_per_hour=bound, prices_per_hour=dict(sorted(prices.items())),
+                 placed_cost_gap=max(0.0, cost / bound - 1.0) if bound > 0 else 0.0)
+    bought = None
+    assert best.placement is not None and best.plan.allocation is not None
+    if problem.cluster.open:
+        stats["nodes_to_buy"] = _open_nodes_used(problem.cluster, top, best.placement)
+        used_nodes = best.placement.nodes()
+        bought = Topology(top.name, tuple(n for n in top.nodes if n.name in used_nodes
+                                          or not _is_open(problem.cluster, n.rack)))
+    dem = demands(best.plan.allocation, problem.catalog)
+    # the status of the price: proven optimal when the placed price meets the bound
+    status = ("optimal" if cost <= bound * (1 + 1e-9) + 1e-12 else
+              "time_limit" if deadline.remaining() <= 0 else "heuristic")
+    return replace(best, plan=replace(best.plan, stats=MappingProxyType(stats), status=status),
+                   quality=quality(top, best.placement, dem), compared=compared,
+                   seconds=time.perf_counter() - t0, topology=bought)
+
+
+def _placed_cost(topology: Topology, placement: Placement | None, prices: Mapping[str, float],
+                 ) -> tuple[float, dict[str, int]]:
+    """(USD per hour, GPUs per type) of the GPUs the placement uses."""
+    used: dict[str, int] = {}
+    for node, _ in (placement.per_gpu() if placement is not None else {}):
+        g = topology.node(node).gpu
+        used[g] = used.get(g, 0) + 1
+    return math.fsum(prices[g] * n for g, n in sorted(used.items())), dict(sorted(used.items()))
+
+
+def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
+                       prices: Mapping[str, float], deadline: Deadline,
+                       ) -> tuple[PlacedPlan, float]:
+    """The pattern formulation with ``prices`` per GPU a pattern opens, the mean latency
+    bounds as rows and candidate latencies scaled by :data:`COST_TIE` (ties only), and the
+    price bound it proves (its LP bound less the largest scaled latency); the plan re-priced
+    with the candidates' true latencies."""
+    t0 = time.perf_counter()
+    try:
+        cs = (generate_candidates(problem, prune=False, deadline=deadline)
+              if problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+              else cost_candidates(problem, deadline=deadline))
+    except TimeLimitReached:
+        return timed_out(deadline, "milp", 1, (), "patterns"), 0.0
+    worst = math.fsum(max((c.cost for c in v), default=0.0) for v in cs.by_llm.values())
+    eps = COST_TIE * min(prices.values()) / worst if worst > 0 and min(prices.values()) > 0 \
+        else 0.0
+    scaled = {m: tuple(replace(c, latency_s=eps * c.latency_s, change_s=eps * c.change_s)
+                       for c in v) for m, v in cs.by_llm.items()}
+    true = {replace(c, latency_s=eps * c.latency_s, change_s=eps * c.change_s): c
+            for v in cs.by_llm.values() for c in v}
+    res = solve_patterns(problem, topology, deadline=deadline, cset=replace(cs, by_llm=scaled),
+                         gpu_cost=prices, extra=slo_rows(problem, scaled),
+                         exact_candidates=problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS)
+    bound = max(0.0, res.lp_bound_s - eps * worst) if math.isfinite(res.lp_bound_s) else 0.0
+    if res.placement is None or res.plan.allocation is None:
+        status = {"infeasible": "infeasible", "time_limit_no_solution": "time_limit"}.get(
+            res.status, "unplaced")
+        return PlacedPlan(res.plan, None, 1, (), None, res.reason or res.status, res.exact,
+                          "patterns", status=status,  # type: ignore[arg-type]
+                          seconds=time.perf_counter() - t0), bound
+    choice = {m: true[c] for m, c in res.plan.candidates.items()}
+    plan = plan_from_choice(problem, "milp", res.plan.status, choice,
+                            dict(res.stats, candidates_generated=cs.generated,
+                                 candidates_kept=cs.kept))
+    history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": 0,
+                "cost_objective": res.objective, "cost_bound": bound, "status": res.status,
+                "columns": res.columns, "iterations": res.iterations},)
+    return PlacedPlan(plan, res.placement, 1, history, None, None,
+                      res.exact and res.status == "optimal", "patterns",
+                      seconds=time.perf_counter() - t0), bound
+
+
+def open_topology(cluster: Cluster, topology: Topology, gpus: Mapping[str, int]) -> Topology:
+    """``topology`` with nodes for the open pools of ``cluster`` that have no ``max_nodes``:
+    per such GPU type, nodes for twice ``gpus[type]`` (the GPUs a plan uses in aggregate; at
+    least one node), in racks ``open-<gpu>``."""
+    extra: list[GPUPool] = []
+    for g in cluster.unbounded:
+        node = max(p.gpus_per_node for p in cluster.pools if p.gpu == g and p.open)
+        extra.append(GPUPool(g, max(1, -(-2 * gpus.get(g, 0) // node)), node))
+    if not extra:
+        return topology
+    more = from_cluster(Cluster(topology.name, tuple(extra)))
+    nodes = [replace(n, name=f"{OPEN_RACK}{n.name}", rack=f"{OPEN_RACK}{n.gpu}")
+             for n in more.nodes]
+    return Topology(topology.name, topology.nodes + tuple(nodes))
+
+
+def _open_nodes_used(cluster: Cluster, topology: Topology, placement: Placement) -> dict[str, int]:
+    """Per GPU type with an open pool, the nodes of open pools the placement uses (racks
+    ``pool-<i>`` of an open pool ``i``, or ``open-<gpu>``)."""
+    out = dict.fromkeys(sorted({p.gpu for p in cluster.pools if p.open}), 0)
+    for name in sorted(placement.nodes()):
+        n = topology.node(name)
+        if _is_open(cluster, n.rack):
+            out[n.gpu] = out.get(n.gpu, 0) + 1
+    return out
+
+
+def _is_open(cluster: Cluster, rack: str) -> bool:
+    """Whether ``rack`` holds nodes of an open pool (``pool-<i>`` of an open pool ``i`` of
+    :func:`~scepsy_place.topology.from_cluster`, or ``open-<gpu>``)."""
+    return rack.startswith(OPEN_RACK) or any(
+        p.open and rack == f"pool-{i}" for i, p in enumerate(cluster.pools))
+
+
 def _min_latency(problem: PlanningProblem, topology: Topology, formulation: Formulation,
                  **kw: Any) -> PlacedPlan:
-    """The min-latency placed plan of ``formulation`` (no current-allocation check)."""
+    """The min-latency placed plan of ``formulation`` (no current-allocation check), its wall
+    time in ``seconds``."""
+    t0 = time.perf_counter()
     if formulation == "aggregate" or kw["name"] != "milp":
-        return _aggregate_loop(problem, topology, **kw)
-    blocks = plan_blocks(problem, topology, kw["deadline"])
-    if formulation == "blocks" or problem.cluster.total_gpus > UNPRUNED_MAX_GPUS:
-        return blocks
-    agg = _aggregate_loop(problem, topology,
-                          cutoff_s=blocks.plan.objective_s if blocks.placed else math.inf, **kw)
-    tried = MappingProxyType({"aggregate": agg.outcome, "blocks": blocks.outcome})
-    if agg.placed and (not blocks.placed or agg.plan.objective_s <= blocks.plan.objective_s):
-        return replace(agg, compared=tried)
-    if blocks.placed:
-        return replace(blocks, compared=tried)
-    # neither placed: the aggregate loop's answer covers every allocation (blocks' included)
-    why = (agg.reason if agg.status == "infeasible"
-           else f"aggregate: {agg.reason}; blocks: {blocks.reason}")
-    return replace(agg, compared=tried, reason=why)
+        res = _aggregate_loop(problem, topology, **kw)
+    elif formulation == "blocks":
+        res = plan_blocks(problem, topology, kw["deadline"])
+    elif formulation == "patterns":
+        res = plan_patterns(problem, topology, deadline=kw["deadline"])
+    else:
+        return plan_auto(problem, topology, **kw)
+    return replace(res, seconds=time.perf_counter() - t0)
+
+
+def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
+    """``auto``: the best placed plan of the formulations its rule runs (module docstring,
+    "auto"): ``blocks``; up to :data:`UNPRUNED_MAX_GPUS` GPUs the aggregate loop, stopped at the
+    blocks plan's objective; ``patterns`` (when registered) unless a plan in hand is proven
+    optimal over the candidate grid; above :data:`UNPRUNED_MAX_GPUS` GPUs, with the time left,
+    the aggregate MILP alone, for its bound. ``compared`` says how each formulation ended; ``bound_s`` is the
+    highest bound valid for every placeable allocation of the candidate grid."""
+    deadline: Deadline = kw["deadline"]
+    t0 = time.perf_counter()
+    small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+    tried: dict[str, PlacedPlan] = {"blocks": _min_latency(problem, topology, "blocks", **kw)}
+    bounds: list[float] = []
+    if small and deadline.remaining() > 0:
+        best = _best(tried.values())
+        t1 = time.perf_counter()
+        agg = _aggregate_loop(problem, topology, cutoff_s=best.plan.objective_s
+                              if best is not None else math.inf, **kw)
+        tried["aggregate"] = replace(agg, seconds=time.perf_counter() - t1)
+    if deadline.remaining() > 0 and not _proven(tried, bounds, small):
+        tried["patterns"] = _min_latency(problem, topology, "patterns", **kw)
+    if not small and deadline.remaining() > 0:  # the aggregate MILP alone: a bound on every
+        agg_plan = solve_min_latency(problem, deadline=deadline)  # allocation, with time left
+        if agg_plan.allocation is not None and math.isfinite(agg_plan.bound_s):
+            bounds.append(agg_plan.bound_s)
+    best = _best(tried.values())
+    compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
+    bound = _grid_bound(tried, bounds, small)
+    seconds = time.perf_counter() - t0
+    if best is not None:
+        return replace(best, compared=compared, bound_s=bound, seconds=seconds)
+    agg, pat = tried.get("aggregate"), tried.get("patterns")
+    why = "; ".join(f"{k}: {tried[k].reason}" for k in sorted(tried))
+    if agg is not None and agg.status == "infeasible":  # proven for every allocation
+        return replace(agg, compared=compared, bound_s=bound, seconds=seconds)
+    last = agg or (pat if pat is not None and pat.status != "time_limit" else tried["blocks"])
+    status: LoopStatus = ("time_limit" if deadline.remaining() <= 0
+                          and any(r.status == "time_limit" for r in tried.values())
+                          else last.status)
+    return replace(last, compared=compared, bound_s=bound, seconds=seconds, status=status,
+                   reason=why if len(tried) > 1 else last.reason)
+
+
+def _grid_bound(tried: Mapping[str, PlacedPlan], bounds: list[float], small: bool,
+                ) -> float | None:
+    """The highest of ``bounds`` and the bounds of ``tried`` that hold for every placeable
+    allocation of the candidate grid (:data:`GRID_BOUNDS`; :data:`GRID_BOUNDS_UNPRUNED` only
+    up to :data:`UNPRUNED_MAX_GPUS` GPUs)."""
+    valid = [*bounds, *(r.bound_s for k, r in tried.items() if r.bound_s is not None
+                        and (k in GRID_BOUNDS or (small and k in GRID_BOUNDS_UNPRUNED)))]
+    return max(valid) if valid else None
+
+
+def _proven(tried: Mapping[str, PlacedPlan], bounds: list[float], small: bool) -> bool:
+    """Whether the best placed plan of ``tried`` is within :data:`PROVEN_GAP` of a bound on
+    every placeable allocation of the grid (no other formulation can beat it)."""
+    best, bound = _best(tried.values()), _grid_bound(tried, bounds, small)
+    return (best is not None and bound is not None and bound > 0
+            and best.plan.objective_s <= bound * (1 + PROVEN_GAP))
+
+
+def _best(results: Any) -> PlacedPlan | None:
+    """The placed plan of lowest objective (the first of equals, in the order run)."""
+    best: PlacedPlan | None = None
+    for r in results:
+        if r.placed and (best is None or r.plan.objective_s < best.plan.objective_s):
+            best = r
+    return best
 
 
 def keep_current(problem: PlanningProblem, topology: Topology, res: PlacedPlan, *,
@@ -288,44 +475,6 @@ def current_plan(problem: PlanningProblem, name: str = "milp") -> Plan | None:
     return plan_from_choice(problem, name, "evaluated", choice, {})
 
 
-def _timed_out(deadline: Deadline, name: str, rounds: int, history: tuple[Mapping[str, Any], ...],
-               formulation: str, exact: bool = True) -> PlacedPlan:
-    """No placed plan: the time limit ran out first (status ``time_limit``)."""
-    return PlacedPlan(time_limit_plan(name), None, rounds, history, None,
-                      time_limit_detail(deadline.limit_s), exact, formulation,
-                      status="time_limit")
-
-
-def plan_blocks(problem: PlanningProblem, topology: Topology,
-                deadline: Deadline | None = None) -> PlacedPlan:
-    """The placeable-by-construction plan (:mod:`scepsy_place.blocks`), placed by ``blocks``."""
-    deadline = Deadline.of(problem, deadline)
-    try:
-        cset = block_candidates(problem, topology, deadline)
-    except TimeLimitReached:
-        return _timed_out(deadline, "milp", 1, (), "blocks")
-    plan = solve_min_latency(problem, cset, capacity_rows(topology, cset.by_llm),
-                             deadline=deadline)
-    if plan.status == "time_limit_no_solution":
-        return _timed_out(deadline, "milp", 1, (), "blocks")
-    if plan.allocation is None:
-        why = (plan.infeasible.detail if plan.infeasible is not None else
-               "no allocation fits the free GPUs as whole-GPU blocks of one LLM each "
-               "(the aggregate formulation may still find one)")
-        return PlacedPlan(plan, None, 1, ({"round": 1, "objective_s": plan.objective_s,
-                                           "unplaced": 0},), None, why, True, "blocks",
-                          status="infeasible")
-    dem = demands(plan.allocation, problem.catalog)
-    placement = place(topology, dem, "blocks")
-    history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)},)
-    if placement.complete:
-        return PlacedPlan(plan, placement, 1, history, quality(topology, placement, dem), None,
-                          True, "blocks")
-    why = (f"{len(placement.unplaced)} block replica(s) did not fit: TP degrees that do not "
-           "divide one another void the capacity rows' guarantee")
-    return PlacedPlan(plan, placement, 1, history, None, why, True, "blocks", status="unplaced")
-
-
 def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
                     policy: str = "hierarchical", max_rounds: int = 25,
                     placer_options: Mapping[str, Any] | None = None,
@@ -364,12 +513,15 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
         cuts["packing"] += len(rows)
         return cs
 
+    first: list[float] = []  # the first MILP's bound: valid for every allocation
+
     def ended(plan: Plan, placement: Placement | None, status: LoopStatus, why: str | None,
               qual: Mapping[str, Any] | None = None) -> PlacedPlan:
+        proven = exact and not cuts["no_good_placer"] and not cuts["tightened"]
         return PlacedPlan(plan, placement, max(len(history), 1), tuple(history), qual, why,
-                          exact and not cuts["no_good_placer"] and not cuts["tightened"]
-                          and status in ("placed", "infeasible", "stopped"), "aggregate",
-                          status=status, cuts=MappingProxyType(dict(cuts)))
+                          proven and status in ("placed", "infeasible", "stopped"), "aggregate",
+                          status=status, cuts=MappingProxyType(dict(cuts)),
+                          bound_s=_loop_bound(first, plan, proven and looping))
 
     try:
         if looping and busy:
@@ -381,11 +533,14 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
         else:
             plan = optimiser(name).solve(problem)
     except TimeLimitReached:
-        return _timed_out(deadline, name, 1, (), "aggregate", exact)
+        return timed_out(deadline, name, 1, (), "aggregate", exact)
     placement: Placement | None = None
+    if looping and plan.allocation is not None and math.isfinite(plan.bound_s):
+        first.append(plan.bound_s)
     for rnd in range(1, max_rounds + 1):
         if plan.status == "time_limit_no_solution":
-            return _timed_out(deadline, name, rnd, tuple(history), "aggregate", exact)
+            return replace(timed_out(deadline, name, rnd, tuple(history), "aggregate", exact),
+                           bound_s=first[0] if first else None)
         if plan.allocation is None:
             return ended(plan, placement, *_no_allocation(plan, cuts, proven=unpruned))
         if plan.objective_s >= cutoff_s:
@@ -441,12 +596,23 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
                 cuts[k] += v
             plan = solve_min_latency(problem, cset, valid + nogood, deadline=deadline)
         except TimeLimitReached:
-            return _timed_out(deadline, name, rnd + 1, tuple(history), "aggregate", exact)
+            return replace(timed_out(deadline, name, rnd + 1, tuple(history), "aggregate",
+                                      exact), bound_s=first[0] if first else None)
     last = history[-1] if history else {}
     return ended(plan, placement, "unplaced",
                  f"no placed plan after {len(history)} round(s) (--max-rounds; "
                  f"{last.get('unplaced', 0)} replica(s) unplaced in the last, "
                  f"{_cut_text(cuts)}); not proven infeasible")
+
+
+def _loop_bound(first: list[float], plan: Plan, proven: bool) -> float | None:
+    """The aggregate loop's proven lower bound: its first MILP's (the aggregate optimum's
+    bound, valid for every allocation), or, when every row since holds for every placeable
+    allocation of the unpruned candidates (``proven``), the last MILP's bound if higher."""
+    best = first[0] if first else None
+    if proven and plan.allocation is not None and math.isfinite(plan.bound_s):
+        best = plan.bound_s if best is None else max(best, plan.bound_s)
+    return best
 
 
 def _place_type_exactly(topology: Topology, dem: list[Demand], gpu: str,
@@ -532,9 +698,9 @@ def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: F
     try:
         plan = optimiser("milp").solve(problem, deadline=deadline)  # type: ignore[call-arg]
     except TimeLimitReached:
-        return _timed_out(deadline, "milp", 1, (), formulation)
+        return timed_out(deadline, "milp", 1, (), formulation)
     if plan.status == "time_limit_no_solution":
-        return _timed_out(deadline, "milp", 1, (), formulation)
+        return timed_out(deadline, "milp", 1, (), formulation)
     if plan.allocation is None:
         why = plan.infeasible.detail if plan.infeasible is not None else "no scale carried"
         return PlacedPlan(plan, None, 1, ({"round": 1, "scale": plan.scale, "status":
@@ -560,7 +726,7 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
                      history: tuple[Mapping[str, Any], ...], formulation: Formulation,
                      **kw: Any) -> PlacedPlan:
     """Max-throughput whose capacity optimum (scale ``top``) does not place: bisect the scale
-    below ``top`` with min-latency placed plans of ``formulation`` (``auto``: both) until the
+    below ``top`` with min-latency placed plans of ``formulation`` (``auto``: its rule) until the
     bracket is within :data:`SCALE_REL`. A placed plan at scale ``s`` carries up to its
     :func:`placed_scale` ``≥ s``, which moves the lower end; the answer is priced at that scale.
     ``exact`` is False (a bracket, not an optimum); a step that failed without proof (status
@@ -591,7 +757,7 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     best = (search.best_at, search.best) if search.best is not None else None
     if best is None:
         if deadline.remaining() <= 0 or last is None:
-            return _timed_out(deadline, "milp", rounds, tuple(steps), formulation, False)
+            return timed_out(deadline, "milp", rounds, tuple(steps), formulation, False)
         return PlacedPlan(replace(last, scale=0.0, allocation=None), None, rounds,
                           tuple(steps), None, "no scale of the targets could be placed", False,
                           formulation, status="unplaced")
@@ -600,4 +766,5 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     assert res.plan.allocation is not None
     plan = plan_from_choice(at, res.plan.optimiser, res.plan.status, price(at, res.plan.allocation),
                             res.plan.stats, scale=scale)
-    return replace(res, plan=plan, rounds=rounds, history=tuple(steps), exact=False)
+    # re-priced at the scale found: the min-latency bound of the step no longer applies
+    return replace(res, plan=plan, rounds=rounds, history=tuple(steps), exact=False, bound_s=None)

@@ -174,6 +174,8 @@ class OutcomeSection(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     status: LoopStatus
     objective_s: float | None
+    bound_s: float | None = None  # the proven lower bound the formulation gives (s)
+    seconds: float | None = Field(default=None, ge=0)  # its wall time (left out by --no-timings)
 
 
 class InstanceSection(BaseModel):
@@ -198,6 +200,10 @@ class PlacementSection(BaseModel):
     placed_by: str | None
     formulation: str
     status: LoopStatus
+    # a proven lower bound on every placeable allocation of the candidate grid (s), and the
+    # plan's gap to it (objective / bound_s - 1); null without one
+    bound_s: float | None = None
+    gap: float | None = Field(default=None, ge=0)
     compared: dict[str, OutcomeSection]
     rounds: int = Field(ge=0)
     placed: bool

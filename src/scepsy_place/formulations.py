@@ -1,0 +1,69 @@
+"""The placeable formulations behind one interface, and ``auto``, which picks by proven gap and time.
+
+A :class:`Formulation` turns a planning problem and a topology into a
+:class:`~scepsy_place.loop.PlacedPlan`: a plan, its placement (complete when ``placed``), a
+truthful status, and where it has one a proven lower bound ``bound_s`` on every placeable
+allocation of its candidates (``gap``: ``objective / bound_s - 1``):
+
+* ``blocks`` (:mod:`scepsy_place.blocks`): whole-GPU blocks of one LLM shape, placeable by
+  construction, one MILP; fast at every size, but two LLMs never share a GPU. No bound beyond
+  its own allocations (``bound_s`` None);
+* ``aggregate`` (:func:`scepsy_place.loop.plan_and_place`'s closed loop): the aggregate MILP,
+  placement, cuts, re-solve. Its first MILP is the aggregate optimum, a bound on every
+  allocation; up to 64 GPUs the loop is exact (the cheapest placeable allocation of the whole
+  candidate grid), above it is not;
+* ``patterns`` (:mod:`scepsy_place.patterns`): GPU patterns of co-located replicas by column
+  generation, placeable by construction, with the LP bound over its candidates;
+* ``auto``: blocks; up to 64 GPUs the aggregate loop stopped at the best objective in hand;
+  patterns unless a plan in hand is already proven optimal; the best placed plan wins
+  (:func:`scepsy_place.loop.plan_auto`; docs/optimiser.md gives the rule and the measurements).
+
+:data:`FORMULATIONS_REGISTRY` holds one object per name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from scepsy_common.errors import InputError
+from scepsy_opt.problem import Deadline, PlanningProblem
+from scepsy_place.loop import FORMULATIONS, PlacedPlan, plan_and_place
+from scepsy_place.topology import Topology
+
+
+class Formulation(Protocol):
+    """A way to a placed plan: ``solve`` returns a :class:`~scepsy_place.loop.PlacedPlan`."""
+
+    name: str
+
+    def solve(self, problem: PlanningProblem, topology: Topology, *,
+              deadline: Deadline | None = None, **kw: Any) -> PlacedPlan: ...
+
+
+@dataclass(frozen=True)
+class LoopFormulation:
+    """The formulation ``name`` of :func:`scepsy_place.loop.plan_and_place` (min-latency or
+    max-throughput, as the problem says; ``kw``: its placer options, ``max_rounds``, ...)."""
+
+    name: str
+
+    def solve(self, problem: PlanningProblem, topology: Topology, *,
+              deadline: Deadline | None = None, **kw: Any) -> PlacedPlan:
+        """The placed plan of this formulation within ``deadline``."""
+        return plan_and_place(problem, topology, formulation=self.name,  # type: ignore[arg-type]
+                              deadline=deadline, **kw)
+
+
+FORMULATIONS_REGISTRY: Mapping[str, Formulation] = MappingProxyType(
+    {name: LoopFormulation(name) for name in FORMULATIONS})
+
+
+def formulation(name: str) -> Formulation:
+    """The registered formulation ``name`` (an input error naming the choices otherwise)."""
+    if name not in FORMULATIONS_REGISTRY:
+        raise InputError("plan", "formulation", f"one of {', '.join(FORMULATIONS_REGISTRY)}",
+                         name)
+    return FORMULATIONS_REGISTRY[name]

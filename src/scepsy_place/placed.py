@@ -1,0 +1,161 @@
+"""A placed plan: a plan, its placement, how the formulation that found it ended, and its
+proven bound (:class:`PlacedPlan`); and the blocks formulation (:func:`plan_blocks`), which the
+other formulations (:mod:`scepsy_place.loop`, :mod:`scepsy_place.patterns`) start from."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from scepsy_opt.milp import solve_min_latency
+from scepsy_opt.plans import Plan, time_limit_plan
+from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
+from scepsy_place.blocks import block_candidates, capacity_rows
+from scepsy_place.placement import Placement, demands, place
+from scepsy_place.quality import quality
+from scepsy_place.topology import Topology
+
+LoopStatus = Literal["placed", "infeasible", "unplaced", "stopped", "time_limit"]
+# the plan.json status of a plan that was not placed, per loop status
+PLAN_STATUS: Mapping[str, str] = MappingProxyType({
+    "infeasible": "infeasible", "unplaced": "unplaced", "stopped": "unplaced",
+    "time_limit": "time_limit_no_solution"})
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one formulation (or keeping the current allocation) ended: its status and, when it
+    placed or stopped at a plan, that plan's objective (s); the proven lower bound it gives
+    (:attr:`PlacedPlan.bound_s`, None without one) and its wall time (s, left out of
+    comparisons)."""
+
+    status: LoopStatus
+    objective_s: float | None = None
+    bound_s: float | None = None
+    seconds: float | None = field(default=None, compare=False)
+
+    def to_dict(self, timings: bool = True) -> dict[str, Any]:
+        """plan.json's entry of ``compared`` (``seconds`` only with ``timings``)."""
+        out: dict[str, Any] = {"status": self.status, "objective_s": self.objective_s,
+                               "bound_s": self.bound_s}
+        if timings and self.seconds is not None:
+            out["seconds"] = self.seconds
+        return out
+
+
+@dataclass(frozen=True)
+class PlacedPlan:
+    """A plan, its placement, and how many optimise-place rounds it took.
+
+    ``placement`` is the last one tried: complete when ``placed``, otherwise the attempt whose
+    ``unplaced`` replicas say what did not fit (or None when no allocation was found).
+    """
+
+    plan: Plan
+    placement: Placement | None
+    rounds: int
+    history: tuple[Mapping[str, Any], ...]  # per round: objective, unplaced replicas, cuts added
+    quality: Mapping[str, Any] | None
+    reason: str | None = None  # why no placed plan (None when placed)
+    # all candidates and only proven cuts: the cheapest placeable allocation of the candidates
+    exact: bool = True
+    formulation: str = "aggregate"  # the formulation whose plan this is ("current": kept)
+    # how each formulation tried ended (auto, or with a current allocation)
+    compared: Mapping[str, Outcome] = field(default_factory=lambda: MappingProxyType({}))
+    status: LoopStatus = "placed"
+    cuts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))  # rows by kind
+    # a proven lower bound on the objective of every placeable allocation of the formulation's
+    # candidates (None: none proven; module docstring, "Bounds")
+    bound_s: float | None = None
+    seconds: float | None = field(default=None, compare=False)  # wall time of the formulation
+    # the nodes placed on when not the caller's (min-cost with open pools: the nodes bought)
+    topology: Topology | None = field(default=None, compare=False)
+
+    @property
+    def placed(self) -> bool:
+        return self.placement is not None and self.placement.complete
+
+    @property
+    def gap(self) -> float | None:
+        """The proven relative gap of a placed plan, ``objective / bound_s - 1`` (≥ 0; None
+        without a bound or a placed plan)."""
+        if not self.placed or self.bound_s is None or not self.bound_s > 0:
+            return None
+        return max(0.0, self.plan.objective_s / self.bound_s - 1.0)
+
+    @property
+    def outcome(self) -> Outcome:
+        obj = self.plan.objective_s if self.status in ("placed", "stopped") else None
+        return Outcome(self.status, obj, self.bound_s, self.seconds)
+
+    @property
+    def answer(self) -> Plan:
+        """The plan handed on: the placed plan, or no allocation and a status that says why
+        (``infeasible`` only when proven; ``unplaced``; ``time_limit_no_solution``)."""
+        if self.placed:
+            return self.plan
+        return replace(self.plan, allocation=None,
+                       status=PLAN_STATUS.get(self.status, "unplaced"))  # type: ignore[arg-type]
+
+    def to_dict(self, policy: str | None = None, timings: bool = True) -> dict[str, Any]:
+        """plan.json's ``placement`` section: replica rows only when every replica is placed;
+        otherwise ``instances`` is empty and ``unplaced`` / ``reason`` say what did not fit
+        (``policy``: the placer named when no placement was tried; ``timings``: each compared
+        formulation's wall time)."""
+        pl = self.placement
+        return {
+            "policy": pl.policy if pl is not None else policy,
+            "placed_by": getattr(pl, "placed_by", None) if self.placed else None,
+            "formulation": self.formulation, "status": self.status,
+            "bound_s": self.bound_s, "gap": self.gap,
+            "compared": {k: v.to_dict(timings) for k, v in self.compared.items()},
+            "rounds": self.rounds, "placed": self.placed, "exact": self.exact,
+            "cuts": dict(self.cuts), "history": [dict(h) for h in self.history],
+            "quality": dict(self.quality) if self.quality and self.placed else None,
+            "instances": pl.to_dict()["slots"] if pl is not None and self.placed else [],
+            "unplaced": [list(u) for u in pl.unplaced] if pl is not None else [],
+            "reason": self.reason}
+
+
+def timed_out(deadline: Deadline, name: str, rounds: int, history: tuple[Mapping[str, Any], ...],
+               formulation: str, exact: bool = True) -> PlacedPlan:
+    """No placed plan: the time limit ran out first (status ``time_limit``)."""
+    return PlacedPlan(time_limit_plan(name), None, rounds, history, None,
+                      time_limit_detail(deadline.limit_s), exact, formulation,
+                      status="time_limit")
+
+
+def plan_blocks(problem: PlanningProblem, topology: Topology,
+                deadline: Deadline | None = None) -> PlacedPlan:
+    """The placeable-by-construction plan (:mod:`scepsy_place.blocks`), placed by ``blocks``."""
+    deadline = Deadline.of(problem, deadline)
+    try:
+        cset = block_candidates(problem, topology, deadline)
+    except TimeLimitReached:
+        return timed_out(deadline, "milp", 1, (), "blocks")
+    plan = solve_min_latency(problem, cset, capacity_rows(topology, cset.by_llm),
+                             deadline=deadline)
+    if plan.status == "time_limit_no_solution":
+        return timed_out(deadline, "milp", 1, (), "blocks")
+    if plan.allocation is None:
+        # proven only when an LLM fits no GPU at all (memory): whole-GPU blocks use more GPUs
+        # than shares, so their lack of room proves nothing about shared allocations
+        proven = plan.infeasible is not None and plan.infeasible.reason == "memory"
+        why = (plan.infeasible.detail if proven and plan.infeasible is not None else
+               "no allocation fits the free GPUs as whole-GPU blocks of one LLM each (not "
+               "proven infeasible: the aggregate and patterns formulations may find one)")
+        return PlacedPlan(plan, None, 1, ({"round": 1, "objective_s": plan.objective_s,
+                                           "unplaced": 0},), None, why, True, "blocks",
+                          status="infeasible" if proven else "unplaced")
+    dem = demands(plan.allocation, problem.catalog)
+    placement = place(topology, dem, "blocks")
+    history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)},)
+    if placement.complete:
+        return PlacedPlan(plan, placement, 1, history, quality(topology, placement, dem), None,
+                          True, "blocks")
+    why = (f"{len(placement.unplaced)} block replica(s) did not fit: TP degrees that do not "
+           "divide one another void the capacity rows' guarantee")
+    return PlacedPlan(plan, placement, 1, history, None, why, True, "blocks", status="unplaced")
+
+
