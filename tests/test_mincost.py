@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
+from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, generate_candidates
 from scepsy_opt.cluster import (
     Cluster,
@@ -51,6 +52,7 @@ from scepsy_profile.catalog import default_catalog, parse_catalog
 from scepsy_profile.roofline import RooflineModel
 
 COST_TOL = 1e-9
+COST_TIE = 1e-6  # placed plans: latency breaks ties within this share of a GPU-hour
 LAT_TOL = 1e-7
 OPTS = PlanOptions(objective="min-cost", shares=(0.5, 1.0), tps=(1, 2))
 A100, H100 = "A100-80GB", "H100-80GB"
@@ -506,3 +508,85 @@ def test_price_flags_override_the_pools() -> None:
         with_prices(cl, {"L4": 1.0})
     with pytest.raises(InputError, match="price >= 0"):
         with_prices(cl, {A100: -1.0})
+
+
+# -- placed min-cost plans (scepsy_place.loop.plan_and_place) ------------------------------------
+
+
+def placed_cost_oracle(problem: PlanningProblem) -> float | None:
+    """The least price of a *placed* plan: over every combination of unpruned candidates that
+    meets the mean bounds, the fewest GPUs of each type it places on (exact placement on the
+    first k GPUs of the type, k = 1, 2, ...), priced; None when none places."""
+    from scepsy_place.exhaustive import placeable
+    from scepsy_place.placement import demands
+    from scepsy_place.topology import Topology, from_cluster
+
+    prices = gpu_prices(problem)
+    top = from_cluster(problem.cluster)
+    cands = generate_candidates(problem, prune=False).by_llm
+    llms = sorted(cands)
+    best: float | None = None
+    for combo in itertools.product(*(cands[m] for m in llms)):
+        choice = dict(zip(llms, combo, strict=True))
+        if any(mean_latency(problem, choice, w) > b * (1 + 1e-12)
+               for w, b in problem.options.latency_bound_s.items()):
+            continue
+        cost = 0.0
+        for g in sorted({c.gpu for c in combo}):
+            dem = demands(Allocation({m: c.instance for m, c in choice.items() if c.gpu == g}))
+            nodes = [n for n in top.nodes if n.gpu == g]
+            k = next((k for k in range(1, len(nodes) + 1)
+                      if placeable(Topology("k", tuple(nodes[:k])), dem)), None)
+            if k is None:
+                cost = math.inf
+                break
+            cost += prices[g] * k
+        if math.isfinite(cost) and (best is None or cost < best):
+            best = cost
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_placed_min_cost_against_the_placed_oracle(roofline: RooflineModel, seed: int) -> None:
+    from scepsy_place.check import violations
+    from scepsy_place.loop import plan_and_place
+    from scepsy_place.placement import demands
+    from scepsy_place.topology import from_cluster
+
+    problem = tiny(roofline, seed, pools((A100, 3, 1.0)), n_llms=2, load=0.4)
+    want = placed_cost_oracle(problem)
+    top = from_cluster(problem.cluster)
+    res = plan_and_place(problem, top)
+    if want is None:
+        assert not res.placed
+        return
+    assert res.placed, res.reason
+    assert violations(top, demands(res.plan.allocation), res.placement) == []
+    st = res.plan.stats
+    gpus = len({(s.node, g) for s in res.placement.slots for g in s.gpus})
+    assert st["placed_cost_per_hour"] == pytest.approx(1.0 * gpus, rel=COST_TIE)
+    assert st["cost_bound_per_hour"] <= want * (1 + COST_TOL)  # a valid bound
+    assert st["placed_cost_per_hour"] >= want * (1 - COST_TOL)  # never below the optimum
+    if res.plan.status == "optimal":
+        assert st["placed_cost_per_hour"] == pytest.approx(want, rel=COST_TOL)
+
+
+@pytest.mark.parametrize("max_nodes", [0, 3])
+def test_open_pools_buy_the_nodes_the_placement_uses(roofline: RooflineModel,
+                                                     max_nodes: int) -> None:
+    from scepsy_place.launch.planfile import parse_plan
+    from scepsy_place.loop import plan_and_place, plan_document
+    from scepsy_place.topology import from_cluster
+
+    fixed = Cluster("buy", (GPUPool(A100, 2, 2, 1.0),))
+    problem = random_problem(2, 4, roofline, seed=1, workflows=1, load=0.4, cluster=fixed,
+                             options=OPTS)
+    problem = dataclasses.replace(problem, cluster=Cluster(
+        "buy", (GPUPool(A100, max_nodes, 2, 1.0, True),)))  # no max_nodes (0): unbounded
+    res = plan_and_place(problem, from_cluster(problem.cluster))
+    assert res.placed, res.reason
+    nodes = {s.node for s in res.placement.slots}
+    assert res.plan.stats["nodes_to_buy"] == {A100: len(nodes)}
+    doc = plan_document(problem, res, timings=False)
+    assert doc["cluster"]["pools"] == [{"gpu": A100, "nodes": len(nodes), "gpus_per_node": 2}]
+    parse_plan(doc, "plan.json")  # the launcher reads it (every placed node is in the cluster)

@@ -373,6 +373,7 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
                   current: PathLike | Allocation | None,
                   latency_bound_s: float | Mapping[str, float] | None,
                   optimiser: str, progress: Progress | None, catalog: Catalog | None,
+                  prices: Mapping[str, float] | None = None,
                   **options: Any) -> tuple[PlanningProblem, Topology]:
     from scepsy_opt.optimisers import OPTIMISERS
     from scepsy_opt.problem import PlanningProblem, PlanOptions
@@ -382,6 +383,7 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
     say("reading the workflows and the cluster")
     specs, rates = _specs_rates(workflows, targets, "targets")
     topology = _topology(cluster)
+    pools = _pools(cluster, topology, catalog, prices)
     known = {f.name for f in fields(PlanOptions)} - {"current", "latency_bound_s"}
     unknown = sorted(set(options) - known)
     if unknown:
@@ -398,10 +400,10 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
         raise InputError("change_penalty_s", "", "a current allocation to count changed "
                          "replicas against (current=)", options["change_penalty_s"])
     bounds = _bounds(specs, latency_bound_s)
-    if bounds and options.get("objective", "min-latency") != "max-throughput":
-        raise InputError("latency_bound_s", "", "objective 'max-throughput' (a min-latency "
-                         "plan already minimises the latencies; bounds apply when maximising "
-                         "throughput)", dict(bounds))
+    if bounds and options.get("objective", "min-latency") == "min-latency":
+        raise InputError("latency_bound_s", "", "objective 'max-throughput' or 'min-cost' (a "
+                         "min-latency plan already minimises the latencies; mean bounds apply "
+                         "when maximising throughput or minimising cost)", dict(bounds))
     if options.get("latency_bounds") is not None:
         options["latency_bounds"] = _latency_bounds(specs, options["latency_bounds"])
     else:
@@ -411,9 +413,28 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
     lat = _latency(curves, latency, catalog, overheads)
     say("building the trace and its statistics")
     stats = _stats(specs, _trace(specs, trace, trace_requests, seed), seed)
-    problem = PlanningProblem(stats, models_of(specs), rates, topology.to_cluster(), lat, opts,
+    problem = PlanningProblem(stats, models_of(specs), rates, pools, lat, opts,
                               catalog=catalog, policy=_engine(engine))
     return problem, topology
+
+
+def _pools(cluster: PathLike | Topology | Cluster, topology: Topology, catalog: Catalog | None,
+           prices: Mapping[str, float] | None) -> Cluster:
+    """The optimiser's cluster: the topology's pools, or the pools file (or :class:`Cluster`)
+    as given when it prices GPUs or leaves pools open (``nodes: auto``); ``prices`` (USD per
+    GPU-hour by GPU type, ``--price``) override."""
+    from scepsy_common.files import read_yaml
+    from scepsy_opt.cluster import Cluster, parse_cluster, with_prices
+
+    src = cluster if isinstance(cluster, Cluster) else None
+    if isinstance(cluster, str | os.PathLike):
+        raw = read_yaml(cluster, "topology or cluster file (YAML or JSON)")
+        if isinstance(raw, dict) and "pools" in raw and "racks" not in raw:
+            src = parse_cluster(raw, str(cluster), catalog)
+    out = topology.to_cluster(catalog)
+    if src is not None and (src.open or any(p.price_per_hour is not None for p in src.pools)):
+        out = src
+    return with_prices(out, prices) if prices else out
 
 
 def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: OptionalRates = None,
@@ -421,7 +442,8 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
          optimiser: str = DEFAULT_OPTIMISER, formulation: str = DEFAULT_FORMULATION,
          placer: str = DEFAULT_PLACER, spread_replicas: bool = False,
          max_rounds: int = DEFAULT_MAX_ROUNDS, progress: Progress | None = None,
-         catalog: PathLike | Catalog | None = None, **options: Any) -> PlanResult:
+         catalog: PathLike | Catalog | None = None, improve: bool = True, repack: int = 0,
+         **options: Any) -> PlanResult:
     """The placed plan serving ``workflows`` at ``targets`` on ``cluster``.
 
     ``workflows``: a workflow, workload or rate workload YAML path, specs or a
@@ -429,9 +451,9 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     path, a :class:`~scepsy_place.topology.Topology` or a :class:`~scepsy_opt.cluster.Cluster`;
     ``targets``: a total throughput (req/s, split over a workload's weights) or a mapping
     workflow -> req/s; for a rate workload ``None`` (the default) means the file's rates and a
-    total rescales them proportionally. Options: ``optimiser`` (:data:`~scepsy_opt.optimisers.OPTIMISERS`;
-    ``user`` evaluates ``current``), ``formulation`` (``auto``, ``aggregate``, ``blocks``),
-    ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
+    total rescales them proportionally. Options: ``optimiser``
+    (:data:`~scepsy_opt.optimisers.OPTIMISERS`; ``user`` evaluates ``current``),
+    ``formulation`` (``auto``, ``aggregate``, ``blocks``, ``patterns``), ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
     ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``overheads`` (an
     engine-overheads calibration file or object, :func:`load_overheads`, added to the latency
     model); ``engine`` (a :class:`~scepsy_profile.serving.MemoryPolicy`: the serving engine's
@@ -444,8 +466,13 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     :class:`~scepsy_opt.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
     ``time_limit_s``, ...). ``progress`` is called with the name of each stage as it starts.
     ``catalog``: a catalog YAML path (or :class:`~scepsy_profile.catalog.Catalog`) extending
-    the bundled one, for devices and models it lacks (:func:`using_catalog`).
-    The objective minimised is the weighted sum of the workflows' predicted mean latencies.
+    the bundled one, for devices and models it lacks (:func:`using_catalog`). ``prices``:
+    USD per GPU-hour by GPU type (``--price``, the min-cost objective; overriding the cluster
+    file's and the catalog's). ``improve`` (default on) and ``repack`` (exact repackings of
+    node pairs, default 0): the hierarchical placer's improvement phase (docs/placement.md).
+    The objective minimised is the weighted sum of the workflows' predicted mean latencies
+    (``objective="min-cost"``: the price per hour of the GPUs, within ``latency_bound_s`` and
+    ``latency_bounds``, docs/min-cost.md).
     """
     from scepsy_place.loop import FORMULATIONS, plan_and_place
     from scepsy_place.placement import PLACERS
@@ -461,7 +488,9 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     with catalog_in_force(problem.catalog):  # already merged with the bundled one
         if progress is not None:
             progress(f"optimising and placing ({formulation} formulation)")
-        placer_options = {"spread_replicas": True} if spread_replicas else {}
+        placer_options: dict[str, Any] = {"spread_replicas": True} if spread_replicas else {}
+        if placer == "hierarchical" and (not improve or repack):
+            placer_options.update(improve=improve, repack=repack)
         res = plan_and_place(problem, topology, name=optimiser, policy=placer,
                              max_rounds=max_rounds, placer_options=placer_options,
                              formulation=formulation)  # type: ignore[arg-type]

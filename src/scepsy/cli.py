@@ -294,27 +294,43 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
                       help="default %(default)s; user: evaluate --current as it is")
     plan.add_argument("--formulation", choices=FORMULATIONS, default=api.DEFAULT_FORMULATION,
                       help="aggregate: MILP then place, cut and re-solve; blocks: whole-GPU blocks "
-                           "of one LLM each, placeable by construction; auto (default): both up "
-                           f"to {UNPRUNED_MAX_GPUS} GPUs, the better placed plan wins, blocks above")
+                           "of one LLM each, placeable by construction; patterns: column "
+                           "generation over GPU/NVLink-domain patterns, LLMs sharing GPUs, with "
+                           "a proven gap; auto (default): blocks, up to "
+                           f"{UNPRUNED_MAX_GPUS} GPUs the exact aggregate loop, patterns unless "
+                           "already proven optimal; the best placed plan wins")
     plan.add_argument("--placer", choices=list(PLACERS), default=api.DEFAULT_PLACER,
                       help="placement policy of the aggregate formulation (default %(default)s)")
     plan.add_argument("--spread-replicas", action="store_true",
                       help="place replicas of one LLM on different nodes when possible")
+    plan.add_argument("--no-improve", action="store_true",
+                      help="skip the hierarchical placer's improvement phase (local search)")
+    plan.add_argument("--repack", type=SEED, default=0, metavar="N",
+                      help="exact repackings of node pairs after the local search (default 0)")
     plan.add_argument("--max-rounds", type=COUNT, default=api.DEFAULT_MAX_ROUNDS,
                       help="optimise-place rounds before giving up (default %(default)s)")
     plan.add_argument("--objective", choices=OBJECTIVES, default=d.objective,
                       help="min-latency (default): the weighted sum of the workflows' mean "
                            "predicted latencies; max-throughput: the largest fraction of the "
-                           "targets carried")
+                           "targets carried; min-cost: the cheapest GPUs per hour meeting the "
+                           "targets and the latency bounds")
+    plan.add_argument("--price", action="append", default=[], metavar="GPU=USD",
+                      help="price per GPU-hour of a GPU type (min-cost; overrides the cluster "
+                           "file's and the catalog's; repeatable)")
     plan.add_argument("--latency-bound", action="append", default=[],
                       metavar="[WORKFLOW=]SECONDS|[WORKFLOW=]PCT:SECONDS",
-                      help="SECONDS: bound on a workflow's mean latency (max-throughput only); "
+                      help="SECONDS: bound on a workflow's mean latency (max-throughput and "
+                           "min-cost); "
                            "PCT:SECONDS: bound on its PCT-th percentile latency, e.g. rag=90:2 "
                            "(repeatable)")
     plan.add_argument("--current", type=Path, help="current allocation (or plan.json) to re-plan from")
     plan.add_argument("--change-penalty", type=NONNEGATIVE, default=d.change_penalty_s,
                       help="objective seconds per replica started or stopped (needs --current)")
     plan.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
+    plan.add_argument("--memory-shares", default=None, metavar="tied|tenths|F,F,...",
+                      help="memory as a second resource: the grid of memory fractions per GPU "
+                           "an instance may take whatever its compute share (tenths, or a "
+                           "comma-separated list); tied (default): memory follows the share")
     plan.add_argument("--tp", default=",".join(map(str, d.tps)), help="comma-separated TP degrees")
     plan.add_argument("--max-utilisation", type=float, default=d.max_utilisation)
     plan.add_argument("--time-limit", type=POSITIVE, default=d.time_limit_s,
@@ -358,6 +374,8 @@ _REGISTERED: dict[str, tuple[str, str]] = {
     "launch": ("scepsy.cli_launch", "render a plan.json for a launch target (--apply: run it here)"),
     "stop": ("scepsy.cli_launch", "stop the servers a shell launch folder started"),
     "drive": ("scepsy.cli_drive", "run workflows against the servers of a routes file"),
+    "replan": ("scepsy.cli_replan", "re-plan a running plan.json after events (node failed, "
+               "rack drained, load changed)"),
 }
 """Commands whose module adds its own parsers (``register(subparsers)``): imported only when
 named, like the others."""
@@ -432,7 +450,34 @@ def _cmd_bench_openb(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _prices(values: Sequence[str]) -> dict[str, float] | None:
+    """``--price GPU=USD`` entries (None without any)."""
+    out: dict[str, float] = {}
+    for v in values:
+        name, _, num = v.partition("=")
+        try:
+            usd = float(num)
+        except ValueError:
+            usd = math.nan
+        if not name.strip() or not (math.isfinite(usd) and usd >= 0):
+            raise UsageError(f"--price: expected GPU=USD with a price >= 0 (got {v!r})")
+        out[name.strip()] = usd
+    return out or None
+
+
+def _memory_shares(text: str) -> tuple[float, ...] | None:
+    """``--memory-shares``: ``tied`` (None), ``tenths`` or a comma-separated grid."""
+    from scepsy_opt.problem import TENTHS
+
+    if text.strip() == "tied":
+        return None
+    if text.strip() == "tenths":
+        return TENTHS
+    return tuple(_floats(text, "--memory-shares"))
+
+
 _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
+               "memory_shares": "--memory-shares",
                "optimiser": "--optimiser", "change_penalty_s": "--change-penalty",
                "latency_bound_s": "--latency-bound", "targets": "--target",
                "max_utilisation": "--max-utilisation", "gap_rel": "--gap",
@@ -479,6 +524,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                "gap_rel": args.gap, "change_penalty_s": args.change_penalty}
     if args.shares:
         options["shares"] = tuple(_floats(args.shares, "--shares"))
+    if args.memory_shares is not None:
+        options["memory_shares"] = _memory_shares(args.memory_shares)
     targets = _per_workflow(args.target, "--target")
     bounds, pct_bounds = _latency_bounds(args.latency_bound)
     if pct_bounds is not None:
@@ -490,6 +537,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                        trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
                        curves=args.curves, overheads=args.overheads, engine=_engine(args),
                        current=args.current, latency_bound_s=bounds, catalog=args.catalog,
+                       improve=not args.no_improve, repack=args.repack,
+                       prices=_prices(args.price),
                        progress=lambda stage: bar.update(description=stage), **options)
     doc = res.to_dict(timings=not args.no_timings)
     write_plan(args.out, doc)  # the document printed below, built once
@@ -527,6 +576,16 @@ def plan_summary(res: Any, out: str) -> list[str]:
         lines.append(f"objective: the largest fraction of the targets carried: {plan.scale:.6g}"
                      + (f" (latency bounds {dict(opts.latency_bound_s)} s)"
                         if opts.latency_bound_s else ""))
+    elif opts.objective == "min-cost":
+        st = plan.stats
+        used = ", ".join(f"{n} × {g}" for g, n in st.get("placed_gpus", {}).items())
+        buy = st.get("nodes_to_buy")
+        lines.append(f"objective: the price of the GPUs used: {st.get('placed_cost_per_hour', 0):.6g}"
+                     f" USD/h ({used}); aggregate bound {st.get('cost_bound_per_hour', 0):.6g} "
+                     f"USD/h (gap {st.get('placed_cost_gap', 0):.3g})"
+                     + (f" subject to mean latencies {dict(opts.latency_bound_s)} s"
+                        if opts.latency_bound_s else "")
+                     + (f"; nodes to buy: {buy}" if buy else ""))
     else:
         weights = ", ".join(f"{w} {problem.weight(w):g}" for w in problem.targets)
         penalty = (f" + {opts.change_penalty_s:g} s per replica started or stopped"
@@ -549,6 +608,8 @@ def plan_summary(res: Any, out: str) -> list[str]:
         scope = {"blocks": " among whole-GPU-block allocations",
                  "aggregate": "" if placed.exact else
                  " (not proven the cheapest placeable: inexact cuts were needed)"}
+        if opts.objective == "min-cost":
+            scope["aggregate"] = " (the cheapest allocation in aggregate, then placed)"
         how = (f"{placed.formulation} formulation, optimiser {plan.optimiser}: {plan.status}"
                f"{scope.get(placed.formulation, '')}, gap {plan.gap:.3g}, candidates "
                f"{st.get('candidates_generated', '-')} -> {st.get('candidates_kept', '-')}")
@@ -565,9 +626,10 @@ def plan_summary(res: Any, out: str) -> list[str]:
 def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None:
     from scepsy_opt.planfile import plan_rows
 
+    memory = ["memory"] if res.problem.options.memory_shares is not None else []
     _print_table(plan_rows(res.problem, res.plan),
-                 ["llm", "model", "gpu", "tp", "share", "replicas", "gpus", "mu_calls_s",
-                  "call_latency_s", "latency_share"])
+                 ["llm", "model", "gpu", "tp", "share", *memory, "replicas", "gpus",
+                  "mu_calls_s", "call_latency_s", "latency_share"])
     print()
     _print_table([{"workflow": w, **o} for w, o in doc["workflows"].items()],
                  ["workflow", "throughput", "mean_latency_s"])

@@ -237,14 +237,16 @@ def default_domain(gpus: int, catalog_domain: int) -> int:
 
 
 def from_cluster(cluster: Cluster, catalog: Catalog | None = None) -> Topology:
-    """A topology for an optimiser :class:`~scepsy_opt.cluster.Cluster` (the pools format)."""
+    """A topology for an optimiser :class:`~scepsy_opt.cluster.Cluster` (the pools format); an
+    open pool (``nodes: auto``) gets its ``max_nodes`` nodes, one without a limit one node (the
+    min-cost plan adds what it needs, :func:`scepsy_place.loop.open_topology`)."""
     cat = catalog or default_catalog()
     nodes: list[Node] = []
     per_type: dict[str, int] = {}
     for i, p in enumerate(cluster.pools):
         spec = cat.gpu(p.gpu)
         dom = default_domain(p.gpus_per_node, spec.nvlink_domain)
-        for _ in range(p.nodes):
+        for _ in range(1 if p.open and p.nodes == 0 else p.nodes):
             j = per_type.get(spec.name, 0)
             per_type[spec.name] = j + 1
             nodes.append(Node(f"{spec.name}-{j}", f"pool-{i}", spec.name, p.gpus_per_node, dom,
