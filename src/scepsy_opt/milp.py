@@ -540,6 +540,36 @@ def _solve_rows(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate
     return status, choice, _cost(choice), bound
 
 
+def dominance_cut(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
+                  unit: Mapping[Candidate, float], choice: Mapping[str, Candidate],
+                  w: str) -> Row:
+    """``choice`` violates workflow ``w``'s percentile bound, and so does every choice no
+    faster on any LLM (the percentile grows with each unit latency ``unit``): one of ``w``'s
+    LLMs must get a faster candidate."""
+    llms = [m for m in problem.stats[w].llms if _path_weight(problem.stats[w].llms[m]) > 0]
+    coeffs: dict[Candidate, float] = {}
+    for m in llms:
+        at = unit[choice[m]]
+        coeffs.update((c, 1.0) for c in cands[m] if unit[c] >= at)
+    return coeffs, len(llms) - 1.0
+
+
+def percentile_row(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
+                   unit: Mapping[Candidate, float], choice: Mapping[str, Candidate], w: str,
+                   bound: tuple[float, float], valid: bool) -> Row:
+    """Workflow ``w``'s percentile bound ``(q, seconds)`` as a linear row at ``choice``: the
+    floor cut (``valid``: holds for every choice) or the linearisation (steering only)."""
+    q, b = bound
+    u = {m: unit[choice[m]] for m in problem.stats[w].llms}
+    a, off = (floor_cut if valid else linearise)(problem.stats[w].paths, u, q)
+    coeffs: dict[Candidate, float] = {}
+    for m, am in a.items():
+        if am > 0:
+            for c in cands[m]:
+                coeffs[c] = coeffs.get(c, 0.0) + am * unit[c]
+    return coeffs, b - off
+
+
 def _percentile_bounded(problem: PlanningProblem, cset: CandidateSet, extra: list[Row], name: str,
                         stats: dict[str, Any], deadline: Deadline) -> Plan:
     """Min-latency within the percentile bounds by lazy constraints (module docstring)."""
@@ -565,25 +595,10 @@ def _percentile_bounded(problem: PlanningProblem, cset: CandidateSet, extra: lis
         return [w for w, (_, b) in bounds.items() if not _meets(got[w], b)]
 
     def nogood(choice: Mapping[str, Candidate], w: str) -> Row:
-        """The choice violates ``w``'s bound, and so does every choice no faster on any LLM
-        (the percentile grows with each unit latency): one of ``w``'s LLMs must be faster."""
-        llms = [m for m in problem.stats[w].llms if _path_weight(problem.stats[w].llms[m]) > 0]
-        coeffs: dict[Candidate, float] = {}
-        for m in llms:
-            at = unit[w][choice[m]]
-            coeffs.update((c, 1.0) for c in cands[m] if unit[w][c] >= at)
-        return coeffs, len(llms) - 1.0
+        return dominance_cut(problem, cands, unit[w], choice, w)
 
     def lin_row(w: str, choice: Mapping[str, Candidate], valid: bool = False) -> Row:
-        q, b = bounds[w]
-        u = {m: unit[w][choice[m]] for m in problem.stats[w].llms}
-        a, off = (floor_cut if valid else linearise)(problem.stats[w].paths, u, q)
-        coeffs: dict[Candidate, float] = {}
-        for m, am in a.items():
-            if am > 0:
-                for c in cands[m]:
-                    coeffs[c] = coeffs.get(c, 0.0) + am * unit[w][c]
-        return coeffs, b - off
+        return percentile_row(problem, cands, unit[w], choice, w, bounds[w], valid)
 
     nogoods: list[Row] = []
     lins: list[Row] = []

@@ -62,13 +62,15 @@ from scepsy_opt.milp import (
     _solver,
     _status,
     capacity_shapes,
+    dominance_cut,
     percentile_latencies,
+    percentile_row,
     unit_latency,
 )
 from scepsy_opt.pipeline import class_latencies, min_replicas
 from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
-from scepsy_opt.tails import floor_cut, latency_quantiles, linearise
+from scepsy_opt.tails import latency_quantiles
 from scepsy_profile.catalog import default_catalog
 
 Row = tuple[Mapping[Candidate, float], float]  # Σ coeff_c·x_c ≤ rhs
@@ -379,23 +381,10 @@ def _phase(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]], s
         return [w for w, (_, b) in bounds.items() if not _meets(got[w], b)]
 
     def nogood(ch: Choice, w: str) -> Row:
-        llms = [m for m in problem.stats[w].llms if _path_weight(problem.stats[w].llms[m]) > 0]
-        coeffs: dict[Candidate, float] = {}
-        for m in llms:
-            at = unit[w][ch[m]]
-            coeffs.update((c, 1.0) for c in cands[m] if unit[w][c] >= at)
-        return coeffs, len(llms) - 1.0
+        return dominance_cut(problem, cands, unit[w], ch, w)
 
     def lin_row(w: str, ch: Choice, valid: bool) -> Row:
-        q, b = bounds[w]
-        u = {m: unit[w][ch[m]] for m in problem.stats[w].llms}
-        a, off = (floor_cut if valid else linearise)(problem.stats[w].paths, u, q)
-        coeffs: dict[Candidate, float] = {}
-        for m, am in a.items():
-            if am > 0:
-                for c in cands[m]:
-                    coeffs[c] = coeffs.get(c, 0.0) + am * unit[w][c]
-        return coeffs, b - off
+        return percentile_row(problem, cands, unit[w], ch, w, bounds[w], valid)
 
     def cuts(ch: Choice, bad: list[str]) -> list[Row]:
         return [nogood(ch, bad[0])] + [lin_row(w, ch, True) for w in bad]

@@ -357,10 +357,12 @@ def _min_latency(problem: PlanningProblem, topology: Topology, formulation: Form
 def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
     """``auto``: the best placed plan of the formulations its rule runs (module docstring,
     "auto"): ``blocks``; up to :data:`UNPRUNED_MAX_GPUS` GPUs the aggregate loop, stopped at the
-    blocks plan's objective; ``patterns`` (when registered) unless a plan in hand is proven
-    optimal over the candidate grid; above :data:`UNPRUNED_MAX_GPUS` GPUs, with the time left,
-    the aggregate MILP alone, for its bound. ``compared`` says how each formulation ended; ``bound_s`` is the
-    highest bound valid for every placeable allocation of the candidate grid."""
+    blocks plan's objective; ``patterns`` unless a plan in hand is proven optimal over the
+    candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started from the blocks plan, and its
+    aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS` GPUs without that bound, with
+    the time left, the aggregate MILP alone, for its bound. ``compared`` says how each
+    formulation ended; ``bound_s`` is the highest bound valid for every placeable allocation of
+    the candidate grid."""
     deadline: Deadline = kw["deadline"]
     t0 = time.perf_counter()
     small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
@@ -373,9 +375,17 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
                               if best is not None else math.inf, **kw)
         tried["aggregate"] = replace(agg, seconds=time.perf_counter() - t1)
     if deadline.remaining() > 0 and not _proven(tried, bounds, small):
-        tried["patterns"] = _min_latency(problem, topology, "patterns", **kw)
-    if not small and deadline.remaining() > 0:  # the aggregate MILP alone: a bound on every
-        agg_plan = solve_min_latency(problem, deadline=deadline)  # allocation, with time left
+        t1 = time.perf_counter()
+        start = tried["blocks"] if tried["blocks"].placed and not small else None
+        pat = plan_patterns(problem, topology, deadline=deadline, blocks_start=start)
+        tried["patterns"] = replace(pat, seconds=time.perf_counter() - t1)
+        # its aggregate MILP (over candidates reduced exactly, so with the optimum of every
+        # candidate): a bound on every allocation
+        agg_bound = pat.plan.stats.get("aggregate_bound")
+        if not small and isinstance(agg_bound, float) and math.isfinite(agg_bound):
+            bounds.append(agg_bound)
+    if not small and not bounds and deadline.remaining() > 0:  # the aggregate MILP alone: a
+        agg_plan = solve_min_latency(problem, deadline=deadline)  # bound on every allocation
         if agg_plan.allocation is not None and math.isfinite(agg_plan.bound_s):
             bounds.append(agg_plan.bound_s)
     best = _best(tried.values())
