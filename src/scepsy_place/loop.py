@@ -95,6 +95,7 @@ from scepsy_place.cuts import (
     packing_inequalities,
 )
 from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
+from scepsy_place.patterns import PLACER_MAX_GPUS as PATTERNS_BLOCKS_MAX_GPUS
 from scepsy_place.patterns import plan_patterns, solve_patterns
 from scepsy_place.placed import LoopStatus, Outcome, PlacedPlan, plan_blocks, timed_out
 from scepsy_place.placement import Placement, demands, place
@@ -376,7 +377,9 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         tried["aggregate"] = replace(agg, seconds=time.perf_counter() - t1)
     if deadline.remaining() > 0 and not _proven(tried, bounds, small):
         t1 = time.perf_counter()
-        start = tried["blocks"] if tried["blocks"].placed and not small else None
+        # the blocks plan as patterns' start where patterns would build it itself
+        start = (tried["blocks"] if tried["blocks"].placed and not small
+                 and problem.cluster.total_gpus <= PATTERNS_BLOCKS_MAX_GPUS else None)
         pat = plan_patterns(problem, topology, deadline=deadline, blocks_start=start)
         tried["patterns"] = replace(pat, seconds=time.perf_counter() - t1)
         # its aggregate MILP (over candidates reduced exactly, so with the optimum of every
