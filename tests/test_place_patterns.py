@@ -192,3 +192,53 @@ def test_out_of_time_says_so():
     assert res.status == "time_limit_no_solution" and res.plan.allocation is None
     placed = plan_patterns(p, topo, deadline=Deadline.after(0.0))
     assert placed.status == "time_limit" and not placed.placed
+
+
+def test_recombinations_are_valid_patterns():
+    """Half-and-half recombinations keep whole TP groups on distinct GPUs and no GPU over its
+    compute or memory; a recombination that would split a TP group or overfill a GPU is not
+    added."""
+    from types import SimpleNamespace
+
+    from scepsy_place.patterns import DomainType, Shape, _make_pattern, _recombine
+
+    dt = DomainType(GPU, ((1000, 80.0),) * 4, (("n0", (0, 1, 2, 3)),))
+    shapes = [Shape("a", GPU, 1, 0.5, None, 500, 40.0), Shape("b", GPU, 2, 0.4, None, 400, 32.0),
+              Shape("c", GPU, 1, 0.6, None, 600, 48.0)]
+    pats = [_make_pattern(0, dt, shapes, w) for w in (
+        {0: [2, 2, 0, 0], 1: [0, 0, 1, 1]},  # a a | b-pair
+        {1: [1, 1, 0, 0], 2: [0, 0, 1, 1]},  # b-pair | c c
+        {1: [0, 1, 1, 0]},  # a TP group across the halves
+        {0: [0, 0, 2, 2]})]  # | a a
+    assert all(p is not None for p in pats)
+    master = SimpleNamespace(patterns=list(pats), types=[dt], shapes=shapes, seen={})
+
+    def add(p):
+        key = (p.kind, p.counts)
+        if key in master.seen:
+            return False
+        master.seen[key] = len(master.patterns)
+        master.patterns.append(p)
+        return True
+
+    master.add = add
+    for i, p in enumerate(pats):
+        master.seen[(p.kind, p.counts)] = i
+    added = _recombine(master, [0, 1, 2, 3], [0, 1, 2, 3])
+    new = master.patterns[len(pats):]
+    assert added == len(new) > 0
+    counts = {p.counts for p in new}
+    assert ((0, 4), (2, 2)) in counts  # a a | c c (two replicas of a per GPU)
+    assert ((0, 8),) in counts  # a a | a a
+    assert ((1, 2),) in counts  # the b pairs of patterns 1 and 0
+    # pattern 2's first half holds half a TP-2 group: never recombined on its own
+    assert all(dict(p.counts).get(1, 0) != 1 or dict(p.counts).get(0, 0) == 4 for p in new)
+    for p in new:
+        load = [0] * 4
+        mem = [0.0] * 4
+        for s, grp in p.groups:
+            assert len(set(grp)) == len(grp) == shapes[s].tp
+            for g in grp:
+                load[g] += shapes[s].units
+                mem[g] += shapes[s].memory_gib
+        assert max(load) <= 1000 and max(mem) <= 80.0 + 1e-9

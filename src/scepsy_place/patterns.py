@@ -31,7 +31,9 @@ Its LP relaxation is solved by column generation (the restricted master with art
 slacks at a large penalty, so it is always feasible; per domain type a pricing MILP
 ``max Σ_σ π_σ·a_σ − gpu_cost·open`` over realisable patterns, solved by HiGHS), and every
 iteration gives a valid Lagrangian lower bound (:func:`_lagrangian`). Integer plans come from
-price-and-branch: the master MILP over the generated columns. Every plan places by
+price-and-branch: the master MILP over the generated columns, and, while the best plan is more
+than 1% above the bound, over half-and-half recombinations of its patterns and the root LP's
+(:func:`_recombined`). Every plan places by
 construction: the patterns go to concrete domains of their type in the canonical node order
 and surplus replicas are dropped.
 """
@@ -80,6 +82,8 @@ PRICE_TOP = 40  # ... over this many of the densest shapes only
 # ... the dive fixes the allocation with these shares of the domains kept free (rounded down),
 # one dive per share until one finds a plan
 RESERVES = (0.004, 0.02, 0.05)
+RECOMBINE_GAP = 1e-2  # up to PLACER_MAX_GPUS GPUs, above this gap the best plan is recombined
+RECOMBINE_ROUNDS = 2  # ... at most this many times (each followed by a master MILP)
 PatternStatus = Literal["optimal", "feasible", "infeasible", "time_limit_no_solution",
                         "no_solution"]
 
@@ -1080,6 +1084,69 @@ def _aggregate(problem: PlanningProblem, topology: Topology, master: _Master,
     return bound, None
 
 
+def _per_gpu(master: _Master, p: Pattern) -> dict[int, list[int]]:
+    """Pattern ``p``'s per-GPU slice counts (shape index -> count per GPU position)."""
+    w: dict[int, list[int]] = {}
+    for s, grp in p.groups:
+        row = w.setdefault(s, [0] * len(master.types[p.kind].free))
+        for g in grp:
+            row[g] += 1
+    return w
+
+
+def _recombine(master: _Master, use: Sequence[int], pairs_with: Sequence[int]) -> int:
+    """Half-and-half recombinations of patterns (the first half of the GPU positions of one,
+    the second half of another, same domain type) added as columns, for every ordered pair of
+    ``use`` with at least one in ``pairs_with``; those :func:`_make_pattern` accepts (whole
+    TP groups, no GPU overfilled). Returns how many were new."""
+    anchor = set(pairs_with)
+    added = 0
+    for a in use:
+        pa = master.patterns[a]
+        wa = _per_gpu(master, pa)
+        width = len(master.types[pa.kind].free)
+        h = width // 2
+        for b in use:
+            pb = master.patterns[b]
+            if a == b or pb.kind != pa.kind or (a not in anchor and b not in anchor) or h == 0:
+                continue
+            wb = _per_gpu(master, pb)
+            zero = [0] * width
+            w = {s: wa.get(s, zero)[:h] + wb.get(s, zero)[h:] for s in sorted(set(wa) | set(wb))}
+            p = _make_pattern(pa.kind, master.types[pa.kind], master.shapes, w)
+            if p is not None and master.add(p):
+                added += 1
+    return added
+
+
+def _recombined(master: _Master, left: Deadline, root_vals: np.ndarray, best: _Integer,
+                bound: float, const: float, mip_time_s: float, stats: dict[str, Any],
+                ) -> _Integer:
+    """An improvement step while ``best`` is more than :data:`RECOMBINE_GAP` above ``bound``
+    (at most :data:`RECOMBINE_ROUNDS` rounds): the patterns of the root LP and of ``best``
+    recombined (:func:`_recombine`; later rounds: pairs with a pattern of the new best plan),
+    then the master MILP again, started from ``best``. Deterministic up to the MILP's time
+    limit."""
+    n = master.n_fixed
+    support = [j for j in range(len(master.patterns))
+               if n + j < len(root_vals) and root_vals[n + j] > 1e-6]
+    anchor = sorted(set(support) | {j for j, _ in best.ys})
+    for _ in range(RECOMBINE_ROUNDS):
+        if (best.objective + const <= (1.0 + RECOMBINE_GAP) * (bound + const)
+                or left.remaining() <= 0):
+            break
+        use = sorted(set(support) | {j for j, _ in best.ys})
+        if not _recombine(master, use, anchor):
+            break
+        again = _master_mip(master, min(mip_time_s, left.remaining()), hint=best)
+        stats["recombined"] = again.objective + const if again is not None else None
+        if again is None or not _covers(master, again) or again.objective >= best.objective:
+            break
+        best = again
+        anchor = sorted({j for j, _ in best.ys})
+    return best
+
+
 def solve_patterns(problem: PlanningProblem, topology: Topology, *,
                    deadline: Deadline | None = None, cset: CandidateSet | None = None,
                    gpu_cost: Mapping[str, float] | None = None, extra: Sequence[Row] | None = None,
@@ -1234,6 +1301,8 @@ def solve_patterns(problem: PlanningProblem, topology: Topology, *,
                 best is None or again.objective < best.objective):
             best = again
         stats["mip"] = again.objective + const if again is not None else None
+    if best is not None and not hopeless and root.ok and topology.total_gpus <= PLACER_MAX_GPUS:
+        best = _recombined(master, left, root.vals, best, bound, const, mip_time_s, stats)
     stats.update(columns=len(master.patterns), iterations=iterations)
     lb = bound + const if math.isfinite(bound) else bound
     # the blocks plan, a pattern solution too, when nothing was found
