@@ -14,9 +14,10 @@ allocation of its candidates (``gap``: ``objective / bound_s - 1``):
   candidate grid), above it is not;
 * ``patterns`` (:mod:`scepsy_place.patterns`): GPU patterns of co-located replicas by column
   generation, placeable by construction, with the LP bound over its candidates;
-* ``auto``: blocks; up to 64 GPUs the aggregate loop stopped at the best objective in hand;
-  patterns unless a plan in hand is already proven optimal; the best placed plan wins
-  (:func:`scepsy_place.loop.plan_auto`; docs/optimiser.md gives the rule and the measurements).
+* ``auto``: blocks (above 1,024 GPUs only when patterns placed nothing); up to 64 GPUs the
+  aggregate loop stopped at the best objective in hand; patterns unless a plan in hand is
+  already proven optimal; the best placed plan wins (:func:`scepsy_place.loop.plan_auto`;
+  docs/optimiser.md gives the rule and the measurements).
 
 :data:`FORMULATIONS_REGISTRY` holds one object per name.
 """

@@ -357,17 +357,22 @@ def _min_latency(problem: PlanningProblem, topology: Topology, formulation: Form
 
 def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
     """``auto``: the best placed plan of the formulations its rule runs (module docstring,
-    "auto"): ``blocks``; up to :data:`UNPRUNED_MAX_GPUS` GPUs the aggregate loop, stopped at the
-    blocks plan's objective; ``patterns`` unless a plan in hand is proven optimal over the
-    candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started from the blocks plan, and its
-    aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS` GPUs without that bound, with
-    the time left, the aggregate MILP alone, for its bound. ``compared`` says how each
+    "auto"): ``blocks`` (above :data:`PATTERNS_BLOCKS_MAX_GPUS` GPUs only when patterns placed
+    nothing: patterns falls back to blocks itself there); up to :data:`UNPRUNED_MAX_GPUS` GPUs
+    the aggregate loop, stopped at the blocks plan's objective; ``patterns`` unless a plan in
+    hand is proven optimal over the candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started
+    from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
+    GPUs without that bound, with the time left, the aggregate MILP alone, for its bound. ``compared`` says how each
     formulation ended; ``bound_s`` is the highest bound valid for every placeable allocation of
     the candidate grid."""
     deadline: Deadline = kw["deadline"]
     t0 = time.perf_counter()
     small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
-    tried: dict[str, PlacedPlan] = {"blocks": _min_latency(problem, topology, "blocks", **kw)}
+    # above PATTERNS_BLOCKS_MAX_GPUS patterns solves blocks itself only where it needs them
+    large = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
+    tried: dict[str, PlacedPlan] = {}
+    if not large:
+        tried["blocks"] = _min_latency(problem, topology, "blocks", **kw)
     bounds: list[float] = []
     if small and deadline.remaining() > 0:
         best = _best(tried.values())
@@ -378,8 +383,8 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     if deadline.remaining() > 0 and not _proven(tried, bounds, small):
         t1 = time.perf_counter()
         # the blocks plan as patterns' start where patterns would build it itself
-        start = (tried["blocks"] if tried["blocks"].placed and not small
-                 and problem.cluster.total_gpus <= PATTERNS_BLOCKS_MAX_GPUS else None)
+        blocks = tried.get("blocks")
+        start = blocks if blocks is not None and blocks.placed and not small else None
         pat = plan_patterns(problem, topology, deadline=deadline, blocks_start=start)
         tried["patterns"] = replace(pat, seconds=time.perf_counter() - t1)
         # its aggregate MILP (over candidates reduced exactly, so with the optimum of every
@@ -387,6 +392,8 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         agg_bound = pat.plan.stats.get("aggregate_bound")
         if not small and isinstance(agg_bound, float) and math.isfinite(agg_bound):
             bounds.append(agg_bound)
+    if large and _best(tried.values()) is None and deadline.remaining() > 0:
+        tried["blocks"] = _min_latency(problem, topology, "blocks", **kw)
     if not small and not bounds and deadline.remaining() > 0:  # the aggregate MILP alone: a
         agg_plan = solve_min_latency(problem, deadline=deadline)  # bound on every allocation
         if agg_plan.allocation is not None and math.isfinite(agg_plan.bound_s):
@@ -401,7 +408,8 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     why = "; ".join(f"{k}: {tried[k].reason}" for k in sorted(tried))
     if agg is not None and agg.status == "infeasible":  # proven for every allocation
         return replace(agg, compared=compared, bound_s=bound, seconds=seconds)
-    last = agg or (pat if pat is not None and pat.status != "time_limit" else tried["blocks"])
+    last = agg or (pat if pat is not None and (pat.status != "time_limit" or "blocks" not in tried)
+                   else tried["blocks"])
     status: LoopStatus = ("time_limit" if deadline.remaining() <= 0
                           and any(r.status == "time_limit" for r in tried.values())
                           else last.status)
