@@ -387,3 +387,20 @@ def test_decode_jump_uses_the_mean_context_and_is_cut_by_an_arrival():
     a, b = res.requests
     assert b.end_s == pytest.approx(0.036 + 0.009)
     assert a.end_s == pytest.approx(0.005 + 0.099 + 0.005)
+
+
+def test_the_kv_cache_comes_from_the_memory_share_not_the_compute_share():
+    """Compute and memory are two resources: half the compute with all the memory holds the
+    KV cache of a whole GPU (and two 30k-token calls at once), half the memory with all the
+    compute the cache of half a GPU; the compute share does not change the cache."""
+    calls = tuple(CallRecord("w", "r", f"c{i}", 0.0, 1.0, llm="m", input_tokens=30_000,
+                             output_tokens=2) for i in range(2))
+    full_mem = Allocation({"m": Instance(GPU, 1, 0.5, 1, memory=1.0)})
+    half_mem = Allocation({"m": Instance(GPU, 1, 1.0, 1, memory=0.5)})
+    big = simulate(Trace(calls), MODELS, full_mem, Toy(10.0, 1.0), record_events=True)
+    small = simulate(Trace(calls), MODELS, half_mem, Toy(10.0, 1.0), record_events=True)
+    tied = simulate(Trace(calls), MODELS, one_llm(share=0.5), Toy(10.0, 1.0))
+    assert small.llms["m"].kv_tokens == tied.llms["m"].kv_tokens < 60_002
+    assert big.llms["m"].kv_tokens > 2 * small.llms["m"].kv_tokens - 1
+    assert sorted(e.end_s for e in big.call_log) == pytest.approx([0.011, 0.011])  # together
+    assert sorted(e.end_s for e in small.call_log) == pytest.approx([0.011, 0.022])

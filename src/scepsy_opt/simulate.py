@@ -753,13 +753,15 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
         mine = [c for c in calls if c.llm == name]
         longest = max(max(c.input_tokens, 1) + max(c.output_tokens, 1) for c in mine)
         max_in = max(max(c.input_tokens, 1) for c in mine)
-        fit = memory_fit(model, inst.gpu, inst.tp, inst.share, longest, catalog, policy)
+        # the KV cache comes from the memory share, the speed from the compute share
+        fit = memory_fit(model, inst.gpu, inst.tp, inst.memory_share, longest, catalog, policy)
         cap = fit.kv_tokens // bs if bs else fit.kv_tokens
         if not fit.feasible or (bs and -(-longest // bs) > cap):
             blocks = f" = {cap} blocks of {bs}" if bs else ""
             raise InputError("allocation", f"llms.{name}",
                              f"an instance whose KV cache holds the longest call ({longest} "
-                             f"tokens; {model} on {inst.share:g} of {inst.tp} x {inst.gpu} holds "
+                             f"tokens; {model} on {inst.memory_share:g} of the memory of "
+                             f"{inst.tp} x {inst.gpu} holds "
                              f"{fit.kv_tokens}{blocks})")
         if bs:  # a preempted call is prefilled again with what it had generated
             max_in = longest
