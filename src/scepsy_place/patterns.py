@@ -1219,7 +1219,8 @@ def solve_patterns(problem: PlanningProblem, topology: Topology, *,
                 if p is not None:
                     master.add(p)
     stats: dict[str, Any] = {"domain_types": len(types), "shapes": len(shapes),
-                             "candidates": len(cands), "solver": SOLVER}
+                             "candidates": len(cands), "solver": SOLVER,
+                             "candidates_generated": cset.generated, "candidates_kept": len(cands)}
     const = problem.constant_s if not costs else 0.0
     agg_bound, start = _aggregate(problem, topology, master, cset, left, aggregate)
     stats["aggregate_placed"] = start.objective + const if start is not None else None
