@@ -176,13 +176,7 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
               ) -> tuple[pulp.LpProblem, dict[str, list[tuple[Candidate, pulp.LpVariable]]]]:
     """The min-cost MILP; ``extra`` rows ``Σ coeff_c·x_c ≤ rhs``."""
     prob = pulp.LpProblem("scepsy_plan", pulp.LpMinimize)
-    xs: dict[str, list[tuple[Candidate, pulp.LpVariable]]] = {}
-    n = 0
-    for m in sorted(cands):
-        xs[m] = []
-        for c in cands[m]:
-            xs[m].append((c, prob.add_variable(f"x{n}", 0, 1, pulp.LpBinary)))
-            n += 1
+    xs = choice_variables(prob, cands)
     prob += pulp.LpAffineExpression([(v, c.cost) for m in xs for c, v in xs[m]])
     for j, m in enumerate(xs):
         prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{j}"
@@ -204,6 +198,19 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
 def _two_resources(cands: Mapping[str, Sequence[Candidate]]) -> bool:
     """Whether some candidate has a memory share of its own (memory is then a second budget)."""
     return any(c.memory_share is not None for cs in cands.values() for c in cs)
+
+
+def choice_variables(prob: pulp.LpProblem, cands: Mapping[str, Sequence[Candidate]],
+                     ) -> dict[str, list[tuple[Candidate, pulp.LpVariable]]]:
+    """One binary ``x_c`` per candidate (``x0, x1, ...`` in LLM then candidate order), per LLM."""
+    xs: dict[str, list[tuple[Candidate, pulp.LpVariable]]] = {}
+    n = 0
+    for m in sorted(cands):
+        xs[m] = []
+        for c in cands[m]:
+            xs[m].append((c, prob.add_variable(f"x{n}", 0, 1, pulp.LpBinary)))
+            n += 1
+    return xs
 
 
 def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[str, Candidate]:

@@ -62,6 +62,7 @@ from scepsy_opt.milp import (
     _solver,
     _status,
     capacity_shapes,
+    choice_variables,
     dominance_cut,
     percentile_latencies,
     percentile_row,
@@ -299,13 +300,7 @@ def _model(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
     """The min-cost MILP (module docstring) with ``rows``; ``objective`` "cost" or "latency"
     (the tie-break), optional caps on the cost (USD/h) and the weighted latency (s)."""
     prob = pulp.LpProblem("scepsy_min_cost", pulp.LpMinimize)
-    xs: dict[str, list[tuple[Candidate, Any]]] = {}
-    k = 0
-    for m in sorted(cands):
-        xs[m] = []
-        for c in cands[m]:
-            xs[m].append((c, prob.add_variable(f"x{k}", 0, 1, pulp.LpBinary)))
-            k += 1
+    xs: dict[str, list[tuple[Candidate, Any]]] = dict(choice_variables(prob, cands))
     ns = {g: prob.add_variable(f"n{i}", 0, caps[g], pulp.LpInteger)
           for i, g in enumerate(sorted(caps))}
     cost = pulp.LpAffineExpression([(ns[g], prices[g]) for g in sorted(ns) if prices[g]])
