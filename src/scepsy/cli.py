@@ -228,6 +228,12 @@ def _bench_args(bench: argparse.ArgumentParser) -> None:
                                           "(allocation ratio and fragmentation per policy)")
     add_arguments(openb)
     openb.set_defaults(func=_cmd_bench_openb)
+    paper = bsub.add_parser("paper", help="the paper's experiments and beyond: scepsy against the "
+                            "baselines, predictor accuracy, search time, a 1,024-GPU fleet")
+    from scepsy.bench_paper import add_arguments as paper_arguments
+
+    paper_arguments(paper)
+    paper.set_defaults(func=_cmd_bench_paper)
     loop = bsub.add_parser("loop", help="the whole loop on this CPU with vLLM: profile, plan, launch, "
                            "drive, stop; predicted vs measured (a test target)")
     _bench_loop_args(loop)
@@ -374,6 +380,8 @@ _REGISTERED: dict[str, tuple[str, str]] = {
     "launch": ("scepsy.cli_launch", "render a plan.json for a launch target (--apply: run it here)"),
     "stop": ("scepsy.cli_launch", "stop the servers a shell launch folder started"),
     "drive": ("scepsy.cli_drive", "run workflows against the servers of a routes file"),
+    "report": ("scepsy.cli_report", "an HTML page (with PNG figures) and terminal tables that "
+               "make a plan.json reviewable"),
     "replan": ("scepsy.cli_replan", "re-plan a running plan.json after events (node failed, "
                "rack drained, load changed)"),
 }
@@ -446,6 +454,12 @@ def _json_float(o: object) -> object:
 
 def _cmd_bench_openb(args: argparse.Namespace) -> int:
     from scepsy.bench_openb import run_cli
+
+    return run_cli(args)
+
+
+def _cmd_bench_paper(args: argparse.Namespace) -> int:
+    from scepsy.bench_paper import run_cli
 
     return run_cli(args)
 
