@@ -5,12 +5,57 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 HELP = "an HTML page (with PNG figures) and terminal tables that make a plan.json reviewable"
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``report`` to a ``scepsy`` sub-command set; returns its parser."""
-    cmd = subparsers.add_parser("report", help=HELP)
-    cmd.add_argument("plan")
+    cmd = subparsers.add_parser("report", help=HELP, description=HELP)
+    cmd.add_argument("plan", type=Path, help="a plan.json (scepsy plan --out)")
+    cmd.add_argument("--out", type=Path, metavar="DIR",
+                     help="the report folder (default: beside PLAN, its name without .json "
+                     "plus -report); an earlier report there is replaced, anything else is "
+                     "never overwritten")
+    cmd.set_defaults(func=cmd_report)
     return cmd
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Run ``scepsy report``: read the plan, write the page, print the tables and its path."""
+    from scepsy.cli_util import print_rows
+    from scepsy_place.report import (
+        PLACEMENT_COLUMNS,
+        PLAN_COLUMNS,
+        WORKFLOW_COLUMNS,
+        check_out,
+        default_out,
+        load_report,
+        placement_rows,
+        plan_rows,
+        workflow_rows,
+        write_page,
+    )
+
+    rep = load_report(args.plan)
+    out = args.out if args.out is not None else default_out(args.plan)
+    check_out(out)
+    d = rep.doc
+    print(f"{args.plan}: status {d.status}, optimiser {d.optimiser}, objective {d.objective}")
+    if rep.has_allocation:
+        print()
+        print_rows(plan_rows(rep), PLAN_COLUMNS)
+        print()
+        print_rows(workflow_rows(rep), WORKFLOW_COLUMNS)
+    if rep.placed:
+        print()
+        print_rows(placement_rows(rep), PLACEMENT_COLUMNS)
+    else:
+        why = (d.placement.reason if d.placement is not None and d.placement.reason else
+               d.infeasible.detail if d.infeasible is not None else "no placement section")
+        print(f"no placed allocation: {why}")
+    written = write_page(rep, out)
+    print()
+    print(f"wrote {written / 'index.html'}")
+    return 0

@@ -8,6 +8,10 @@ launcher needs: the device types (``devices``), each LLM's weights, each workflo
 ``launch`` section of defaults an operator may edit (the served model, the engine command,
 arguments, environment, ports and node addresses).
 
+Every workflow of a plan with an allocation carries ``curve`` (:func:`workflow_curves`): its
+predicted mean latency at :data:`CURVE_POINTS` throughputs up to its predicted maximum
+throughput, every workflow's rate scaled with it, so that ``scepsy report`` needs only the file.
+
 With memory planned as a second resource (``PlanOptions.memory_shares``) every LLM of the
 allocation carries ``memory`` (its fraction of each GPU's memory, docs/resources.md) and ``llms``
 carries it too, beside ``memory_gib_per_gpu``; plans with memory tied to the share are unchanged.
@@ -22,6 +26,7 @@ from typing import Any
 
 from scepsy_common.files import atomic_write_text
 from scepsy_opt.cluster import cluster_to_dict
+from scepsy_opt.pipeline import Prediction, predict
 from scepsy_opt.plans import Plan, workflow_latencies
 from scepsy_opt.problem import PlanningProblem
 from scepsy_profile.catalog import Catalog, default_catalog
@@ -33,6 +38,9 @@ LAUNCH_COMMAND = ("vllm", "serve")
 LAUNCH_BASE_PORT = 8000
 LAUNCH_HEALTH_TIMEOUT_S = 900.0
 TIMING_KEYS = ("candidates_s", "build_s", "solve_s", "total_s")
+CURVE_POINTS = 24
+"""Points of each workflow's ``curve``: throughputs ``k / (CURVE_POINTS + 1)`` of its predicted
+maximum throughput, ``k = 1 .. CURVE_POINTS`` (4% to 96%)."""
 
 
 def _num(x: float) -> float | None:
@@ -56,6 +64,46 @@ def plan_rows(problem: PlanningProblem, plan: Plan) -> list[dict[str, Any]]:
             row["memory"] = c.memory_share
         rows.append(row)
     return rows
+
+
+def _predict_at(problem: PlanningProblem, plan: Plan, rates: dict[str, float]) -> Prediction:
+    assert plan.allocation is not None
+    return predict(problem.stats, problem.models, plan.allocation, problem.latency, rates,
+                   catalog=problem.catalog, policy=problem.policy)
+
+
+def workflow_curves(problem: PlanningProblem, plan: Plan,
+                    points: int = CURVE_POINTS) -> dict[str, dict[str, Any]]:
+    """Per workflow of the plan's rates (``problem``'s targets times ``plan.scale``) its
+    ``curve``: ``max_throughput`` (req/s, where the first LLM it calls saturates when every
+    workflow's rate scales together), that LLM (``bottleneck``) and ``points``: the predicted
+    mean latency (the predictor's critical-path form) at the throughputs ``k / (points + 1)``
+    of the maximum, every other workflow at its rate scaled by the same factor. Points whose
+    latency is not finite are left out; a workflow without a finite maximum gets no curve.
+    Empty without an allocation."""
+    if plan.allocation is None:
+        return {}
+    base = {w: t * plan.scale for w, t in problem.targets.items()}
+    cache: dict[float, Prediction] = {}
+
+    def at(factor: float) -> Prediction:
+        if factor not in cache:
+            cache[factor] = _predict_at(problem, plan, {w: r * factor for w, r in base.items()})
+        return cache[factor]
+
+    curves: dict[str, dict[str, Any]] = {}
+    for w, p in sorted(at(1.0).workflows.items()):
+        top = p.max_throughput / p.rate
+        if not (math.isfinite(top) and top > 0):
+            continue
+        rows = []
+        for k in range(1, points + 1):
+            q = at(top * k / (points + 1)).workflows[w]
+            if math.isfinite(q.mean_latency_s):
+                rows.append({"throughput": q.rate, "mean_latency_s": q.mean_latency_s})
+        curves[w] = {"max_throughput": p.max_throughput, "bottleneck": p.bottleneck,
+                     "points": rows}
+    return curves
 
 
 def device_kind(gpu: str) -> str:
@@ -122,9 +170,12 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
     if plan.allocation is not None:
         doc["allocation"] = plan.allocation.to_dict()
         lat = workflow_latencies(problem.scaled(plan.scale) if plan.scale != 1.0 else problem, plan)
+        curves = workflow_curves(problem, plan)
         doc["workflows"] = {w: {"throughput": problem.targets[w] * plan.scale,
                                 "mean_latency_s": lat[w],
-                                "llms": sorted(problem.stats[w].llms)} for w in sorted(lat)}
+                                "llms": sorted(problem.stats[w].llms),
+                                **({"curve": curves[w]} if w in curves else {})}
+                            for w in sorted(lat)}
         doc["llms"] = {r["llm"]: {**{k: v for k, v in r.items() if k != "llm"},
                                   "weights_gib": weights_gib(r["model"], cat)}
                        for r in plan_rows(problem, plan)}

@@ -7,8 +7,8 @@ Schema, and the launch view a launcher reads (:class:`~scepsy_place.launch.model
 edited ``launch`` section is caught), then that the sections agree with each other (every
 placed replica is an LLM of ``llms`` with its TP degree and share, on a node of the cluster and
 GPU indices that node has, each replica exactly once; ``launch.models`` names every LLM;
-``launch.addresses`` names nodes). Every error is an :class:`~scepsy_common.errors.InputError`
-naming the file and the field. :func:`launch_plan` turns a placed plan into the launch view and
+``launch.addresses`` names nodes; a workflow's ``curve`` is bounded by an LLM it calls).
+Every error is an :class:`~scepsy_common.errors.InputError` naming the file and the field. :func:`launch_plan` turns a placed plan into the launch view and
 rejects one without a placement, saying why there is none; :func:`load_plan` does both for a
 file.
 
@@ -132,11 +132,31 @@ class AllocationSection(BaseModel):
     llms: dict[Name, InstanceAllocation]
 
 
+class CurvePoint(BaseModel):
+    """The predicted mean latency (s) at one throughput (req/s)."""
+
+    model_config = FINITE
+    throughput: float = Field(gt=0)
+    mean_latency_s: float = Field(ge=0)
+
+
+class CurveSection(BaseModel):
+    """A workflow's predicted latency against its throughput, every workflow's rate scaled
+    with it (:func:`scepsy_opt.planfile.workflow_curves`): the maximum throughput, the LLM
+    that saturates there, and points below it in increasing throughput."""
+
+    model_config = FINITE
+    max_throughput: float = Field(gt=0)
+    bottleneck: Name
+    points: list[CurvePoint]
+
+
 class WorkflowSection(BaseModel):
     model_config = FINITE
     throughput: float = Field(ge=0)
     mean_latency_s: float = Field(ge=0)
     llms: list[Name] = Field(min_length=1)
+    curve: CurveSection | None = None  # absent in plans written before curves
 
 
 class LLMSection(BaseModel):
@@ -384,6 +404,10 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
             if m not in llms:
                 raise InputError(source, f"workflows.{w}.llms[{k}]",
                                  f"an LLM of the plan ({_names(llms)})", m)
+        if wf.curve is not None and wf.curve.bottleneck not in wf.llms:
+            raise InputError(source, f"workflows.{w}.curve.bottleneck",
+                             f"an LLM the workflow calls ({_names(wf.llms)})",
+                             wf.curve.bottleneck)
     if doc.placement is not None:
         _check_instances(doc, nodes, source)
 

@@ -1,0 +1,100 @@
+"""The report folder: written whole into a temporary folder beside it, then renamed into place,
+so that a reader sees the old report or the new one, never a mix; and never over anything but
+an earlier report.
+
+A folder is an earlier report when it holds nothing but ``index.html`` (carrying
+:data:`GENERATOR`) and ``.png`` files. An empty folder may be written into; any other folder,
+or a file, at the output path is an :class:`~scepsy_common.errors.InputError` before anything
+is written.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from scepsy_common.errors import InputError
+
+__all__ = ["GENERATOR", "INDEX", "check_out", "is_report", "write_folder"]
+
+INDEX = "index.html"
+GENERATOR = '<meta name="generator" content="scepsy report">'
+EXPECTED = ("a new folder, an empty one or an earlier scepsy report's (index.html and PNGs "
+            "only); scepsy report never overwrites other files")
+
+
+def is_report(folder: Path) -> bool:
+    """Whether ``folder`` holds an earlier report (module docstring) or nothing."""
+    entries = list(folder.iterdir())
+    if not entries:
+        return True
+    if any(not e.is_file() or e.is_symlink() or not (e.name == INDEX or e.suffix == ".png")
+           for e in entries):
+        return False
+    index = folder / INDEX
+    try:
+        return index.is_file() and GENERATOR in index.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def check_out(out: Path) -> None:
+    """An :class:`InputError` unless a report may be written at ``out`` (module docstring)."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise InputError(str(out), "", EXPECTED, "a file")
+    if out.is_dir() and not is_report(out):
+        raise InputError(str(out), "", EXPECTED, "a folder with other files")
+    parent = out.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise InputError(str(out), "", f"a path under a folder ({parent} is a file)")
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_folder(out: Path, fill: Callable[[Path], None]) -> Path:
+    """Check ``out`` (:func:`check_out`), let ``fill`` write the report into a new temporary
+    folder beside it, then put that folder in ``out``'s place (an earlier report there is
+    removed). Returns ``out``; on any error the earlier report stays and nothing else is left
+    behind."""
+    check_out(out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise InputError(str(out), "", f"a folder that can be written ({exc.strerror})") from None
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders; give the usual mode
+        fill(tmp)
+        check_out(out)  # still an earlier report (or nothing) after the work
+        old = _swap(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _swap(new: Path, out: Path) -> Path | None:
+    """Rename ``new`` to ``out``, moving what is at ``out`` aside first (returned, to be
+    removed); on failure ``out`` is put back."""
+    if not out.exists():
+        os.replace(new, out)
+        return None
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+    os.replace(out, old)  # onto the empty folder just made
+    try:
+        os.replace(new, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    return old
