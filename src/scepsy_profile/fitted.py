@@ -40,22 +40,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from itertools import pairwise
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import isotonic_regression, least_squares, minimize, nnls
-from sklearn.exceptions import ConvergenceWarning
-from sklearn.gaussian_process import GaussianProcessRegressor
-from sklearn.gaussian_process.kernels import RBF, WhiteKernel
-from sklearn.gaussian_process.kernels import ConstantKernel as C
-from sklearn.model_selection import KFold
 from threadpoolctl import threadpool_limits
 
 from scepsy_common.errors import InputError, UncoveredInstanceError, validated
 from scepsy_common.files import atomic_write_text, read_json
 from scepsy_profile.latency import Number, as_output, check_point
 from scepsy_profile.measurements import Measurement, Phase, check_curve_points, group_by_curve
+
+if TYPE_CHECKING:  # scikit-learn is imported where a curve is fitted, not by every command
+    from sklearn.gaussian_process import GaussianProcessRegressor
 
 CurveKey = tuple[str, str, int, Phase]
 CURVES_FORMAT = "scepsy-curves/1"
@@ -270,6 +269,11 @@ def _gp_features(b: NDArray, n: NDArray, s: NDArray) -> NDArray:
 def _fit_residual(x: NDArray, r: NDArray, seed: int,
                   clip_mad: float | None) -> GaussianProcessRegressor | None:
     """GP on log residuals, refitted with lone glitches down-weighted (:func:`_glitch_weights`)."""
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.gaussian_process import GaussianProcessRegressor
+    from sklearn.gaussian_process.kernels import RBF, WhiteKernel
+    from sklearn.gaussian_process.kernels import ConstantKernel as C
+
     if len(r) < 8:
         return None
     if len(r) > _GP_MAX_POINTS:  # keep the fit cheap on large user data sets, deterministically
@@ -576,6 +580,8 @@ def cross_validate(measurements: Sequence[Measurement], *, folds: int = 5, seed:
 
 def _cv_curve(key: CurveKey, pts: Sequence[Measurement], folds: int, seed: int,
               residual_gp: bool) -> CVResult:
+    from sklearn.model_selection import KFold
+
     y = np.array([m.latency_ms for m in pts])
     ape = np.full(len(pts), np.nan)
     for train, test in KFold(folds, shuffle=True, random_state=seed).split(y):
