@@ -1,5 +1,5 @@
-"""Baseline optimisers: the exact brute-force oracle, the paper's heuristic, naive splits, and
-the evaluation of a user's allocation.
+"""Baseline optimisers: the exact brute-force oracle, the paper's heuristic, MuxServe's greedy
+co-location, naive splits, and the evaluation of a user's allocation.
 
 Every optimiser here prices its answer with :func:`~scepsy_opt.plans.plan_from_choice` (or
 :func:`~scepsy_opt.candidates.price`), so its objective is comparable to the MILP's to the last
@@ -28,6 +28,18 @@ that says why (:func:`scepsy_opt.milp.diagnose`).
   at a time, to the LLM whose latency term they cut most (the paper's "waste no GPU"). The best
   profile wins. The paper's extra level that splits GPUs between workflows is folded into the
   ranking (workflow weights are part of each LLM's latency term).
+* ``muxserve`` (:class:`MuxServeGreedy`): MuxServe's greedy co-location (Duan et al., ICML'24),
+  which packs LLMs onto GPUs with MPS compute shares sized to their rates. LLMs in descending
+  order of compute demand: the load (calls/s) times the GPU time per call
+  (``tp·share / μ`` GPU·s) of the LLM's fewest-GPU candidate, i.e. the GPUs its calls keep busy
+  (MuxServe's "computation requirement", rate times compute per request; continuous, so LLMs
+  whose minimum rounds to the same share grid point are still ordered by need). Each LLM in turn
+  takes its candidate with the fewest GPU units (every candidate carries the LLM's load at
+  ``max_utilisation``), ties to the lower latency cost and then the earlier candidate, within
+  what the budget has left once every LLM still to place keeps its minimum (as the paper's
+  heuristic reserves it). Left-over GPUs stay unused: it meets the rates, it does not minimise
+  latency. On a one-type cluster with memory tied to the compute share, every LLM gets its
+  fewest-unit candidate, and it finds an allocation whenever one exists (latency bounds aside).
 * ``independent`` (:class:`Independent`): every LLM sized alone for its own load: each GPU
   type's budget is split among the LLMs in proportion to their minimum-GPU candidate's units
   (``by="units"``) or their traced time share (``by="time"``), and each LLM takes its cheapest
@@ -662,6 +674,55 @@ class Hierarchical(_CandidateHeuristic):
             free[choice[m].gpu] += _eff(choice[m])
             free[better.gpu] -= _eff(better)
             choice[m] = better
+
+
+# --------------------------------------------------------------------------- MuxServe
+
+
+def _compute_demand(problem: PlanningProblem, cands: Sequence[Candidate]) -> float:
+    """An LLM's compute demand for :class:`MuxServeGreedy`: its load (calls/s) times the GPU time
+    per call (GPU·s) of its fewest-unit candidate (ties to the cheaper, then the earlier one),
+    i.e. the GPUs its calls keep busy on that shape; 0 without candidates."""
+    if not cands:
+        return 0.0
+    c = min(cands, key=lambda c: (_eff(c), c.cost))
+    per_call = c.units / (c.replicas * UNITS * c.mu) if c.mu > 0 else math.inf
+    return problem.loads[c.llm] * per_call
+
+
+class MuxServeGreedy(_CandidateHeuristic):
+    """MuxServe's greedy co-location with MPS compute shares (module docstring)."""
+
+    name = "muxserve"
+
+    def choose(self, problem: PlanningProblem, by_llm: Mapping[str, Sequence[Candidate]],
+               ) -> tuple[dict[str, Candidate] | None, dict[str, Any]]:
+        demand = {m: _compute_demand(problem, cs) for m, cs in by_llm.items()}
+        order = sorted(by_llm, key=lambda m: (-demand[m], m))
+        min_units = _min_units(by_llm)
+        free = _budget_units(problem)
+        choice: dict[str, Candidate] = {}
+        for k, m in enumerate(order):
+            pick = self.smallest_fit(by_llm[m], free, order[k + 1:], min_units)
+            if pick is None:
+                return None, {"demand_order": order}
+            choice[m] = pick
+            free[pick.gpu] -= _eff(pick)
+        return dict(sorted(choice.items())), {"demand_order": order}  # by name, as the MILP's
+
+    @staticmethod
+    def smallest_fit(cands: Sequence[Candidate], free: Mapping[str, int], rest: Sequence[str],
+                     min_units: Mapping[str, Mapping[str, int]]) -> Candidate | None:
+        """The candidate with the fewest units (then the cheapest, then the earliest) that fits
+        ``free`` and leaves room for the minimum of every LLM in ``rest``; None if none does."""
+        for c in sorted(cands, key=lambda c: (_eff(c), c.cost)):  # stable: then listing order
+            if _eff(c) > free.get(c.gpu, 0):
+                continue
+            after = dict(free)
+            after[c.gpu] -= _eff(c)
+            if _placement(rest, min_units, after) is not None:
+                return c
+        return None
 
 
 # --------------------------------------------------------------------------- naive splits

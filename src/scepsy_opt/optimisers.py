@@ -21,7 +21,14 @@ from types import MappingProxyType
 from typing import Any
 
 from scepsy_common.errors import InputError
-from scepsy_opt.baselines import BruteForce, EqualSplit, Hierarchical, Independent, UserAllocation
+from scepsy_opt.baselines import (
+    BruteForce,
+    EqualSplit,
+    Hierarchical,
+    Independent,
+    MuxServeGreedy,
+    UserAllocation,
+)
 from scepsy_opt.candidates import price
 from scepsy_opt.milp import MILPOptimiser, percentile_latencies
 from scepsy_opt.mincost import solve_min_cost
@@ -80,6 +87,7 @@ OPTIMISERS: Mapping[str, Callable[[], Optimiser]] = MappingProxyType({
     "milp": ExactOptimiser,  # enforces the bounds itself
     "brute-force": bound_checked(BruteForce),
     "heuristic": bound_checked(Hierarchical),
+    "muxserve": bound_checked(MuxServeGreedy),
     "independent": bound_checked(Independent),
     "equal-split": bound_checked(EqualSplit),
     "user": bound_checked(UserAllocation, keep=True),
