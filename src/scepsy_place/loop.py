@@ -79,7 +79,7 @@ from typing import Any, Literal
 
 from scepsy_common.bisection import Probe, largest_accepted
 from scepsy_common.errors import InputError
-from scepsy_common.units import share_units
+from scepsy_common.units import UNITS, share_units
 from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.milp import Row, solve_min_latency
@@ -157,9 +157,10 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
     """A placed plan for ``problem`` on ``topology`` by ``formulation`` (module docstring).
 
     ``blocks`` and ``auto`` apply to the MILP; other optimisers use the aggregate placement
-    without cuts. Everything runs within ``deadline`` (default: the problem's time limit from
-    now): once it passes no new round starts, and without a placed plan the status is
-    ``time_limit``.
+    without cuts (a heuristic whose allocation does not place is solved again with smaller
+    budgets of the GPU types that failed, :func:`_shrunk`). Everything runs within
+    ``deadline`` (default: the problem's time limit from now): once it passes no new round
+    starts, and without a placed plan the status is ``time_limit``.
     """
     deadline = Deadline.of(problem, deadline)
     if formulation not in FORMULATIONS:
@@ -556,6 +557,7 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
     except TimeLimitReached:
         return timed_out(deadline, name, 1, (), "aggregate", exact)
     placement: Placement | None = None
+    solved_on = problem  # the problem the heuristic solved (budgets shrunk by failed rounds)
     if looping and plan.allocation is not None and math.isfinite(plan.bound_s):
         first.append(plan.bound_s)
     for rnd in range(1, max_rounds + 1):
@@ -577,9 +579,18 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
         if placement.complete:
             return ended(plan, placement, "placed", None, quality(topology, placement, dem))
         if not looping:
-            return ended(plan, placement, "unplaced",
-                         f"the {name} allocation could not be placed ({len(placement.unplaced)} "
-                         "replica(s) unplaced; only the milp optimiser re-solves with cuts)")
+            smaller = _shrunk(solved_on, plan, placement) if plan.status == "heuristic" else None
+            if smaller is None:
+                return ended(plan, placement, "unplaced",
+                             f"the {name} allocation could not be placed "
+                             f"({len(placement.unplaced)} replica(s) unplaced; only the milp "
+                             "optimiser re-solves with cuts, the heuristics with smaller "
+                             "budgets)")
+            entry["shrunk_to"] = smaller.budgets()
+            cuts["tightened"] += 1
+            solved_on = replace(problem, cluster=smaller)
+            plan = optimiser(name).solve(solved_on)
+            continue
         try:
             if cset is None:
                 exact = exact and unpruned
@@ -669,6 +680,33 @@ def place_or_exact(topology: Topology, dem: list[Demand], policy: str,
             return placement
         slots.extend(ex.slots)
     return _rescue(placement, failed, slots, gpu_of)
+
+
+def _shrunk(problem: PlanningProblem, plan: Plan, placement: Placement) -> Cluster | None:
+    """A heuristic's next budget after its allocation did not place: every GPU type with a
+    replica left unplaced loses the whole GPUs those replicas needed (at least one), its node
+    size kept while a whole node is left; None when a type would be left with none (the
+    heuristic is then out of room)."""
+    lost: dict[str, int] = {}
+    for m, _, _ in placement.unplaced:
+        c = plan.candidates[m]
+        lost[c.gpu] = lost.get(c.gpu, 0) + c.tp * share_units(c.share)
+    budgets = problem.cluster.budgets()
+    pools = []
+    for gpu in budgets:
+        have = [p for p in problem.cluster.pools if p.gpu == gpu]
+        if gpu not in lost:
+            pools.extend(have)
+            continue
+        left = budgets[gpu] - max(1, math.ceil(lost[gpu] / UNITS))
+        if left <= 0:
+            return None
+        size = max(p.gpus_per_node for p in have)
+        if left >= size:
+            pools.append(GPUPool(gpu, left // size, size, have[0].price_per_hour))
+        if left % size:
+            pools.append(GPUPool(gpu, 1, left % size, have[0].price_per_hour))
+    return Cluster(problem.cluster.name, tuple(pools))
 
 
 def _tightened(plan: Plan, placement: Placement, gpu: str, cset: CandidateSet) -> Row:
