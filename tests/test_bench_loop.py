@@ -406,7 +406,10 @@ def test_signal_to_a_running_loop_leaves_nothing(tmp_path: Path, fake_engine: tu
     opts = _options(tmp_path, fake_engine, requests=2000, rate=5.0)
     script = tmp_path / "run_loop.py"
     script.write_text(textwrap.dedent(f"""\
+        import signal
         import sys
+        # a shell's background job starts with SIGINT ignored; a user's Ctrl-C is what is tested
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         from scepsy import api
         from scepsy_place.launch.bench_loop import LoopOptions
         opts = LoopOptions(**{{**{_jsonable(opts)!r}, "engine_command": tuple({list(fake_engine)!r}),

@@ -239,13 +239,19 @@ def test_keyboard_interrupt_inside_running_still_stops(tmp_path):
 def test_keyboard_interrupt_during_the_start_stops_what_started(tmp_path):
     plan = fake_plan(tmp_path, generator_args=("--fake-never-healthy",))
     folder = rendered(plan, tmp_path)
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    # to the main thread (a process-directed signal may land on the timer's thread and leave
+    # the main one blocked), with Python's handler even where SIGINT was inherited ignored (a
+    # shell's background job)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timer = threading.Timer(3.0, signal.pthread_kill, (threading.main_thread().ident,
+                                                       signal.SIGINT))
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt), running(folder, timeout_s=60):
             pytest.fail("the start cannot succeed")
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, before)
     recs = records(tmp_path)
     assert len(recs) == 2
     pids = [r["pid"] for r in recs.values()] + [r["child"] for r in recs.values()]
