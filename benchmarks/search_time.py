@@ -7,7 +7,8 @@ Both methods run as ``scepsy plan`` runs them (:func:`scepsy_place.loop.plan_and
   fixing, the MILP, placement and the formulations ``auto`` picks); its plan is always placed
   or says why;
 * **heuristic**: the ``heuristic`` optimiser (the paper's hierarchical search over the same
-  candidates), then the aggregate placement of its allocation, as every baseline is placed.
+  candidates), then the aggregate placement of its allocation, as every baseline is placed
+  (solved again with a smaller budget while its allocation does not place).
 
 Each (LLMs, GPUs) point is one seeded ``random_problem`` instance (``make_problem`` of
 ``solvers/formulations_bench.py``: A100-80GB nodes of 8 GPUs, roofline latency model, targets at
@@ -26,8 +27,7 @@ or the loop's status when nothing is placed (``unplaced``, ``infeasible``, ``tim
 (``placed``, ``unplaced``, ``infeasible``); ``heuristic_ratio``: the heuristic allocation's
 predicted objective (weighted mean latency) over scepsy's, also when the heuristic's allocation
 could not be placed (``heuristic_placed`` false: the allocation cannot run as planned, so its
-figure is optimistic). ``plans`` lists scepsy's plans (the heuristic's are the baseline being
-measured, reported in the rows).
+figure is optimistic). ``plans`` lists both methods' plans.
 
     python benchmarks/search_time.py            # full sweep, about 5-7 min on 2 cores
     python benchmarks/search_time.py --quick    # tiny sweep, seconds
@@ -242,9 +242,9 @@ def run(*, quick: bool, seed: int, out: Path, jobs: int) -> dict[str, Any]:
             "time_limit_s": mode.time_limit_s, "cpus": os.cpu_count(),
             # other work on the machine slows the timings: the 1-minute load average
             "load_average": [load_before, os.getloadavg()[0]], "figure": FIGURE, "rows": rows,
-            "plans": [{"label": f"scepsy {r['llms']} LLMs / {r['gpus']} GPUs",
-                       "status": r["scepsy_status"], "placed": r["scepsy_placed"]}
-                      for r in rows]}
+            "plans": [{"label": f"{m} {r['llms']} LLMs / {r['gpus']} GPUs",
+                       "status": r[f"{m}_status"], "placed": r[f"{m}_placed"]}
+                      for r in rows for m in METHODS]}
 
 
 def _nan(v: float | None) -> float:
