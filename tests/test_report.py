@@ -14,10 +14,7 @@ import copy
 import itertools
 import json
 import re
-import resource
 import shutil
-import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -53,7 +50,6 @@ A4 = REPO / "datasets" / "clusters" / "a100-4.yaml"
 RACKS = REPO / "datasets" / "clusters" / "racks-a100-h100.yaml"
 REQ = 300  # trace requests per workflow (the bundled plan's)
 REL = 1e-12  # recomputed predictor figures agree to rounding
-CLI_CPU_S = 5.0  # `scepsy report` on the bundled plan, CPU seconds of the whole process
 
 
 def _plan_file(tmp_path: Path, doc: dict[str, Any], name: str = "plan.json") -> Path:
@@ -425,11 +421,3 @@ def test_bad_input_exits_2_naming_file_and_field_with_nothing_written(tmp_path, 
     assert _tree(tmp_path) == before
 
 
-def test_cli_on_the_bundled_plan_takes_under_5_cpu_seconds(tmp_path):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    run = subprocess.run([sys.executable, "-m", "scepsy.cli", "report", str(BUNDLED), "--out",
-                          str(tmp_path / "r")], capture_output=True, text=True, check=False)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert run.returncode == 0, run.stderr
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    assert cpu <= CLI_CPU_S, cpu
