@@ -45,6 +45,14 @@ SATURATION_TOL = 0.05  # relative bracket of the simulated saturation search
 # fraction of its arrivals there (the Poisson draw's own rate, not the nominal one: with a few
 # hundred arrivals the two differ by several per cent)
 STABLE = 0.95
+# A run starts empty and fills for a few request latencies; the saturation search judges queue
+# growth between its middle and last thirds, so a run whose arrival period is a few latencies
+# long reads as unstable at any load (its ceiling is about requests / (3 x latency)). Runs are
+# sized to this many predicted request latencies at their rate (saturation searches at the
+# predicted peak; rag on 16 H100 GPUs: 54 req/s at 1,000 arrivals, 296 at 16,000, 368 at
+# 64,000 against 350 predicted), between Mode.sim_requests and Mode.max_requests.
+SATURATION_LATENCIES = 60
+POINT_LATENCIES = 20
 GPUS_PER_NODE = 8
 TPS = (1, 2, 4, 8)
 
@@ -57,7 +65,8 @@ class Mode:
     sizes: tuple[int, ...]
     gpus: tuple[str, ...]
     fractions: tuple[float, ...]  # rates as fractions of scepsy's predicted peak
-    sim_requests: Mapping[str, int]  # Poisson arrivals per simulation, by workflow file
+    sim_requests: Mapping[str, int]  # the fewest Poisson arrivals per simulation, by workflow
+    max_requests: Mapping[str, int]  # the most (runs are sized by :func:`_requests` in between)
     trace_requests: int  # recorded requests per workflow of the trace (statistics and replay)
     time_limit_s: float  # per plan (scepsy_opt.problem.PlanOptions.time_limit_s)
 
@@ -65,9 +74,11 @@ class Mode:
 FULL = Mode(workflows=("rag", "beam-search", "rag-beam"), sizes=(4, 8, 16),
             gpus=("A100-80GB", "H100-80GB"), fractions=(0.1, 0.3, 0.5, 0.7, 0.85, 1.0),
             sim_requests={"rag": 1000, "beam-search": 800, "rag-beam": 800},
+            max_requests={"rag": 60_000, "beam-search": 8_000, "rag-beam": 12_000},
             trace_requests=400, time_limit_s=20.0)
 QUICK = Mode(workflows=("rag",), sizes=(4,), gpus=("A100-80GB", "H100-80GB"), fractions=(0.2, 0.5, 0.8),
-             sim_requests={"rag": 300}, trace_requests=200, time_limit_s=5.0)
+             sim_requests={"rag": 300}, max_requests={"rag": 300}, trace_requests=200,
+             time_limit_s=5.0)
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,15 @@ def _key(alloc: Any, rates: Mapping[str, float]) -> tuple:
                          for m, i in alloc.llms.items())), tuple(sorted(rates.items())))
 
 
+def _requests(cell: Cell, rate: float, latency_s: float, latencies: int) -> int:
+    """Arrivals of a run at ``rate`` (req/s in total) whose arrival period is ``latencies``
+    request latencies (``latency_s``, predicted), within the mode's bounds."""
+    lo = cell.mode.sim_requests[cell.workflow]
+    hi = cell.mode.max_requests[cell.workflow]
+    want = latencies * rate * latency_s
+    return lo if not math.isfinite(want) else max(lo, min(hi, math.ceil(want)))
+
+
 def _simulate(setup: _Setup, cell: Cell, alloc: Any, rates: Mapping[str, float]) -> dict:
     """Simulated throughput and request-weighted mean latency (the same allocation at the same
     rates is simulated once per cell: the run is deterministic). ``sim_throughput`` is the
@@ -172,9 +192,11 @@ def _simulate(setup: _Setup, cell: Cell, alloc: Any, rates: Mapping[str, float])
     if key not in setup.cache:
         p = setup.problem
         try:
+            pred = _predicted(p.scaled(sum(rates.values()) / sum(p.targets.values())), alloc)
+            n = _requests(cell, sum(rates.values()), pred["predicted_latency_s"],
+                          POINT_LATENCIES)
             res = simulate(setup.trace, setup.models, alloc, p.latency, dict(rates),
-                           requests=cell.mode.sim_requests[cell.workflow], seed=cell.seed,
-                           **_policy(p))
+                           requests=n, seed=cell.seed, **_policy(p))
         except InputError as exc:  # an instance the simulator cannot run (its KV cache)
             setup.cache[key] = {"sim_throughput": None, "sim_latency_s": None,
                                 "stable": False, "sim_refused": str(exc)}
@@ -205,8 +227,11 @@ def _saturation(setup: _Setup, cell: Cell, alloc: Any) -> float | None:
     key = ("saturation", *_key(alloc, p.targets))
     if key not in setup.cache:
         try:
+            pred = _predicted(p, alloc)  # sizes the run only: the verdict is the simulator's
+            n = _requests(cell, pred["predicted_max_throughput"], pred["predicted_latency_s"],
+                          SATURATION_LATENCIES)
             res = saturation_search(setup.trace, setup.models, alloc, p.latency,
-                                    dict(p.targets), requests=cell.mode.sim_requests[cell.workflow],
+                                    dict(p.targets), requests=n,
                                     seed=cell.seed, rel_tol=SATURATION_TOL, **_policy(p))
         except InputError:  # unstable at every load tried, or an instance it cannot run
             setup.cache[key] = None
