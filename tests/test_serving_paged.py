@@ -154,10 +154,14 @@ def test_paged_batch_limit_and_closed_form_with_constant_steps() -> None:
 def test_one_sequence_always_fits_when_the_instance_is_feasible() -> None:
     """A feasible paged instance runs at least one call even where occ > kv (O = 1: the last
     block's mean rounding makes occ exceed I + O)."""
-    pol = _kv_bound_policy(block_size=64)
+    bs = 16
+    pol = _kv_bound_policy(block_size=bs)
     base = serving_curve(ConstantLatency(1.0, 1.0), MODEL, GPU, 1, 0.19, 8, 1, policy=pol)
     kv = base.memory.kv_tokens
-    i = kv - 1  # I + O == kv exactly: feasible, but occ = I + 1 + 31.5 > kv
+    # I + O fills the whole blocks of the cache (feasible: a call must fit in whole blocks), but
+    # occ = I + 1 + 7.5 > kv where kv leaves less than half a block over
+    i = kv // bs * bs - 1
+    assert kv % bs < (bs - 1) / 2  # the premise
     curve = serving_curve(ConstantLatency(1.0, 1.0), MODEL, GPU, 1, 0.19, i, 1, policy=pol)
     assert curve.memory.feasible and curve.kv_per_seq > kv
     assert curve.max_batch == 1 and curve.mu > 0

@@ -166,6 +166,7 @@ class LLMDemand:
     output_sq_mean: float | None = None  # E[O²] of the mixture (None: O constant)
     io_mean: float | None = None  # E[I·O] of the mixture (None: input_mean · output_mean)
     input_sq_mean: float | None = None  # E[I²] of the mixture (None: I constant)
+    longest_tokens: float = 0.0  # the longest call (prompt + output) of any workflow; 0: unknown
 
     @property
     def input_scv(self) -> float:
@@ -202,8 +203,10 @@ def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
     mom = [(rates[w] * n, *m) for w, st in live for n, *m in _moments(st, llm)]
     sq_mix, io_mix, isq_mix = (
         sum(row[0] * row[j] for row in mom) / lam if lam > 0 else mom[0][j] for j in (1, 2, 3))
+    longest = max((st.llms[llm].longest_tokens for st in stats.values() if llm in st.llms),
+                  default=0.0)
     return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms, crit,
-                     sq_mix, io_mix, isq_mix)
+                     sq_mix, io_mix, isq_mix, longest)
 
 
 def instance_curve(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int, share: float,
@@ -227,7 +230,8 @@ def instance_curves(demand: LLMDemand, latency: LatencyModel, gpu: str, tp: int,
     return serving_curves(latency, demand.model, gpu, tp, shares, max(demand.input_mean, 1.0),
                           max(demand.output_mean, 1.0), catalog=catalog,
                           policy=policy or MemoryPolicy(), prefill_batch=max(demand.group, 1.0),
-                          output_sq_mean=sq, io_mean=io, memory_shares=memory_shares)
+                          output_sq_mean=sq, io_mean=io, memory_shares=memory_shares,
+                          longest_tokens=demand.longest_tokens)
 
 
 def _curve_moments(demand: LLMDemand) -> tuple[float | None, float | None]:

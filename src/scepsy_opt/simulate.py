@@ -94,7 +94,7 @@ from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.overheads import call_delay_s
-from scepsy_profile.serving import MemoryPolicy, memory_fit
+from scepsy_profile.serving import MemoryPolicy, call_tokens, memory_fit
 
 Routing = Literal["round_robin", "least_loaded"]
 ROUTINGS = ("round_robin", "least_loaded")
@@ -754,9 +754,10 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
         longest = max(max(c.input_tokens, 1) + max(c.output_tokens, 1) for c in mine)
         max_in = max(max(c.input_tokens, 1) for c in mine)
         # the KV cache comes from the memory share, the speed from the compute share
-        fit = memory_fit(model, inst.gpu, inst.tp, inst.memory_share, longest, catalog, policy)
+        fit = memory_fit(model, inst.gpu, inst.tp, inst.memory_share,
+                         call_tokens(longest, policy), catalog, policy)
         cap = fit.kv_tokens // bs if bs else fit.kv_tokens
-        if not fit.feasible or (bs and -(-longest // bs) > cap):
+        if not fit.feasible:
             blocks = f" = {cap} blocks of {bs}" if bs else ""
             raise InputError("allocation", f"llms.{name}",
                              f"an instance whose KV cache holds the longest call ({longest} "

@@ -84,6 +84,7 @@ class LLMStats:
     time_share_cv_requests: float
     time_share_cv_halves: float
     mean_call_s: float
+    longest_tokens: float = 0.0  # its longest call, prompt + output tokens (0: unknown)
 
 
 @dataclass(frozen=True, eq=False)
@@ -351,6 +352,8 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
             time_share_cv_requests=_cv(req_shares[:, j]),
             time_share_cv_halves=_cv(half_shares[:, j]),
             mean_call_s=float(busy_total[j] / count[:, j].sum()),
+            longest_tokens=float(max(max(c.input_tokens, 1) + max(c.output_tokens, 1)
+                                     for c in mine)),
         )
 
     mean_call = np.array([llm_stats[m].mean_call_s for m in llms])

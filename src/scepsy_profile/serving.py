@@ -150,6 +150,16 @@ class MemoryFit:
     feasible: bool  # holds at least one sequence of the given length
 
 
+def call_tokens(tokens: float, policy: MemoryPolicy = MemoryPolicy()) -> int:
+    """The KV cache one call of ``tokens`` (prompt + output) holds at its longest: whole blocks
+    under paged management. An instance serves an LLM only when its cache holds the LLM's
+    longest call (:func:`serving_curves` with ``longest_tokens``; the simulator; vLLM's
+    ``max_model_len``)."""
+    n = max(math.ceil(tokens), 1)
+    bs = policy.block_size if policy.kv_management == "paged" else 0
+    return -(-n // bs) * bs if bs else n
+
+
 def memory_fit(model: str, gpu: str, tp: int, share: float, seq_tokens: int,
                catalog: Catalog | None = None, policy: MemoryPolicy = MemoryPolicy()) -> MemoryFit:
     """Does the instance fit, and how many KV tokens does it hold? (per GPU of the TP group)."""
@@ -386,10 +396,13 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
                    policy: MemoryPolicy = MemoryPolicy(), prefill_batch: float = 1.0,
                    output_sq_mean: float | None = None,
                    io_mean: float | None = None,
-                   memory_shares: Sequence[float] | None = None) -> list[ServingCurve]:
+                   memory_shares: Sequence[float] | None = None,
+                   longest_tokens: float = 0.0) -> list[ServingCurve]:
     """The serving curves of one (model, gpu, tp) at several shares, with one latency-model
     query per phase for all of them (the optimiser builds thousands). ``memory_shares``: each
-    curve's fraction of GPU memory (one per share; None: the shares themselves, tied)."""
+    curve's fraction of GPU memory (one per share; None: the shares themselves, tied).
+    ``longest_tokens``: the LLM's longest call (prompt + output; 0: unknown, the mean call); a
+    curve whose KV cache cannot hold it (:func:`call_tokens`) is not feasible."""
     if memory_shares is not None and len(memory_shares) != len(shares):
         raise InputError("query", "memory_shares", f"one memory share per share ({len(shares)})",
                          len(memory_shares))
@@ -404,7 +417,8 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
     cap = group_cap(policy, input_tokens)
     seq = input_tokens + output_tokens
     mshares = shares if memory_shares is None else memory_shares
-    mems = [memory_fit(model, gpu, tp, ms, math.ceil(seq), catalog, policy) for ms in mshares]
+    fit = call_tokens(max(seq, longest_tokens), policy)
+    mems = [memory_fit(model, gpu, tp, ms, fit, catalog, policy) for ms in mshares]
     b_max = np.array([min(policy.max_batch, max(int(m.kv_tokens // kv.per_seq), int(paged)))
                       if m.feasible else 0 for m in mems])
     k = np.minimum(min(prefill_batch, cap), np.maximum(b_max, 1)).astype(float)
