@@ -30,6 +30,7 @@ import pytest
 from fakes.launch_plans import cpu_plan, gpu_plan
 from scepsy_common.errors import InputError
 from scepsy_place.launch.apply import LaunchError, apply, running, stop
+from scepsy_place.launch.bench_loop import free_port_range
 from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.renderers import write_rendered
 from scepsy_place.launch.shell import SHELL
@@ -82,14 +83,9 @@ def fake_command(tmp_path: Path) -> tuple[str, ...]:
 
 
 def free_base(n: int = 2) -> int:
-    """A port ``p`` with ``p .. p+n-1`` free (the OS's choice for the first)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n < 65536 and not any(port_in_use(base + i) for i in range(n)):
-            return base
-    raise RuntimeError("no free ports")
+    """A port ``p`` with ``p .. p+n-1`` free, outside the ephemeral ports (which a health
+    check's outgoing connection may take before the server binds)."""
+    return free_port_range(n)
 
 
 def fake_plan(tmp_path: Path, *, generator_args: tuple[str, ...] = (),
@@ -389,3 +385,16 @@ def test_real_vllm_serve_through_start_and_stop(tmp_path):
     assert_nothing_left(plan, members, folder)
     tmp = Path(environ["TMPDIR"])
     assert tmp.is_relative_to(folder) or not tmp.exists()  # a /tmp fallback is removed
+
+
+def test_port_ranges_lie_outside_the_ephemeral_ports():
+    """Outgoing connections take their source ports from the ephemeral range, so a server port
+    picked there can be taken before the server binds it (seen: a health check's connection on
+    the second server's port)."""
+    from scepsy_place.launch.bench_loop import ephemeral_ports, port_free
+
+    lo, hi = ephemeral_ports()
+    for n in (1, 2, 8):
+        base = free_port_range(n)
+        assert base >= 10_000 and (base + n - 1 < lo or base > hi), (base, n, lo, hi)
+        assert all(port_free(base + i) for i in range(n))

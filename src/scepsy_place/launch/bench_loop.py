@@ -41,6 +41,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -80,7 +81,6 @@ from scepsy_profile.profiling.replay import ReplayTimeouts
 from scepsy_profile.profiling.server import (
     MetricsSnapshot,
     fetch_metrics,
-    free_port,
     histogram_delta,
 )
 from scepsy_profile.profiling.store import checked_store, read_store
@@ -364,12 +364,35 @@ def port_free(port: int) -> bool:
     return True
 
 
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000  # the ranges handed out start here (below: well-known and registered)
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The OS's range of ephemeral ports (Linux's default where it cannot be read)."""
+    try:
+        lo, hi = (int(x) for x in EPHEMERAL_PORTS.read_text().split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return lo, hi
+
+
 def free_port_range(n: int, *, tries: int = 100) -> int:
-    """A first port ``p`` such that ``p .. p+n-1`` are all free now (tried from ports the OS
-    hands out)."""
+    """A first port ``p`` such that ``p .. p+n-1`` are all free now, outside the OS's
+    ephemeral range: outgoing connections (a health check's, a client's) take their source
+    ports there, so a port picked from it can be taken before the server binds it. Drawn at
+    random (ports are not part of any result), from below the range or, without room there,
+    above it."""
+    lo, hi = ephemeral_ports()
+    spans = [(a, b - n + 1) for a, b in ((LOWEST_PORT, lo - 1), (hi + 1, 65535))
+             if b - n + 1 >= a]
+    if not spans:
+        raise RuntimeError(f"no range of {n} ports outside the ephemeral ports {lo}-{hi}")
+    draw = random.Random()
     for _ in range(tries):
-        base = free_port()
-        if base + n - 1 <= 65535 and all(port_free(base + i) for i in range(n)):
+        a, b = spans[0]
+        base = draw.randint(a, b)
+        if all(port_free(base + i) for i in range(n)):
             return base
     raise RuntimeError(f"no range of {n} free ports found")
 
