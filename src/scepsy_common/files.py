@@ -6,8 +6,9 @@ import csv
 import io
 import json
 import os
+import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,45 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def replace_folder(out: Path, fill: Callable[[Path], None], *, mode: int | None = None,
+                   check: Callable[[], None] | None = None) -> Path:
+    """Write the folder ``out`` whole, so that readers see the old one or the whole new one:
+    ``fill`` writes into a new temporary folder beside it (mode ``mode``, default the umask's),
+    ``check`` (the caller's test that ``out`` may still be replaced) runs once more, then the
+    new folder takes ``out``'s place; what was there is moved aside and removed, and put back
+    if the rename fails. On any error nothing is left but what was at ``out``."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask() if mode is None else mode)  # mkdtemp makes 0700
+        fill(tmp)
+        if check is not None:
+            check()
+        old = _swap(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    return out
+
+
+def _swap(new: Path, out: Path) -> Path | None:
+    """Rename ``new`` to ``out``, moving what is at ``out`` aside first (returned, to be
+    removed); on failure ``out`` is put back."""
+    if not out.exists():
+        os.replace(new, out)
+        return None
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+    os.replace(out, old)  # onto the empty folder just made
+    try:
+        os.replace(new, out)
+    except BaseException:
+        os.replace(old, out)
+        raise
+    return old
 
 
 def read_csv_rows(path: str | os.PathLike[str], expected: str,

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import importlib
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
 from typing import Protocol, runtime_checkable
 
 from scepsy_common.errors import InputError
+from scepsy_common.files import replace_folder
 from scepsy_place.launch.model import Assignment, LaunchPlan
 
 MANIFEST = ".scepsy-launch"
@@ -111,27 +110,16 @@ def write_rendered(files: Mapping[str, str], out: str | os.PathLike[str], target
     beside it, then renamed over it. An existing ``out`` is replaced only when it is empty or
     was written here (holds :data:`MANIFEST`); otherwise an :class:`InputError`."""
     dest = check_folder(out)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp"))
-    try:
+
+    def fill(tmp: Path) -> None:
         for rel, text in sorted(files.items()):
             p = tmp / _check_path(rel)
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_text(text, encoding="utf-8")
             os.chmod(p, 0o755 if rel.endswith(".sh") else 0o644)
         (tmp / MANIFEST).write_text(target + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o755)
-        if dest.exists():
-            old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dest
+
+    return replace_folder(dest, fill, mode=0o755)
 
 
 def read_rendered(folder: str | os.PathLike[str]) -> dict[str, str]:

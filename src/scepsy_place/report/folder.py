@@ -10,13 +10,11 @@ is written.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from scepsy_common.errors import InputError
+from scepsy_common.files import replace_folder
 
 __all__ = ["GENERATOR", "INDEX", "check_out", "is_report", "write_folder"]
 
@@ -54,47 +52,22 @@ def check_out(out: Path) -> None:
         raise InputError(str(out), "", f"a path under a folder ({parent} is a file)")
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def write_folder(out: Path, fill: Callable[[Path], None]) -> Path:
     """Check ``out`` (:func:`check_out`), let ``fill`` write the report into a new temporary
     folder beside it, then put that folder in ``out``'s place (an earlier report there is
-    removed). Returns ``out``; on any error the earlier report stays and nothing else is left
-    behind."""
+    removed; :func:`scepsy_common.files.replace_folder`). Returns ``out``; on any error the
+    earlier report stays and nothing else is left behind."""
     check_out(out)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    except OSError as exc:
-        raise InputError(str(out), "", f"a folder that can be written ({exc.strerror})") from None
-    try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700 folders; give the usual mode
+    filling = False
+
+    def run(tmp: Path) -> None:
+        nonlocal filling
+        filling = True
         fill(tmp)
-        check_out(out)  # still an earlier report (or nothing) after the work
-        old = _swap(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    return out
 
-
-def _swap(new: Path, out: Path) -> Path | None:
-    """Rename ``new`` to ``out``, moving what is at ``out`` aside first (returned, to be
-    removed); on failure ``out`` is put back."""
-    if not out.exists():
-        os.replace(new, out)
-        return None
-    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-    os.replace(out, old)  # onto the empty folder just made
     try:
-        os.replace(new, out)
-    except BaseException:
-        os.replace(old, out)
-        raise
-    return old
+        return replace_folder(out, run, check=lambda: check_out(out))
+    except OSError as exc:
+        if filling:
+            raise
+        raise InputError(str(out), "", f"a folder that can be written ({exc.strerror})") from None
