@@ -97,3 +97,31 @@ def test_every_character_a_shell_gives_meaning_to_is_refused() -> None:
             check_name(f"a{ch}b", "f.yaml", "name")
     for good in ("rag", "qwen2.5-7b", "A100-80GB", "BAAI/bge-reranker-large", "hgx_0", "a:b+c"):
         assert check_name(good, "f.yaml", "name") == good
+
+
+def test_replace_folder_swaps_whole_and_leaves_the_old_one_on_any_error(tmp_path):
+    from scepsy_common.files import replace_folder
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+
+    def fill(folder):
+        (folder / "new.txt").write_text("new")
+
+    def broken(folder):
+        fill(folder)
+        raise RuntimeError("half-way")
+
+    def refuse():
+        raise ValueError("no longer allowed")
+
+    for bad in ({"fill": broken}, {"fill": fill, "check": refuse}):
+        with pytest.raises((RuntimeError, ValueError)):
+            replace_folder(out, bad.pop("fill"), **bad)
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left
+        assert [p.name for p in out.iterdir()] == ["old.txt"]
+    assert replace_folder(out, fill, mode=0o750) == out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert [p.name for p in out.iterdir()] == ["new.txt"]
+    assert out.stat().st_mode & 0o777 == 0o750
