@@ -48,11 +48,12 @@ def write_results(name: str, payload: dict) -> Path:
     path = RESULTS / f"{name}.json"
     payload = {"date": date.today().isoformat(), "machine": f"{platform.machine()}, "
                f"{__import__('os').cpu_count()} cores", **payload}
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=_default) + "\n")
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=json_default) + "\n")
     return path
 
 
-def _default(o: object) -> object:
+def json_default(o: object) -> object:
+    """``json.dumps``'s ``default`` for the results: numpy scalars as Python numbers."""
     if isinstance(o, np.generic):
         return o.item()
     raise TypeError(type(o))

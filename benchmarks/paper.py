@@ -36,6 +36,8 @@ if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
 import paper_curves as curves_mod  # noqa: E402
+from _common import json_default  # noqa: E402
+from scepsy_common.files import atomic_write_text  # noqa: E402
 
 SECTIONS = ("curves", "accuracy", "search", "beyond")
 EXTERNAL = {"search": "search_time", "beyond": "beyond_paper"}  # section -> module in benchmarks/
@@ -278,16 +280,8 @@ def parse_sections(text: str) -> list[str]:
 
 
 def _dump(path: Path, doc: dict[str, Any]) -> None:
-    text = json.dumps(doc, indent=1, sort_keys=True, allow_nan=True, default=_default) + "\n"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _default(o: object) -> object:
-    if hasattr(o, "item"):
-        return o.item()  # numpy scalars
-    raise TypeError(type(o).__name__)
+    atomic_write_text(path, json.dumps(doc, indent=1, sort_keys=True, allow_nan=True,
+                                       default=json_default) + "\n")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -178,9 +178,11 @@ def _requests(cell: Cell, rate: float, latency_s: float, latencies: int) -> int:
     return lo if not math.isfinite(want) else max(lo, min(hi, math.ceil(want)))
 
 
-def _simulate(setup: _Setup, cell: Cell, alloc: Any, rates: Mapping[str, float]) -> dict:
+def _simulate(setup: _Setup, cell: Cell, alloc: Any, rates: Mapping[str, float],
+              latency_s: float) -> dict:
     """Simulated throughput and request-weighted mean latency (the same allocation at the same
-    rates is simulated once per cell: the run is deterministic). ``sim_throughput`` is the
+    rates is simulated once per cell: the run is deterministic); ``latency_s``, the predicted
+    mean latency there, sizes the run (:func:`_requests`). ``sim_throughput`` is the
     rate times the fraction of the window's arrivals completed in the window (at most 1), so
     that the sampling noise of the arrival draw cancels; the raw figures are kept. An
     allocation the simulator refuses to run has no simulated figures (``sim_refused`` says
@@ -192,9 +194,7 @@ def _simulate(setup: _Setup, cell: Cell, alloc: Any, rates: Mapping[str, float])
     if key not in setup.cache:
         p = setup.problem
         try:
-            pred = _predicted(p.scaled(sum(rates.values()) / sum(p.targets.values())), alloc)
-            n = _requests(cell, sum(rates.values()), pred["predicted_latency_s"],
-                          POINT_LATENCIES)
+            n = _requests(cell, sum(rates.values()), latency_s, POINT_LATENCIES)
             res = simulate(setup.trace, setup.models, alloc, p.latency, dict(rates),
                            requests=n, seed=cell.seed, **_policy(p))
         except InputError as exc:  # an instance the simulator cannot run (its KV cache)
@@ -280,13 +280,14 @@ def _record(cell: Cell, setup: _Setup, method: str, problem: Any, placed: Any) -
     alloc = plan.allocation
     at = problem.scaled(plan.scale) if plan.scale != 1.0 else problem
     rates = dict(at.targets)
+    pred = _predicted(at, alloc)
     row.update(objective_s=plan.objective_s, gap=placed.gap, rate=sum(rates.values()),
-               gpus=round(alloc.gpus(), 6), **_predicted(at, alloc),
+               gpus=round(alloc.gpus(), 6), **pred,
                allocation={m: [i.gpu, i.tp, i.share, i.replicas] for m, i in alloc.llms.items()})
     if problem.options.objective == "max-throughput":
         row["sim_saturation"] = _saturation(setup, cell, alloc)
     else:
-        row.update(_simulate(setup, cell, alloc, rates))
+        row.update(_simulate(setup, cell, alloc, rates, pred["predicted_latency_s"]))
     return row
 
 
