@@ -29,6 +29,10 @@ For a workflow ``w`` with requests ``r = 1..R`` and, per request, LLM calls ``C_
   ``critical_s / mean_call_s`` and ``tool_critical_s``; their spread gives the tail latency
   (:mod:`scepsy_opt.tails`).
 
+Calls that failed (``error`` set: an upstream error, a client that went away) are left out of
+every statistic; a call that waited on a failed call waits on that call's own parents instead
+(:meth:`Trace.succeeded`), and ``failed_calls`` counts them.
+
 CV is the population coefficient of variation ``std / mean`` (``ddof = 0``), 0 when there are
 fewer than two values or the mean is 0. Everything is invariant to the order of the records
 (calls are taken in ``call_id`` order, requests in ``request_id`` order) and, up to rounding, to
@@ -153,6 +157,7 @@ class WorkflowStats:
     llm_overlap: float
     # per-request critical paths (tails); left out: one request with the mean path (mean_paths)
     paths: RequestPaths = field(default_factory=lambda: NO_PATHS)
+    failed_calls: int = 0  # calls of the workflow that failed: left out of every statistic
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
@@ -303,10 +308,15 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
     """
     if not isinstance(bootstrap, int) or bootstrap < 0:
         raise InputError("workflow_stats", "bootstrap", "an integer >= 0", bootstrap)
-    keys = sorted(k for k in trace.requests if k[0] == workflow)
-    if not keys:
+    if not any(c.workflow == workflow for c in trace.calls):
         raise InputError("trace", "workflow",
                          f"one of {', '.join(trace.workflows()) or '(no workflows)'}", workflow)
+    failed = sum(c.failed for c in trace.calls if c.workflow == workflow)
+    trace = trace.succeeded()
+    keys = sorted(k for k in trace.requests if k[0] == workflow)
+    if not keys:
+        raise InputError("trace", "workflow", f"calls of workflow {workflow!r} that did not fail "
+                         f"(all {failed} failed)", workflow)
     reqs = [tuple(sorted(trace.requests[k], key=lambda c: c.call_id)) for k in keys]
     llms = sorted({c.llm for calls in reqs for c in calls if c.llm is not None})
     per = [_request(calls, llms) for calls in reqs]
@@ -376,7 +386,7 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
         tool_time_mean_s=float(np.mean([q.tool_s for q in per])),
         tool_critical_s=float(np.mean([q.tool_critical_s for q in per])),
         llm_overlap=float(np.mean(overlaps)) if overlaps else 0.0,
-        paths=paths,
+        paths=paths, failed_calls=failed,
     )
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import json
 import os
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -47,6 +48,11 @@ class CallRecord:
     input_tokens: int = 0
     output_tokens: int = 0
     prefix_tokens: int = 0
+    error: str | None = None  # why the call failed (``upstream_503``, ``client_disconnected``)
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
 
     @property
     def is_llm(self) -> bool:
@@ -83,6 +89,7 @@ class _Record(BaseModel):
     input_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     output_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
     prefix_tokens: int = Field(default=0, ge=0, le=MAX_TOKENS)
+    error: Name | None = None
 
     @model_validator(mode="after")
     def _check(self) -> _Record:
@@ -114,6 +121,35 @@ class Trace:
 
     def of(self, workflow: str) -> Trace:
         return Trace(tuple(c for c in self.calls if c.workflow == workflow))
+
+    @property
+    def failed(self) -> int:
+        """How many calls failed (``error`` set)."""
+        return sum(c.failed for c in self.calls)
+
+    def succeeded(self) -> Trace:
+        """The trace without its failed calls; a call whose parent failed takes that parent's
+        own parents instead (transitively), so every dependency that did complete is kept."""
+        if not self.failed:
+            return self
+        by_id = {(c.workflow, c.request_id, c.call_id): c for c in self.calls}
+
+        def completed(c: CallRecord, ids: tuple[str, ...], seen: frozenset[str]) -> list[str]:
+            out: list[str] = []
+            for p in ids:
+                parent = by_id.get((c.workflow, c.request_id, p))
+                if parent is None or not parent.failed:
+                    out.append(p)
+                elif p not in seen:
+                    out.extend(completed(c, parent.parents, seen | {p}))
+            return out
+
+        kept = []
+        for c in self.calls:
+            if not c.failed:
+                parents = tuple(dict.fromkeys(completed(c, c.parents, frozenset())))
+                kept.append(c if parents == c.parents else replace(c, parents=parents))
+        return Trace(tuple(kept))
 
 
 def validate_calls(calls: Sequence[CallRecord], source: str = "trace",
@@ -154,7 +190,7 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
             workflow=rec.workflow, request_id=rec.request_id, call_id=rec.call_id,
             start_s=rec.start_s, end_s=rec.end_s, llm=rec.llm, tool=rec.tool, role=rec.role,
             parents=tuple(rec.parents), input_tokens=rec.input_tokens,
-            output_tokens=rec.output_tokens, prefix_tokens=rec.prefix_tokens,
+            output_tokens=rec.output_tokens, prefix_tokens=rec.prefix_tokens, error=rec.error,
         ))
         lines.append(lineno)
     if not calls:
@@ -165,6 +201,61 @@ def read_trace(path: str | os.PathLike[str]) -> Trace:
 def write_trace(path: str | os.PathLike[str], calls: Iterable[CallRecord]) -> None:
     """Write calls as JSON lines (deterministic, atomic)."""
     atomic_write_text(path, "".join(c.to_json() + "\n" for c in calls))
+
+
+def _order(c: CallRecord) -> tuple[float, float, str]:
+    return (c.start_s, c.end_s, c.call_id)
+
+
+def _timed_parents(calls: Sequence[CallRecord]) -> list[tuple[str, ...]]:
+    """:func:`infer_parents` of one request's calls, as call ids per call."""
+    done = sorted((c for c in calls if not c.failed), key=lambda c: (c.end_s, c.call_id))
+    ends = [c.end_s for c in done]
+    latest: list[float] = []  # latest start among done[:i + 1]
+    for c in done:
+        latest.append(max(c.start_s, latest[-1]) if latest else c.start_s)
+    out: list[tuple[str, ...]] = []
+    for c in calls:
+        k = bisect_right(ends, c.start_s + _EPS)
+        if k and latest[k - 1] >= c.start_s - _EPS:
+            # a call ending at c's start may sort after c: keep only calls ordered before it
+            before = [d for d in done[:k] if _order(d) < _order(c)]
+        else:
+            before = done[:k]
+        if not before:
+            out.append(())
+            continue
+        last = latest[k - 1] if len(before) == k else max(d.start_s for d in before)
+        first = bisect_left([d.end_s for d in before], last - _EPS) if len(before) != k \
+            else bisect_left(ends, last - _EPS, 0, k)
+        out.append(tuple(d.call_id for d in before[first:]
+                         if d.end_s > last + _EPS or d.start_s >= last - _EPS))
+    return out
+
+
+def infer_parents(calls: Sequence[CallRecord]) -> tuple[CallRecord, ...]:
+    """``calls`` with ``parents`` set from their timing, request by request, for traces whose
+    source records when calls ran but not what each waited for (a proxy, telemetry spans).
+
+    Of the calls of its request that completed before a call started (``end_s <= start_s``;
+    failed calls never count), its parents are the ones that started last and the ones still
+    running when they started (``end_s`` after that latest start): the calls whose results it
+    can have waited for, without those they already waited for. A chain stays a chain, a
+    fan-out shares its parents and a fan-in has every branch as a parent; a call that ended
+    exactly when a later one started is that later call's parent, not its successors'. Ties are broken by ``(start_s, end_s, call_id)``, so the result
+    has no cycle; parents are listed in order of their end. O(n log n) per request unless many
+    calls start at one instant.
+    """
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(calls):
+        groups.setdefault((c.workflow, c.request_id), []).append(i)
+    result = list(calls)
+    for idx in groups.values():
+        mine = [calls[i] for i in idx]
+        for i, parents in zip(idx, _timed_parents(mine), strict=True):
+            if parents != calls[i].parents:
+                result[i] = replace(calls[i], parents=parents)
+    return tuple(result)
 
 
 def request_span_s(calls: Sequence[CallRecord]) -> float:
