@@ -13,7 +13,14 @@ from hypothesis import strategies as st
 from scepsy_common.errors import InputError
 from scepsy_opt.stats import trace_stats
 from scepsy_opt.tracemap import TraceMap, load_trace_map, model_pairs, trace_map
-from scepsy_opt.traces import CallRecord, infer_parents, read_trace, validate_calls, write_trace
+from scepsy_opt.traces import (
+    CallRecord,
+    infer_parents,
+    read_trace,
+    validate_calls,
+    with_client_time,
+    write_trace,
+)
 from scepsy_opt.workflows import generate_trace, load_workflow
 
 EPS = 1e-9
@@ -211,3 +218,35 @@ def test_bad_trace_map_files_name_the_field(tmp_path, text, field):
 def test_bad_model_pairs(pair):
     with pytest.raises(InputError, match="--model"):
         model_pairs([pair])
+
+
+# ------------------------------------------------------------------------------ client time
+
+def test_client_time_fills_the_gaps_on_the_critical_path():
+    calls = infer_parents([_call("a", 0, 1), _call("b", 1.5, 2), _call("c", 2.002, 3),
+                           _call("d", 4, 5, error="upstream_500"), _call("e", 6, 7)])
+    out = with_client_time(calls)
+    ids = [c.call_id for c in out]
+    assert ids == ["a", "b.client", "b", "c", "d", "e.client", "e"]
+    gap = out[1]
+    assert (gap.tool, gap.start_s, gap.end_s, gap.parents) == ("client", 1.0, 1.5, ("a",))
+    assert out[2].parents == ("b.client",) and out[3].parents == ("b",)  # 2 ms: under 5 ms
+    trace = validate_calls(out)
+    stats = trace_stats(trace)["w"]
+    # the critical path now covers the whole request except the 2 ms gap and the failed call
+    # (e waited on c: the failed d never counts)
+    assert stats.tool_critical_s == pytest.approx(0.5 + 3.0, abs=1e-9)
+    assert stats.llms["m"].critical_calls == pytest.approx(4.0)
+
+
+@settings(max_examples=100, deadline=None)
+@given(call_sets())
+def test_client_time_keeps_the_calls_and_a_valid_trace(calls):
+    base = infer_parents(calls)
+    out = with_client_time(base, min_gap_s=0.0)
+    validate_calls(out)
+    assert [c for c in out if c.tool is None] == [
+        c if not c.parents or c.failed else replace(c, parents=next(
+            d.parents for d in out if d.call_id == c.call_id)) for c in base]
+    for gap in (c for c in out if c.tool == "client"):
+        assert gap.end_s >= gap.start_s

@@ -258,6 +258,39 @@ def infer_parents(calls: Sequence[CallRecord]) -> tuple[CallRecord, ...]:
     return tuple(result)
 
 
+CLIENT_TOOL = "client"
+"""The tool name of the time a workflow spends between an LLM call's parents and the call."""
+CLIENT_MIN_GAP_S = 0.005
+"""Shorter gaps than this are not written as client time (an event loop's own latency)."""
+
+
+def with_client_time(calls: Sequence[CallRecord], tool: str = CLIENT_TOOL,
+                     min_gap_s: float = CLIENT_MIN_GAP_S) -> tuple[CallRecord, ...]:
+    """``calls`` plus one ``tool`` call for each gap of at least ``min_gap_s`` between a call's
+    parents and the call: the time the workflow's own code took (tools nobody recorded, the
+    framework, the network), which a source that sees only LLM calls would otherwise lose from
+    the critical path. The gap's record runs from the last parent's end to the call's start,
+    takes the call's parents, and becomes the call's only parent; its id is the call's id plus
+    ``.client``. Failed calls, calls without parents and failed parents are left alone.
+    """
+    by_id = {(c.workflow, c.request_id, c.call_id): c for c in calls}
+    out: list[CallRecord] = []
+    for c in calls:
+        ends = [by_id[(c.workflow, c.request_id, p)].end_s for p in c.parents
+                if (c.workflow, c.request_id, p) in by_id]
+        if c.failed or not ends or c.start_s - max(ends) < min_gap_s:
+            out.append(c)
+            continue
+        cid = f"{c.call_id}.client"
+        while (c.workflow, c.request_id, cid) in by_id:
+            cid += "_"
+        gap = CallRecord(c.workflow, c.request_id, cid, max(ends), c.start_s, tool=tool,
+                         parents=c.parents)
+        by_id[(c.workflow, c.request_id, cid)] = gap
+        out.extend((gap, replace(c, parents=(cid,))))
+    return tuple(out)
+
+
 def request_span_s(calls: Sequence[CallRecord]) -> float:
     """End-to-end latency of one request: last end minus first start."""
     return max(c.end_s for c in calls) - min(c.start_s for c in calls)
