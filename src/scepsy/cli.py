@@ -142,6 +142,10 @@ def _trace_args(trace: argparse.ArgumentParser) -> None:
     gen.add_argument("--seed", type=SEED, default=0)
     gen.add_argument("--out", type=Path, required=True)
     gen.set_defaults(func=_cmd_trace_generate)
+    from scepsy import cli_trace_import, cli_trace_receive
+
+    cli_trace_import.add_import(tsub)
+    cli_trace_receive.add_receive(tsub)
 
 
 _ENGINE_FLAGS = {"max_batch": "--max-num-seqs", "block_size": "--block-size",
@@ -384,6 +388,8 @@ _REGISTERED: dict[str, tuple[str, str]] = {
                "make a plan.json reviewable"),
     "replan": ("scepsy.cli_replan", "re-plan a running plan.json after events (node failed, "
                "rack drained, load changed)"),
+    "record": ("scepsy.cli_record", "an OpenAI-compatible proxy that records every call it "
+               "forwards as a trace"),
 }
 """Commands whose module adds its own parsers (``register(subparsers)``): imported only when
 named, like the others."""
@@ -794,9 +800,10 @@ def _cmd_stats(args: argparse.Namespace) -> int:
         "max_share_cv_requests": round(max(x.time_share_cv_requests for x in st.llms.values()), 3),
         "max_share_cv_halves": round(max(x.time_share_cv_halves for x in st.llms.values()), 4),
         "llm_overlap": round(st.llm_overlap, 3), "tool_critical_s": round(st.tool_critical_s, 3),
+        "failed_calls": st.failed_calls,
     } for w, st in stats.items()], ["workflow", "requests", "latency_mean_s", "latency_cv",
                                      "max_share_cv_requests", "max_share_cv_halves",
-                                     "llm_overlap", "tool_critical_s"])
+                                     "llm_overlap", "tool_critical_s", "failed_calls"])
     return 0
 
 
