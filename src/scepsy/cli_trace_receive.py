@@ -1,0 +1,75 @@
+"""``scepsy trace receive --listen HOST:PORT --out FILE [--duration S]``: an OTLP/HTTP trace
+receiver that writes every export request as one line of OTLP/JSON (docs/otel.md).
+
+Parsing and printing only; the receiver lives in :mod:`scepsy_opt.otlp_http`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+from scepsy.argtypes import POSITIVE
+
+_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<host>[^:\s\[\]]+))"
+                     r":(?P<port>[0-9]{1,5})")
+
+HELP = "receive OpenTelemetry spans over OTLP/HTTP (POST /v1/traces) and write them as " \
+       "OTLP/JSON lines for `scepsy trace import`"
+
+
+def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``receive`` to the ``scepsy trace`` sub-commands; returns its parser."""
+    p = tsub.add_parser("receive", help=HELP, description=HELP + ". Runs until Ctrl-C, "
+                        "SIGTERM or --duration, then prints how many export requests and spans "
+                        "it wrote.")
+    p.add_argument("--listen", default="127.0.0.1:4318", metavar="HOST:PORT",
+                   help="address to listen on (default %(default)s, the OTLP/HTTP port; "
+                   "port 0 takes a free one, printed at start)")
+    p.add_argument("--out", type=Path, required=True,
+                   help="file to write (OTLP/JSON lines); must not exist yet")
+    p.add_argument("--duration", type=POSITIVE, metavar="S",
+                   help="stop after this many seconds (default: run until stopped)")
+    p.set_defaults(func=cmd_receive)
+    return p
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as ``(host, port)``; UsageError otherwise."""
+    from scepsy.cli_util import UsageError
+
+    m = _LISTEN.fullmatch(text)
+    if m is None or int(m["port"]) > 65535:
+        raise UsageError(f"--listen: expected HOST:PORT with a port in 0..65535, e.g. "
+                         f"127.0.0.1:4318 or [::1]:4318 (got {text!r})")
+    host, port = m["v6"] or m["host"], m["port"]
+    return host, int(port)
+
+
+def cmd_receive(args: argparse.Namespace) -> int:
+    from scepsy.cli_util import UsageError, check_out
+    from scepsy_opt.otlp_http import TRACES_PATH, receive
+
+    host, port = parse_listen(args.listen)
+    out: Path = args.out
+    if out.exists() or out.is_symlink():
+        raise UsageError(f"--out: expected a file that does not exist yet; {str(out)!r} exists "
+                         "and was left as it is (choose a new name or remove it)")
+    check_out(out)
+
+    def listening(url: str) -> None:
+        print(f"scepsy trace receive: listening on {url}{TRACES_PATH}, writing {out}; "
+              "Ctrl-C stops", file=sys.stderr, flush=True)
+
+    try:
+        counts = receive(out, host, port, duration_s=args.duration, on_listening=listening)
+    except FileExistsError:
+        raise UsageError(f"--out: expected a file that does not exist yet; {str(out)!r} "
+                         "exists and was left as it is") from None
+    except OSError as exc:
+        raise UsageError(f"--listen: cannot listen on {args.listen!r}: "
+                         f"{exc.strerror or exc}") from None
+    print(f"wrote {counts.requests} export requests, {counts.spans} spans to {out}")
+    return 0
