@@ -1,0 +1,116 @@
+"""``scepsy record``: an OpenAI-compatible proxy that records every call it forwards as a trace
+(docs/record.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.record`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from scepsy.argtypes import POSITIVE
+
+HELP = "an OpenAI-compatible proxy that records every call it forwards as a trace"
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``record`` to a ``scepsy`` sub-command set; returns its parser."""
+    cmd = subparsers.add_parser("record", help=HELP, description=HELP)
+    cmd.add_argument("--listen", required=True, metavar="HOST:PORT",
+                     help="where the proxy listens, e.g. 127.0.0.1:8100 (port 0: any free one)")
+    cmd.add_argument("--upstream", metavar="URL",
+                     help="the OpenAI-compatible server every call goes to, e.g. "
+                     "http://127.0.0.1:8000 (a trailing /v1 is fine)")
+    cmd.add_argument("--upstream-for", action="append", default=[], metavar="MODEL=URL",
+                     help="the server of one model (repeatable; others go to --upstream)")
+    cmd.add_argument("--out", type=Path, required=True, metavar="TRACE.jsonl",
+                     help="the trace to write (must not exist; one line per call, flushed as "
+                     "each call ends)")
+    cmd.add_argument("--workflow", help="workflow name of the recorded requests (default: the "
+                     "map's, else 'agent'; the X-Scepsy-Workflow header overrides it)")
+    cmd.add_argument("--map", type=Path, metavar="FILE",
+                     help="trace map YAML (workflow, models: model name -> LLM name)")
+    cmd.add_argument("--model", action="append", default=[], metavar="MODEL=LLM",
+                     help="model name as sent -> LLM name in the trace (repeatable; wins over "
+                     "--map)")
+    cmd.add_argument("--timeout", type=POSITIVE, default=600.0, metavar="S",
+                     help="longest wait to connect to an upstream and for each read from it, s "
+                     "(default %(default)s)")
+    cmd.add_argument("--duration", type=POSITIVE, metavar="S",
+                     help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
+    cmd.add_argument("--no-client-time", action="store_true",
+                     help="do not write the client's time between a call and the calls it "
+                     "waited for as 'client' tool calls (docs/traces.md)")
+    cmd.set_defaults(func=cmd_record)
+    return cmd
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from scepsy.cli_util import UsageError, check_out
+    from scepsy_opt.record import RecordConfig, parse_listen, upstream_pairs
+    from scepsy_opt.tracemap import trace_map
+
+    host, port = parse_listen(args.listen)
+    if args.out.exists():
+        raise UsageError(f"--out: expected a file that does not exist yet (a trace is never "
+                         f"overwritten) (got {str(args.out)!r})")
+    check_out(args.out)
+    return RecordConfig(out=args.out, upstream=args.upstream,
+                        upstream_for=upstream_pairs(args.upstream_for),
+                        trace_map=trace_map(args.map, args.model, workflow=args.workflow),
+                        host=host, port=port, timeout_s=args.timeout,
+                        client_time=not args.no_client_time)
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    """Run the proxy until a signal or ``--duration``; print the summary."""
+    import asyncio
+    import signal
+
+    from scepsy_opt.record import serve
+
+    config = _config(args)
+
+    async def main() -> Any:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        if args.duration is not None:
+            loop.call_later(args.duration, stop.set)
+
+        def started(url: str) -> None:
+            ups = [f"{m} -> {u}" for m, u in config.upstream_for.items()]
+            if config.upstream is not None:
+                ups.append(config.upstream)
+            print(f"scepsy record: listening on {url}, forwarding to {', '.join(ups)}; "
+                  f"writing {config.out} (stop with Ctrl-C)", flush=True)
+
+        return await serve(config, stop, started)
+
+    stats = asyncio.run(main())
+    _summary(stats, config.out)
+    return 0
+
+
+def _summary(stats: Any, out: Path) -> None:
+    from scepsy.cli_util import print_rows
+
+    print()
+    if stats.llms:
+        print_rows([{"llm": k, "calls": v.calls, "failed": v.failed,
+                     "input_tokens": v.input_tokens, "output_tokens": v.output_tokens,
+                     "prefix_tokens": v.prefix_tokens} for k, v in stats.llms.items()],
+                   ["llm", "calls", "failed", "input_tokens", "output_tokens", "prefix_tokens"])
+        print()
+    if stats.errors:
+        print("failed calls: " + ", ".join(f"{k} {v}" for k, v in stats.errors.items()))
+    if stats.unmapped:
+        print("not recorded, unmapped models: "
+              + ", ".join(f"{k} ({v} calls)" for k, v in stats.unmapped.items()))
+    if not stats.recorded:
+        print(f"no call recorded: {out} not written")
+    print(f"recorded {stats.recorded} calls ({stats.failed} failed) to {out}; "
+          f"{stats.unattributed} unattributed, {stats.usage_missing} without usage, "
+          f"{stats.malformed} malformed bodies, {stats.rejected} bad X-Scepsy headers, "
+          f"{stats.forwarded} other requests forwarded")
