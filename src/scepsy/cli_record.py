@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from scepsy.argtypes import POSITIVE
+from scepsy.cli_util import add_trace_source_args
 
 HELP = "an OpenAI-compatible proxy that records every call it forwards as a trace"
 
@@ -26,21 +27,13 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd.add_argument("--out", type=Path, required=True, metavar="TRACE.jsonl",
                      help="the trace to write (must not exist; one line per call, flushed as "
                      "each call ends)")
-    cmd.add_argument("--workflow", help="workflow name of the recorded requests (default: the "
-                     "map's, else 'agent'; the X-Scepsy-Workflow header overrides it)")
-    cmd.add_argument("--map", type=Path, metavar="FILE",
-                     help="trace map YAML (workflow, models: model name -> LLM name)")
-    cmd.add_argument("--model", action="append", default=[], metavar="MODEL=LLM",
-                     help="model name as sent -> LLM name in the trace (repeatable; wins over "
-                     "--map)")
+    add_trace_source_args(cmd, "workflow name of the recorded requests (default: the map's, "
+                          "else 'agent'; the X-Scepsy-Workflow header overrides it)")
     cmd.add_argument("--timeout", type=POSITIVE, default=600.0, metavar="S",
                      help="longest wait to connect to an upstream and for each read from it, s "
                      "(default %(default)s)")
     cmd.add_argument("--duration", type=POSITIVE, metavar="S",
                      help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
-    cmd.add_argument("--no-client-time", action="store_true",
-                     help="do not write the client's time between a call and the calls it "
-                     "waited for as 'client' tool calls (docs/traces.md)")
     cmd.set_defaults(func=cmd_record)
     return cmd
 

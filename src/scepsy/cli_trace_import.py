@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from scepsy.cli_util import add_trace_source_args
+
 HELP = "turn OpenTelemetry GenAI spans (OTLP/JSON files) into a trace"
 EXAMPLES = 5  # span ids printed per kind of problem
 
@@ -22,12 +24,8 @@ def add_import(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "exporter, scepsy trace receive) or one JSON document")
     cmd.add_argument("--out", type=Path, required=True, metavar="TRACE.jsonl",
                      help="the trace to write (replaced atomically)")
-    cmd.add_argument("--map", type=Path, metavar="FILE",
-                     help="trace map YAML: workflow, request_attribute, models (model -> LLM)")
-    cmd.add_argument("--model", action="append", default=[], metavar="MODEL=LLM",
-                     help="the LLM name of a model name (repeatable; wins over --map)")
-    cmd.add_argument("--workflow", metavar="NAME",
-                     help="workflow name of every request (default: the map's, else 'agent')")
+    add_trace_source_args(cmd, "workflow name of every request (default: the map's, else "
+                          "'agent')")
     cmd.add_argument("--request-attribute", metavar="KEY",
                      help="group spans into requests by this attribute (on the span, an "
                      "ancestor or the resource) instead of by root span")
@@ -36,9 +34,6 @@ def add_import(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd.add_argument("--strict", action="store_true",
                      help="exit 2 and write nothing when a span is malformed, unmapped, an "
                      "orphan, in a cycle, or an LLM call without token counts")
-    cmd.add_argument("--no-client-time", action="store_true",
-                     help="do not write the gaps between a call and the calls it waited for as "
-                     "'client' tool calls (docs/traces.md)")
     cmd.add_argument("--json", action="store_true",
                      help="print the report as JSON instead of tables")
     cmd.set_defaults(func=cmd_import)

@@ -3,6 +3,7 @@ tables on stdout."""
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import tempfile
@@ -38,6 +39,19 @@ def check_out(path: Path, flag: str = "--out") -> None:
                          f"{str(parent)!r}) (got {text!r})") from None
     os.close(fd)
     os.unlink(tmp)
+
+
+def add_trace_source_args(cmd: argparse.ArgumentParser, workflow_help: str) -> None:
+    """The options both trace sources (``trace import``, ``record``) take: the model -> LLM
+    table (docs/traces.md), the workflow name and client time."""
+    cmd.add_argument("--map", type=Path, metavar="FILE",
+                     help="trace map YAML: workflow, request_attribute, models (model -> LLM)")
+    cmd.add_argument("--model", action="append", default=[], metavar="MODEL=LLM",
+                     help="the LLM name of a model name (repeatable; wins over --map)")
+    cmd.add_argument("--workflow", metavar="NAME", help=workflow_help)
+    cmd.add_argument("--no-client-time", action="store_true",
+                     help="do not write the gaps between a call and the calls it waited for as "
+                     "'client' tool calls (docs/traces.md)")
 
 
 def ints(text: str, flag: str) -> list[int]:

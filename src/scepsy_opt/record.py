@@ -168,7 +168,7 @@ class RecordConfig:
 
 
 @dataclass(frozen=True)
-class LLMStats:
+class RecordedLLM:
     """Recorded calls of one LLM: how many, how many failed, the tokens of those that did not."""
 
     calls: int = 0
@@ -200,7 +200,7 @@ class RecordStats:
     forwarded: int = 0
     unmapped: Mapping[str, int] = field(default_factory=dict)
     errors: Mapping[str, int] = field(default_factory=dict)
-    llms: Mapping[str, LLMStats] = field(default_factory=dict)
+    llms: Mapping[str, RecordedLLM] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"recorded": self.recorded, "failed": self.failed,
@@ -242,7 +242,7 @@ class _Counters:
             usage_missing=c["usage_missing"], malformed=c["malformed"], rejected=c["rejected"],
             forwarded=c["forwarded"], unmapped=dict(sorted(self.unmapped.items())),
             errors=dict(sorted(self.errors.items())),
-            llms={k: LLMStats(*v) for k, v in sorted(self.llms.items())})
+            llms={k: RecordedLLM(*v) for k, v in sorted(self.llms.items())})
 
 
 # ------------------------------------------------------------------------------- usage

@@ -30,48 +30,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from typing import Any
 
 from aiohttp import web
 
+from fakes.loop_thread import LoopThreadServer
 
-class FakeChatServer:
+
+class FakeChatServer(LoopThreadServer):
     """``with FakeChatServer() as srv: srv.base_url``."""
 
     def __init__(self, name: str = "fake", *, hang_s: float = 30.0, slow_s: float = 0.05,
                  barrier: int = 4, slow_tokens: int = 200) -> None:
+        super().__init__()
         self.name, self.hang_s, self.slow_s, self.barrier = name, hang_s, slow_s, barrier
         self.slow_tokens = slow_tokens
-        self.port = 0
         self.requests: list[dict[str, Any]] = []
         self.disconnects = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
         self._waiting = 0
         self._gate: asyncio.Event | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FakeChatServer:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-        self._loop.close()
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import defaultdict
 from typing import Any
+
+from fakes.loop_thread import LoopThreadServer
 
 BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seconds",
@@ -36,44 +37,20 @@ HISTOGRAMS = ("vllm:e2e_request_latency_seconds", "vllm:time_to_first_token_seco
               "vllm:request_num_preemptions")
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(LoopThreadServer):
     """Run with ``with FakeOpenAIServer(...) as srv: srv.base_url``; a thread serves it."""
 
     def __init__(self, *, slots: int = 4, prefill_s: float = 0.005, token_s: float = 0.002,
                  hang_s: float = 30.0) -> None:
+        super().__init__()
         self.slots, self.prefill_s, self.token_s, self.hang_s = slots, prefill_s, token_s, hang_s
-        self.port = 0
         self.requests: list[dict[str, Any]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
         self._sem: asyncio.Semaphore | None = None
         self._hist_sum: dict[str, float] = defaultdict(float)
         self._hist_count: dict[str, int] = defaultdict(int)
         self._hist_buckets: dict[str, list[int]] = defaultdict(lambda: [0] * len(BUCKETS))
         self.running = 0
         self.waiting = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FakeOpenAIServer:
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("fake server did not start")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        self._loop.run_until_complete(self._serve())
-        self._loop.close()
 
     async def _serve(self) -> None:
         self._stop = asyncio.Event()
