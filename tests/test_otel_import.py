@@ -168,6 +168,25 @@ def test_openinference_attributes(tmp_path):
         "db.query", "vector_store", "t2")
 
 
+def test_the_model_as_sent_wins_over_the_model_that_answered(tmp_path):
+    """vLLM answers every alias in its first served name; OpenInference's llm.model_name is the
+    answer, llm.invocation_parameters holds what was sent."""
+    b = Otlp()
+    b.span(1, None, 0, 50, openinference__span__kind="CHAIN")
+    sent = json.dumps({"model": SMALL, "max_tokens": 8})
+    b.span(2, 1, 1, 10, openinference__span__kind="LLM", llm__model_name=BIG,
+           llm__invocation_parameters=sent, llm__token_count__prompt=3,
+           llm__token_count__completion=1)
+    b.span(3, 1, 11, 20, openinference__span__kind="LLM", llm__model_name=BIG,
+           llm__invocation_parameters=json.dumps({"model_name": SMALL}))
+    b.span(4, 1, 21, 30, openinference__span__kind="LLM", llm__model_name=BIG,
+           llm__invocation_parameters="not json")
+    b.span(5, 1, 31, 40, gen_ai__operation__name="chat", gen_ai__request__model=SMALL,
+           gen_ai__response__model=BIG)
+    calls = by_id(run(tmp_path, b))
+    assert [calls[sid(i)].llm for i in (2, 3, 4, 5)] == ["coder", "coder", "planner", "coder"]
+
+
 def test_gen_ai_variants(tmp_path):
     b = Otlp()
     b.span(1, None, 0, 100)

@@ -578,16 +578,23 @@ def _token(attrs: Mapping[str, Any], keys: Sequence[str]) -> int | None:
 
 
 def _invocation_model(attrs: Mapping[str, Any]) -> str | None:
-    """The ``model`` in OpenInference's ``llm.invocation_parameters`` (a JSON object as text):
-    the only place a failed call's model is named."""
+    """The ``model`` (or ``model_name``) in OpenInference's ``llm.invocation_parameters`` (a
+    JSON object as text): the model as the program sent it, and the only place a failed call's
+    model is named."""
     text = attrs.get(INVOCATION_KEY)
     if not isinstance(text, str):
         return None
     try:
-        model = json.loads(text).get("model")
-    except (ValueError, AttributeError):
+        params = json.loads(text)
+    except ValueError:
         return None
-    return model if isinstance(model, str) and model else None
+    if not isinstance(params, dict):
+        return None
+    for key in ("model", "model_name"):
+        model = params.get(key)
+        if isinstance(model, str) and model:
+            return model
+    return None
 
 
 def _classify(s: Span) -> _Cand | None:
@@ -618,7 +625,10 @@ def _classify(s: Span) -> _Cand | None:
     if kind == _TOOL:
         name = (_text(a, tool_key) if tool_key else None) or s.name
         return _Cand(_TOOL, tool=sanitize_name(name, "tool"))
-    return _Cand(_LLM, model=_first_text(a, MODEL_KEYS) or _invocation_model(a),
+    # the model as sent wins: a server answers in its own name (vLLM's first served name for
+    # every alias, OpenAI's dated snapshot), and OpenInference's llm.model_name is that answer
+    return _Cand(_LLM, model=_first_text(a, MODEL_KEYS[:1]) or _invocation_model(a)
+                 or _first_text(a, MODEL_KEYS[1:]),
                  tokens=[_token(a, INPUT_KEYS), _token(a, OUTPUT_KEYS), _token(a, PREFIX_KEYS)])
 
 
