@@ -262,13 +262,14 @@ def test_error_status_and_missing_usage(tmp_path):
     b.span(1, None, 0, 100)
     b.chat(2, 1, 1, 10, error=True)
     b.chat(3, 1, 11, 20)["status"] = {"code": "STATUS_CODE_ERROR"}
+    b.chat(6, 1, 41, 50, error=True, tokens=None)  # an error span has no usage: not a problem
     b.chat(4, 1, 21, 30, tokens=None)
     b.tool(5, 1, 31, 40, status_ok=True)
     imp = run(tmp_path, b)
     calls = by_id(imp)
     assert (calls[sid(2)].error, calls[sid(3)].error, calls[sid(4)].error) == (
         SPAN_ERROR, SPAN_ERROR, None)
-    assert imp.report.failed == (sid(2), sid(3))
+    assert imp.report.failed == (sid(2), sid(3), sid(6))
     assert calls[sid(4)].parents == ()  # failed calls are nobody's parent
     assert (calls[sid(4)].input_tokens, calls[sid(4)].output_tokens) == (0, 0)
     assert imp.report.missing_usage == (sid(4),)
@@ -762,3 +763,57 @@ def test_cli_writes_the_agent_time_between_calls_as_client_calls(tmp_path, capsy
     assert (gap.start_s, gap.end_s) == pytest.approx((0.03, 0.04), abs=1e-12)
     assert main([*args, "--no-client-time"]) == 0
     assert [c.call_id for c in read_trace(out).calls] == [sid(3), sid(4), sid(5)]
+
+
+def test_line_separators_inside_strings_do_not_cut_lines(tmp_path):
+    """JSON leaves U+2028, U+2029 and U+0085 raw in strings (the collector writes them so)."""
+    b = agent(agent(Otlp(), T2, base=10))
+    src = b.jsonl(tmp_path / "a.jsonl", per_line=3)
+    text = src.read_text().replace('"web search"', '"web\u2028sea\u0085rch\u2029"')
+    raw = text.replace("\\u2028", "\u2028").replace("\\u0085", "\u0085").replace(
+        "\\u2029", "\u2029")
+    assert "\u2028" in raw and raw.count("\n") == text.count("\n") >= 2
+    src.write_text(raw + "\r\n")
+    imp = import_otlp([src], TMAP)
+    assert len(imp.calls) == 6 and {c.tool for c in imp.calls if c.tool} == {"web_sea_rch_"}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("endTimeUnixNano", "9" * 5000), ("endTimeUnixNano", "9" * 400), ("endTimeUnixNano", 2 ** 70),
+    ("startTimeUnixNano", "-5"),
+])
+def test_out_of_range_times_are_malformed_spans(tmp_path, field, value):
+    b = Otlp()
+    b.span(1, None, 0, 100)
+    b.chat(2, 1, 1, 10)[field] = value
+    imp = run(tmp_path, b)
+    assert [m.span for m in imp.report.malformed] == [sid(2)] and not imp.calls
+    assert len(imp.report.malformed[0].reason) < 200
+
+
+def test_out_of_range_integer_attributes_are_not_read(tmp_path):
+    b = Otlp()
+    b.span(1, None, 0, 100, some__count=1)
+    b.chat(2, 1, 1, 10)["attributes"].append({"key": "x", "value": {"intValue": "-" + "9" * 5000}})
+    b.chat(3, 1, 11, 20)["attributes"].append(
+        {"key": "gen_ai.usage.input_tokens", "value": {"intValue": str(2 ** 64)}})
+    imp = run(tmp_path, b)
+    assert [c.call_id for c in imp.calls] == [sid(2)]  # the unread attribute does not matter
+    assert [m.span for m in imp.report.malformed] == [sid(3)]
+
+
+def test_deeply_nested_json_is_an_input_error(tmp_path):
+    deep = tmp_path / "deep.jsonl"
+    deep.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(InputError, match=r"deep\.jsonl"):
+        read_otlp(deep)
+
+
+def test_instrumentation_library_spans_of_older_files(tmp_path):
+    b = agent(Otlp())
+    doc = json.loads(b.document(tmp_path / "new.json").read_text())
+    for rs in doc["resourceSpans"]:
+        rs["instrumentationLibrarySpans"] = rs.pop("scopeSpans")
+    (tmp_path / "old.json").write_text(json.dumps(doc))
+    assert import_otlp([tmp_path / "old.json"], TMAP).calls == \
+        import_otlp([tmp_path / "new.json"], TMAP).calls

@@ -365,6 +365,10 @@ def test_bad_requests_get_4xx_and_write_nothing(tmp_path: Path) -> None:
     (b"\x0a\x05ab", PROTOBUF, BadExportRequest),
     (b"{}", JSON, BadExportRequest),
     (b"{}", "text/plain", UnsupportedMediaType),
+    # an id that ends in a newline is not 16 hex digits
+    (json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [
+        {"traceId": "0" * 31 + "1", "spanId": "eee19b7ec3c1b17\n", "name": "x"}]}]}]}).encode(),
+     JSON, BadExportRequest),
 ])
 def test_conversion_errors_are_value_errors(body: bytes, ctype: str, error: type) -> None:
     with pytest.raises(error) as info:
@@ -397,6 +401,13 @@ def test_port_in_use_raises_and_leaves_no_file(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------- CLI
+
+
+def test_cli_creates_the_folder_of_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "new" / "spans.otlp.jsonl"
+    assert main(["trace", "receive", "--listen", "127.0.0.1:0", "--out", str(out),
+                 "--duration", "0.1"]) == 0
+    assert out.exists() and "wrote 0 export requests, 0 spans" in capsys.readouterr().out
 
 
 def test_cli_refuses_existing_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

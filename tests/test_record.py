@@ -27,11 +27,11 @@ from hypothesis import strategies as st
 from fakes.openai_chat import FakeChatServer
 from scepsy.cli import main
 from scepsy_common.errors import InputError
+from scepsy_common.net import parse_listen
 from scepsy_opt.record import (
     RecordConfig,
     StreamScan,
     normalize_upstream,
-    parse_listen,
     parse_usage,
     recording_proxy,
     upstream_pairs,
@@ -486,6 +486,7 @@ def test_config_and_flag_parsing():
     assert normalize_upstream("https://h/prefix/v1") == "https://h/prefix"
     assert upstream_pairs(["a/b=http://h:1/v1?"[:-1]]) == {"a/b": "http://h:1"}
     assert parse_listen("127.0.0.1:0") == ("127.0.0.1", 0)
+    assert parse_listen("[::1]:4318") == ("::1", 4318)
     for bad in ("ftp://h", "http://", "h:80", "http://h:99999", "http://h/?q=1"):
         with pytest.raises(InputError):
             normalize_upstream(bad)
@@ -627,18 +628,19 @@ def test_cli_duration_ends_the_run(upstream: FakeChatServer, tmp_path: Path,
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 4), st.booleans()),
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 4), st.booleans(),
+                          st.sampled_from([0.0, 5e-10, 2e-9, 1e-7, 1e-6])),
                 min_size=1, max_size=25))
 def test_parents_from_the_candidate_window_equal_infer_parents_over_all(
-        spans: list[tuple[int, int, bool]]):
+        spans: list[tuple[int, int, bool, float]]):
     """The proxy gives infer_parents only the calls that can be a new call's parents; the answer
     is the one over all the request's completed calls (ties and zero-length calls included)."""
     from scepsy_opt.record import _Completed
     from scepsy_opt.traces import infer_parents
 
-    calls = [CallRecord("w", "r", f"c{i}", start_s=s / 10, end_s=(s + d) / 10, llm="m",
+    calls = [CallRecord("w", "r", f"c{i}", start_s=s / 10, end_s=(s + d) / 10 + late, llm="m",
                         error="upstream_503" if bad else None)
-             for i, (s, d, bad) in enumerate(spans)]
+             for i, (s, d, bad, late) in enumerate(spans)]
     done, written = _Completed(), []
     for c in sorted(calls, key=lambda c: c.end_s):  # the proxy ends calls in time order
         windowed = infer_parents([*done.candidates(c.start_s), c])[-1]
@@ -680,3 +682,38 @@ def test_the_client_time_between_calls_is_recorded_as_a_client_call(upstream, tm
     assert gap.duration_s >= 0.05 - 1e-3
     assert trace_stats(validate_calls(calls))["agent"].tool_critical_s == pytest.approx(
         gap.duration_s, rel=1e-9)
+
+
+def test_client_time_never_writes_an_earlier_call_twice(tmp_path):
+    """A call that starts when another completed at that instant makes the parent window take
+    every completed call; only the new call and its own client time may be written."""
+    from scepsy_opt.record import RecordingProxy, _Call
+
+    out = tmp_path / "t.jsonl"
+    proxy = RecordingProxy(RecordConfig(out=out, upstream="http://127.0.0.1:9"))
+    clock = [0.0]
+    proxy._now = lambda: clock[0]  # type: ignore[method-assign]
+    with out.open("w") as fh:
+        proxy._file = fh
+        for cid, start, end in [("c0", 0.0, 1.0), ("c1", 1.5, 2.0), ("c3", 3.0, 3.0),
+                                ("c2", 3.0, 4.0)]:
+            clock[0] = end
+            proxy._end(_Call("w", "r", cid, "m", None, start, False), None, None)
+    calls = read_trace(out).calls
+    # c3 took no time at 3.0, so c2 (also from 3.0) waited on it with no gap
+    assert [(c.call_id, c.parents) for c in calls] == [
+        ("c0", ()), ("c1.client", ("c0",)), ("c1", ("c1.client",)), ("c3.client", ("c1",)),
+        ("c3", ("c3.client",)), ("c2", ("c3",))]
+
+
+def test_a_gzip_request_body_reaches_the_upstream_as_json(rec: Rec, upstream: FakeChatServer):
+    import gzip
+
+    body = gzip.compress(json.dumps(_chat()).encode())
+    headers = {**_req("gz"), "Content-Encoding": "gzip", "Content-Type": "application/json"}
+    assert rec.client.post(CHAT, content=body, headers=headers).status_code == 200
+    assert rec.client.post("/v1/embeddings", content=body, headers=headers).status_code == 200
+    sent = upstream.requests[-2:]
+    assert all("content-encoding" not in {k.lower() for k in r["headers"]} for r in sent)
+    (call,) = rec.wait_calls(1)
+    assert call.error is None and call.request_id == "gz"

@@ -239,6 +239,11 @@ def test_client_time_fills_the_gaps_on_the_critical_path():
     assert stats.llms["m"].critical_calls == pytest.approx(4.0)
 
 
+def test_a_gap_of_exactly_the_floor_is_client_time():
+    calls = infer_parents([_call("a", 0, 1.195), _call("b", 1.2, 2)])  # 1.2 - 1.195 < 0.005
+    assert [c.call_id for c in with_client_time(calls)] == ["a", "b.client", "b"]
+
+
 @settings(max_examples=100, deadline=None)
 @given(call_sets())
 def test_client_time_keeps_the_calls_and_a_valid_trace(calls):
@@ -250,3 +255,43 @@ def test_client_time_keeps_the_calls_and_a_valid_trace(calls):
             d.parents for d in out if d.call_id == c.call_id)) for c in base]
     for gap in (c for c in out if c.tool == "client"):
         assert gap.end_s >= gap.start_s
+
+
+@st.composite
+def failing_dags(draw: st.DrawFn) -> list[CallRecord]:
+    """Calls in start order, each with parents among the earlier ones, some failed."""
+    n = draw(st.integers(1, 9))
+    calls: list[CallRecord] = []
+    for i in range(n):
+        parents = draw(st.sets(st.sampled_from([c.call_id for c in calls]), max_size=3)) \
+            if calls else set()
+        calls.append(CallRecord("w", "r", f"c{i}", float(i), i + 0.5, llm="m",
+                                parents=tuple(sorted(parents, key=lambda p: int(p[1:]))),
+                                error=draw(st.sampled_from([None, "upstream_500"]))))
+    return calls
+
+
+def completed_ancestors(calls: list[CallRecord], c: CallRecord) -> set[str]:
+    """Oracle: the nearest completed calls up every path through failed ones (recursive)."""
+    by_id = {d.call_id: d for d in calls}
+    out: set[str] = set()
+    for p in c.parents:
+        out |= completed_ancestors(calls, by_id[p]) if by_id[p].failed else {p}
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(failing_dags())
+def test_succeeded_keeps_the_nearest_completed_ancestors(calls):
+    got = {c.call_id: set(c.parents) for c in validate_calls(calls).succeeded().calls}
+    assert got == {c.call_id: completed_ancestors(calls, c) for c in calls if not c.failed}
+
+
+def test_succeeded_through_a_long_chain_of_failures():
+    calls = [_call("a", 0, 1)]
+    for i in range(3000):  # deeper than Python's recursion limit
+        calls.append(_call(f"f{i}", 1 + i, 1 + i, parents=(calls[-1].call_id,),
+                           error="upstream_500"))
+    calls.append(_call("z", 4000, 4001, parents=(calls[-1].call_id,)))
+    assert [(c.call_id, c.parents) for c in validate_calls(calls).succeeded().calls] == [
+        ("a", ()), ("z", ("a",))]

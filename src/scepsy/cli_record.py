@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> Any:
     from scepsy.cli_util import UsageError, check_out
-    from scepsy_opt.record import RecordConfig, parse_listen, upstream_pairs
+    from scepsy_common.net import parse_listen
+    from scepsy_opt.record import RecordConfig, upstream_pairs
     from scepsy_opt.tracemap import trace_map
 
     host, port = parse_listen(args.listen)

@@ -7,14 +7,10 @@ Parsing and printing only; the receiver lives in :mod:`scepsy_opt.otlp_http`.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 from scepsy.argtypes import POSITIVE
-
-_LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<host>[^:\s\[\]]+))"
-                     r":(?P<port>[0-9]{1,5})")
 
 HELP = "receive OpenTelemetry spans over OTLP/HTTP (POST /v1/traces) and write them as " \
        "OTLP/JSON lines for `scepsy trace import`"
@@ -36,20 +32,9 @@ def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return p
 
 
-def parse_listen(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) as ``(host, port)``; UsageError otherwise."""
-    from scepsy.cli_util import UsageError
-
-    m = _LISTEN.fullmatch(text)
-    if m is None or int(m["port"]) > 65535:
-        raise UsageError(f"--listen: expected HOST:PORT with a port in 0..65535, e.g. "
-                         f"127.0.0.1:4318 or [::1]:4318 (got {text!r})")
-    host, port = m["v6"] or m["host"], m["port"]
-    return host, int(port)
-
-
 def cmd_receive(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, check_out
+    from scepsy_common.net import parse_listen
     from scepsy_opt.otlp_http import TRACES_PATH, receive
 
     host, port = parse_listen(args.listen)
@@ -58,6 +43,7 @@ def cmd_receive(args: argparse.Namespace) -> int:
         raise UsageError(f"--out: expected a file that does not exist yet; {str(out)!r} exists "
                          "and was left as it is (choose a new name or remove it)")
     check_out(out)
+    out.parent.mkdir(parents=True, exist_ok=True)  # check_out allows a folder it can create
 
     def listening(url: str) -> None:
         print(f"scepsy trace receive: listening on {url}{TRACES_PATH}, writing {out}; "

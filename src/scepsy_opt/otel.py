@@ -72,6 +72,14 @@ _HEX_DIGITS = "0123456789abcdefABCDEF"
 _NO_KEYS: frozenset[str] = frozenset()
 _B64_LEN = {16: 24, 8: 12}
 _INT = re.compile(r"[+-]?[0-9]+")
+_MAX_DIGITS = 20  # longer digit strings cannot be 64-bit integers (and int() of huge ones is slow)
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(1 << 63), (1 << 63) - 1, (1 << 64) - 1
+
+
+def _short(value: object) -> str:
+    """``repr(value)``, cut to 40 characters for a message."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 _KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
           "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
 _ERROR_CODES = (2, "STATUS_CODE_ERROR", "2")
@@ -143,7 +151,8 @@ def _parent(value: object) -> str:
 
 
 def _nanos(value: object, field_name: str) -> int:
-    if type(value) is str and ((value.isascii() and value.isdigit()) or _INT.fullmatch(value)):
+    if type(value) is str and len(value) <= _MAX_DIGITS and (
+            (value.isascii() and value.isdigit()) or _INT.fullmatch(value)):
         n = int(value)
     elif isinstance(value, int) and not isinstance(value, bool):
         n = value
@@ -152,10 +161,10 @@ def _nanos(value: object, field_name: str) -> int:
     elif value is None:
         raise _Bad(f"{field_name}: expected a time in nanoseconds (field is missing)")
     else:
-        raise _Bad(f"{field_name}: expected a time in integer nanoseconds (got {value!r})")
-    if n <= 0:
-        raise _Bad(f"{field_name}: expected a time after the Unix epoch (0 means unset) "
-                   f"(got {value!r})")
+        raise _Bad(f"{field_name}: expected a time in integer nanoseconds (got {_short(value)})")
+    if n <= 0 or n > _UINT64_MAX:
+        raise _Bad(f"{field_name}: expected a time after the Unix epoch (0 means unset) that "
+                   f"fits 64 bits (got {_short(value)})")
     return n
 
 
@@ -172,10 +181,11 @@ def _any_value(v: object) -> Any:
         if isinstance(x, str):
             return x
     elif k == "intValue":
-        if isinstance(x, str) and _INT.fullmatch(x):
-            return int(x)
-        if isinstance(x, int) and not isinstance(x, bool):
+        if isinstance(x, str) and len(x) <= _MAX_DIGITS and _INT.fullmatch(x):
+            x = int(x)
+        if isinstance(x, int) and not isinstance(x, bool) and _INT64_MIN <= x <= _INT64_MAX:
             return x
+        x = _short(x)
     elif k == "doubleValue":
         if isinstance(x, int | float) and not isinstance(x, bool):
             return float(x)
@@ -216,7 +226,7 @@ def _attributes(items: object) -> tuple[dict[str, Any], frozenset[str]]:
                 out[key] = x
                 continue
             x = value.get("intValue")
-            if type(x) is str and x.isascii() and x.isdigit():
+            if type(x) is str and x.isascii() and x.isdigit() and len(x) < _MAX_DIGITS:
                 out[key] = int(x)
                 continue
         try:
@@ -304,13 +314,15 @@ def _documents(path: Path) -> Iterator[tuple[int, Any]]:
     (told apart by whether the first non-blank line is JSON on its own)."""
     src = str(path)
     text = read_text(path, "OTLP/JSON file (JSON lines or one JSON document)")
-    lines = text.splitlines()
+    # "\n" only: U+2028, U+0085 and the like are legal inside JSON strings (str.splitlines
+    # would cut a line there)
+    lines = [ln.removesuffix("\r") for ln in text.split("\n")]
     first = next((i for i, ln in enumerate(lines) if ln.strip()), None)
     if first is None:
         return
     try:
         doc = json.loads(lines[first])
-    except ValueError:
+    except (ValueError, RecursionError):
         try:
             yield first + 1, json.loads(text)
         except json.JSONDecodeError as exc:
@@ -359,7 +371,10 @@ def _file_spans(path: Path) -> Iterator[Span]:
                 resource: Mapping[str, Any] = _attributes(res.get("attributes"))[0]
             except _Bad as exc:
                 raise InputError(src, f"{rs_at}.resource", str(exc)) from None
-            for j, ss in enumerate(_list(rs, "scopeSpans", src, f"{rs_at}.scopeSpans")):
+            # instrumentationLibrarySpans: the name before OTLP 0.15 (2022), in older files
+            scopes = "scopeSpans" if "scopeSpans" in rs or "instrumentationLibrarySpans" not in rs \
+                else "instrumentationLibrarySpans"
+            for j, ss in enumerate(_list(rs, scopes, src, f"{rs_at}.{scopes}")):
                 ss_at = f"{rs_at}.scopeSpans[{j}]"
                 if not isinstance(ss, dict):
                     raise InputError(src, ss_at, "an object", type(ss).__name__)
@@ -873,7 +888,8 @@ def _otlp_calls(spans: Sequence[Span], tmap: TraceMap, source: str) -> OtelImpor
                 acc.unmapped.setdefault(c.model or "", []).append(k[1])
                 continue
             llms[k] = llm
-            if c.tokens[0] is None and c.tokens[1] is None:
+            # a failed call has no usage to miss: it is left out of the statistics anyway
+            if c.tokens[0] is None and c.tokens[1] is None and not nodes[k].error:
                 acc.missing_usage.append(k[1])
     kept = {k: c for k, c in cands.items() if c.kind == _TOOL or k in llms}
     requests = _requests(nodes, top, kept, tmap, acc)

@@ -57,7 +57,7 @@ MAX_BODY_BYTES = 64 * 2**20
 SOURCE = "OTLP export request"
 
 _ID_BYTES = {"traceId": 16, "spanId": 8, "parentSpanId": 8}
-_HEX = re.compile(r"^[0-9a-fA-F]*$")
+_HEX = re.compile(r"[0-9a-fA-F]*")
 
 
 class BadExportRequest(InputError):
@@ -167,7 +167,7 @@ def _id_to_base64(key: str, value: str) -> str:
     size = _ID_BYTES[key]
     if not value:
         return value
-    if len(value) == 2 * size and _HEX.match(value):
+    if len(value) == 2 * size and _HEX.fullmatch(value):
         raw = bytes.fromhex(value)
     else:
         try:
@@ -189,8 +189,14 @@ def _short(exc: BaseException) -> str:
 
 
 def request_line(doc: dict[str, Any]) -> str:
-    """One export request as the compact JSON line written to the file (with its newline)."""
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False) + "\n"
+    """One export request as the compact JSON line written to the file (with its newline);
+    the line separators JSON leaves raw in strings (U+0085, U+2028, U+2029) are escaped, so that
+    no reader that splits lines on them cuts the line."""
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.translate(_LINE_BREAKS) + "\n"
+
+
+_LINE_BREAKS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
 
 
 def span_count(doc: dict[str, Any]) -> int:

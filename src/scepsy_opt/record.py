@@ -43,7 +43,14 @@ from multidict import CIMultiDict
 
 from scepsy_common.errors import InputError, check_name
 from scepsy_opt.tracemap import TraceMap
-from scepsy_opt.traces import MAX_TOKENS, CallRecord, infer_parents, with_client_time
+from scepsy_opt.traces import (
+    CLIENT_TOOL,
+    MAX_TOKENS,
+    TIME_TOLERANCE_S,
+    CallRecord,
+    infer_parents,
+    with_client_time,
+)
 
 RECORDED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 """The POST paths whose calls are recorded; every other request is only forwarded."""
@@ -55,7 +62,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
                         "proxy-connection", "te", "trailer", "trailers", "transfer-encoding",
                         "upgrade"})
 """Headers that belong to one connection (RFC 9110 7.6.1): never forwarded either way."""
-_DROP_REQUEST = HOP_BY_HOP | {"host", "content-length"}
+# the server hands on request bodies decompressed: their Content-Encoding no longer holds
+_DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "content-encoding"}
 _DROP_RESPONSE = HOP_BY_HOP | {"content-length"}
 DEFAULT_TIMEOUT_S = 600.0
 MAX_BODY_BYTES = 256 * 1024 * 1024
@@ -100,16 +108,6 @@ def upstream_pairs(pairs: list[str] | tuple[str, ...],
             raise InputError(source, "", "MODEL=URL", text)
         out[model] = normalize_upstream(url, source, model)
     return out
-
-
-def parse_listen(text: str, source: str = "--listen") -> tuple[str, int]:
-    """``HOST:PORT`` (port 0: any free port) as ``(host, port)``."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InputError(source, "", "HOST:PORT with a port in 0..65535, e.g. 127.0.0.1:8100",
-                         text)
-    return host, int(port)
 
 
 @dataclass(frozen=True)
@@ -333,7 +331,7 @@ class StreamScan:
             return True
         try:
             obj = json.loads(data)
-        except ValueError:
+        except (ValueError, RecursionError):
             return True
         if not isinstance(obj, dict):
             return True
@@ -413,7 +411,7 @@ class _Completed:
         :func:`infer_parents` the same answer as all of them: the calls that ended by then and
         no earlier than the latest start among those (all of those when one of them starts at
         ``start_s`` itself, where infer_parents breaks ties)."""
-        k = bisect_right(self.ends, start_s + _WINDOW_EPS)
+        k = bisect_right(self.ends, start_s + TIME_TOLERANCE_S)  # infer_parents' own bound
         if k == 0:
             return []
         first = bisect_left(self.ends, self.latest[k - 1] - _WINDOW_EPS, 0, k)
@@ -597,7 +595,7 @@ class RecordingProxy:
         raw = await request.read()
         try:
             body = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             body = None
         if not isinstance(body, dict):
             self._counters.counts["malformed"] += 1
@@ -727,8 +725,9 @@ class RecordingProxy:
         done.add(rec)
         self._counters.add_call(rec, call.unattributed, missing)
         # the client's time before the call, as a 'client' tool call it waited on
-        lines = with_client_time([*candidates, rec])[len(candidates):] \
-            if self.config.client_time else (rec,)
+        lines = [r for r in with_client_time([*candidates, rec])
+                 if r.call_id == rec.call_id or (r.tool == CLIENT_TOOL and r.call_id.startswith(
+                     rec.call_id + "."))] if self.config.client_time else [rec]
         if self._file is not None:
             self._file.write("".join(r.to_json() + "\n" for r in lines))
             self._file.flush()
@@ -738,7 +737,7 @@ def _body_usage(data: bytes) -> Usage | None:
     """The usage of a non-streamed answer (None when it has none)."""
     try:
         obj = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return parse_usage(obj.get("usage")) if isinstance(obj, dict) else None
 

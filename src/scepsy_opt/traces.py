@@ -27,7 +27,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import atomic_write_text, read_jsonl_objects
 
-_EPS = 1e-9
+TIME_TOLERANCE_S = 1e-9
+"""Two times this close count as equal (a parent may end this much after its child starts)."""
+_EPS = TIME_TOLERANCE_S
 MAX_TOKENS = 10_000_000
 """The most tokens one call of a trace file may read or write."""
 
@@ -133,22 +135,44 @@ class Trace:
         if not self.failed:
             return self
         by_id = {(c.workflow, c.request_id, c.call_id): c for c in self.calls}
+        resolved: dict[tuple[str, str, str], tuple[str, ...]] = {}  # a failed call's stand-ins
 
-        def completed(c: CallRecord, ids: tuple[str, ...], seen: frozenset[str]) -> list[str]:
+        def stand_ins(key: tuple[str, str, str]) -> tuple[str, ...]:
+            """The completed calls a failed call stands for, found without recursion (a long
+            chain of failures) and once per failed call (many paths through them)."""
+            stack, gray = [(key, False)], set()  # gray: on the current path
+            while stack:
+                node, finished = stack.pop()
+                if finished:
+                    gray.discard(node)
+                    resolved[node] = _expand(node, by_id[node].parents)
+                    continue
+                if node in resolved or node in gray:  # done, or a cycle among failed calls
+                    continue
+                gray.add(node)
+                stack.append((node, True))
+                stack.extend((k, False) for p in by_id[node].parents
+                             if (k := (node[0], node[1], p)) in by_id and by_id[k].failed)
+            return resolved[key]
+
+        def _expand(owner: tuple[str, str, str], parents: tuple[str, ...]) -> tuple[str, ...]:
             out: list[str] = []
-            for p in ids:
-                parent = by_id.get((c.workflow, c.request_id, p))
-                if parent is None or not parent.failed:
-                    out.append(p)
-                elif p not in seen:
-                    out.extend(completed(c, parent.parents, seen | {p}))
-            return out
+            for p in parents:
+                k = (owner[0], owner[1], p)
+                out.extend(resolved.get(k, ()) if k in by_id and by_id[k].failed else (p,))
+            return tuple(dict.fromkeys(out))
 
         kept = []
         for c in self.calls:
-            if not c.failed:
-                parents = tuple(dict.fromkeys(completed(c, c.parents, frozenset())))
-                kept.append(c if parents == c.parents else replace(c, parents=parents))
+            if c.failed:
+                continue
+            key = (c.workflow, c.request_id, c.call_id)
+            for p in c.parents:
+                k = (c.workflow, c.request_id, p)
+                if k in by_id and by_id[k].failed:
+                    stand_ins(k)
+            parents = _expand(key, c.parents)
+            kept.append(c if parents == c.parents else replace(c, parents=parents))
         return Trace(tuple(kept))
 
 
@@ -278,7 +302,8 @@ def with_client_time(calls: Sequence[CallRecord], tool: str = CLIENT_TOOL,
     for c in calls:
         ends = [by_id[(c.workflow, c.request_id, p)].end_s for p in c.parents
                 if (c.workflow, c.request_id, p) in by_id]
-        if c.failed or not ends or c.start_s - max(ends) < min_gap_s:
+        gap_s = c.start_s - max(ends) if ends else 0.0
+        if c.failed or gap_s <= 0 or gap_s < min_gap_s - _EPS:
             out.append(c)
             continue
         cid = f"{c.call_id}.client"
