@@ -3,6 +3,7 @@ from timing, failed calls, and the model -> LLM table."""
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 
@@ -21,7 +22,7 @@ from scepsy_opt.traces import (
     with_client_time,
     write_trace,
 )
-from scepsy_opt.workflows import generate_trace, load_workflow
+from scepsy_opt.workflows import generate_trace, load_workflow, parse_workflow
 
 EPS = 1e-9
 
@@ -295,3 +296,47 @@ def test_succeeded_through_a_long_chain_of_failures():
     calls.append(_call("z", 4000, 4001, parents=(calls[-1].call_id,)))
     assert [(c.call_id, c.parents) for c in validate_calls(calls).succeeded().calls] == [
         ("a", ()), ("z", ("a",))]
+
+
+# ------------------------------------------------------------------------- program: recorded
+
+def test_a_recorded_workflow_takes_any_llm_names_and_generates_nothing():
+    spec = parse_workflow({"name": "agent", "program": "recorded",
+                           "llms": {"my-planner": "qwen2.5-7b", "w.2": "qwen2.5-1.5b"}}, "a.yaml")
+    assert sorted(spec.llms) == ["my-planner", "w.2"]
+    with pytest.raises(InputError, match=r"a\.yaml: program: expected a recorded trace"):
+        generate_trace(replace(spec, source="a.yaml"), 1, seed=0)
+    for bad, field in [({"llms": {}}, "llms"), ({"tools": {"t": 0.1}}, "tools.t"),
+                       ({"params": {"x": 1}}, "params.x")]:
+        raw = {"name": "agent", "program": "recorded", "llms": {"p": "qwen2.5-7b"}, **bad}
+        with pytest.raises(InputError, match=field):
+            parse_workflow(raw, "a.yaml")
+
+
+def test_a_recorded_workflow_is_planned_from_its_trace(tmp_path, capsys):
+    from scepsy.cli import main
+
+    calls = []
+    for r in range(20):
+        t = 10.0 * r
+        calls.append(_call("p", t, t + 0.3, request=f"r{r}", llm="planner", input_tokens=20,
+                           output_tokens=12))
+        for k in range(1 + r % 3):
+            calls.append(_call(f"w{k}", t + 0.4 + 0.5 * k, t + 0.8 + 0.5 * k, request=f"r{r}",
+                               llm="writer", input_tokens=45, output_tokens=12))
+    trace = tmp_path / "agent.jsonl"
+    write_trace(trace, [replace(c, workflow="agent") for c in with_client_time(
+        infer_parents(calls))])
+    wf = tmp_path / "agent.yaml"
+    wf.write_text("name: agent\nprogram: recorded\nllms:\n  planner: qwen2.5-7b\n"
+                  "  writer: qwen2.5-1.5b\n")
+    out = tmp_path / "plan.json"
+    args = ["plan", "--workflow", str(wf), "--cluster", "datasets/clusters/a100-4.yaml",
+            "--target", "1", "--out", str(out)]
+    assert main([*args, "--trace", str(trace)]) == 0
+    plan = json.loads(out.read_text())
+    assert set(plan["allocation"]["llms"]) == {"planner", "writer"} and plan["status"] == "optimal"
+    capsys.readouterr()
+    out.unlink()
+    assert main(args) == 2 and not out.exists()
+    assert "--trace TRACE.jsonl" in capsys.readouterr().err

@@ -515,7 +515,12 @@ class WorkflowSpec:
         object.__setattr__(self, "reference_gpu", gpu.name)
         if not (_is_number(self.weight) and math.isfinite(self.weight) and self.weight > 0):
             raise InputError(src, "weight", "a number > 0", self.weight)
-        if getattr(prog, "any_one_llm", False):
+        if getattr(prog, "any_llms", False):
+            if not isinstance(self.llms, Mapping) or not self.llms:
+                raise InputError(src, "llms", f"at least one LLM (program {self.program!r} "
+                                 "takes the LLM names of its trace)",
+                                 self.llms if not isinstance(self.llms, Mapping) else 0)
+        elif getattr(prog, "any_one_llm", False):
             if not isinstance(self.llms, Mapping) or len(self.llms) != 1:
                 raise InputError(src, "llms", f"exactly one LLM (program {self.program!r} "
                                  "calls one LLM, of any name)",
@@ -1016,11 +1021,34 @@ class CallProgram:
         return r.calls
 
 
+@dataclass(frozen=True)
+class RecordedProgram:
+    """A workflow known only by its recorded trace: an application in any agent framework,
+    recorded by ``scepsy record`` or imported from its telemetry (``scepsy trace import``).
+
+    Its LLMs may have any names (``any_llms``: those of the trace), it has no params or tools,
+    and it generates nothing: planning, predicting and simulating it take the statistics of a
+    trace given with ``--trace``; without one, :meth:`run` says so.
+    """
+
+    required_params: tuple[str, ...] = ()
+    required_llms: tuple[str, ...] = ()
+    required_tools: tuple[str, ...] = ()
+    any_llms: bool = True
+
+    def run(self, spec: WorkflowSpec, rng: np.random.Generator, request_id: str, t0: float,
+            timer: Timer) -> list[CallRecord]:
+        raise InputError(spec.source or f"workflow {spec.name!r}", "program",
+                         "a recorded trace of the workflow (--trace TRACE.jsonl): program "
+                         "'recorded' has no generator", spec.program)
+
+
 PROGRAMS: dict[str, Program] = {
     "rag": RagProgram(),
     "beam_search": BeamSearchProgram(),
     "coding_agent": CodingAgentProgram(),
     "call": CallProgram(),
+    "recorded": RecordedProgram(),
 }
 """Registered programs by name (the ``program`` of a workflow file)."""
 
