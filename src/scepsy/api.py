@@ -310,7 +310,10 @@ def check_grid(specs: Sequence[WorkflowSpec], topology: Topology, tps: Sequence[
     supports within one NVLink domain of the cluster (``tps``), or an LLM that fits in memory
     at no share of the grid but would at a larger one (``shares``). TP degrees above the
     cluster's NVLink domains are otherwise left unused. A model too large for every GPU
-    at every share is not a grid problem: the optimiser reports it as infeasible."""
+    at every share is not a grid problem: the optimiser reports it as infeasible. The default
+    grid (``PlanOptions().tps``) is the set to choose from, not a request: its degrees that no
+    model supports (8 for a model of 28 heads) are left unused like those above the domains."""
+    from scepsy_opt.problem import PlanOptions
     from scepsy_opt.workload import models_of
     from scepsy_profile.catalog import default_catalog
     from scepsy_profile.serving import memory_fit
@@ -323,7 +326,8 @@ def check_grid(specs: Sequence[WorkflowSpec], topology: Topology, tps: Sequence[
                        if cat.model(models[m]).supports_tp(t)]
               for m in models for g in gpus}
     allowed = sorted({t for ts in usable.values() for t in ts})
-    if any(not any(cat.model(model).supports_tp(t) for model in models.values()) for t in tps):
+    if tuple(tps) != PlanOptions().tps and any(
+            not any(cat.model(model).supports_tp(t) for model in models.values()) for t in tps):
         raise InputError("tps", "", "TP degrees the workflows' models support (on this "
                          f"cluster: {', '.join(map(str, allowed))})", ",".join(map(str, tps)))
     for m, model in sorted(models.items()):
