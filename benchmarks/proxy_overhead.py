@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
             proxy.terminate()
             proxy.communicate(timeout=60)
             up.terminate()
-        recorded = len(read_trace(out).calls)
+        recorded = sum(c.llm is not None for c in read_trace(out).calls)  # not client time
     expected = 2 * (args.calls + args.warmup)
     print(table(rows, list(rows[0])))
     print(f"\ncalls recorded by the proxy: {recorded} (expected {expected}); "
