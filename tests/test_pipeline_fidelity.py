@@ -29,7 +29,7 @@ from scepsy_opt.simulate import simulate
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import CallRecord, validate_calls
 from scepsy_profile.roofline import roofline_model
-from scepsy_profile.serving import MemoryPolicy, ServingCurve
+from scepsy_profile.serving import MemoryPolicy
 
 GPU = "A100-80GB"
 ROOF = roofline_model()
@@ -275,8 +275,6 @@ def test_unoverloaded_replicas_is_the_fewest_that_are_not_overloaded(rate, knee,
     assert curve_preemptions(curve, rate / max(brute, 1))[1] == (brute > limit)
 
 
-@pytest.mark.skipif(not hasattr(ServingCurve, "overloaded"),
-                    reason="needs the serving curve's preemption prediction (INTERFACES B)")
 def test_candidates_exclude_overloaded_instances():
     """A 0.1 share whose KV cache holds about ten calls of 16 + 400 tokens (exponential
     outputs) preempts under load: 4 replicas carry the call rate, but only from 6 on are they

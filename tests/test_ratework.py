@@ -322,17 +322,14 @@ def test_predict_uses_the_file_rates_and_rescales_them():
 
 
 def test_changing_one_llms_rate_leaves_the_other_llms_prediction_alone():
-    # Two LLMs on their own GPUs share nothing: LLM b's rate must not move LLM a's latency.
-    # The maximum throughput and the tail percentiles are per workflow only with the
-    # per-workflow predictor (INTERFACES F, H5): checked when WorkflowPrediction has them.
+    # Two LLMs on their own GPUs share nothing: LLM b's rate must not move LLM a's latency,
+    # maximum throughput or tail percentiles.
     base = scepsy.predict(_two_llms(rate_b=1.0), SEPARATE, trace_requests=300)
     busy = scepsy.predict(_two_llms(rate_b=8.0), SEPARATE, trace_requests=300)
     a0, a1 = base.workflows["a"], busy.workflows["a"]
     assert busy.llms["b"].utilisation > 4 * base.llms["b"].utilisation
     assert a1.mean_latency_s == pytest.approx(a0.mean_latency_s, rel=1e-12)
     assert busy.llms["a"] == base.llms["a"]
-    if "saturated" not in {f.name for f in fields(WorkflowPrediction)}:
-        pytest.skip("per-workflow max throughput needs the predictor of INTERFACES F (H5)")
     assert a1.max_throughput == pytest.approx(a0.max_throughput, rel=1e-12)
     assert a1.bottleneck == "a" and not a1.saturated and a1.throughput == a1.rate
     for q in ("p50_latency_s", "p90_latency_s", "p99_latency_s"):
@@ -459,10 +456,7 @@ def test_cli_rate_and_bound_mistakes_exit_2(tmp_path, capsys, argv, needle):
 
 
 def test_percentile_bounds_reach_the_plan_options(monkeypatch):
-    from scepsy_opt.problem import PlanOptions
 
-    if "latency_bounds" not in {f.name for f in fields(PlanOptions)}:
-        pytest.skip("PlanOptions.latency_bounds (INTERFACES G, H4) is not there yet")
     problem, _ = api.plan_problem(MUX, A100_16, trace_requests=50,
                                          latency_bounds=(90, 30.0))
     assert dict(problem.options.latency_bounds) == dict.fromkeys(rates(load_rate_workload(MUX)),
@@ -476,8 +470,7 @@ def test_percentile_bounds_reach_the_plan_options(monkeypatch):
 
 
 def test_overheads_wrap_the_latency_model(tmp_path, capsys):
-    overheads = pytest.importorskip("scepsy_profile.overheads",
-                                    reason="engine overheads (INTERFACES C, H1) not there yet")
+    from scepsy_profile import overheads
     calib = overheads.EngineOverheads("vllm", "test", "A100-80GB", iteration_ms=5.0,
                                       per_token_ms=0.1, first_token_ms=200.0, http_ms=20.0)
     path = tmp_path / "overheads.yaml"
@@ -495,8 +488,7 @@ def test_overheads_wrap_the_latency_model(tmp_path, capsys):
 
 
 def test_cli_overheads_reach_predict_simulate_and_plan(tmp_path, cpu_plan, capsys):
-    overheads = pytest.importorskip("scepsy_profile.overheads",
-                                    reason="engine overheads (INTERFACES C, H1) not there yet")
+    from scepsy_profile import overheads
     path = tmp_path / "o.json"
     overheads.save_overheads(overheads.EngineOverheads("vllm", "t", "cpu", first_token_ms=300.0),
                              path)
@@ -519,10 +511,7 @@ def test_cli_overheads_reach_predict_simulate_and_plan(tmp_path, cpu_plan, capsy
 
 
 def test_cli_percentile_bounds_are_planned_and_reported(tmp_path, capsys):
-    from scepsy_opt.problem import PlanOptions
 
-    if "latency_bounds" not in {f.name for f in fields(PlanOptions)}:
-        pytest.skip("PlanOptions.latency_bounds (INTERFACES G, H4) is not there yet")
     out = tmp_path / "plan.json"
     rc, text, err = _run(capsys, ["plan", "--workflow", MUX, "--cluster", A100_16,
                                   "--trace-requests", "200", "--out", out, "--quiet",
