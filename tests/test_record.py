@@ -717,3 +717,14 @@ def test_a_gzip_request_body_reaches_the_upstream_as_json(rec: Rec, upstream: Fa
     assert all("content-encoding" not in {k.lower() for k in r["headers"]} for r in sent)
     (call,) = rec.wait_calls(1)
     assert call.error is None and call.request_id == "gz"
+
+
+def test_cli_creates_the_folder_of_out_only_when_the_flags_are_good(
+        upstream: FakeChatServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    out = tmp_path / "new" / "t.jsonl"
+    assert main(["record", "--listen", "127.0.0.1:0", "--upstream", "ftp://x", "--out",
+                 str(out), "--duration", "0.1"]) == 2
+    assert not out.parent.exists()
+    assert main(["record", "--listen", "127.0.0.1:0", "--upstream", upstream.base_url,
+                 "--out", str(out), "--duration", "0.1"]) == 0
+    assert out.parent.is_dir() and "no call recorded" in capsys.readouterr().out

@@ -39,21 +39,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from scepsy.cli_util import UsageError, check_out
+    from scepsy.cli_util import check_new_out
     from scepsy_common.net import parse_listen
     from scepsy_opt.record import RecordConfig, upstream_pairs
     from scepsy_opt.tracemap import trace_map
 
     host, port = parse_listen(args.listen)
-    if args.out.exists():
-        raise UsageError(f"--out: expected a file that does not exist yet (a trace is never "
-                         f"overwritten) (got {str(args.out)!r})")
-    check_out(args.out)
-    return RecordConfig(out=args.out, upstream=args.upstream,
-                        upstream_for=upstream_pairs(args.upstream_for),
-                        trace_map=trace_map(args.map, args.model, workflow=args.workflow),
-                        host=host, port=port, timeout_s=args.timeout,
-                        client_time=not args.no_client_time)
+    config = RecordConfig(out=args.out, upstream=args.upstream,
+                          upstream_for=upstream_pairs(args.upstream_for),
+                          trace_map=trace_map(args.map, args.model, workflow=args.workflow),
+                          host=host, port=port, timeout_s=args.timeout,
+                          client_time=not args.no_client_time)
+    check_new_out(args.out)  # last: it may create the folder
+    return config
 
 
 def cmd_record(args: argparse.Namespace) -> int:

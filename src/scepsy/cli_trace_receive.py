@@ -33,17 +33,13 @@ def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError, check_out
+    from scepsy.cli_util import UsageError, check_new_out
     from scepsy_common.net import parse_listen
     from scepsy_opt.otlp_http import TRACES_PATH, receive
 
     host, port = parse_listen(args.listen)
     out: Path = args.out
-    if out.exists() or out.is_symlink():
-        raise UsageError(f"--out: expected a file that does not exist yet; {str(out)!r} exists "
-                         "and was left as it is (choose a new name or remove it)")
-    check_out(out)
-    out.parent.mkdir(parents=True, exist_ok=True)  # check_out allows a folder it can create
+    check_new_out(out)
 
     def listening(url: str) -> None:
         print(f"scepsy trace receive: listening on {url}{TRACES_PATH}, writing {out}; "

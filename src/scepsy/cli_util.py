@@ -41,6 +41,16 @@ def check_out(path: Path, flag: str = "--out") -> None:
     os.unlink(tmp)
 
 
+def check_new_out(path: Path, flag: str = "--out") -> None:
+    """:func:`check_out` for a file written as it goes (a recording): it must not exist yet, so
+    that an earlier recording is never overwritten; its folder is created if need be."""
+    if path.exists() or path.is_symlink():
+        raise UsageError(f"{flag}: expected a file that does not exist yet; {str(path)!r} exists "
+                         "and was left as it is (choose a new name or remove it)")
+    check_out(path, flag)
+    path.parent.mkdir(parents=True, exist_ok=True)
+
+
 def add_trace_source_args(cmd: argparse.ArgumentParser, workflow_help: str) -> None:
     """The options both trace sources (``trace import``, ``record``) take: the model -> LLM
     table (docs/traces.md), the workflow name and client time."""
