@@ -80,6 +80,8 @@ def _short(value: object) -> str:
     """``repr(value)``, cut to 40 characters for a message."""
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
 _KINDS = {"SPAN_KIND_UNSPECIFIED": 0, "SPAN_KIND_INTERNAL": 1, "SPAN_KIND_SERVER": 2,
           "SPAN_KIND_CLIENT": 3, "SPAN_KIND_PRODUCER": 4, "SPAN_KIND_CONSUMER": 5}
 _ERROR_CODES = (2, "STATUS_CODE_ERROR", "2")
@@ -119,26 +121,31 @@ class _Bad(Exception):
     """A value that cannot be decoded (its message is the reason)."""
 
 
+def id_bytes(value: str, size: int) -> bytes | None:
+    """The bytes of an OTLP trace (16 bytes) or span (8 bytes) id written as hex (OTLP/JSON)
+    or as base64, standard or URL-safe (protobuf's JSON mapping, older exporters); None when
+    it is neither."""
+    if len(value) == 2 * size and not value.strip(_HEX_DIGITS):
+        return bytes.fromhex(value)
+    if len(value) == _B64_LEN[size]:
+        try:
+            raw = base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)
+        except (binascii.Error, ValueError):
+            return None
+        return raw if len(raw) == size else None
+    return None
+
+
 def _id(value: object, size: int, field_name: str, zero: str | None = None) -> str:
-    """A trace (16 bytes) or span (8 bytes) id as lowercase hex; hex and base64 accepted. An
+    """A trace (16 bytes) or span (8 bytes) id as lowercase hex (:func:`id_bytes`). An
     all-zero id is invalid, or ``zero`` when given."""
-    if isinstance(value, str):
-        if len(value) == 2 * size and not value.strip(_HEX_DIGITS):
-            out = value.lower()
-        elif len(value) == _B64_LEN[size]:
-            try:
-                raw = base64.b64decode(value.replace("-", "+").replace("_", "/"), validate=True)
-            except (binascii.Error, ValueError):
-                raw = b""
-            out = raw.hex() if len(raw) == size else ""
-        else:
-            out = ""
-        if out and out.strip("0"):
-            return out
-        if out and zero is not None:
-            return zero
-        if out:
-            raise _Bad(f"{field_name}: expected a non-zero id (got {value!r})")
+    raw = id_bytes(value, size) if isinstance(value, str) else None
+    if raw is not None and raw.strip(b"\0"):
+        return raw.hex()
+    if raw is not None and zero is not None:
+        return zero
+    if raw is not None:
+        raise _Bad(f"{field_name}: expected a non-zero id (got {value!r})")
     raise _Bad(f"{field_name}: expected {2 * size} hex digits or the base64 of {size} bytes "
                f"(got {value!r})")
 
@@ -972,6 +979,7 @@ __all__ = [
     "Orphan",
     "OtelImport",
     "Span",
+    "id_bytes",
     "import_otlp",
     "otlp_calls",
     "read_otlp",

@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import json
 import os
-import re
 import signal
 import threading
 import zlib
@@ -43,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from scepsy_common.errors import InputError
+from scepsy_opt.otel import id_bytes
 
 __all__ = ["JSON", "MAX_BODY_BYTES", "PROTOBUF", "TRACES_PATH", "BadExportRequest", "BodyTooLarge",
            "OtlpReceiver", "ReceiveCounts", "UnsupportedMediaType", "otlp_receiver",
@@ -57,7 +56,6 @@ MAX_BODY_BYTES = 64 * 2**20
 SOURCE = "OTLP export request"
 
 _ID_BYTES = {"traceId": 16, "spanId": 8, "parentSpanId": 8}
-_HEX = re.compile(r"[0-9a-fA-F]*")
 
 
 class BadExportRequest(InputError):
@@ -167,15 +165,9 @@ def _id_to_base64(key: str, value: str) -> str:
     size = _ID_BYTES[key]
     if not value:
         return value
-    if len(value) == 2 * size and _HEX.fullmatch(value):
-        raw = bytes.fromhex(value)
-    else:
-        try:
-            raw = base64.b64decode(value, validate=True)
-        except (binascii.Error, ValueError):
-            raw = b""
-        if len(raw) != size:
-            raise BadExportRequest(SOURCE, key, f"{2 * size} hex digits", value)
+    raw = id_bytes(value, size)
+    if raw is None:
+        raise BadExportRequest(SOURCE, key, f"{2 * size} hex digits", value)
     return base64.b64encode(raw).decode("ascii")
 
 
