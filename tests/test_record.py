@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -631,38 +632,35 @@ def test_cli_duration_ends_the_run(upstream: FakeChatServer, tmp_path: Path,
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 4), st.booleans(),
                           st.sampled_from([0.0, 5e-10, 2e-9, 1e-7, 1e-6])),
                 min_size=1, max_size=25))
-def test_parents_from_the_candidate_window_equal_infer_parents_over_all(
+def test_parents_as_calls_complete_equal_infer_parents_over_all(
         spans: list[tuple[int, int, bool, float]]):
-    """The proxy gives infer_parents only the calls that can be a new call's parents; the answer
-    is the one over all the request's completed calls (ties and zero-length calls included)."""
-    from scepsy_opt.record import _Completed
-    from scepsy_opt.traces import infer_parents
+    """The proxy finds each call's parents as it completes, from the request's calls completed
+    so far; the answer is the one over all of them (ties and zero-length calls included)."""
+    from scepsy_opt.traces import CompletedCalls, infer_parents
 
     calls = [CallRecord("w", "r", f"c{i}", start_s=s / 10, end_s=(s + d) / 10 + late, llm="m",
                         error="upstream_503" if bad else None)
              for i, (s, d, bad, late) in enumerate(spans)]
-    done, written = _Completed(), []
+    done, written = CompletedCalls(), []
     for c in sorted(calls, key=lambda c: c.end_s):  # the proxy ends calls in time order
-        windowed = infer_parents([*done.candidates(c.start_s), c])[-1]
+        windowed = replace(c, parents=done.parents_of(c))
         full = infer_parents([*written, c])[-1]
         assert windowed.parents == full.parents
         done.add(windowed)
         written.append(windowed)
 
 
-def test_candidates_stay_right_when_calls_arrive_out_of_end_order():
-    from scepsy_opt.record import _Completed
-    from scepsy_opt.traces import infer_parents
+def test_parents_stay_right_when_calls_arrive_out_of_end_order():
+    from scepsy_opt.traces import CompletedCalls, infer_parents
 
     a = CallRecord("w", "r", "a", 0.0, 2.0, llm="m")
     b = CallRecord("w", "r", "b", 1.0, 1.5, llm="m")
     c = CallRecord("w", "r", "c", 3.0, 4.0, llm="m")
-    done = _Completed()
+    done = CompletedCalls()
     done.add(a)
     done.add(b)  # ended before a: inserted in order
     assert done.ends == [1.5, 2.0] and done.latest == [1.0, 1.0]
-    assert infer_parents([*done.candidates(3.0), c])[-1].parents == \
-        infer_parents([a, b, c])[-1].parents == ("b", "a")
+    assert done.parents_of(c) == infer_parents([a, b, c])[-1].parents == ("b", "a")
 
 
 def test_the_client_time_between_calls_is_recorded_as_a_client_call(upstream, tmp_path):

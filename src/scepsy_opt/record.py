@@ -8,7 +8,8 @@ appends its record to the trace file as one JSON line and flushes it, so the fil
 after every call. Which workflow request a call belongs to comes from the ``X-Scepsy-Request``
 header (fallback: the body's OpenAI ``user`` field; else the call is a request of its own);
 ``X-Scepsy-Workflow`` and ``X-Scepsy-Role`` set the workflow name and the role. Parents come
-from timing (:func:`~scepsy_opt.traces.infer_parents`) over the request's calls so far.
+from timing (:class:`~scepsy_opt.traces.CompletedCalls`, the rule of
+:func:`~scepsy_opt.traces.infer_parents`) over the request's calls so far.
 
 Failed calls are recorded with ``error`` set and never stop the proxy: ``upstream_<status>``,
 ``upstream_unreachable``, ``upstream_timeout``, ``upstream_stream_cut``, ``client_disconnected``,
@@ -27,11 +28,9 @@ import math
 import re
 import threading
 import time
-from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
-from itertools import accumulate
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import IO, Any
@@ -43,14 +42,7 @@ from multidict import CIMultiDict
 
 from scepsy_common.errors import InputError, check_name
 from scepsy_opt.tracemap import TraceMap
-from scepsy_opt.traces import (
-    CLIENT_TOOL,
-    MAX_TOKENS,
-    TIME_TOLERANCE_S,
-    CallRecord,
-    infer_parents,
-    with_client_time,
-)
+from scepsy_opt.traces import MAX_TOKENS, CallRecord, CompletedCalls, with_client_time
 
 RECORDED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 """The POST paths whose calls are recorded; every other request is only forwarded."""
@@ -72,8 +64,6 @@ NO_MODEL = "<none>"
 """The key under which calls without a ``model`` are counted as unmapped."""
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _DONE = b"[DONE]"
-_WINDOW_EPS = 1e-6
-"""Slack of the parent candidates (wider than infer_parents' own tolerance: a superset)."""
 
 
 # --------------------------------------------------------------------------- configuration
@@ -382,45 +372,6 @@ def _forward_headers(headers: Mapping[str, str], drop: frozenset[str]) -> CIMult
     return out
 
 
-class _Completed:
-    """The completed calls of one request that can be parents (not failed), in order of their
-    end (the order the proxy ends them in), with the latest start so far: a call's parents come
-    from :func:`~scepsy_opt.traces.infer_parents` over the few calls that can be its parents,
-    so a request with many calls costs O(log n) per call, not O(n)."""
-
-    def __init__(self) -> None:
-        self.calls: list[CallRecord] = []
-        self.ends: list[float] = []
-        self.latest: list[float] = []  # the latest start among calls[:i + 1]
-
-    def add(self, rec: CallRecord) -> None:
-        if rec.failed:
-            return
-        if self.ends and rec.end_s < self.ends[-1]:  # not from the proxy: its clock goes on
-            i = bisect_right(self.ends, rec.end_s)
-            self.calls.insert(i, rec)
-            self.ends.insert(i, rec.end_s)
-            self.latest = list(accumulate((c.start_s for c in self.calls), max))
-            return
-        self.calls.append(rec)
-        self.ends.append(rec.end_s)
-        self.latest.append(max(rec.start_s, self.latest[-1]) if self.latest else rec.start_s)
-
-    def candidates(self, start_s: float) -> list[CallRecord]:
-        """A superset of the parents of a call starting at ``start_s`` that gives
-        :func:`infer_parents` the same answer as all of them: the calls that ended by then and
-        no earlier than the latest start among those (all of those when one of them starts at
-        ``start_s`` itself, where infer_parents breaks ties)."""
-        k = bisect_right(self.ends, start_s + TIME_TOLERANCE_S)  # infer_parents' own bound
-        if k == 0:
-            return []
-        first = bisect_left(self.ends, self.latest[k - 1] - _WINDOW_EPS, 0, k)
-        window = self.calls[first:k]
-        if any(c.start_s >= start_s for c in window):
-            return self.calls[:k]
-        return window
-
-
 class RecordingProxy:
     """The proxy on the running event loop: ``url = await p.start()``, ``await p.stop()``."""
 
@@ -433,7 +384,7 @@ class RecordingProxy:
         self._runner: web.ServerRunner | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.timeout_s,
                                               sock_read=config.timeout_s)
-        self._requests: dict[tuple[str, str], _Completed] = {}
+        self._requests: dict[tuple[str, str], CompletedCalls] = {}
         self._next_call: dict[tuple[str, str], int] = {}
         self._unattributed = 0
         self._inflight: set[asyncio.Task[Any]] = set()
@@ -719,15 +670,15 @@ class RecordingProxy:
                          end_s=max(self._now(), call.start_s), llm=call.llm, role=call.role,
                          input_tokens=u.input_tokens, output_tokens=u.output_tokens,
                          prefix_tokens=u.prefix_tokens, error=error)
-        done = self._requests.setdefault((call.workflow, call.request_id), _Completed())
-        candidates = done.candidates(rec.start_s)
-        rec = infer_parents([*candidates, rec])[-1]
+        done = self._requests.setdefault((call.workflow, call.request_id), CompletedCalls())
+        rec = replace(rec, parents=done.parents_of(rec))
         done.add(rec)
         self._counters.add_call(rec, call.unattributed, missing)
-        # the client's time before the call, as a 'client' tool call it waited on
-        lines = [r for r in with_client_time([*candidates, rec])
-                 if r.call_id == rec.call_id or (r.tool == CLIENT_TOOL and r.call_id.startswith(
-                     rec.call_id + "."))] if self.config.client_time else [rec]
+        # the client's time before the call, as a 'client' tool call it waited on: the parents
+        # go first, without their own parents, so that only the call and its gap are new
+        parents = [replace(done.by_id[p], parents=()) for p in rec.parents]
+        lines = with_client_time([*parents, rec])[len(parents):] \
+            if self.config.client_time else (rec,)
         if self._file is not None:
             self._file.write("".join(r.to_json() + "\n" for r in lines))
             self._file.flush()

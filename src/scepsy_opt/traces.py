@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from itertools import accumulate
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -231,30 +232,52 @@ def _order(c: CallRecord) -> tuple[float, float, str]:
     return (c.start_s, c.end_s, c.call_id)
 
 
-def _timed_parents(calls: Sequence[CallRecord]) -> list[tuple[str, ...]]:
-    """:func:`infer_parents` of one request's calls, as call ids per call."""
-    done = sorted((c for c in calls if not c.failed), key=lambda c: (c.end_s, c.call_id))
-    ends = [c.end_s for c in done]
-    latest: list[float] = []  # latest start among done[:i + 1]
-    for c in done:
-        latest.append(max(c.start_s, latest[-1]) if latest else c.start_s)
-    out: list[tuple[str, ...]] = []
-    for c in calls:
-        k = bisect_right(ends, c.start_s + _EPS)
-        if k and latest[k - 1] >= c.start_s - _EPS:
+class CompletedCalls:
+    """The completed (not failed) calls of one request in order of their end, with the latest
+    start so far: what :func:`infer_parents` needs to find a call's parents in O(log n), for a
+    whole request at once or, in a proxy, for each call as it completes (:meth:`add` then)."""
+
+    def __init__(self, calls: Iterable[CallRecord] = ()) -> None:
+        self.calls = sorted((c for c in calls if not c.failed), key=_end_order)
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.ends = [c.end_s for c in self.calls]
+        self.latest = list(accumulate((c.start_s for c in self.calls), max))
+        self.by_id = {c.call_id: c for c in self.calls}
+
+    def add(self, call: CallRecord) -> None:
+        """Take a call that has completed (a failed one is never a parent: ignored)."""
+        if call.failed:
+            return
+        if self.calls and _end_order(call) < _end_order(self.calls[-1]):
+            insort(self.calls, call, key=_end_order)
+            self._refresh()
+            return
+        self.calls.append(call)
+        self.ends.append(call.end_s)
+        self.latest.append(max(call.start_s, self.latest[-1]) if self.latest else call.start_s)
+        self.by_id[call.call_id] = call
+
+    def parents_of(self, c: CallRecord) -> tuple[str, ...]:
+        """The parents of ``c`` among these calls (the rule of :func:`infer_parents`)."""
+        k = bisect_right(self.ends, c.start_s + _EPS)
+        if k and self.latest[k - 1] >= c.start_s - _EPS:
             # a call ending at c's start may sort after c: keep only calls ordered before it
-            before = [d for d in done[:k] if _order(d) < _order(c)]
+            before = [d for d in self.calls[:k] if _order(d) < _order(c)]
         else:
-            before = done[:k]
+            before = self.calls[:k]
         if not before:
-            out.append(())
-            continue
-        last = latest[k - 1] if len(before) == k else max(d.start_s for d in before)
+            return ()
+        last = self.latest[k - 1] if len(before) == k else max(d.start_s for d in before)
         first = bisect_left([d.end_s for d in before], last - _EPS) if len(before) != k \
-            else bisect_left(ends, last - _EPS, 0, k)
-        out.append(tuple(d.call_id for d in before[first:]
-                         if d.end_s > last + _EPS or d.start_s >= last - _EPS))
-    return out
+            else bisect_left(self.ends, last - _EPS, 0, k)
+        return tuple(d.call_id for d in before[first:]
+                     if d.end_s > last + _EPS or d.start_s >= last - _EPS)
+
+
+def _end_order(c: CallRecord) -> tuple[float, str]:
+    return (c.end_s, c.call_id)
 
 
 def infer_parents(calls: Sequence[CallRecord]) -> tuple[CallRecord, ...]:
@@ -275,8 +298,9 @@ def infer_parents(calls: Sequence[CallRecord]) -> tuple[CallRecord, ...]:
         groups.setdefault((c.workflow, c.request_id), []).append(i)
     result = list(calls)
     for idx in groups.values():
-        mine = [calls[i] for i in idx]
-        for i, parents in zip(idx, _timed_parents(mine), strict=True):
+        done = CompletedCalls(calls[i] for i in idx)
+        for i in idx:
+            parents = done.parents_of(calls[i])
             if parents != calls[i].parents:
                 result[i] = replace(calls[i], parents=parents)
     return tuple(result)
