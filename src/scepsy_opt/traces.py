@@ -20,6 +20,7 @@ import os
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from itertools import accumulate
 from pathlib import Path
 
@@ -125,14 +126,19 @@ class Trace:
     def of(self, workflow: str) -> Trace:
         return Trace(tuple(c for c in self.calls if c.workflow == workflow))
 
-    @property
+    @cached_property
     def failed(self) -> int:
         """How many calls failed (``error`` set)."""
         return sum(c.failed for c in self.calls)
 
     def succeeded(self) -> Trace:
         """The trace without its failed calls; a call whose parent failed takes that parent's
-        own parents instead (transitively), so every dependency that did complete is kept."""
+        own parents instead (transitively), so every dependency that did complete is kept.
+        Worked out once per trace (the statistics ask for it once per workflow)."""
+        return self._succeeded
+
+    @cached_property
+    def _succeeded(self) -> Trace:
         if not self.failed:
             return self
         by_id = {(c.workflow, c.request_id, c.call_id): c for c in self.calls}
