@@ -374,7 +374,7 @@ def test_max_throughput_places_at_a_scale_the_allocation_carries(name):
 
 
 def test_the_registry_holds_every_formulation():
-    assert set(FORMULATIONS_REGISTRY) == {"aggregate", "auto", "blocks", "patterns"}
+    assert set(FORMULATIONS_REGISTRY) == {"aggregate", "auto", "blocks", "patterns", "slots"}
     with pytest.raises(InputError, match="formulation"):
         formulation("simplex")
     assert all(FORMULATIONS_REGISTRY[n].name == n for n in NAMES)

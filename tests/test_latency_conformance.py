@@ -14,7 +14,10 @@ contract"):
 * a pickled model answers exactly as the original (same code, same numbers);
 * an instance ``(model, gpu, tp)`` it does not cover raises ``UncoveredInstanceError`` with one
   message shape from every model, and ``covers`` is False exactly there;
-* an out-of-range share, batch or token count is an ``InputError`` naming the argument.
+* an out-of-range share, batch or token count is an ``InputError`` naming the argument;
+* ``measured_shares`` (optional in the protocol, defined by every model here) is a range of
+  shares in (0, 1] or None (not a measurement), raises ``UncoveredInstanceError`` where
+  ``covers`` is False, and survives pickling.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from conftest import GPU as SYN_GPU
 from conftest import MODEL as SYN_MODEL
 from scepsy_common.errors import InputError, UncoveredInstanceError
 from scepsy_profile.fitted import FittedLatencyModel
-from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
+from scepsy_profile.latency import CompositeLatencyModel, LatencyModel, measured_shares
 from scepsy_profile.overheads import EngineOverheads, OverheadLatencyModel
 from scepsy_profile.roofline import RooflineModel
 
@@ -323,3 +326,84 @@ def test_out_of_range_queries_name_the_argument(examples, name, share, batch, to
     want = {"share": "share", "batch": "batch", "tokens": "seq" if phase == "prefill" else "ctx"}
     assert info.value.field == want[field]
     assert not isinstance(info.value, UncoveredInstanceError)
+
+
+# --------------------------------------------------------------------------- measured shares
+
+
+def test_every_latency_model_defines_measured_shares() -> None:
+    """The method is optional for models from elsewhere (:func:`measured_shares` reads a model
+    without it as None), but every model of these packages decides: a wrapper that forgot to
+    pass it on would hide its inner model's range."""
+    missing = sorted(f"{c.__module__}.{c.__qualname__}" for c in latency_model_classes()
+                     if not callable(getattr(c, "measured_shares", None)))
+    assert not missing, f"latency models without measured_shares: {missing}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_measured_shares_is_a_share_range_or_none(examples, name) -> None:
+    ex = examples[name]
+    for inst in ex.covered:
+        got = measured_shares(ex.model, *inst)
+        assert got == ex.model.measured_shares(*inst)
+        if got is None:
+            continue
+        lo, hi = got
+        assert type(lo) is float and type(hi) is float, got
+        assert 0 < lo <= hi <= 1, (inst, got)
+    back = pickle.loads(pickle.dumps(ex.model))
+    assert [measured_shares(back, *i) for i in ex.covered] == \
+        [measured_shares(ex.model, *i) for i in ex.covered]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_measured_shares_of_an_uncovered_instance_raises(examples, name) -> None:
+    ex = examples[name]
+    for model, gpu, tp in ex.uncovered:
+        with pytest.raises(UncoveredInstanceError) as info:
+            measured_shares(ex.model, model, gpu, tp)
+        assert (info.value.model, info.value.gpu, info.value.tp) == (model, gpu, tp)
+        assert SHAPE.match(str(info.value)), str(info.value)
+
+
+@pytest.mark.parametrize("name", ["fitted-synthetic", "fitted-bundled"])
+def test_fitted_measured_shares_span_the_share_nodes(examples, name) -> None:
+    """At a measured TP degree the range is the share nodes' span of both phases' curves (the
+    nodes span exactly the measured shares); between two, within both degrees' ranges."""
+    model = examples[name].model
+    for inst in examples[name].covered:
+        lo, hi = measured_shares(model, *inst)
+        m, gpu, tp = inst
+        used = [t for t in model.tps(m, gpu) if t == tp] or [
+            max(t for t in model.tps(m, gpu) if t < tp), min(t for t in model.tps(m, gpu) if t > tp)]
+        nodes = [model.curves[(m, gpu, t, ph)].share_nodes for t in used for ph in PHASES]
+        assert lo == max(float(n[0]) for n in nodes) and hi == min(float(n[-1]) for n in nodes)
+
+
+def test_measured_shares_of_the_bundled_curves_and_the_roofline(examples) -> None:
+    """MuxServe measured 30% to 100% of the SMs; the roofline is a model (None), and the
+    composite and the overheads wrapper answer as the model that serves the instance."""
+    assert measured_shares(examples["fitted-bundled"].model, "llama-7b", "A100-80GB", 1) == (0.3, 1.0)
+    assert measured_shares(examples["roofline"].model, "llama-2-7b", "A100-80GB", 1) is None
+    for name in ("composite", "overheads"):
+        model = examples[name].model
+        assert measured_shares(model, "llama-7b", "A100-80GB", 1) == (0.3, 1.0)  # measured
+        assert measured_shares(model, "llama-65b", "A100-80GB", 1) is None       # roofline
+        assert measured_shares(model, "llama-3-8b", "H100-80GB", 2) is None
+
+
+def test_a_model_without_the_method_counts_as_covering_every_share(examples) -> None:
+    class Bare:  # a LatencyModel written before measured_shares
+        def prefill_ms(self, model, gpu, tp, share, batch, seq):
+            return 1.0
+
+        def decode_ms(self, model, gpu, tp, share, batch, ctx):
+            return 1.0
+
+        def covers(self, model, gpu, tp):
+            return True
+
+    assert isinstance(Bare(), LatencyModel)
+    assert measured_shares(Bare(), "llama-7b", "A100-80GB", 1) is None
+    composite = CompositeLatencyModel(Bare(), examples["roofline"].model)
+    assert measured_shares(composite, "llama-7b", "A100-80GB", 1) is None

@@ -27,6 +27,7 @@ from scepsy_common.errors import InputError
 if TYPE_CHECKING:
     from scepsy_opt.allocation import Allocation
     from scepsy_opt.cluster import Cluster
+    from scepsy_opt.coverage import ShareExtrapolation
     from scepsy_opt.pipeline import Prediction
     from scepsy_opt.plans import Plan
     from scepsy_opt.problem import PlanningProblem
@@ -49,7 +50,9 @@ Progress = Callable[[str], None]
 DEFAULT_OPTIMISER = "milp"
 DEFAULT_FORMULATION = "auto"
 DEFAULT_PLACER = "hierarchical"
-DEFAULT_MAX_ROUNDS = 25
+# the aggregate loop's round cap, a safety net (scepsy_place.loop.MAX_ROUNDS): the loop
+# stops on a proof or at the deadline
+DEFAULT_MAX_ROUNDS = 1000
 DEFAULT_TRACE_REQUESTS = 2000  # requests per workflow of a generated trace
 
 
@@ -86,6 +89,16 @@ class PlanResult:
         p = self.problem
         return workflow_latencies(p.scaled(self.plan.scale) if self.plan.scale != 1.0 else p,
                                   self.plan)
+
+    @property
+    def extrapolated_shares(self) -> dict[str, ShareExtrapolation]:
+        """Per LLM of the placed allocation whose share lies outside the shares its latency
+        curves were measured at (:func:`scepsy_opt.coverage.extrapolated_shares`; plan.json's
+        ``llms.<llm>.extrapolated_share``): its latency is extrapolated. Empty without an
+        allocation, or with ``shares_within_profile``."""
+        from scepsy_opt.coverage import extrapolated_shares
+
+        return extrapolated_shares(self.problem, self.plan.allocation)
 
     def to_dict(self, *, timings: bool = True) -> dict[str, Any]:
         """The plan.json document (docs/optimiser.md); ``timings=False`` leaves out wall-clock

@@ -318,7 +318,8 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--repack", type=SEED, default=0, metavar="N",
                       help="exact repackings of node pairs after the local search (default 0)")
     plan.add_argument("--max-rounds", type=COUNT, default=api.DEFAULT_MAX_ROUNDS,
-                      help="optimise-place rounds before giving up (default %(default)s)")
+                      help="the aggregate loop's round cap, a safety net: it stops when a plan "
+                           "places, is proven infeasible or at --time-limit (default %(default)s)")
     plan.add_argument("--objective", choices=OBJECTIVES, default=d.objective,
                       help="min-latency (default): the weighted sum of the workflows' mean "
                            "predicted latencies; max-throughput: the largest fraction of the "
@@ -337,6 +338,10 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
     plan.add_argument("--change-penalty", type=NONNEGATIVE, default=d.change_penalty_s,
                       help="objective seconds per replica started or stopped (needs --current)")
     plan.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
+    plan.add_argument("--shares-within-profile", action="store_true",
+                      help="per model, GPU and TP degree only the shares of the grid within the "
+                           "latency curves' measured shares (no extrapolated latencies; "
+                           "roofline-priced instances keep the whole grid)")
     plan.add_argument("--memory-shares", default=None, metavar="tied|tenths|F,F,...",
                       help="memory as a second resource: the grid of memory fractions per GPU "
                            "an instance may take whatever its compute share (tenths, or a "
@@ -497,6 +502,7 @@ def _memory_shares(text: str) -> tuple[float, ...] | None:
 
 
 _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
+               "shares_within_profile": "--shares-within-profile",
                "memory_shares": "--memory-shares",
                "optimiser": "--optimiser", "change_penalty_s": "--change-penalty",
                "latency_bound_s": "--latency-bound", "targets": "--target",
@@ -544,6 +550,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                                "gap_rel": args.gap, "change_penalty_s": args.change_penalty}
     if args.shares:
         options["shares"] = tuple(_floats(args.shares, "--shares"))
+    if args.shares_within_profile:
+        options["shares_within_profile"] = True
     if args.memory_shares is not None:
         options["memory_shares"] = _memory_shares(args.memory_shares)
     targets = _per_workflow(args.target, "--target")
@@ -630,8 +638,11 @@ def plan_summary(res: Any, out: str) -> list[str]:
                  " (not proven the cheapest placeable: inexact cuts were needed)"}
         if opts.objective == "min-cost":
             scope["aggregate"] = " (the cheapest allocation in aggregate, then placed)"
+        if opts.objective != "min-cost" and set(placed.compared) - {"current"}:
+            scope = {}  # auto: its status and gap hold over the whole candidate grid
+        gap = f"gap {plan.gap:.3g}" if math.isfinite(plan.gap) else "no proven gap"
         how = (f"{placed.formulation} formulation, optimiser {plan.optimiser}: {plan.status}"
-               f"{scope.get(placed.formulation, '')}, gap {plan.gap:.3g}, candidates "
+               f"{scope.get(placed.formulation, '')}, {gap}, candidates "
                f"{st.get('candidates_generated', '-')} -> {st.get('candidates_kept', '-')}")
     lines.append(how + (f"; compared: {tried}" if tried else ""))
     q = placed.quality or {}
@@ -655,6 +666,8 @@ def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None
                  ["workflow", "throughput", "mean_latency_s"])
     print()
     print("\n".join(plan_summary(res, str(args.out))))
+    for beyond in res.extrapolated_shares.values():  # latencies beyond the measured shares
+        print(beyond.message())
 
 
 def _cmd_bench_loop(args: argparse.Namespace) -> int:

@@ -13,7 +13,9 @@ budgets are exact integers.
 
 **Candidates** (:func:`generate_candidates`): every GPU type of the cluster × TP degree the model
 supports and a node of that type holds in one NVLink domain × share on the grid (shares < 1 only
-where the instance fits in that share of the memory; the serving curve decides) × replicas from
+where the instance fits in that share of the memory; the serving curve decides; with
+``PlanOptions.shares_within_profile`` only the shares within the latency model's measured range
+of that (model, gpu, tp), ``scepsy_opt.coverage``) × replicas from
 the fewest that carry the load at ``max_utilisation`` and are not overloaded (the serving curve
 predicts no more preemptions per call than the policy's threshold at the per-replica call rate:
 the optimiser does not plan predicted preemption; :func:`unoverloaded_replicas`) up to what the
@@ -53,6 +55,7 @@ import numpy as np
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, gpu_units, replicas_per_gpu
 from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.coverage import profiled_shares
 from scepsy_opt.pipeline import (
     LLMDemand,
     class_latencies,
@@ -186,7 +189,9 @@ def _terms(problem: PlanningProblem, dem: LLMDemand, curve: Any, replicas: np.nd
 
 
 def shapes(problem: PlanningProblem, llm: str) -> list[tuple[str, int, float]]:
-    """Every (gpu, tp, share) the cluster and the model allow for ``llm`` (memory not checked)."""
+    """Every (gpu, tp, share) the cluster and the model allow for ``llm`` (memory not checked);
+    with ``shares_within_profile`` only the shares within the latency model's measured range
+    of each (gpu, tp) (:func:`scepsy_opt.coverage.profiled_shares`)."""
     cat = problem.catalog or default_catalog()
     spec = cat.model(problem.models[llm])
     out = []
@@ -194,7 +199,8 @@ def shapes(problem: PlanningProblem, llm: str) -> list[tuple[str, int, float]]:
         top = problem.cluster.max_tp(gpu, cat)
         for tp in problem.options.tps:
             if tp <= top and spec.supports_tp(tp):
-                out.extend((gpu, tp, s) for s in problem.options.shares)
+                out.extend((gpu, tp, s)
+                           for s in profiled_shares(problem, llm, gpu, tp, problem.options.shares))
     return out
 
 

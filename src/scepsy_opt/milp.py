@@ -58,6 +58,8 @@ from typing import Any
 import highspy
 import numpy as np
 import pulp
+from scipy.optimize import linprog
+from scipy.sparse import coo_matrix
 
 from scepsy_common.bisection import Probe, largest_accepted
 from scepsy_common.errors import InputError
@@ -70,7 +72,7 @@ from scepsy_opt.candidates import (
     generate_candidates,
     price,
 )
-from scepsy_opt.pipeline import min_replicas
+from scepsy_opt.pipeline import min_replicas, replicas_needed
 from scepsy_opt.plans import Infeasibility, Plan, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.stats import LLMStats
@@ -773,10 +775,34 @@ def max_scale(problem: PlanningProblem,
     if any(not v for v in shp.values()):
         return 0.0, {}, "infeasible"
     budgets = dict(budgets) if budgets is not None else problem.cluster.budgets()
-    u = problem.options.max_utilisation
     two = any(sh.mem_units != sh[3] for v in shp.values() for sh in v if isinstance(sh, Shape))
     if len(budgets) == 1 and not two:
         return _max_scale_one_type(problem, shp, budgets)
+    prob, s, ys = _max_scale_model(problem, shp, budgets)
+    if two and any(not v for v in ys.values()):
+        return 0.0, {}, "infeasible"
+    try:
+        prob.solve(_solver(problem, deadline))
+    except TimeLimitReached:
+        return 0.0, {}, "time_limit_no_solution"
+    status, _, _ = _status(prob)
+    if status not in ("optimal", "time_limit"):
+        return 0.0, {}, status
+    choice = {}
+    for m, triples in ys.items():
+        sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
+        reps = max(1, round(r.value() or 0))
+        choice[m] = _shape_candidate(m, sh, reps)
+    scale = min(headroom(problem, choice).values())
+    return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
+
+
+def _max_scale_model(problem: PlanningProblem, shp: Shapes, budgets: Mapping[str, int],
+                     ) -> tuple[pulp.LpProblem, Any, dict[str, list[tuple[Shape, Any, Any]]]]:
+    """The MILP of :func:`max_scale`: the model, its scale variable and per LLM (shape, choice
+    binary, replica count)."""
+    u = problem.options.max_utilisation
+    two = any(sh.mem_units != sh[3] for v in shp.values() for sh in v if isinstance(sh, Shape))
     prob = pulp.LpProblem("scepsy_max_throughput", pulp.LpMaximize)
     s = prob.add_variable("scale", 0, None)
     ys: dict[str, list[tuple[Shape, Any, Any]]] = {}
@@ -809,22 +835,112 @@ def max_scale(problem: PlanningProblem,
             terms = [(r, sh.mem_units) for m in ys for sh, _, r in ys[m] if sh[0] == gpu]
             if terms:
                 prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"mem_budget_{gpu}"
-    if two and any(not v for v in ys.values()):
-        return 0.0, {}, "infeasible"
+    return prob, s, ys
+
+
+def max_scale_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *,
+                    deadline: Deadline | None = None, gap_rel: float = 0.005,
+                    time_limit_s: float | None = None) -> tuple[float, str]:
+    """A proven upper bound on :func:`max_scale` (so on the scale of every allocation, placed
+    or not) and how it was found: the MILP's dual bound when it ends within ``gap_rel`` or at
+    its time limit (``optimal``, ``time_limit``), else the LP relaxation's optimum (``lp``), or
+    ``(inf, "none")`` when not even that finished. Never below the optimum."""
+    left = Deadline.of(problem, deadline)
+    shp = shapes_ if shapes_ is not None else capacity_shapes(problem, left)
+    if any(not v for v in shp.values()):
+        return 0.0, "infeasible"
+    budgets = problem.cluster.budgets()
+    if len(budgets) == 1 and not any(sh.mem_units != sh[3] for v in shp.values() for sh in v
+                                     if isinstance(sh, Shape)):
+        exact, _, status = _max_scale_one_type(problem, shp, budgets)  # exact, no solver
+        return exact, status
+    prob, s, _ = _max_scale_model(problem, shp, budgets)
     try:
-        prob.solve(_solver(problem, deadline))
+        prob.solve(_solver(problem, left, mip=False, time_limit_s=time_limit_s))
     except TimeLimitReached:
-        return 0.0, {}, "time_limit_no_solution"
-    status, _, _ = _status(prob)
-    if status not in ("optimal", "time_limit"):
-        return 0.0, {}, status
-    choice = {}
-    for m, triples in ys.items():
-        sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
-        reps = max(1, round(r.value() or 0))
-        choice[m] = _shape_candidate(m, sh, reps)
-    scale = min(headroom(problem, choice).values())
-    return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
+        return math.inf, "none"
+    h: highspy.Highs = prob.solverModel
+    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return math.inf, "none"
+    lp = -float(h.getInfo().objective_function_value)  # PuLP hands HiGHS min −s
+    lp = lp * (1 + 1e-9) + 1e-12  # float safety: a bound, never below the optimum
+    try:
+        prob.solve(_solver(problem, left, gap_rel=gap_rel, time_limit_s=time_limit_s))
+    except TimeLimitReached:
+        return lp, "lp"
+    status, _, dual = _status(prob)
+    if status == "infeasible":
+        return 0.0, "infeasible"
+    if status in ("optimal", "time_limit", "time_limit_no_solution") and math.isfinite(dual):
+        return min(lp, -dual * (1 + 1e-9) + 1e-12), ("optimal" if status == "optimal" else
+                                                     "time_limit")
+    return lp, "lp"
+
+
+SCALE_BOUND_REL = 1e-4  # the relative precision of :func:`scale_upper_bound`'s bisection
+
+
+def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *,
+                      deadline: Deadline | None = None) -> float:
+    """An upper bound on the scale of every allocation (placed or not), much tighter than the
+    LP relaxation of :func:`max_scale` when LLMs need few replicas each.
+
+    At scale ``s`` an LLM ``m`` on GPU type ``t`` needs at least
+    ``f_mt(s) = min over its shapes on t of units·min_replicas(s·ℓ_m, μ)`` units (whole replicas:
+    the rounding the LP relaxation loses is kept). Scale ``s`` is possible only if the LP
+    ``Σ_t y_mt = 1, Σ_m f_mt(s)·y_mt ≤ budget_t, y ≥ 0`` is feasible (every allocation gives an
+    integer ``y``); ``f`` grows with ``s``, so bisection finds the largest feasible ``s`` (to
+    :data:`SCALE_BOUND_REL`, rounded up). With memory shares (two resources) the memory
+    budgets are left out (a relaxation, still a bound). ``inf`` when the time runs out first."""
+    left = Deadline.of(problem, deadline)
+    shp = shapes_ if shapes_ is not None else capacity_shapes(problem, left)
+    if any(not v for v in shp.values()):
+        return 0.0
+    u = problem.options.max_utilisation
+    budgets = problem.cluster.budgets()
+    types = sorted(budgets)
+    llms = sorted(shp)
+    loads = problem.loads
+
+    # every (LLM, shape) as flat arrays: LLM row, type column, units, μ, load
+    flat = [(i, types.index(sh[0]), sh[3], sh[4], loads[m])
+            for i, m in enumerate(llms) for sh in shp[m] if sh[0] in budgets]
+    row = np.array([x[0] for x in flat], dtype=np.int64)
+    col = np.array([x[1] for x in flat], dtype=np.int64)
+    units = np.array([x[2] for x in flat], dtype=float)
+    mu = np.array([x[3] for x in flat], dtype=float)
+    load = np.array([x[4] for x in flat], dtype=float)
+
+    def need(scale: float) -> np.ndarray:
+        reps = replicas_needed(scale * load, mu, u)
+        f = np.full((len(llms), len(types)), np.inf)
+        np.minimum.at(f, (row, col), units * reps)
+        return f
+
+    def feasible(scale: float) -> Probe[None]:
+        if left.remaining() <= 0:
+            return Probe(False, stop=True)
+        f = need(scale)
+        if np.any(np.all(~np.isfinite(f), axis=1)):
+            return Probe(False)
+        cols = [(i, j) for i in range(len(llms)) for j in range(len(types)) if np.isfinite(f[i, j])]
+        rows_eq = coo_matrix(([1.0] * len(cols), ([i for i, _ in cols], range(len(cols)))),
+                             shape=(len(llms), len(cols)))
+        rows_ub = coo_matrix(([f[i, j] for i, j in cols], ([j for _, j in cols], range(len(cols)))),
+                             shape=(len(types), len(cols)))
+        res = linprog(np.zeros(len(cols)), A_ub=rows_ub, b_ub=[budgets[t] * UNITS for t in types],
+                      A_eq=rows_eq, b_eq=np.ones(len(llms)), bounds=(0, 1), method="highs")
+        return Probe(res.status == 0)
+
+    hi = 1.0
+    while feasible(hi).accepted:  # an infeasible upper end
+        hi *= 2.0
+        if hi > 1e9:
+            return math.inf
+    found = largest_accepted(feasible, hi, rel=SCALE_BOUND_REL, max_steps=200)
+    if found.stopped:
+        return math.inf
+    return found.hi if math.isfinite(found.hi) else math.inf
 
 
 def _max_scale_one_type(problem: PlanningProblem,

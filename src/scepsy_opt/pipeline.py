@@ -331,6 +331,28 @@ def min_replicas(load: float, mu: float, max_utilisation: float) -> int:
     return r
 
 
+def replicas_needed(load: np.ndarray, mu: np.ndarray, max_utilisation: float) -> np.ndarray:
+    """:func:`min_replicas` of many (load, μ) pairs at once (μ > 0), by the same rule: the
+    fewest replicas, at least 1, whose utilisation is at most ``max_utilisation`` and not
+    saturated."""
+    load = np.asarray(load, dtype=float)
+    mu = np.asarray(mu, dtype=float)
+
+    def carries(r: np.ndarray) -> np.ndarray:
+        util = load / (r * mu)
+        return (util <= max_utilisation) & ~(util >= 1.0 - SATURATION_REL)
+
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.maximum(1.0, np.ceil(load / (max_utilisation * mu) - 1e-12))
+        while True:
+            down = (r > 1) & carries(np.maximum(r - 1, 1.0))
+            up = ~carries(r)
+            if not (down.any() or up.any()):
+                break
+            r = r - down + (up & ~down)
+    return np.where(load <= 0, 1.0, r)
+
+
 def carried_scale(load: float, mu: float, replicas: float, max_utilisation: float = 1.0) -> float:
     """The largest factor of ``load`` that ``replicas`` × ``μ`` carry at ``max_utilisation``:
     ``u·r·μ/load`` (``inf`` at zero load). At ``max_utilisation = 1`` it is the factor at which

@@ -15,6 +15,10 @@ throughput, every workflow's rate scaled with it, so that ``scepsy report`` need
 With memory planned as a second resource (``PlanOptions.memory_shares``) every LLM of the
 allocation carries ``memory`` (its fraction of each GPU's memory, docs/resources.md) and ``llms``
 carries it too, beside ``memory_gib_per_gpu``; plans with memory tied to the share are unchanged.
+
+An LLM whose share lies outside the measured shares of its (model, gpu, tp) carries
+``extrapolated_share`` in ``llms`` (:func:`scepsy_opt.coverage.extrapolated_shares`): its share
+and the measured range its latency was extrapolated from.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 
 from scepsy_common.files import atomic_write_text
 from scepsy_opt.cluster import cluster_to_dict
+from scepsy_opt.coverage import extrapolated_shares
 from scepsy_opt.pipeline import Prediction, predict
 from scepsy_opt.plans import Plan, workflow_latencies
 from scepsy_opt.problem import PlanningProblem
@@ -176,8 +181,11 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
                                 "llms": sorted(problem.stats[w].llms),
                                 **({"curve": curves[w]} if w in curves else {})}
                             for w in sorted(lat)}
+        beyond = extrapolated_shares(problem, plan.allocation)
         doc["llms"] = {r["llm"]: {**{k: v for k, v in r.items() if k != "llm"},
-                                  "weights_gib": weights_gib(r["model"], cat)}
+                                  "weights_gib": weights_gib(r["model"], cat),
+                                  **({"extrapolated_share": beyond[r["llm"]].to_dict()}
+                                     if r["llm"] in beyond else {})}
                        for r in plan_rows(problem, plan)}
     if plan.infeasible is not None:
         inf = plan.infeasible

@@ -38,6 +38,10 @@ class PlanOptions:
     """Knobs of candidate generation and of the solvers (defaults documented in docs/optimiser.md)."""
 
     shares: tuple[float, ...] = TENTHS
+    # per (model, gpu, tp), only the shares of the grid within the latency model's measured
+    # range (scepsy_profile.measured_shares; an analytical model's: every share): no plan then
+    # rests on a latency extrapolated below (or above) the profiled shares (scepsy_opt.coverage)
+    shares_within_profile: bool = False
     # the grid of memory fractions per GPU (a second resource beside the compute share); None:
     # memory tied to the compute share (an instance gets that share of each GPU's memory)
     memory_shares: tuple[float, ...] | None = None
@@ -67,6 +71,9 @@ class PlanOptions:
         if not self.shares or any(not (0 < s <= 1) or abs(s * UNITS - round(s * UNITS)) > 1e-9
                                   for s in self.shares):
             raise InputError(src, "shares", "GPU shares in (0, 1], multiples of 0.001", self.shares)
+        if not isinstance(self.shares_within_profile, bool):
+            raise InputError(src, "shares_within_profile", "true or false",
+                             self.shares_within_profile)
         if self.memory_shares is not None and (not self.memory_shares or any(
                 not (0 < s <= 1) or abs(s * UNITS - round(s * UNITS)) > 1e-9
                 for s in self.memory_shares)):

@@ -16,8 +16,9 @@ allocation of its candidates (``gap``: ``objective / bound_s - 1``):
   generation, placeable by construction, with the LP bound over its candidates;
 * ``auto``: blocks (above 1,024 GPUs only when patterns placed nothing); up to 64 GPUs the
   aggregate loop stopped at the best objective in hand; patterns unless a plan in hand is
-  already proven optimal; the best placed plan wins (:func:`scepsy_place.loop.plan_auto`;
-  docs/optimiser.md gives the rule and the measurements).
+  already proven optimal, each with a share of the time that remains; the best placed plan
+  wins, called optimal only where the bound over the whole grid proves it
+  (:func:`scepsy_place.loop.plan_auto`; docs/optimiser.md gives the rule and the measurements).
 
 :data:`FORMULATIONS_REGISTRY` holds one object per name.
 """

@@ -33,8 +33,10 @@ re-solve round after round: the loop keeps the dominance-pruned candidates and r
 
 Statuses (:data:`LoopStatus`, per formulation in ``compared``): ``placed``; ``infeasible``
 (proven: the targets need more GPUs than the cluster has, or valid rows leave no allocation);
-``unplaced`` (no placed plan, not proven infeasible: ``max_rounds`` ran out, or unproven cuts
-or pruned candidates left no allocation; ``blocks``: no whole-GPU block allocation exists, which
+``unplaced`` (no placed plan, not proven infeasible: unproven cuts or pruned candidates left no
+allocation, or the round cap ``max_rounds`` ran out: :data:`MAX_ROUNDS`, a safety net, as the
+loop stops on a proof or at the deadline; the reason then names the cap; ``blocks``: no
+whole-GPU block allocation exists, which
 proves nothing about allocations that share GPUs); ``stopped`` (``auto``: the loop's objective reached the
 plan in hand, which it could then not beat); ``time_limit`` (the deadline passed first).
 
@@ -49,7 +51,9 @@ default, here and in the CLI; :func:`plan_auto`) runs ``blocks``; up to
 reaches the blocks plan's; then ``patterns`` unless the plan in hand is proven optimal over the
 candidate grid (within :data:`PROVEN_GAP` of a grid bound); above :data:`UNPRUNED_MAX_GPUS`
 GPUs, with the time left, the aggregate MILP alone, for its bound (its loop needs many rounds
-of placements that cost seconds each at thousands of GPUs). The best placed plan wins (ties: the first run). With a
+of placements that cost seconds each at thousands of GPUs). The best placed plan wins (ties: the first run). One
+deadline is split across these steps, each getting a share of what remains when it starts
+(:data:`BLOCKS_SHARE`, :data:`AGGREGATE_SHARE`, :data:`PATTERNS_LARGE_SHARE`). With a
 current allocation (``PlanOptions.current``) that still carries the targets, fits the budgets
 and places, keeping it is a candidate too: it wins when its objective (no change penalty) is
 lower than the formulation's.
@@ -61,8 +65,11 @@ has gap 0: the placeable optimum of the grid); ``patterns``' is its column gener
 valid for every placeable allocation of its candidates (the whole grid up to 64 GPUs, the
 reduced candidates above); ``blocks`` give none (their MILP bound holds for block allocations
 only). ``auto`` reports the highest bound that holds for the whole candidate grid
-(:data:`GRID_BOUNDS`, :data:`GRID_BOUNDS_UNPRUNED`). ``compared`` gives each formulation's
-status, objective, bound and wall time.
+(:data:`GRID_BOUNDS`, :data:`GRID_BOUNDS_UNPRUNED`), and its plan says only what that bound
+proves: ``optimal`` and ``exact`` within :data:`PROVEN_GAP` of it, otherwise ``time_limit``
+(the time ran out) or ``heuristic``, the plan's bound and gap being the placement's
+(:func:`_labelled`). ``compared`` gives each formulation's status, objective, bound and wall
+time.
 
 Max-throughput: when the capacity optimum does not place, the scale is bisected with
 min-latency plans of the same formulation (:func:`_placeable_scale`).
@@ -88,12 +95,13 @@ from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
 from scepsy_opt.plans import Plan, headroom, plan_from_choice
-from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
 from scepsy_place.cuts import (
     configuration_cut,
     free_capacity_rows,
     packing_inequalities,
 )
+from scepsy_place import slots
 from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
 from scepsy_place.patterns import PLACER_MAX_GPUS as PATTERNS_BLOCKS_MAX_GPUS
 from scepsy_place.patterns import plan_patterns, solve_patterns
@@ -106,8 +114,8 @@ from scepsy_place.topology import Topology, from_cluster, topology_to_dict
 UNPRUNED_MAX_GPUS = 64
 SCALE_REL = 1e-3  # max-throughput with placement: the bisection's relative bracket
 SCALE_STEPS = 20  # at most this many bisection steps (2^-20 of the capacity optimum)
-Formulation = Literal["aggregate", "blocks", "patterns", "auto"]
-FORMULATIONS: tuple[Formulation, ...] = ("aggregate", "blocks", "patterns", "auto")
+Formulation = Literal["aggregate", "blocks", "patterns", "slots", "auto"]
+FORMULATIONS: tuple[Formulation, ...] = ("aggregate", "blocks", "patterns", "slots", "auto")
 PROVEN_GAP = 1e-6  # a placed plan within this relative gap of its bound is proven optimal
 # formulations whose bound holds for every placeable allocation of the whole candidate grid
 # (``auto`` reports the highest of theirs): the aggregate loop's first MILP is the aggregate
@@ -119,6 +127,21 @@ CUT_KINDS = ("free_capacity", "packing", "configuration", "no_good", "no_good_pl
 # unproven no-good cuts (the exact test could not decide) before the budget of a type that
 # still fails is also tightened (inexact: it may skip a placeable allocation)
 TIGHTEN_AFTER = 2
+# auto: one deadline split across the formulations it runs, each step getting a share of what
+# remains (what a step leaves carries over to the next): blocks (usually a fraction of a
+# second; the cap keeps slow ones from taking the others' time), the aggregate loop up to 64
+# GPUs (patterns may still run after it and get the rest), patterns above 1,024 GPUs (the rest
+# is for the blocks fallback and the aggregate bound)
+BLOCKS_SHARE = 0.5
+SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.slots) after blocks, of what remains
+AGGREGATE_SHARE = 0.7
+PATTERNS_LARGE_SHARE = 0.75
+# the aggregate loop's round cap: a safety net only; the loop stops on a proof (placed,
+# infeasible, the cutoff reached) or at the deadline
+MAX_ROUNDS = 1000
+# max-throughput (auto): the share of the time the slot groups (scepsy_place.slots) get; the
+# exact capacity optimum gets the rest
+SLOT_SHARE = 0.7
 
 
 def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | None = None,
@@ -150,7 +173,7 @@ def _failed_types(placement: Placement, plan: Plan) -> set[str]:
 
 
 def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
-                   policy: str = "hierarchical", max_rounds: int = 25,
+                   policy: str = "hierarchical", max_rounds: int = MAX_ROUNDS,
                    placer_options: Mapping[str, Any] | None = None,
                    formulation: Formulation = "auto",
                    deadline: Deadline | None = None) -> PlacedPlan:
@@ -351,6 +374,8 @@ def _min_latency(problem: PlanningProblem, topology: Topology, formulation: Form
         res = plan_blocks(problem, topology, kw["deadline"])
     elif formulation == "patterns":
         res = plan_patterns(problem, topology, deadline=kw["deadline"])
+    elif formulation == "slots":
+        res = slots.plan_slot_latency(problem, topology, deadline=kw["deadline"])
     else:
         return plan_auto(problem, topology, **kw)
     return replace(res, seconds=time.perf_counter() - t0)
@@ -363,38 +388,58 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     the aggregate loop, stopped at the blocks plan's objective; ``patterns`` unless a plan in
     hand is proven optimal over the candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started
     from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
-    GPUs without that bound, with the time left, the aggregate MILP alone, for its bound. ``compared`` says how each
-    formulation ended; ``bound_s`` is the highest bound valid for every placeable allocation of
-    the candidate grid."""
+    GPUs without that bound, with the time left, the aggregate MILP alone, for its bound.
+
+    One deadline, split: each step gets its share of what remains (:data:`BLOCKS_SHARE`,
+    :data:`AGGREGATE_SHARE`, :data:`PATTERNS_LARGE_SHARE`; patterns otherwise the rest), so
+    time a step does not use carries over to the next. ``compared`` says how each formulation
+    ended; ``bound_s`` is the highest bound valid for every placeable allocation of the
+    candidate grid, and the plan's status, gap and ``exact`` are those that bound proves
+    (:func:`_labelled`). Never raises on a spent deadline: without a placed plan the result is
+    ``time_limit`` (or how the formulations ended)."""
     deadline: Deadline = kw["deadline"]
     t0 = time.perf_counter()
     small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
     # above PATTERNS_BLOCKS_MAX_GPUS patterns solves blocks itself only where it needs them
     large = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
     tried: dict[str, PlacedPlan] = {}
-    if not large:
-        tried["blocks"] = _min_latency(problem, topology, "blocks", **kw)
     bounds: list[float] = []
+
+    def run(step: str, share: float, **extra: Any) -> PlacedPlan:
+        left = _share(deadline, share)
+        t1 = time.perf_counter()
+        if step == "blocks":
+            res = plan_blocks(problem, topology, left)
+        elif step == "slots":
+            res = slots.plan_slot_latency(problem, topology, deadline=left)
+        elif step == "aggregate":
+            res = _aggregate_loop(problem, topology, **{**kw, "deadline": left}, **extra)
+        else:
+            res = plan_patterns(problem, topology, deadline=left, **extra)
+        tried[step] = replace(res, seconds=time.perf_counter() - t1)
+        return res
+
+    if not large:
+        run("blocks", BLOCKS_SHARE)
+    if deadline.remaining() > 0 and slots.applicable(problem) is None:
+        run("slots", SLOTS_SHARE)  # LLMs sharing GPUs, placed by construction
     if small and deadline.remaining() > 0:
         best = _best(tried.values())
-        t1 = time.perf_counter()
-        agg = _aggregate_loop(problem, topology, cutoff_s=best.plan.objective_s
-                              if best is not None else math.inf, **kw)
-        tried["aggregate"] = replace(agg, seconds=time.perf_counter() - t1)
+        # patterns may still run after the loop: it gets a share, they the rest
+        run("aggregate", AGGREGATE_SHARE,
+            cutoff_s=best.plan.objective_s if best is not None else math.inf)
     if deadline.remaining() > 0 and not _proven(tried, bounds, small):
-        t1 = time.perf_counter()
         # the blocks plan as patterns' start where patterns would build it itself
         blocks = tried.get("blocks")
         start = blocks if blocks is not None and blocks.placed and not small else None
-        pat = plan_patterns(problem, topology, deadline=deadline, blocks_start=start)
-        tried["patterns"] = replace(pat, seconds=time.perf_counter() - t1)
+        pat = run("patterns", PATTERNS_LARGE_SHARE if large else 1.0, blocks_start=start)
         # its aggregate MILP (over candidates reduced exactly, so with the optimum of every
         # candidate): a bound on every allocation
         agg_bound = pat.plan.stats.get("aggregate_bound")
         if not small and isinstance(agg_bound, float) and math.isfinite(agg_bound):
             bounds.append(agg_bound)
     if large and _best(tried.values()) is None and deadline.remaining() > 0:
-        tried["blocks"] = _min_latency(problem, topology, "blocks", **kw)
+        run("blocks", 1.0)
     if not small and not bounds and deadline.remaining() > 0:  # the aggregate MILP alone: a
         agg_plan = solve_min_latency(problem, deadline=deadline)  # bound on every allocation
         if agg_plan.allocation is not None and math.isfinite(agg_plan.bound_s):
@@ -403,19 +448,51 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     bound = _grid_bound(tried, bounds, small)
     seconds = time.perf_counter() - t0
+    # the time ran out: the whole deadline, or a step's share of it (cut before it finished)
+    ran_out = deadline.remaining() <= 0 or any(
+        r.status == "time_limit" or r.plan.status == "time_limit" for r in tried.values())
     if best is not None:
-        return replace(best, compared=compared, bound_s=bound, seconds=seconds)
-    agg, pat = tried.get("aggregate"), tried.get("patterns")
+        return replace(_labelled(best, bound, ran_out), compared=compared, seconds=seconds)
+    if not tried:  # nothing ran: the time was gone before the first step
+        return replace(timed_out(deadline, kw.get("name", "milp"), 1, (), "auto", False),
+                       compared=compared, bound_s=bound, seconds=seconds)
+    agg, pat, blk = tried.get("aggregate"), tried.get("patterns"), tried.get("blocks")
     why = "; ".join(f"{k}: {tried[k].reason}" for k in sorted(tried))
     if agg is not None and agg.status == "infeasible":  # proven for every allocation
         return replace(agg, compared=compared, bound_s=bound, seconds=seconds)
-    last = agg or (pat if pat is not None and (pat.status != "time_limit" or "blocks" not in tried)
-                   else tried["blocks"])
-    status: LoopStatus = ("time_limit" if deadline.remaining() <= 0
-                          and any(r.status == "time_limit" for r in tried.values())
+    last = agg or (pat if pat is not None and (pat.status != "time_limit" or blk is None)
+                   else blk) or next(iter(tried.values()))
+    status: LoopStatus = ("time_limit" if any(r.status == "time_limit" for r in tried.values())
                           else last.status)
+    # no plan and no proof: nothing exact to report
     return replace(last, compared=compared, bound_s=bound, seconds=seconds, status=status,
-                   reason=why if len(tried) > 1 else last.reason)
+                   reason=why if len(tried) > 1 else last.reason, exact=False)
+
+
+def _share(deadline: Deadline, share: float) -> Deadline:
+    """A step's deadline: ``share`` of what remains of ``deadline`` from now (never past it;
+    the limit it names is still the whole plan's)."""
+    left = deadline.remaining()
+    return Deadline(min(deadline.at, time.monotonic() + share * left), deadline.limit_s)
+
+
+def _labelled(best: PlacedPlan, bound: float | None, ran_out: bool) -> PlacedPlan:
+    """``best`` as ``auto`` hands it on, saying only what ``bound`` (valid for every placeable
+    allocation of the grid, None without one) proves: ``optimal`` and ``exact`` only within
+    :data:`PROVEN_GAP` of it; otherwise ``time_limit`` when the time ran out, ``heuristic``
+    when it did not. The plan's bound and gap (plan.json's ``solver``) are the placement's
+    (``bound_s``, ``objective / bound_s - 1``; none without a bound), not those of the
+    formulation's own MILP over its own candidates."""
+    res = replace(best, bound_s=bound)
+    proven = bound is not None and bound > 0 and best.plan.objective_s <= bound * (1 + PROVEN_GAP)
+    gap = res.gap
+    status = "optimal" if proven else "time_limit" if ran_out else "heuristic"
+    # the formulation's own gap (patterns: over its own bound) would stand in for the solver's
+    stats = {k: v for k, v in best.plan.stats.items() if k != "gap"}
+    plan = replace(best.plan, status=status, stats=MappingProxyType(stats),
+                   bound_s=bound if bound is not None else -math.inf,
+                   gap=gap if gap is not None else math.inf)
+    return replace(res, plan=plan, exact=proven)
 
 
 def _grid_bound(tried: Mapping[str, PlacedPlan], bounds: list[float], small: bool,
@@ -498,7 +575,7 @@ def current_plan(problem: PlanningProblem, name: str = "milp") -> Plan | None:
 
 
 def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str = "milp",
-                    policy: str = "hierarchical", max_rounds: int = 25,
+                    policy: str = "hierarchical", max_rounds: int = MAX_ROUNDS,
                     placer_options: Mapping[str, Any] | None = None,
                     cutoff_s: float = math.inf, deadline: Deadline | None = None) -> PlacedPlan:
     """Optimise, place, cut and re-optimise until the plan is placed (module docstring).
@@ -508,7 +585,11 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
     without placing (status ``stopped``), as it cannot beat the plan in hand.
 
     Every solve gets what remains of ``deadline``; a round whose solve finds nothing in time
-    ends the loop (status ``time_limit``).
+    ends the loop (status ``time_limit``), and so does a round that fails to place once the
+    deadline has passed, or whose re-solve could not even be built in the time left (no
+    step is started that would overrun it by more than its own build). It stops on a proof
+    (placed, infeasible, the cutoff reached) or at the deadline; ``max_rounds`` is a safety
+    net, and a loop it ends says so (``unplaced``, the reason naming the round cap).
     """
     deadline = Deadline.of(problem, deadline)
     opts = dict(placer_options or {})
@@ -540,8 +621,13 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
     def ended(plan: Plan, placement: Placement | None, status: LoopStatus, why: str | None,
               qual: Mapping[str, Any] | None = None) -> PlacedPlan:
         proven = exact and not cuts["no_good_placer"] and not cuts["tightened"]
+        # a placed (or stopped) plan is the cheapest placeable only when its MILP was solved
+        # to optimality (or, stopped, its bound reached the cutoff), not cut by the deadline
+        solved = (status == "infeasible" or plan.status == "optimal"
+                  or (status == "stopped" and plan.bound_s >= cutoff_s))
         return PlacedPlan(plan, placement, max(len(history), 1), tuple(history), qual, why,
-                          proven and status in ("placed", "infeasible", "stopped"), "aggregate",
+                          proven and solved and status in ("placed", "infeasible", "stopped"),
+                          "aggregate",
                           status=status, cuts=MappingProxyType(dict(cuts)),
                           bound_s=_loop_bound(first, plan, proven and looping))
 
@@ -566,6 +652,11 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
                            bound_s=first[0] if first else None)
         if plan.allocation is None:
             return ended(plan, placement, *_no_allocation(plan, cuts, proven=unpruned))
+        if plan.objective_s >= cutoff_s and plan.status != "optimal" and not (
+                plan.bound_s >= cutoff_s):  # cut by the deadline before it proved anything
+            valid_rows = exact and looping and not cuts["no_good_placer"] and not cuts["tightened"]
+            return replace(timed_out(deadline, name, rnd, tuple(history), "aggregate", exact),
+                           bound_s=_loop_bound(first, plan, valid_rows))
         if plan.objective_s >= cutoff_s:
             history.append({"round": rnd, "objective_s": plan.objective_s, "unplaced": None})
             return ended(plan, None, "stopped",
@@ -578,6 +669,9 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
         history.append(entry)
         if placement.complete:
             return ended(plan, placement, "placed", None, quality(topology, placement, dem))
+        if looping and deadline.remaining() <= 0:  # no time for cuts and another round
+            return replace(timed_out(deadline, name, rnd, tuple(history), "aggregate", exact),
+                           bound_s=first[0] if first else None)
         if not looping:
             smaller = _shrunk(solved_on, plan, placement) if plan.status == "heuristic" else None
             if smaller is None:
@@ -599,6 +693,7 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
             rescued: list[Slot] = []
             failed = _failed_types(placement, plan)
             for gpu in sorted(failed):
+                deadline.check()
                 chosen = [c for c in plan.candidates.values() if c.gpu == gpu]
                 cut = configuration_cut(topology, gpu, chosen, cset.by_llm)
                 if cut is not None:
@@ -626,15 +721,22 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
             entry["cuts"] = added
             for k, v in added.items():
                 cuts[k] += v
-            plan = solve_min_latency(problem, cset, valid + nogood, deadline=deadline)
+            # building the MILP and handing it to HiGHS run outside HiGHS's clock (about the
+            # last build's time each): a re-solve without time for both is not started, and
+            # HiGHS's limit ends that much before the deadline
+            build_s = float(plan.stats.get("build_s", 0.0))
+            if deadline.remaining() <= 2 * build_s:
+                raise TimeLimitReached(time_limit_detail(deadline.limit_s))
+            plan = solve_min_latency(problem, cset, valid + nogood,
+                                     deadline=Deadline(deadline.at - build_s, deadline.limit_s))
         except TimeLimitReached:
             return replace(timed_out(deadline, name, rnd + 1, tuple(history), "aggregate",
                                       exact), bound_s=first[0] if first else None)
     last = history[-1] if history else {}
     return ended(plan, placement, "unplaced",
-                 f"no placed plan after {len(history)} round(s) (--max-rounds; "
-                 f"{last.get('unplaced', 0)} replica(s) unplaced in the last, "
-                 f"{_cut_text(cuts)}); not proven infeasible")
+                 f"stopped by the round cap: no placed plan after {len(history)} round(s) "
+                 f"(max_rounds, --max-rounds {max_rounds}; {last.get('unplaced', 0)} replica(s) "
+                 f"unplaced in the last, {_cut_text(cuts)}); not proven infeasible")
 
 
 def _loop_bound(first: list[float], plan: Plan, proven: bool) -> float | None:
@@ -751,9 +853,15 @@ def _no_allocation(plan: Plan, cuts: Mapping[str, int], *, proven: bool,
 
 def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: Formulation,
                     **kw: Any) -> PlacedPlan:
-    """Max-throughput with placement: the capacity optimum when it places, otherwise the
-    largest placeable scale found by bisection (:func:`_placeable_scale`)."""
+    """Max-throughput with placement. ``auto`` (without latency bounds, where slot groups
+    apply): :func:`_max_throughput_auto`. Otherwise the capacity optimum when it places, else
+    the largest placeable scale found by bisection (:func:`_placeable_scale`)."""
     deadline: Deadline = kw["deadline"]
+    if (formulation in ("auto", "slots") and slots.applicable(problem) is None
+            and not problem.options.latency_bound_s and not problem.options.latency_bounds):
+        if formulation == "slots":
+            return slots.plan_slot_scale(problem, topology, deadline=deadline)
+        return _max_throughput_auto(problem, topology, **kw)
     try:
         plan = optimiser("milp").solve(problem, deadline=deadline)  # type: ignore[call-arg]
     except TimeLimitReached:
@@ -761,10 +869,7 @@ def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: F
     if plan.status == "time_limit_no_solution":
         return timed_out(deadline, "milp", 1, (), formulation)
     if plan.allocation is None:
-        why = plan.infeasible.detail if plan.infeasible is not None else "no scale carried"
-        return PlacedPlan(plan, None, 1, ({"round": 1, "scale": plan.scale, "status":
-                                           "infeasible"},), None, why, True, formulation,
-                          status="infeasible")
+        return _infeasible_scale(plan, formulation)
     dem = demands(plan.allocation, problem.catalog)
     placement = place_or_exact(topology, dem, kw["policy"], kw["placer_options"], deadline)
     entry = {"round": 1, "scale": plan.scale, "objective_s": plan.objective_s,
@@ -773,6 +878,56 @@ def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: F
         return PlacedPlan(plan, placement, 1, (entry,), quality(topology, placement, dem), None,
                           True, "aggregate")
     return _placeable_scale(problem, topology, plan.scale, (entry,), formulation, **kw)
+
+
+def _infeasible_scale(plan: Plan, formulation: str) -> PlacedPlan:
+    """No scale of the targets is carried (the optimiser's diagnosis)."""
+    why = plan.infeasible.detail if plan.infeasible is not None else "no scale carried"
+    return PlacedPlan(plan, None, 1, ({"round": 1, "scale": plan.scale, "status":
+                                       "infeasible"},), None, why, True, formulation,
+                      status="infeasible")
+
+
+def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
+    """``auto``'s max-throughput: slot groups (:func:`scepsy_place.slots.plan_slot_scale`,
+    placed by construction, with a proven bound on the scale) within :data:`SLOT_SHARE` of the
+    time; unless that plan meets its bound, the exact capacity optimum with the time left, kept
+    when it places at a larger scale (it is then the placeable optimum). The capacity optimum
+    also decides infeasibility when the slots found nothing."""
+    deadline: Deadline = kw["deadline"]
+    own = Deadline(min(deadline.at, time.monotonic() + SLOT_SHARE * deadline.remaining()),
+                   deadline.limit_s)
+    res = slots.plan_slot_scale(problem, topology, deadline=own)
+    res = replace(res, history=tuple({**h, "formulation": "slots"} for h in res.history))
+    if (res.placed and res.plan.status == "optimal") or deadline.remaining() <= 0:
+        return res if res.placed else timed_out(deadline, "milp", res.rounds, res.history,
+                                                "auto", False)
+    try:
+        plan = optimiser("milp").solve(problem, deadline=deadline)  # type: ignore[call-arg]
+    except TimeLimitReached:
+        plan = None
+    if plan is not None and plan.allocation is None and plan.status == "infeasible":
+        return _infeasible_scale(plan, "auto")
+    if plan is not None and plan.allocation is not None and deadline.remaining() > 0 and (
+            not res.placed or plan.scale > res.plan.scale):
+        dem = demands(plan.allocation, problem.catalog)
+        placement = place_or_exact(topology, dem, kw["policy"], kw["placer_options"], deadline)
+        entry = {"round": res.rounds + 1, "scale": plan.scale, "objective_s": plan.objective_s,
+                 "unplaced": len(placement.unplaced), "formulation": "aggregate"}
+        if placement.complete:
+            bound = res.plan.stats.get("scale_bound")
+            exact = plan.status == "optimal"
+            stats = dict(plan.stats, scale_bound=plan.scale if exact else bound,
+                         scale_gap=0.0 if exact else (bound / plan.scale - 1
+                                                      if bound is not None else None))
+            return PlacedPlan(replace(plan, stats=stats), placement, res.rounds + 1,
+                              (*res.history, entry), quality(topology, placement, dem), None,
+                              exact, "aggregate")
+        res = replace(res, history=(*res.history, entry), rounds=res.rounds + 1)
+    if res.placed:
+        return res
+    return timed_out(deadline, "milp", res.rounds, res.history, "auto", False) \
+        if deadline.remaining() <= 0 else res
 
 
 def placed_scale(problem: PlanningProblem, plan: Plan) -> float:

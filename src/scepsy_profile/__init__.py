@@ -8,6 +8,7 @@ The public API the later stages use:
   :func:`load_distserve_profile`;
 * latency models (the :class:`LatencyModel` protocol): :func:`fit_latency_model` (measured curves),
   :func:`roofline_model` (analytical), :class:`CompositeLatencyModel` (measured over analytical);
+  :func:`measured_shares` (the shares a model's answers for an instance were measured over);
 * serving: :func:`serving_curve` and :func:`memory_fit` for one instance (model, gpu, tp, share);
 * engine overheads: :class:`EngineOverheads`, :func:`load_overheads`, :func:`save_overheads` and
   :func:`with_overheads` (the calibrated terms a step profile does not see).
@@ -44,7 +45,7 @@ from scepsy_profile.importers import (
     load_vidur_mlp,
     vidur_layer_time_ms,
 )
-from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
+from scepsy_profile.latency import CompositeLatencyModel, LatencyModel, measured_shares
 from scepsy_profile.measurements import Measurement, read_measurements, write_measurements
 from scepsy_profile.models import ModelSpec
 from scepsy_profile.overheads import (
@@ -103,6 +104,7 @@ __all__ = [
     "load_overheads",
     "load_vidur_all_reduce",
     "load_vidur_mlp",
+    "measured_shares",
     "memory_fit",
     "parse_catalog",
     "read_measurements",

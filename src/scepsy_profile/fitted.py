@@ -475,6 +475,23 @@ class FittedLatencyModel:
         return all(self._tp_bracket(model, gpu, tp, phase) is not None
                    for phase in ("prefill", "decode"))
 
+    def measured_shares(self, model: str, gpu: str, tp: int) -> tuple[float, float]:
+        """The shares every curve the instance uses was measured over: the largest of their
+        smallest share nodes and the smallest of their largest (a curve's share nodes span
+        exactly its measured shares). Both phases count, and at a TP degree between two
+        measured ones both degrees' curves. Below the range a curve extrapolates with its edge
+        elasticity, above it holds its value at the largest share. Raises
+        :class:`UncoveredInstanceError` where :meth:`covers` is False."""
+        lo, hi = 0.0, 1.0
+        for phase in ("prefill", "decode"):
+            bracket = self._tp_bracket(model, gpu, tp, phase)
+            if bracket is None:
+                raise self._uncovered(model, gpu, tp, phase)
+            for t in {bracket[0], bracket[1]}:
+                nodes = self.curves[(model, gpu, t, phase)].share_nodes
+                lo, hi = max(lo, float(nodes[0])), min(hi, float(nodes[-1]))
+        return lo, hi
+
     def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                    seq: ArrayLike) -> Number:
         """Latency of one prefill pass over ``batch`` prompts of ``seq`` tokens (ms)."""

@@ -12,6 +12,14 @@ float for scalar input and an array otherwise. ``covers(model, gpu, tp)`` says w
 can answer for that instance without guessing; an instance it does not cover raises
 :class:`~scepsy_common.errors.UncoveredInstanceError`.
 
+Optionally, ``measured_shares(model, gpu, tp)`` says which shares an instance's answers rest on
+measurements for: ``(lowest, highest)`` measured share, or ``None`` where the model is not a
+measurement (the roofline model: a physics model answers every share in (0, 1] alike, so it
+counts as covering every share). Shares outside the range are extrapolated. A model without the
+method is read as ``None`` (:func:`measured_shares`, the accessor every caller uses); every
+model of this package defines it. It is not part of :class:`LatencyModel`, so that a model
+written before it still is one.
+
 The contract every implementation keeps (docs/profiles.md, checked for each of them by
 ``tests/test_latency_conformance.py``): one point gives the same answer within a relative 1e-12
 however it is asked (scalar, array element, broadcast); answers are finite, positive, never
@@ -44,6 +52,29 @@ class LatencyModel(Protocol):
     ) -> Number: ...
 
     def covers(self, model: str, gpu: str, tp: int) -> bool: ...
+
+
+def measured_shares(latency: LatencyModel, model: str, gpu: str,
+                    tp: int) -> tuple[float, float] | None:
+    """The range of shares ``latency`` measured for ``(model, gpu, tp)``: ``(lowest, highest)``,
+    or ``None`` where its answers are not measurements (an analytical model, or a model without
+    a ``measured_shares`` method): every share is then as good as any other. An instance the
+    model does not cover raises :class:`~scepsy_common.errors.UncoveredInstanceError`, as its
+    queries do. The range is empty (``lowest > highest``) where no share is measured for every
+    curve the instance uses (a fitted TP degree between two measured ones whose ranges do not
+    overlap)."""
+    method = getattr(latency, "measured_shares", None)
+    if method is None:
+        return None
+    return method(model, gpu, tp)
+
+
+def within_measured(share: float, measured: tuple[float, float] | None,
+                    tol: float = 1e-9) -> bool:
+    """Whether ``share`` lies in the ``measured`` range of :func:`measured_shares` (within an
+    absolute ``tol``: grid shares and stored share nodes are rounded decimals); always True for
+    ``None``."""
+    return measured is None or measured[0] - tol <= share <= measured[1] + tol
 
 
 def check_point(
@@ -99,3 +130,8 @@ class CompositeLatencyModel:
 
     def covers(self, model: str, gpu: str, tp: int) -> bool:
         return self.primary.covers(model, gpu, tp) or self.fallback.covers(model, gpu, tp)
+
+    def measured_shares(self, model: str, gpu: str, tp: int) -> tuple[float, float] | None:
+        """The measured shares of the model that answers for the instance (the primary where
+        it covers it, else the fallback: ``None`` for the roofline model)."""
+        return measured_shares(self._pick(model, gpu, tp), model, gpu, tp)

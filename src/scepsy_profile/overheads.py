@@ -64,7 +64,7 @@ from scipy.optimize import nnls
 from scepsy_common.errors import InputError, validated
 from scepsy_common.files import atomic_write_text, parse_json, parse_yaml, read_text
 from scepsy_profile.catalog import Catalog
-from scepsy_profile.latency import LatencyModel, Number
+from scepsy_profile.latency import LatencyModel, Number, measured_shares
 from scepsy_profile.profiling.models import profiled_name
 from scepsy_profile.profiling.servecurve import (
     ServeCurvePoint,
@@ -192,6 +192,10 @@ class OverheadLatencyModel:
 
     def covers(self, model: str, gpu: str, tp: int) -> bool:
         return self.inner.covers(model, gpu, tp)
+
+    def measured_shares(self, model: str, gpu: str, tp: int) -> tuple[float, float] | None:
+        """The inner model's measured shares (the overheads do not depend on the share)."""
+        return measured_shares(self.inner, model, gpu, tp)
 
 
 def _plain(values: Any) -> Number:

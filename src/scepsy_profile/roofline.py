@@ -97,6 +97,14 @@ class RooflineModel:
             return False
         return self.catalog.model(model).supports_tp(tp)
 
+    def measured_shares(self, model: str, gpu: str, tp: int) -> None:
+        """None: the roofline is a model, not a measurement, and answers every share in (0, 1]
+        by the same physics (compute scales with the share below its saturation share), so no
+        share counts as extrapolated. Raises :class:`UncoveredInstanceError` where it does not
+        cover the instance."""
+        self._instance(model, gpu, tp)
+        return None
+
     def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                    seq: ArrayLike) -> Number:
         spec, g = self._instance(model, gpu, tp)

@@ -7,7 +7,8 @@ Schema, and the launch view a launcher reads (:class:`~scepsy_place.launch.model
 edited ``launch`` section is caught), then that the sections agree with each other (every
 placed replica is an LLM of ``llms`` with its TP degree and share, on a node of the cluster and
 GPU indices that node has, each replica exactly once; ``launch.models`` names every LLM;
-``launch.addresses`` names nodes; a workflow's ``curve`` is bounded by an LLM it calls).
+``launch.addresses`` names nodes; a workflow's ``curve`` is bounded by an LLM it calls; an
+LLM's ``extrapolated_share`` repeats its share).
 Every error is an :class:`~scepsy_common.errors.InputError` naming the file and the field. :func:`launch_plan` turns a placed plan into the launch view and
 rejects one without a placement, saying why there is none; :func:`load_plan` does both for a
 file.
@@ -159,6 +160,16 @@ class WorkflowSection(BaseModel):
     curve: CurveSection | None = None  # absent in plans written before curves
 
 
+class ShareRangeSection(BaseModel):
+    """An LLM's share outside the shares its latency model measured for its (model, gpu, tp):
+    the share and the measured range (``scepsy_opt.coverage``); its latency is extrapolated."""
+
+    model_config = FINITE
+    share: float = Field(gt=0, le=1)
+    measured_min: float = Field(gt=0, le=1)
+    measured_max: float = Field(gt=0, le=1)
+
+
 class LLMSection(BaseModel):
     """One LLM of a plan with an allocation: its model, instance, and predicted figures."""
 
@@ -175,6 +186,8 @@ class LLMSection(BaseModel):
     mu_calls_s: float
     call_latency_s: float
     latency_share: float
+    # only where the share lies outside the measured shares (absent in plans written before)
+    extrapolated_share: ShareRangeSection | None = None
 
 
 class InfeasibleSection(BaseModel):
@@ -399,6 +412,10 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
                                  f"llms.{m}.{f} ({getattr(row, f)!r})", getattr(inst, f))
     for m, row in llms.items():
         _device(doc, row.gpu, source, f"llms.{m}.gpu")
+        beyond = row.extrapolated_share
+        if beyond is not None and beyond.share != row.share:
+            raise InputError(source, f"llms.{m}.extrapolated_share.share",
+                             f"llms.{m}.share ({row.share!r})", beyond.share)
     for w, wf in (doc.workflows or {}).items():
         for k, m in enumerate(wf.llms):
             if m not in llms:

@@ -1,0 +1,841 @@
+"""Slot groups: a placeable-by-construction formulation in which LLMs share GPUs.
+
+The aggregate MILP counts GPU capacity in thousandths and learns afterwards whether its shares
+pack; ``blocks`` (:mod:`scepsy_place.blocks`) pack by construction but give a GPU to one LLM
+shape only. A *slot group* sits between the two: ``t`` wholly free GPUs of one NVLink domain that
+all carry the same *configuration*, a multiset of shares whose sum is at most one GPU (three
+0.3, or 0.5 + 0.3 + 0.2, ...). Each entry of the configuration is a *slot*: one TP-``t``
+replica of any LLM whose share is no larger than the slot (it takes the slot on each of the
+group's ``t`` GPUs). Replicas of different LLMs share a GPU wherever their slots share one.
+
+Per GPU type ``g`` the model chooses integer counts ``n[g, t, c]`` of groups of size ``t`` with
+configuration ``c``, and per LLM one shape ``(g, t, σ)`` and its replica count. Two families of
+rows make every solution placeable:
+
+* **matching**, per ``(g, t)`` and share ``σ``: the replicas of share ``≥ σ`` are at most the
+  slots of size ``≥ σ`` (Hall's condition for sizes in a total order: sorted largest first,
+  the ``i``-th replica fits the ``i``-th slot exactly when all these rows hold);
+* **domains**, per ``g`` and TP degree ``t``: ``Σ_{t' ≥ t} t'·groups[g, t'] ≤ Σ_d t·floor(free_d/t)``,
+  the blocks formulation's rows, necessary and sufficient when the TP degrees divide one
+  another (1, 2, 4, 8): groups laid out largest first take from each domain multiples of the
+  current size.
+
+:func:`layout` turns a solution into a concrete :class:`~scepsy_place.placement.Placement` in one
+pass (no search), so a plan of this formulation is always placed. Memory follows the share
+(each instance gets its share of each GPU's memory), so a configuration that fits a GPU's
+compute fits its memory too; with memory as a resource of its own
+(``PlanOptions.memory_shares``) or TP degrees that do not divide one another the formulation
+declines (:func:`applicable`) and the caller uses another.
+
+What it gives up against the aggregate MILP: the GPUs of one group carry TP groups of one size
+only (a TP-2 replica and two TP-1 replicas never share a GPU), and a GPU's configuration is
+chosen from the share grid's multisets. ``solvers/many_models_bench.py`` measures the cost: the
+aggregate capacity optimum bounds the slot optimum, and the gap between them is reported.
+
+:func:`solve_slot_scale` is the max-throughput model: the largest scale ``s`` of the targets with
+``s·ℓ_m ≤ max_utilisation·Σ μ·r`` for every LLM. The number of configurations grows with the share
+grid (42 for tenths); above :data:`MAX_CONFIGURATIONS` only the configurations of one share
+repeated and of two shares are kept (a restriction: still placeable).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from scepsy_common.units import UNITS, share_units
+from scepsy_opt.candidates import Candidate, fitting_curves, generate_candidates, price
+from scepsy_opt.cluster import Cluster, GPUPool
+from scepsy_opt.milp import Shape, scale_upper_bound
+from scepsy_opt.pipeline import min_replicas
+from scepsy_opt.plans import Plan, headroom, plan_from_choice
+from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_place.patterns import _Model, _run_mip
+from scepsy_place.placed import PlacedPlan, timed_out
+from scepsy_place.placement import Placement, demands, whole_free_gpus
+from scepsy_place.quality import quality
+from scepsy_place.replicas import Demand, Slot
+from scepsy_place.topology import Topology
+
+MAX_CONFIGURATIONS = 3000  # per (GPU type, TP degree); above, a restricted set (module docstring)
+POLICY = "slots"  # the name a slot layout gives its placement
+RESERVE = 0.05  # of the time left, what layout and pricing keep after the parts' solves
+PROVEN_SCALE_GAP = 1e-6  # a scale this close to the proven bound is called optimal
+
+
+@dataclass(frozen=True)
+class SlotShape:
+    """One way to run an LLM's replicas: ``tp`` GPUs of type ``gpu`` at ``share`` each (``units``
+    thousandths per GPU), ``mu`` calls/s per replica."""
+
+    gpu: str
+    tp: int
+    share: float
+    units: int
+    mu: float
+
+
+@dataclass(frozen=True)
+class SlotSolution:
+    """A solution of the slot model: per LLM its shape and replicas (as unpriced
+    :class:`~scepsy_opt.candidates.Candidate`), the groups per ``(gpu, tp)`` (configurations and
+    counts), the scale its replicas carry and the solver's status and dual bound on the scale."""
+
+    choice: Mapping[str, Candidate]
+    groups: Mapping[tuple[str, int], tuple[tuple[tuple[int, ...], int], ...]]
+    passed: Mapping[tuple[str, int, int], int]  # (gpu, level, size): pieces split for the next
+    scale: float
+    status: str
+    dual_bound: float
+
+
+def applicable(problem: PlanningProblem) -> str | None:
+    """Why the slot formulation cannot model ``problem`` (None when it can): memory as a
+    resource of its own, or TP degrees that do not divide one another."""
+    if problem.options.memory_shares is not None:
+        return "memory is a resource of its own (--memory-shares): slots tie it to the share"
+    tps = sorted(set(problem.options.tps))
+    if any(b % a for a, b in zip(tps, tps[1:], strict=False)):
+        return f"TP degrees {tps} do not divide one another"
+    return None
+
+
+def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
+                ) -> dict[str, list[SlotShape]]:
+    """Per LLM, its shapes that no other of the same GPU type and TP degree beats: a shape is
+    dropped when another has no larger share and no smaller μ (its slot holds the replica too).
+    Raises :class:`~scepsy_opt.problem.TimeLimitReached` once ``deadline`` passes."""
+    out: dict[str, list[SlotShape]] = {}
+    seen: dict[tuple[Any, ...], list[SlotShape]] = {}
+    for m in problem.llms:
+        if deadline is not None:
+            deadline.check()
+        dem = problem.demands[m]
+        # the serving curves depend on the model and the token lengths, not on the rate: LLMs
+        # alike in those share their shapes
+        key = (problem.models[m], dem.input_mean, dem.output_mean, dem.group,
+               dem.output_sq_mean, dem.io_mean, dem.longest_tokens)
+        if key in seen:
+            out[m] = seen[key]
+            continue
+        by_type: dict[tuple[str, int], list[SlotShape]] = {}
+        for gpu, tp, curve in fitting_curves(problem, m, problem.demands[m]):
+            if curve.mu > 0:
+                by_type.setdefault((gpu, tp), []).append(
+                    SlotShape(gpu, tp, curve.share, share_units(curve.share), curve.mu))
+        kept: list[SlotShape] = []
+        for key in sorted(by_type):
+            best_mu = -math.inf
+            for sh in sorted(by_type[key], key=lambda s: (s.units, -s.mu)):
+                if sh.mu > best_mu:
+                    kept.append(sh)
+                    best_mu = sh.mu
+        out[m] = seen[key] = kept
+    return out
+
+
+def as_capacity_shapes(shapes: Mapping[str, Sequence[SlotShape]]) -> dict[str, list[Shape]]:
+    """The slot shapes as :func:`scepsy_opt.milp.capacity_shapes` gives them (units per replica:
+    ``tp × units``). The shapes :func:`slot_shapes` drops never use fewer units for as much μ,
+    so bounds over these hold for every shape."""
+    return {m: [Shape(sh.gpu, sh.tp, sh.share, sh.tp * sh.units, sh.mu) for sh in v]
+            for m, v in shapes.items()}
+
+
+def configurations(sizes: Sequence[int], limit: int = MAX_CONFIGURATIONS) -> list[tuple[int, ...]]:
+    """The maximal multisets of ``sizes`` (thousandths) that fit one GPU (sum ≤ 1000; no size
+    can be added), largest size first, in a fixed order. Above ``limit`` of them: only one size
+    repeated and two sizes (maximal within that family)."""
+    desc = sorted(set(sizes), reverse=True)
+    if not desc:
+        return []
+    least = desc[-1]
+    out: list[tuple[int, ...]] = []
+
+    def grow(start: int, room: int, acc: list[int]) -> bool:
+        if len(out) > limit:
+            return False
+        placed = False
+        for i in range(start, len(desc)):
+            if desc[i] <= room:
+                placed = True
+                acc.append(desc[i])
+                if not grow(i, room - desc[i], acc):
+                    return False
+                acc.pop()
+        if not placed and acc:  # no size of the grid fits the room left: maximal
+            out.append(tuple(acc))
+        return True
+
+    if grow(0, UNITS, []) and len(out) <= limit:
+        return _maximal(out, least)
+    few: set[tuple[int, ...]] = set()
+    for i, a in enumerate(desc):
+        for b in desc[i:]:
+            for ka in range(1, UNITS // a + 1):
+                kb = (UNITS - ka * a) // b if b != a else 0
+                few.add(tuple([a] * ka + [b] * kb))
+    return _maximal(sorted(few, reverse=True), least)
+
+
+def _maximal(configs: Sequence[tuple[int, ...]], least: int) -> list[tuple[int, ...]]:
+    """``configs`` without duplicates and without one that is contained in another (a larger
+    configuration offers every slot of a smaller one), in a fixed order."""
+    uniq = sorted(set(configs), key=lambda c: (-sum(c), c), reverse=False)
+    kept: list[tuple[int, ...]] = []
+    for c in uniq:
+        if not any(_contains(k, c) for k in kept):
+            kept.append(c)
+    return sorted(kept, reverse=True)
+
+
+def _contains(big: tuple[int, ...], small: tuple[int, ...]) -> bool:
+    """Whether every slot of ``small`` fits a distinct slot of ``big`` (both sorted descending)."""
+    if len(small) > len(big):
+        return False
+    return all(s <= b for s, b in zip(sorted(small, reverse=True), sorted(big, reverse=True),
+                                      strict=False))
+
+
+def _free(topology: Topology, gpu: str) -> list[int]:
+    return [len(free) for _, _, free in whole_free_gpus(topology, gpu)]
+
+
+def _level(free: Sequence[int], tp: int) -> int:
+    return sum(tp * (f // tp) for f in free)
+
+
+@dataclass
+class _Frame:
+    """The rows and columns of slot groups in a model (module docstring): per GPU type ``g``,
+    TP level ``t`` and share ``z``, a Hall row (replicas of share ``≥ z`` at most the pieces of
+    size ``≥ z`` left at the level) and a pass-down row; the pass-down columns; the domain rows;
+    the group columns per ``(g, t)``. A replica column enters :meth:`replica_rows`."""
+
+    zs: dict[str, list[int]]
+    lv: dict[str, list[int]]
+    hall: dict[tuple[str, int, int], int]
+    left: dict[tuple[str, int, int], int]
+    passdown: dict[tuple[str, int, int], int]
+    dom_rows: dict[tuple[str, int], int]
+    groups: dict[tuple[str, int], list[tuple[tuple[int, ...], int]]]
+
+    def replica_rows(self, gpu: str, tp: int, units: int, count: float,
+                     ) -> tuple[list[int], list[float]]:
+        """The Hall rows ``count`` replicas of (gpu, tp, units) enter, and their coefficients."""
+        rows = [self.hall[(gpu, tp, z)] for z in self.zs[gpu] if units >= z]
+        return rows, [count] * len(rows)
+
+    def read(self, vals: Sequence[float],
+             ) -> tuple[dict[tuple[str, int], tuple[tuple[tuple[int, ...], int], ...]],
+                        dict[tuple[str, int, int], int]]:
+        """The groups and pass-down counts of a solution."""
+        groups = {key: tuple((c, round(vals[j])) for c, j in gc if round(vals[j]) > 0)
+                  for key, gc in self.groups.items()}
+        passed = {key: round(vals[j]) for key, j in self.passdown.items() if round(vals[j]) > 0}
+        return groups, passed
+
+
+def _frame(model: _Model, kinds: Sequence[tuple[str, int, int]], topology: Topology) -> _Frame:
+    """The slot-group rows and columns for replicas of the (gpu, tp, units) ``kinds``, on the
+    wholly free GPUs of ``topology``; call :func:`_add_groups` once the replica columns are in
+    (columns may come in any order; the rows exist from here)."""
+    gpus = sorted({g for g, _, _ in kinds})
+    free = {g: _free(topology, g) for g in gpus}
+    zs = {g: sorted({z for gg, _, z in kinds if gg == g}) for g in gpus}
+    lv = {g: sorted({t for gg, t, _ in kinds if gg == g}) for g in gpus}
+    hall: dict[tuple[str, int, int], int] = {}
+    left: dict[tuple[str, int, int], int] = {}
+    for g in gpus:
+        for t in lv[g]:
+            for z in zs[g]:
+                hall[(g, t, z)] = model.row(-math.inf, 0.0)
+                left[(g, t, z)] = model.row(-math.inf, 0.0)
+    passdown: dict[tuple[str, int, int], int] = {}
+    for g in gpus:  # the pass-down columns k[g, t, z], t above the lowest level
+        for j in range(1, len(lv[g])):
+            t, below = lv[g][j], lv[g][j - 1]
+            for z in zs[g]:
+                rows = [left[(g, t, z)], left[(g, below, z)]]
+                vals = [1.0, -float(t // below)]
+                for zz in zs[g]:
+                    if zz <= z:
+                        rows += [hall[(g, t, zz)], hall[(g, below, zz)]]
+                        vals += [1.0, -float(t // below)]
+                passdown[(g, t, z)] = model.col(0.0, 0.0, math.inf, rows, vals, True)
+    dom_rows = {(g, t): model.row(-math.inf, float(_level(free[g], t)))
+                for g in gpus for t in lv[g]}
+    frame = _Frame(zs, lv, hall, left, passdown, dom_rows, {})
+    for g in gpus:  # the groups: n[g, t, c] groups of t GPUs with configuration c
+        confs = configurations(zs[g])
+        for t in lv[g]:
+            frame.groups[(g, t)] = []
+            for c in confs:
+                rows, vals = [], []
+                for z in zs[g]:
+                    above, exact = sum(1 for x in c if x >= z), sum(1 for x in c if x == z)
+                    if above:
+                        rows.append(hall[(g, t, z)])
+                        vals.append(-float(above))
+                    if exact:
+                        rows.append(left[(g, t, z)])
+                        vals.append(-float(exact))
+                for (gg, tt), row in dom_rows.items():
+                    if gg == g and tt <= t:
+                        rows.append(row)
+                        vals.append(float(t))
+                most = _level(free[g], t) // t
+                frame.groups[(g, t)].append((c, model.col(0.0, 0.0, float(most), rows, vals,
+                                                          True)))
+    return frame
+
+
+def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
+                     shapes: Mapping[str, Sequence[SlotShape]] | None = None,
+                     scale_ub: float | None = None, gap_rel: float = 1e-4,
+                     time_limit_s: float | None = None,
+                     at_scale: float | None = None) -> SlotSolution:
+    """The largest scale of ``problem``'s targets that slot groups on ``topology``'s free GPUs
+    carry at ``max_utilisation`` (module docstring), within ``deadline`` (and ``time_limit_s``).
+    ``scale_ub``: a known upper bound on the scale (the aggregate capacity optimum) that caps
+    each shape's replica count; ``at_scale``: find any solution at that scale instead (a
+    feasibility problem, much faster). Without a solution the result has no ``choice`` and says
+    why in ``status``: ``infeasible`` (proven, or an LLM with no shape on a free GPU) or
+    ``time_limit``."""
+    shp = shapes if shapes is not None else slot_shapes(problem, deadline)
+    u = problem.options.max_utilisation
+    loads = problem.loads
+    model = _Model()
+    usable = {m: [sh for sh in shp[m] if _level(_free(topology, sh.gpu), sh.tp) > 0]
+              for m in sorted(shp)}
+    if any(not v for v in usable.values()):
+        return _none("infeasible")
+    frame = _frame(model, [(sh.gpu, sh.tp, sh.units) for v in usable.values() for sh in v],
+                   topology)
+    free = {g: _free(topology, g) for g in frame.zs}
+    s_col_rows: list[int] = []
+    s_col_vals: list[float] = []
+    # the LLMs: one shape each, s·ℓ ≤ u·Σ μ·r
+    cols: dict[str, list[tuple[SlotShape, int, int]]] = {}
+    for m, options in usable.items():
+        one = model.row(1.0, 1.0)
+        load_row = model.row(-math.inf, 0.0)
+        s_col_rows.append(load_row)
+        s_col_vals.append(loads[m])
+        cols[m] = []
+        for sh in options:
+            top = _level(free[sh.gpu], sh.tp) // sh.tp * (UNITS // sh.units)
+            if scale_ub is not None and math.isfinite(scale_ub) and loads[m] > 0:
+                top = min(top, max(1, math.ceil(scale_ub * loads[m] / (u * sh.mu) - 1e-9)))
+            link = model.row(-math.inf, 0.0)  # r − top·y ≤ 0
+            least = model.row(0.0, math.inf)  # r − y ≥ 0
+            y = model.col(0.0, 0.0, 1.0, [one, link, least], [1.0, -float(top), -1.0], True)
+            rows, vals = frame.replica_rows(sh.gpu, sh.tp, sh.units, 1.0)
+            r = model.col(0.0, 0.0, float(top), [load_row, link, least, *rows],
+                          [-u * sh.mu, 1.0, 1.0, *vals], True)
+            cols[m].append((sh, y, r))
+    s_hi = scale_ub * (1 + 1e-6) if scale_ub is not None and math.isfinite(scale_ub) else math.inf
+    if at_scale is None:
+        model.col(-1.0, 0.0, s_hi, s_col_rows, s_col_vals)
+    else:  # feasibility at a fixed scale: any solution ends the search
+        model.col(0.0, at_scale, at_scale, s_col_rows, s_col_vals)
+    limit = deadline.remaining() if time_limit_s is None else min(deadline.remaining(),
+                                                                  time_limit_s)
+    if limit <= 0:
+        return _none("time_limit")
+    status, vals, _, dual = _run_mip(model, limit, gap_rel)
+    if not vals:
+        return _none("infeasible" if status == "infeasible" else "time_limit")
+    choice: dict[str, Candidate] = {}
+    for m, triples in cols.items():
+        sh, _, r = max(triples, key=lambda t: vals[t[1]])
+        reps = max(1, round(vals[r]))
+        choice[m] = Candidate(m, sh.gpu, sh.tp, sh.share, reps, sh.tp * sh.units * reps, sh.mu,
+                              math.nan, 0.0, 0.0)
+    groups, passed = frame.read(vals)
+    scale = min(headroom(problem, choice).values()) if choice else 0.0
+    return SlotSolution(choice, groups, passed, scale, status,
+                        -dual if math.isfinite(dual) else math.inf)
+
+
+def solve_slot_latency(problem: PlanningProblem, topology: Topology,
+                       cands: Mapping[str, Sequence[Candidate]], *, deadline: Deadline,
+                       gap_rel: float = 1e-4, time_limit_s: float | None = None) -> SlotSolution:
+    """Min-latency in slot groups: one candidate per LLM (``cands``, priced at the targets), the
+    least total cost whose replicas fit slot groups on ``topology``'s free GPUs. The solution's
+    ``dual_bound`` is the solver's bound on the cost over these candidates in slot groups."""
+    model = _Model()
+    usable = {m: [c for c in cands[m] if _level(_free(topology, c.gpu), c.tp) > 0]
+              for m in sorted(cands)}
+    if any(not v for v in usable.values()):
+        return _none("infeasible")
+    frame = _frame(model, sorted({(c.gpu, c.tp, share_units(c.share))
+                                  for v in usable.values() for c in v}), topology)
+    cols: dict[str, list[tuple[Candidate, int]]] = {}
+    for m, options in usable.items():
+        one = model.row(1.0, 1.0)
+        cols[m] = []
+        for c in options:
+            rows, vals = frame.replica_rows(c.gpu, c.tp, share_units(c.share), float(c.replicas))
+            cols[m].append((c, model.col(c.cost, 0.0, 1.0, [one, *rows], [1.0, *vals], True)))
+    limit = deadline.remaining() if time_limit_s is None else min(deadline.remaining(),
+                                                                  time_limit_s)
+    if limit <= 0:
+        return _none("time_limit")
+    status, vals, _, dual = _run_mip(model, limit, gap_rel)
+    if not vals:
+        return _none("infeasible" if status == "infeasible" else "time_limit")
+    choice = {m: max(pairs, key=lambda p: vals[p[1]])[0] for m, pairs in cols.items()}
+    groups, passed = frame.read(vals)
+    scale = min(headroom(problem, choice).values()) if choice else 0.0
+    return SlotSolution(choice, groups, passed, scale, status, dual)
+
+
+def slot_candidates(cands: Mapping[str, Sequence[Candidate]]) -> dict[str, list[Candidate]]:
+    """Per LLM, the candidates no other beats for slot groups: one is dropped when another on
+    the same GPU type and TP degree has no larger share, no more replicas and no larger cost
+    (its replicas fit wherever the dropped one's do). Ties keep the first in a fixed order."""
+    out: dict[str, list[Candidate]] = {}
+    for m, cs in cands.items():
+        order = sorted(cs, key=lambda c: (c.gpu, c.tp, c.cost, c.share, c.replicas))
+        kept: list[Candidate] = []
+        for c in order:
+            if not any(k.gpu == c.gpu and k.tp == c.tp and k.share <= c.share
+                       and k.replicas <= c.replicas for k in kept):
+                kept.append(c)
+        out[m] = kept
+    return out
+
+
+def _none(status: str) -> SlotSolution:
+    """No solution, and why (``infeasible`` or ``time_limit``)."""
+    return SlotSolution({}, {}, {}, 0.0, status, math.inf)
+
+
+def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]) -> Placement:
+    """A concrete placement of ``demands`` in ``solution``'s slot groups on ``topology``'s
+    wholly free GPUs, in one pass: per GPU type, groups largest first into each NVLink domain's
+    free GPUs (multiples of the size, so every group fits when the domain rows hold); then level
+    by level, largest TP degree first, the pieces of the level (its groups' slots and the pieces
+    split from the level above) less those the solution passes down, matched largest share to
+    largest piece with the level's replicas (Hall's condition, which the solution's rows hold).
+    A replica left without a piece is unplaced, with the reason (never when the demands are the
+    solution's replicas)."""
+    slots: list[Slot] = []
+    unplaced: list[tuple[str, int, str]] = []
+    by_gpu: dict[str, list[Demand]] = {}
+    for d in demands:
+        by_gpu.setdefault(d.gpu, []).append(d)
+    groups = solution.groups
+    for gpu in sorted({g for g, _ in groups} | set(by_gpu)):
+        domains = [(n.name, list(free)) for n, _, free in whole_free_gpus(topology, gpu)]
+        levels = sorted({t for g, t in groups if g == gpu} | {d.tp for d in by_gpu.get(gpu, ())}
+                        | {t for g, t, _ in solution.passed if g == gpu}, reverse=True)
+        own: dict[int, list[tuple[int, str, tuple[int, ...]]]] = {t: [] for t in levels}
+        for t in levels:
+            for c, count in groups.get((gpu, t), ()):
+                for _ in range(count):
+                    spot = next((i for i, (_, f) in enumerate(domains) if len(f) >= t), None)
+                    if spot is None:
+                        break
+                    node, f = domains[spot]
+                    ids = tuple(f[:t])
+                    domains[spot] = (node, f[t:])
+                    own[t].extend((z, node, ids) for z in c)
+        from_above: list[tuple[int, str, tuple[int, ...]]] = []
+        for j, t in enumerate(levels):
+            pieces = sorted(own[t] + from_above, key=lambda p: (-p[0], p[1], p[2]))
+            below = levels[j + 1] if j + 1 < len(levels) else None
+            from_above = []
+            if below is not None:
+                for z in sorted({p[0] for p in pieces}):
+                    k = solution.passed.get((gpu, t, z), 0)
+                    mine = [p for p in pieces if p[0] == z]
+                    give = mine[len(mine) - k:] if k else []
+                    for p in give:
+                        pieces.remove(p)
+                        from_above.extend((z, p[1], p[2][i:i + below])
+                                          for i in range(0, t, below))
+            reps = sorted((d for d in by_gpu.get(gpu, ()) if d.tp == t),
+                          key=lambda d: (-d.units, d.llm, d.replica))
+            for i, d in enumerate(reps):
+                if i < len(pieces) and pieces[i][0] >= d.units:
+                    _, node, ids = pieces[i]
+                    slots.append(Slot(d.llm, d.replica, node, ids, d.share, d.memory_gib))
+                else:
+                    unplaced.append((d.llm, d.replica, "no slot of its size left in the slot "
+                                     "groups"))
+    return Placement(tuple(slots), tuple(unplaced), POLICY, POLICY)
+
+
+# --------------------------------------------------------------------------- max-throughput
+
+PART_LLMS = 16  # LLMs per part of the decomposition (solvers/many_models_bench.py)
+LADDER_REL = 0.005  # the step of the parts' search, relative to the bound on the scale
+HEAVY = 0.25  # the largest share of its part's GPUs one LLM may need (partition)
+FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the decomposition: its LLMs and the names of its nodes."""
+
+    llms: tuple[str, ...]
+    nodes: tuple[str, ...]
+
+
+def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS,
+              need: Mapping[str, float] | None = None) -> list[Part]:
+    """The LLMs and the nodes in parts, each with the same nodes of every GPU type: nodes dealt
+    round-robin per type in canonical order; the number of parts divides every type's node
+    count, the fewest such with at most ``part_llms`` LLMs a part (or as close as the node
+    counts allow) and, with ``need`` (units), no more than one where an LLM would need over
+    :data:`HEAVY` of its part's GPUs; LLMs dealt largest ``need`` first (default: their load), equal LLMs next to
+    each other, each to the part of least need so far (the first of equals), so the parts carry
+    alike, and ``k`` copies of the same LLMs make ``k`` equal parts. Deterministic."""
+    weight = need if need is not None else problem.loads
+    # equal LLMs next to each other (their need ties), so equal LLMs are dealt alike
+    llms = sorted(problem.llms, key=lambda m: (-weight[m], problem.models[m],
+                                                -problem.loads[m], m))
+    by_type: dict[str, list[str]] = {}
+    for n in topology.canonical_nodes():
+        by_type.setdefault(n.gpu, []).append(n.name)
+    want = max(1, math.ceil(len(llms) / part_llms))
+    common = math.gcd(*(len(v) for v in by_type.values())) if by_type else 1
+    k = next((d for d in range(want, common + 1) if common % d == 0), common)
+    # no LLM may need more than HEAVY of a part's GPUs (a very popular LLM keeps its part large)
+    units = sum(n.gpus for n in topology.nodes) * UNITS
+    heaviest = max((weight[m] for m in llms), default=0.0)
+    if need is not None and heaviest > 0:
+        k = max((d for d in range(1, k + 1) if common % d == 0
+                 and heaviest <= HEAVY * units / d), default=1)
+    if k <= 1:
+        return [Part(tuple(sorted(llms)), tuple(n.name for n in topology.nodes))]
+    members: list[list[str]] = [[] for _ in range(k)]
+    total = [0.0] * k
+    for m in llms:  # largest first, each to the part of least need (the first of equals)
+        i = min(range(k), key=lambda j: (total[j], j))
+        members[i].append(m)
+        total[i] += weight[m]
+    return [Part(tuple(sorted(members[i])), tuple(name for v in by_type.values()
+                                                  for name in v[i::k])) for i in range(k)]
+
+
+def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotShape]],
+                  scale: float) -> dict[str, float]:
+    """Per LLM, the fewest GPU units that carry its load at ``scale`` with one of its shapes
+    (whole replicas): what :func:`partition` balances."""
+    u = problem.options.max_utilisation
+    return {m: min((sh.tp * sh.units * min_replicas(scale * problem.loads[m], sh.mu, u)
+                    for sh in v), default=0.0) for m, v in shapes.items()}
+
+
+def _sub(problem: PlanningProblem, topology: Topology, part: Part,
+         ) -> tuple[PlanningProblem, Topology]:
+    """``problem`` restricted to the part's LLMs (the workflows that call only them) and
+    ``topology`` to its nodes."""
+    keep = set(part.nodes)
+    nodes = tuple(n for n in topology.nodes if n.name in keep)
+    sub_top = Topology(f"{topology.name}/part", nodes)
+    pools: dict[tuple[str, int], int] = {}
+    for n in nodes:
+        pools[(n.gpu, n.gpus)] = pools.get((n.gpu, n.gpus), 0) + 1
+    cluster = Cluster(problem.cluster.name, tuple(GPUPool(g, k, per) for (g, per), k in
+                                                  sorted(pools.items())))
+    mine = set(part.llms)
+    targets = {w: t for w, t in problem.targets.items() if set(problem.stats[w].llms) <= mine}
+    sub = PlanningProblem(problem.stats, problem.models, targets, cluster, problem.latency,
+                          problem.options, problem.catalog, problem.policy)
+    return sub, sub_top
+
+
+def separable(problem: PlanningProblem, parts: Sequence[Part]) -> bool:
+    """Whether no workflow calls LLMs of two parts (then the parts' plans add up)."""
+    where = {m: i for i, p in enumerate(parts) for m in p.llms}
+    return all(len({where[m] for m in problem.stats[w].llms}) <= 1 for w in problem.targets)
+
+
+def _signature(problem: PlanningProblem, topology: Topology, part: Part) -> tuple[Any, ...]:
+    """What a part's slot problem depends on, without names: its LLMs' models and loads (in a
+    fixed order) and its nodes' GPU type, size and free GPUs. Two parts of equal signature have
+    the same solutions, up to the names of their LLMs."""
+    llms = tuple((problem.models[m], round(problem.loads[m], 12))
+                 for m in _ordered(problem, part))
+    nodes = tuple(sorted((n.gpu, n.gpus, n.nvlink_domain, n.used) for n in topology.nodes
+                         if n.name in set(part.nodes)))
+    return llms, nodes
+
+
+def _ordered(problem: PlanningProblem, part: Part) -> list[str]:
+    return sorted(part.llms, key=lambda m: (problem.models[m], problem.loads[m], m))
+
+
+def _renamed(sol: SlotSolution, names: Mapping[str, str]) -> SlotSolution:
+    """``sol`` with its LLMs renamed by ``names`` (old -> new)."""
+    choice = {names[m]: replace(c, llm=names[m]) for m, c in sol.choice.items()}
+    return replace(sol, choice=choice)
+
+
+@dataclass(frozen=True)
+class PartsResult:
+    """The parts' solutions joined, the level every part reached, and how the search went."""
+
+    solution: SlotSolution | None
+    level: float
+    probes: int
+    reused: int
+    timed_out: bool
+
+
+def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Part], *,
+                deadline: Deadline, shapes: Mapping[str, Sequence[SlotShape]],
+                scale_ub: float, rel: float = LADDER_REL) -> PartsResult:
+    """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
+    solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
+    fixed scale: much faster than maximising the scale). The first part bisects
+    ``[0, scale_ub]`` (a solution at ``s`` moves the bracket to the scale it carries); each next
+    part is asked for the level reached so far and steps down the ladder while it has no
+    solution, which lowers the level. A part whose signature (:func:`_signature`) was solved at
+    the level reuses that solution, renamed. A solve cut short by its time share counts as no
+    solution (unproven). The parts' solutions at the final level are joined (their groups lie
+    on disjoint nodes)."""
+    solved: dict[tuple[Any, ...], tuple[float, SlotSolution]] = {}
+    found: list[tuple[Part, SlotSolution]] = []
+    probes = reused = 0
+    timed = False
+    level = scale_ub
+    subs = [_sub(problem, topology, p) if len(parts) > 1 else (problem, topology) for p in parts]
+    keys = [_signature(problem, topology, p) for p in parts]
+    # the time left is shared by the distinct parts still to solve (and the first part's search)
+    distinct_after = [len(set(keys[i:])) for i in range(len(parts))]
+
+    def probe(i: int, at: float) -> SlotSolution | None:
+        """A solution of part ``i`` at scale ``at``, or None (a probe cut short by its time
+        share marks the search ``timed_out``: its answer is not a proof)."""
+        nonlocal probes, timed
+        sub, sub_top = subs[i]
+        share = deadline.remaining() / (distinct_after[i] + (FIRST_PROBES if i == 0 else 1))
+        if share <= 0:
+            timed = True
+            return None
+        probes += 1
+        sol = solve_slot_scale(sub, sub_top, deadline=deadline, time_limit_s=share,
+                               shapes={m: shapes[m] for m in parts[i].llms}, at_scale=at)
+        if sol.status == "time_limit" and not sol.choice:
+            timed = True
+        return sol if sol.choice else None
+
+    for i, part in enumerate(parts):
+        key = keys[i]
+        hit = solved.get(key)
+        if hit is not None and hit[0] >= level * (1 - 1e-12):
+            names = dict(zip(_ordered(problem, parts[hit[1].parts]), _ordered(problem, part),
+                             strict=True))
+            found.append((part, _renamed(hit[1].solution, names)))
+            reused += 1
+            continue
+        best: SlotSolution | None = None
+        if i == 0:  # down from the bound in doubling steps, then bisect the bracket
+            lo, hi, step = 0.0, scale_ub, rel
+            while hi - lo > rel * scale_ub and deadline.remaining() > 0:
+                at = scale_ub * (1 - step) if best is None and step < 1 else (lo + hi) / 2
+                sol = probe(i, at)
+                if sol is not None:
+                    best, lo = sol, max(at, min(sol.scale, hi))
+                else:
+                    hi = at
+                step *= 2
+            level = lo
+        else:
+            while level > 0 and deadline.remaining() > 0:
+                best = probe(i, level)
+                if best is not None:
+                    break
+                level -= rel * scale_ub
+        if best is None:
+            return PartsResult(None, 0.0, probes, reused, timed)
+        level = min(level, best.scale)
+        found.append((part, best))
+        solved[key] = (best.scale, _Solved(i, best))
+    choice: dict[str, Candidate] = {}
+    groups: dict[tuple[str, int], list[tuple[tuple[int, ...], int]]] = {}
+    passed: dict[tuple[str, int, int], int] = {}
+    for _, sol in found:
+        choice.update(sol.choice)
+        for key2, gs in sol.groups.items():
+            groups.setdefault(key2, []).extend(gs)
+        for key3, k in sol.passed.items():
+            passed[key3] = passed.get(key3, 0) + k
+    scale = min(headroom(problem, choice).values()) if choice else 0.0
+    joined = SlotSolution(choice, {k: tuple(v) for k, v in groups.items()}, passed, scale,
+                          "time_limit" if timed else "optimal", math.inf)
+    return PartsResult(joined, level, probes, reused, timed)
+
+
+@dataclass(frozen=True)
+class _Solved:
+    parts: int  # the index of the part solved
+    solution: SlotSolution
+
+
+def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
+                    part_llms: int = PART_LLMS) -> PlacedPlan:
+    """Max-throughput placed by construction: the largest scale of the targets that slot groups
+    carry (:func:`solve_slot_scale`; in parts of at most ``part_llms`` LLMs on their share of
+    every GPU type's nodes when the workflows allow it, :func:`partition`), laid out
+    (:func:`layout`) and priced at that scale. ``plan.stats`` carries ``scale_bound`` (a proven
+    upper bound on the scale of every allocation, :func:`scepsy_opt.milp.scale_upper_bound`),
+    ``scale_gap`` (``scale_bound / scale − 1``), ``parts``, ``probes`` (feasibility solves) and
+    ``reused`` (parts that took an equal part's solution). The plan's status is ``optimal`` only
+    when the scale meets its bound (within :data:`PROVEN_SCALE_GAP`), ``time_limit`` when a
+    solve was cut short by the deadline, ``heuristic`` otherwise (the gap says how far it may
+    be); the result is ``time_limit`` when the deadline passed before every part had a
+    solution."""
+    t0 = time.perf_counter()
+    try:
+        shp = slot_shapes(problem, deadline)
+        bound = scale_upper_bound(problem, as_capacity_shapes(shp), deadline=deadline)
+    except TimeLimitReached:
+        return timed_out(deadline, "milp", 1, (), POLICY, False)
+    if not math.isfinite(bound) or not bound > 0:
+        plan = Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {},
+                    {"scale_bound": None}, None, 0.0)
+        return PlacedPlan(plan, None, 1, (), None, "no scale of the targets is carried", False,
+                          POLICY, status="unplaced")
+    parts = partition(problem, topology, part_llms, capacity_need(problem, shp, bound))
+    if len(parts) > 1 and not separable(problem, parts):
+        parts = partition(problem, topology, len(problem.llms))
+    until = Deadline(deadline.at - RESERVE * deadline.remaining(), deadline.limit_s)
+    found = solve_parts(problem, topology, parts, deadline=until, shapes=shp, scale_ub=bound)
+    sol = found.solution
+    if sol is None or not sol.choice or not sol.scale > 0:
+        if deadline.remaining() <= 0:
+            return timed_out(deadline, "milp", 1, (), POLICY, False)
+        why = "no slot groups of the free GPUs carry every LLM (not proven infeasible)"
+        plan = Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {},
+                    {"scale_bound": bound if math.isfinite(bound) else None,
+                     "parts": len(parts)}, None, 0.0)
+        return PlacedPlan(plan, None, 1, (), None, why, False, POLICY, status="unplaced")
+    at = problem.scaled(sol.scale * (1 - 1e-9))
+    alloc = plan_from_choice(at, "milp", "optimal", dict(sol.choice), {}).allocation
+    assert alloc is not None
+    placement = layout(topology, sol, demands(alloc, problem.catalog))
+    gap = bound / sol.scale - 1 if math.isfinite(bound) else None
+    status = "optimal" if gap is not None and gap <= PROVEN_SCALE_GAP else (
+        "time_limit" if found.timed_out else "heuristic")
+    stats = {"scale_bound": bound, "scale_gap": gap, "parts": len(parts),
+             "probes": found.probes, "reused": found.reused, "total_s": time.perf_counter() - t0}
+    plan = plan_from_choice(at, "milp", status, price(at, alloc), stats, scale=sol.scale)
+    entry = {"round": 1, "scale": sol.scale, "objective_s": plan.objective_s,
+             "unplaced": len(placement.unplaced)}
+    if not placement.complete:
+        return PlacedPlan(plan, placement, 1, (entry,), None,
+                          f"{len(placement.unplaced)} replica(s) found no slot", False, POLICY,
+                          status="unplaced")
+    dem = demands(alloc, problem.catalog)
+    return PlacedPlan(plan, placement, 1, (entry,), quality(topology, placement, dem), None,
+                      gap is not None and gap <= PROVEN_SCALE_GAP, POLICY)
+
+
+# --------------------------------------------------------------------------- min-latency
+
+def _demand_signature(problem: PlanningProblem, topology: Topology, part: Part,
+                      ) -> tuple[Any, ...]:
+    """:func:`_signature` for min-latency: the part's LLMs by what prices their candidates
+    (model, the demand with the names left out, the weights of their workflows), in a fixed
+    order, and its nodes."""
+    def key(m: str) -> tuple[Any, ...]:
+        d = problem.demands[m]
+        terms = tuple((problem.weight(w), *rest) for w, *rest in d.terms)
+        blank = replace(d, llm="", terms=terms)
+        return (problem.models[m], blank)
+    return tuple(key(m) for m in _ordered(problem, part)), _signature(problem, topology, part)[1]
+
+
+def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
+                      deadline: Deadline, part_llms: int = PART_LLMS) -> PlacedPlan:
+    """Min-latency placed by construction in slot groups (:func:`solve_slot_latency`): every
+    candidate (no dominance pruning, which may drop the one that packs; only
+    :func:`slot_candidates`' dominance), in parts (:func:`partition`, balanced by the units
+    each LLM needs at least) when the workflows allow it (the objective adds up over LLMs, so the parts'
+    optima add up to the optimum over partitioned plans), each within its share of the time;
+    an equal part reuses a solved part's answer. No bound over the whole grid (``bound_s``
+    None): slot groups restrict the packings."""
+    t0 = time.perf_counter()
+    why = applicable(problem)
+    if why is not None:
+        plan = Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0)
+        return PlacedPlan(plan, None, 1, (), None, f"slot groups do not apply: {why}", False,
+                          POLICY, status="unplaced")
+    try:
+        shp = slot_shapes(problem, deadline)
+    except TimeLimitReached:
+        return timed_out(deadline, "milp", 1, (), POLICY, False)
+    unfit = sorted(m for m, v in shp.items() if not v)
+    if unfit:
+        plan = Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0)
+        return PlacedPlan(plan, None, 1, (), None, f"{', '.join(unfit)} fit no GPU of the "
+                          "cluster", True, POLICY, status="infeasible")
+    parts = partition(problem, topology, part_llms, capacity_need(problem, shp, 1.0))
+    if len(parts) > 1 and not separable(problem, parts):
+        parts = partition(problem, topology, len(problem.llms))
+    keys = [_demand_signature(problem, topology, p) for p in parts]
+    solved: dict[tuple[Any, ...], tuple[int, SlotSolution]] = {}
+    choice: dict[str, Candidate] = {}
+    groups: dict[tuple[str, int], list[tuple[tuple[int, ...], int]]] = {}
+    passed: dict[tuple[str, int, int], int] = {}
+    statuses: list[str] = []
+    reused = generated = kept = 0
+    for i, part in enumerate(parts):
+        if keys[i] in solved:
+            j, sol = solved[keys[i]]
+            names = dict(zip(_ordered(problem, parts[j]), _ordered(problem, part), strict=True))
+            sol = _renamed(sol, names)
+            reused += 1
+        else:
+            sub, sub_top = _sub(problem, topology, part) if len(parts) > 1 else (problem,
+                                                                                 topology)
+            share = deadline.remaining() / len(set(keys[i:]))
+            try:  # every candidate of the part's LLMs, priced at their targets
+                cset = generate_candidates(sub, prune=False, deadline=deadline)
+            except TimeLimitReached:
+                return timed_out(deadline, "milp", 1, (), POLICY, False)
+            cands = slot_candidates(cset.by_llm)
+            generated += cset.generated
+            kept += sum(map(len, cands.values()))
+            sol = solve_slot_latency(sub, sub_top, cands, deadline=deadline, time_limit_s=share)
+            if not sol.choice:
+                if sol.status == "time_limit" or deadline.remaining() <= 0:
+                    return timed_out(deadline, "milp", 1, (), POLICY, False)
+                plan = Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {},
+                            None, 0.0)
+                return PlacedPlan(plan, None, 1, (), None, "no slot groups of the free GPUs "
+                                  "carry the targets (not proven infeasible: LLMs sharing GPUs "
+                                  "otherwise may)", False, POLICY, status="unplaced")
+            solved[keys[i]] = (i, sol)
+        statuses.append(sol.status)
+        choice.update(sol.choice)
+        for key, gs in sol.groups.items():
+            groups.setdefault(key, []).extend(gs)
+        for key3, k in sol.passed.items():
+            passed[key3] = passed.get(key3, 0) + k
+    joined = SlotSolution(choice, {k: tuple(v) for k, v in groups.items()}, passed, 1.0,
+                          "optimal", math.inf)
+    stats = {"parts": len(parts), "reused": reused, "candidates_kept": kept,
+             "candidates_generated": generated, "total_s": time.perf_counter() - t0}
+    status = "optimal" if all(s == "optimal" for s in statuses) and len(parts) == 1 else (
+        "time_limit" if "time_limit" in statuses else "heuristic")
+    plan = plan_from_choice(problem, "milp", status, choice, stats)
+    assert plan.allocation is not None
+    dem = demands(plan.allocation, problem.catalog)
+    placement = layout(topology, joined, dem)
+    entry = {"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)}
+    if not placement.complete:
+        return PlacedPlan(plan, placement, 1, (entry,), None,
+                          f"{len(placement.unplaced)} replica(s) found no slot", False, POLICY,
+                          status="unplaced")
+    return PlacedPlan(plan, placement, 1, (entry,), quality(topology, placement, dem), None,
+                      False, POLICY)
