@@ -31,15 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import multiprocessing as mp
-import os
-import resource
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from formulations_bench import isolated  # a forked child per run, with its peak RSS
 from scepsy_opt.instances import many_models_problem
 from scepsy_opt.problem import PlanOptions
 from scepsy_place.loop import plan_and_place
@@ -48,32 +45,6 @@ from scepsy_profile import roofline_model
 
 BLOCK = (16, 32)  # LLMs, GPUs of one copy
 OVERRUN_REL, OVERRUN_ABS = 0.10, 1.0
-
-
-def _rss_mb() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
-    start = _rss_mb()
-    try:
-        out = fn()
-    except Exception as e:  # reported, not raised
-        out = {"status": "error", "error": f"{type(e).__name__}: {e}"}
-    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start
-    q.put(out)
-
-
-def isolated(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """``fn()`` in a forked child, with its peak RSS growth (``peak_mb``)."""
-    ctx = mp.get_context("fork")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn, q))
-    p.start()
-    out = q.get()
-    p.join()
-    return dict(out)
 
 
 def max_throughput(n: int, gpus: int, limit: float, seed: int) -> dict[str, Any]:

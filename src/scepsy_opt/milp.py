@@ -838,45 +838,6 @@ def _max_scale_model(problem: PlanningProblem, shp: Shapes, budgets: Mapping[str
     return prob, s, ys
 
 
-def max_scale_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *,
-                    deadline: Deadline | None = None, gap_rel: float = 0.005,
-                    time_limit_s: float | None = None) -> tuple[float, str]:
-    """A proven upper bound on :func:`max_scale` (so on the scale of every allocation, placed
-    or not) and how it was found: the MILP's dual bound when it ends within ``gap_rel`` or at
-    its time limit (``optimal``, ``time_limit``), else the LP relaxation's optimum (``lp``), or
-    ``(inf, "none")`` when not even that finished. Never below the optimum."""
-    left = Deadline.of(problem, deadline)
-    shp = shapes_ if shapes_ is not None else capacity_shapes(problem, left)
-    if any(not v for v in shp.values()):
-        return 0.0, "infeasible"
-    budgets = problem.cluster.budgets()
-    if len(budgets) == 1 and not any(sh.mem_units != sh[3] for v in shp.values() for sh in v
-                                     if isinstance(sh, Shape)):
-        exact, _, status = _max_scale_one_type(problem, shp, budgets)  # exact, no solver
-        return exact, status
-    prob, s, _ = _max_scale_model(problem, shp, budgets)
-    try:
-        prob.solve(_solver(problem, left, mip=False, time_limit_s=time_limit_s))
-    except TimeLimitReached:
-        return math.inf, "none"
-    h: highspy.Highs = prob.solverModel
-    if h.getModelStatus() != highspy.HighsModelStatus.kOptimal:
-        return math.inf, "none"
-    lp = -float(h.getInfo().objective_function_value)  # PuLP hands HiGHS min −s
-    lp = lp * (1 + 1e-9) + 1e-12  # float safety: a bound, never below the optimum
-    try:
-        prob.solve(_solver(problem, left, gap_rel=gap_rel, time_limit_s=time_limit_s))
-    except TimeLimitReached:
-        return lp, "lp"
-    status, _, dual = _status(prob)
-    if status == "infeasible":
-        return 0.0, "infeasible"
-    if status in ("optimal", "time_limit", "time_limit_no_solution") and math.isfinite(dual):
-        return min(lp, -dual * (1 + 1e-9) + 1e-12), ("optimal" if status == "optimal" else
-                                                     "time_limit")
-    return lp, "lp"
-
-
 SCALE_BOUND_REL = 1e-4  # the relative precision of :func:`scale_upper_bound`'s bisection
 
 

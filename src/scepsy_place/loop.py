@@ -94,14 +94,14 @@ from scepsy_opt.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_
 from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import Plan, headroom, plan_from_choice
+from scepsy_opt.plans import Plan, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
+from scepsy_place import slots
 from scepsy_place.cuts import (
     configuration_cut,
     free_capacity_rows,
     packing_inequalities,
 )
-from scepsy_place import slots
 from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
 from scepsy_place.patterns import PLACER_MAX_GPUS as PATTERNS_BLOCKS_MAX_GPUS
 from scepsy_place.patterns import plan_patterns, solve_patterns
@@ -243,8 +243,13 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
             plan, placement, 1, history, None, f"{len(placement.unplaced)} replica(s) of the "
             "cheapest allocation in aggregate did not fit on the cluster's nodes", False,
             "aggregate", status="unplaced", seconds=time.perf_counter() - t0)
+    if (not problem.options.latency_bounds and deadline.remaining() > 0
+            and slots.applicable(problem) is None):
+        tried["slots"] = _min_cost_slots(slots.on_nodes(problem, top), top, prices,
+                                         _share(deadline, SLOTS_SHARE))
     if not problem.options.latency_bounds and deadline.remaining() > 0:
-        pat, pat_bound = _min_cost_patterns(problem, top, prices, deadline)
+        # candidates within the nodes it may use (an open pool's budget is that of its nodes)
+        pat, pat_bound = _min_cost_patterns(slots.on_nodes(problem, top), top, prices, deadline)
         tried["patterns"] = pat
         bound = max(bound, pat_bound)
     placed = {k: r for k, r in tried.items() if r.placed}
@@ -286,6 +291,58 @@ def _placed_cost(topology: Topology, placement: Placement | None, prices: Mappin
     return math.fsum(prices[g] * n for g, n in sorted(used.items())), dict(sorted(used.items()))
 
 
+def _cost_candidates(problem: PlanningProblem, prices: Mapping[str, float], deadline: Deadline,
+                     ) -> tuple[CandidateSet, float, float]:
+    """The candidates the co-locating min-cost formulations price (every one up to
+    :data:`UNPRUNED_MAX_GPUS` GPUs, the cost-reduced ones above), the weight that makes their
+    latencies only break ties in price (:data:`COST_TIE` of the cheapest GPU-hour over the
+    largest total latency) and that total. Raises :class:`TimeLimitReached`."""
+    cs = (generate_candidates(problem, prune=False, deadline=deadline)
+          if problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+          else cost_candidates(problem, deadline=deadline))
+    worst = math.fsum(max((c.cost for c in v), default=0.0) for v in cs.by_llm.values())
+    eps = COST_TIE * min(prices.values()) / worst if worst > 0 and min(prices.values()) > 0 \
+        else 0.0
+    return cs, eps, worst
+
+
+def _min_cost_slots(problem: PlanningProblem, topology: Topology,
+                    prices: Mapping[str, float], deadline: Deadline) -> PlacedPlan:
+    """Slot groups (:mod:`scepsy_place.slots`) with the price of the GPUs their groups take as
+    the objective (every candidate, whole-GPU and fractional shares together; the mean latency
+    bounds as rows; latency scaled by :data:`COST_TIE` breaks ties): placeable by construction,
+    so the price it finds is the price of its placement."""
+    t0 = time.perf_counter()
+    try:
+        cs, eps, _ = _cost_candidates(problem, prices, deadline)
+    except TimeLimitReached:
+        return timed_out(deadline, "milp", 1, (), "slots", False)
+    cands = cs.by_llm if problem.options.latency_bound_s else slots.slot_candidates(cs.by_llm)
+    sol = slots.solve_slot_latency(problem, topology, cands, deadline=deadline,
+                                   gpu_cost=prices, latency_weight=eps,
+                                   extra=slo_rows(problem, cands))
+    if not sol.choice:
+        status: LoopStatus = "time_limit" if sol.status == "time_limit" else "unplaced"
+        return PlacedPlan(time_limit_plan("milp") if status == "time_limit" else
+                          Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {},
+                               None, 0.0), None, 1, (), None,
+                          "no slot groups meet the targets within the GPUs offered", False,
+                          "slots", status=status, seconds=time.perf_counter() - t0)
+    plan = plan_from_choice(problem, "milp", sol.status, dict(sol.choice),
+                            {"candidates_generated": cs.generated,
+                             "candidates_kept": sum(map(len, cands.values()))})
+    assert plan.allocation is not None
+    dem = demands(plan.allocation, problem.catalog)
+    placement = slots.layout(topology, sol, dem)
+    history = ({"round": 1, "objective_s": plan.objective_s,
+                "unplaced": len(placement.unplaced)},)
+    if not placement.complete:
+        return PlacedPlan(plan, placement, 1, history, None, "replicas found no slot", False,
+                          "slots", status="unplaced", seconds=time.perf_counter() - t0)
+    return PlacedPlan(plan, placement, 1, history, None, None, False, "slots",
+                      seconds=time.perf_counter() - t0)
+
+
 def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
                        prices: Mapping[str, float], deadline: Deadline,
                        ) -> tuple[PlacedPlan, float]:
@@ -295,14 +352,9 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
     with the candidates' true latencies."""
     t0 = time.perf_counter()
     try:
-        cs = (generate_candidates(problem, prune=False, deadline=deadline)
-              if problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
-              else cost_candidates(problem, deadline=deadline))
+        cs, eps, worst = _cost_candidates(problem, prices, deadline)
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), "patterns"), 0.0
-    worst = math.fsum(max((c.cost for c in v), default=0.0) for v in cs.by_llm.values())
-    eps = COST_TIE * min(prices.values()) / worst if worst > 0 and min(prices.values()) > 0 \
-        else 0.0
     scaled = {m: tuple(replace(c, latency_s=eps * c.latency_s, change_s=eps * c.change_s)
                        for c in v) for m, v in cs.by_llm.items()}
     true = {replace(c, latency_s=eps * c.latency_s, change_s=eps * c.change_s): c

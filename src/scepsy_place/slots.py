@@ -40,10 +40,12 @@ repeated and of two shares are kept (a restriction: still placeable).
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 from typing import Any
 
 from scepsy_common.units import UNITS, share_units
@@ -98,7 +100,7 @@ def applicable(problem: PlanningProblem) -> str | None:
     if problem.options.memory_shares is not None:
         return "memory is a resource of its own (--memory-shares): slots tie it to the share"
     tps = sorted(set(problem.options.tps))
-    if any(b % a for a, b in zip(tps, tps[1:], strict=False)):
+    if any(b % a for a, b in itertools.pairwise(tps)):
         return f"TP degrees {tps} do not divide one another"
     return None
 
@@ -239,10 +241,11 @@ class _Frame:
         return groups, passed
 
 
-def _frame(model: _Model, kinds: Sequence[tuple[str, int, int]], topology: Topology) -> _Frame:
+def _frame(model: _Model, kinds: Sequence[tuple[str, int, int]], topology: Topology,
+           gpu_cost: Mapping[str, float] | None = None) -> _Frame:
     """The slot-group rows and columns for replicas of the (gpu, tp, units) ``kinds``, on the
-    wholly free GPUs of ``topology``; call :func:`_add_groups` once the replica columns are in
-    (columns may come in any order; the rows exist from here)."""
+    wholly free GPUs of ``topology`` (``gpu_cost``: the objective's cost of each GPU a group
+    takes, per type; none by default). Replica columns enter the rows it makes."""
     gpus = sorted({g for g, _, _ in kinds})
     free = {g: _free(topology, g) for g in gpus}
     zs = {g: sorted({z for gg, _, z in kinds if gg == g}) for g in gpus}
@@ -288,7 +291,8 @@ def _frame(model: _Model, kinds: Sequence[tuple[str, int, int]], topology: Topol
                         rows.append(row)
                         vals.append(float(t))
                 most = _level(free[g], t) // t
-                frame.groups[(g, t)].append((c, model.col(0.0, 0.0, float(most), rows, vals,
+                cost = t * gpu_cost.get(g, 0.0) if gpu_cost is not None else 0.0
+                frame.groups[(g, t)].append((c, model.col(cost, 0.0, float(most), rows, vals,
                                                           True)))
     return frame
 
@@ -342,13 +346,9 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
         model.col(-1.0, 0.0, s_hi, s_col_rows, s_col_vals)
     else:  # feasibility at a fixed scale: any solution ends the search
         model.col(0.0, at_scale, at_scale, s_col_rows, s_col_vals)
-    limit = deadline.remaining() if time_limit_s is None else min(deadline.remaining(),
-                                                                  time_limit_s)
-    if limit <= 0:
-        return _none("time_limit")
-    status, vals, _, dual = _run_mip(model, limit, gap_rel)
+    status, vals, dual = _solve(model, deadline, time_limit_s, gap_rel)
     if not vals:
-        return _none("infeasible" if status == "infeasible" else "time_limit")
+        return _none(status)
     choice: dict[str, Candidate] = {}
     for m, triples in cols.items():
         sh, _, r = max(triples, key=lambda t: vals[t[1]])
@@ -363,31 +363,39 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
 
 def solve_slot_latency(problem: PlanningProblem, topology: Topology,
                        cands: Mapping[str, Sequence[Candidate]], *, deadline: Deadline,
-                       gap_rel: float = 1e-4, time_limit_s: float | None = None) -> SlotSolution:
+                       gap_rel: float = 1e-4, time_limit_s: float | None = None,
+                       gpu_cost: Mapping[str, float] | None = None, latency_weight: float = 1.0,
+                       extra: Sequence[tuple[Mapping[Candidate, float], float]] = (),
+                       ) -> SlotSolution:
     """Min-latency in slot groups: one candidate per LLM (``cands``, priced at the targets), the
-    least total cost whose replicas fit slot groups on ``topology``'s free GPUs. The solution's
-    ``dual_bound`` is the solver's bound on the cost over these candidates in slot groups."""
+    least total cost whose replicas fit slot groups on ``topology``'s free GPUs. With
+    ``gpu_cost`` (per GPU type) the objective is the price of the GPUs the groups take plus
+    ``latency_weight`` × the latency (min-cost: a small weight breaks ties); ``extra``: rows
+    ``Σ coeff·x_c ≤ rhs`` over the candidates (latency bounds). The solution's ``dual_bound``
+    is the solver's bound on that objective over these candidates in slot groups."""
     model = _Model()
     usable = {m: [c for c in cands[m] if _level(_free(topology, c.gpu), c.tp) > 0]
               for m in sorted(cands)}
     if any(not v for v in usable.values()):
         return _none("infeasible")
     frame = _frame(model, sorted({(c.gpu, c.tp, share_units(c.share))
-                                  for v in usable.values() for c in v}), topology)
+                                  for v in usable.values() for c in v}), topology, gpu_cost)
+    rows_extra = [(coeffs, model.row(-math.inf, rhs)) for coeffs, rhs in extra]
     cols: dict[str, list[tuple[Candidate, int]]] = {}
     for m, options in usable.items():
         one = model.row(1.0, 1.0)
         cols[m] = []
         for c in options:
             rows, vals = frame.replica_rows(c.gpu, c.tp, share_units(c.share), float(c.replicas))
-            cols[m].append((c, model.col(c.cost, 0.0, 1.0, [one, *rows], [1.0, *vals], True)))
-    limit = deadline.remaining() if time_limit_s is None else min(deadline.remaining(),
-                                                                  time_limit_s)
-    if limit <= 0:
-        return _none("time_limit")
-    status, vals, _, dual = _run_mip(model, limit, gap_rel)
+            for coeffs, row in rows_extra:
+                if c in coeffs:
+                    rows.append(row)
+                    vals.append(float(coeffs[c]))
+            cols[m].append((c, model.col(latency_weight * c.cost, 0.0, 1.0, [one, *rows],
+                                         [1.0, *vals], True)))
+    status, vals, dual = _solve(model, deadline, time_limit_s, gap_rel)
     if not vals:
-        return _none("infeasible" if status == "infeasible" else "time_limit")
+        return _none(status)
     choice = {m: max(pairs, key=lambda p: vals[p[1]])[0] for m, pairs in cols.items()}
     groups, passed = frame.read(vals)
     scale = min(headroom(problem, choice).values()) if choice else 0.0
@@ -408,6 +416,20 @@ def slot_candidates(cands: Mapping[str, Sequence[Candidate]]) -> dict[str, list[
                 kept.append(c)
         out[m] = kept
     return out
+
+
+def _solve(model: _Model, deadline: Deadline, time_limit_s: float | None, gap_rel: float,
+           ) -> tuple[str, list[float], float]:
+    """(status, values, dual bound) of ``model`` within ``deadline`` and ``time_limit_s``;
+    without values the status is ``infeasible`` (proven) or ``time_limit``."""
+    limit = deadline.remaining() if time_limit_s is None else min(deadline.remaining(),
+                                                                  time_limit_s)
+    if limit <= 0:
+        return "time_limit", [], math.inf
+    status, vals, _, dual = _run_mip(model, limit, gap_rel)
+    if not vals:
+        return ("infeasible" if status == "infeasible" else "time_limit"), [], math.inf
+    return status, vals, dual
 
 
 def _none(status: str) -> SlotSolution:
@@ -533,23 +555,27 @@ def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotSh
                     for sh in v), default=0.0) for m, v in shapes.items()}
 
 
+def on_nodes(problem: PlanningProblem, topology: Topology) -> PlanningProblem:
+    """``problem`` with ``topology``'s nodes as its cluster (pools of equal nodes; the GPU
+    budgets of candidate generation), e.g. the nodes a min-cost plan may buy."""
+    pools: dict[tuple[str, int], int] = {}
+    for n in topology.nodes:
+        pools[(n.gpu, n.gpus)] = pools.get((n.gpu, n.gpus), 0) + 1
+    cluster = Cluster(problem.cluster.name, tuple(GPUPool(g, k, per) for (g, per), k in
+                                                  sorted(pools.items())))
+    return replace(problem, cluster=cluster)
+
+
 def _sub(problem: PlanningProblem, topology: Topology, part: Part,
          ) -> tuple[PlanningProblem, Topology]:
     """``problem`` restricted to the part's LLMs (the workflows that call only them) and
     ``topology`` to its nodes."""
     keep = set(part.nodes)
-    nodes = tuple(n for n in topology.nodes if n.name in keep)
-    sub_top = Topology(f"{topology.name}/part", nodes)
-    pools: dict[tuple[str, int], int] = {}
-    for n in nodes:
-        pools[(n.gpu, n.gpus)] = pools.get((n.gpu, n.gpus), 0) + 1
-    cluster = Cluster(problem.cluster.name, tuple(GPUPool(g, k, per) for (g, per), k in
-                                                  sorted(pools.items())))
+    sub_top = Topology(f"{topology.name}/part",
+                       tuple(n for n in topology.nodes if n.name in keep))
     mine = set(part.llms)
     targets = {w: t for w, t in problem.targets.items() if set(problem.stats[w].llms) <= mine}
-    sub = PlanningProblem(problem.stats, problem.models, targets, cluster, problem.latency,
-                          problem.options, problem.catalog, problem.policy)
-    return sub, sub_top
+    return replace(on_nodes(problem, sub_top), targets=MappingProxyType(targets)), sub_top
 
 
 def separable(problem: PlanningProblem, parts: Sequence[Part]) -> bool:
