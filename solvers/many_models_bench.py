@@ -19,6 +19,10 @@ needed (calibrated roofline latency model). Per size (``NxGPUS``):
     python solvers/many_models_bench.py                       # 16x32,64x128,256x512
     python solvers/many_models_bench.py --sizes 1000x4096 --time-limit 60
     python solvers/many_models_bench.py --sizes 16x32 --time-limit 5 --out smoke   # the test
+    python solvers/many_models_bench.py --zipf-over-all --out many_models_bench_zipf
+
+``--zipf-over-all``: one Zipf popularity over all N LLMs (a few very popular LLMs need many
+GPUs each), not copies; no floor then.
 
 Writes ``results/<out>.json`` and prints a table. Exit status 1 when a plan lies below its
 replication floor (by more than 1e-6 relative) or a run overran its time limit by more than
@@ -47,9 +51,11 @@ BLOCK = (16, 32)  # LLMs, GPUs of one copy
 OVERRUN_REL, OVERRUN_ABS = 0.10, 1.0
 
 
-def max_throughput(n: int, gpus: int, limit: float, seed: int) -> dict[str, Any]:
-    problem = many_models_problem(n, gpus, roofline_model(), seed=seed, options=PlanOptions(
-        objective="max-throughput", time_limit_s=limit))
+def max_throughput(n: int, gpus: int, limit: float, seed: int, copies: bool = True,
+                   ) -> dict[str, Any]:
+    problem = many_models_problem(n, gpus, roofline_model(), seed=seed, copies=copies,
+                                  options=PlanOptions(objective="max-throughput",
+                                                      time_limit_s=limit))
     t0, c0 = time.perf_counter(), time.process_time()
     res = plan_and_place(problem, from_cluster(problem.cluster), formulation="auto")
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -61,9 +67,10 @@ def max_throughput(n: int, gpus: int, limit: float, seed: int) -> dict[str, Any]
             "wall_s": wall, "cpu_s": cpu, "parts": res.plan.stats.get("parts")}
 
 
-def min_latency(n: int, gpus: int, limit: float, seed: int, scale: float) -> dict[str, Any]:
-    problem = many_models_problem(n, gpus, roofline_model(), seed=seed, options=PlanOptions(
-        time_limit_s=limit)).scaled(scale)
+def min_latency(n: int, gpus: int, limit: float, seed: int, scale: float, copies: bool = True,
+                ) -> dict[str, Any]:
+    problem = many_models_problem(n, gpus, roofline_model(), seed=seed, copies=copies,
+                                  options=PlanOptions(time_limit_s=limit)).scaled(scale)
     t0 = time.perf_counter()
     res = plan_and_place(problem, from_cluster(problem.cluster), formulation="auto")
     return {"status": res.status, "objective_s": res.plan.objective_s if res.placed else None,
@@ -76,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-min-latency", action="store_true")
+    ap.add_argument("--zipf-over-all", action="store_true",
+                    help="one Zipf popularity over all N LLMs instead of copies of 16 (no floor)")
     ap.add_argument("--out", default="many_models_bench")
     args = ap.parse_args(argv)
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
@@ -86,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     for n, g in sizes:
         print(f"{n} LLMs / {g} GPUs ...", file=sys.stderr, flush=True)
         row: dict[str, Any] = {"llms": n, "gpus": g, "time_limit_s": limit,
-                               **isolated(lambda n=n, g=g: max_throughput(n, g, limit, args.seed))}
+                               **isolated(lambda n=n, g=g: max_throughput(
+                                   n, g, limit, args.seed, not args.zipf_over_all))}
         copies = n // BLOCK[0]
-        if n % BLOCK[0] == 0 and g == copies * BLOCK[1]:
+        if n % BLOCK[0] == 0 and g == copies * BLOCK[1] and not args.zipf_over_all:
             if floor_row is None:
                 floor_row = (dict(row) if (n, g) == BLOCK else
                              isolated(lambda: max_throughput(*BLOCK, limit, args.seed)))
@@ -101,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{row['floor']:.4f}")
         if not args.no_min_latency and row.get("scale", 0.0) > 0:
             row["min_latency"] = isolated(lambda n=n, g=g, s=row["scale"]: min_latency(
-                n, g, limit, args.seed, 0.8 * s))
+                n, g, limit, args.seed, 0.8 * s, not args.zipf_over_all))
         rows.append(row)
     print("| LLMs / GPUs | status | scale | bound | gap | floor | wall s | CPU s | peak MB | "
           "min-latency at 0.8 (status, s, wall) |")
@@ -120,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"rows": rows, "problems": problems, "time_limit_s": limit,
-                               "seed": args.seed}, indent=1, sort_keys=True))
+                               "seed": args.seed, "zipf_over_all": args.zipf_over_all},
+                              indent=1, sort_keys=True))
     tmp.replace(out)
     for p in problems:
         print("PROBLEM:", p)

@@ -134,6 +134,7 @@ TIGHTEN_AFTER = 2
 # is for the blocks fallback and the aggregate bound)
 BLOCKS_SHARE = 0.5
 SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.slots) after blocks, of what remains
+SLOTS_LARGE_SHARE = 0.7  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
 PATTERNS_LARGE_SHARE = 0.75
 # the aggregate loop's round cap: a safety net only; the loop stops on a proof (placed,
@@ -142,6 +143,8 @@ MAX_ROUNDS = 1000
 # max-throughput (auto): the share of the time the slot groups (scepsy_place.slots) get; the
 # exact capacity optimum gets the rest
 SLOT_SHARE = 0.7
+# ... and the capacity optimum runs only when the slot plan's proven gap is above this
+CAPACITY_GAP = 0.02
 
 
 def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | None = None,
@@ -474,7 +477,9 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     if not large:
         run("blocks", BLOCKS_SHARE)
     if deadline.remaining() > 0 and slots.applicable(problem) is None:
-        run("slots", SLOTS_SHARE)  # LLMs sharing GPUs, placed by construction
+        # LLMs sharing GPUs, placed by construction; above UNPRUNED_MAX_GPUS the one
+        # co-locating formulation that scales with the number of LLMs, so it gets more
+        run("slots", SLOTS_SHARE if small else SLOTS_LARGE_SHARE)
     if small and deadline.remaining() > 0:
         best = _best(tried.values())
         # patterns may still run after the loop: it gets a share, they the rest
@@ -943,15 +948,19 @@ def _infeasible_scale(plan: Plan, formulation: str) -> PlacedPlan:
 def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
     """``auto``'s max-throughput: slot groups (:func:`scepsy_place.slots.plan_slot_scale`,
     placed by construction, with a proven bound on the scale) within :data:`SLOT_SHARE` of the
-    time; unless that plan meets its bound, the exact capacity optimum with the time left, kept
-    when it places at a larger scale (it is then the placeable optimum). The capacity optimum
-    also decides infeasibility when the slots found nothing."""
+    time (all of it above :data:`UNPRUNED_MAX_GPUS` GPUs, where the exact capacity optimum
+    does not finish and is not run); when that plan is more than :data:`CAPACITY_GAP` below its bound (or there is none),
+    the exact capacity optimum with the time left, kept when it places at a larger scale (it is
+    then the placeable optimum). The capacity optimum also decides infeasibility when the slots
+    found nothing."""
     deadline: Deadline = kw["deadline"]
-    own = Deadline(min(deadline.at, time.monotonic() + SLOT_SHARE * deadline.remaining()),
-                   deadline.limit_s)
-    res = slots.plan_slot_scale(problem, topology, deadline=own)
+    # above UNPRUNED_MAX_GPUS the exact capacity optimum does not finish: the slots get it all
+    small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+    res = slots.plan_slot_scale(problem, topology,
+                                deadline=_share(deadline, SLOT_SHARE) if small else deadline)
     res = replace(res, history=tuple({**h, "formulation": "slots"} for h in res.history))
-    if (res.placed and res.plan.status == "optimal") or deadline.remaining() <= 0:
+    gap = res.plan.stats.get("scale_gap") if res.placed else None
+    if (res.placed and gap is not None and gap <= CAPACITY_GAP) or deadline.remaining() <= 0:
         return res if res.placed else timed_out(deadline, "milp", res.rounds, res.history,
                                                 "auto", False)
     try:

@@ -402,6 +402,32 @@ def solve_slot_latency(problem: PlanningProblem, topology: Topology,
     return SlotSolution(choice, groups, passed, scale, status, dual)
 
 
+FEWEST_REPLICAS = 3  # per shape, the replica counts min-latency slot groups keep beyond dominance
+
+
+def latency_candidates(every: Mapping[str, Sequence[Candidate]]) -> dict[str, list[Candidate]]:
+    """What min-latency slot groups choose from, of ``every`` candidate: those no other on the
+    same GPU type beats with no more units and no more cost (the optimiser's dominance) and,
+    per shape, the :data:`FEWEST_REPLICAS` fewest replica counts (the small footprints that
+    pack where the others do not); then :func:`slot_candidates`. A restriction of the grid (the
+    plan has no bound over it): at 16 LLMs a quarter of the candidates, the same optimum."""
+    out: dict[str, list[Candidate]] = {}
+    for m, cs in every.items():
+        keep: set[Candidate] = set()
+        best: dict[str, float] = {}
+        for c in sorted(cs, key=lambda c: (c.gpu, c.units, c.cost, c.tp, c.share, c.replicas)):
+            if c.cost < best.get(c.gpu, math.inf):
+                keep.add(c)
+                best[c.gpu] = c.cost
+        by_shape: dict[tuple[str, int, float], list[Candidate]] = {}
+        for c in cs:
+            by_shape.setdefault((c.gpu, c.tp, c.share), []).append(c)
+        for v in by_shape.values():
+            keep.update(sorted(v, key=lambda c: c.replicas)[:FEWEST_REPLICAS])
+        out[m] = [c for c in cs if c in keep]
+    return slot_candidates(out)
+
+
 def slot_candidates(cands: Mapping[str, Sequence[Candidate]]) -> dict[str, list[Candidate]]:
     """Per LLM, the candidates no other beats for slot groups: one is dropped when another on
     the same GPU type and TP degree has no larger share, no more replicas and no larger cost
@@ -825,11 +851,11 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
             sub, sub_top = _sub(problem, topology, part) if len(parts) > 1 else (problem,
                                                                                  topology)
             share = deadline.remaining() / len(set(keys[i:]))
-            try:  # every candidate of the part's LLMs, priced at their targets
+            try:  # the part's LLMs' candidates, priced at their targets
                 cset = generate_candidates(sub, prune=False, deadline=deadline)
             except TimeLimitReached:
                 return timed_out(deadline, "milp", 1, (), POLICY, False)
-            cands = slot_candidates(cset.by_llm)
+            cands = latency_candidates(cset.by_llm)
             generated += cset.generated
             kept += sum(map(len, cands.values()))
             sol = solve_slot_latency(sub, sub_top, cands, deadline=deadline, time_limit_s=share)
