@@ -29,6 +29,7 @@ from scepsy_place.loop import (
     MAX_ROUNDS,
     PATTERNS_LARGE_SHARE,
     PROVEN_GAP,
+    SLOTS_LARGE_SHARE,
     SLOTS_SHARE,
     plan_and_place,
     plan_document,
@@ -211,11 +212,13 @@ def test_above_1024_gpus_patterns_leave_time_for_the_blocks_fallback(monkeypatch
     patch_all(monkeypatch, spending(got))
     monkeypatch.setattr(loop, "solve_min_latency", lambda *a, **k: pytest.fail("no time left"))
     p = random_problem(3, 1032, ROOF, seed=0)
-    limit = 1.0
+    limit = 4.0
     res = plan_and_place(p, from_cluster(p.cluster), formulation="auto",
                          deadline=Deadline.after(limit))
-    assert got["patterns"] <= PATTERNS_LARGE_SHARE * limit + EPS
-    assert got["blocks"] >= (1 - PATTERNS_LARGE_SHARE) * limit - 2 * EPS
+    assert got["slots"] <= SLOTS_LARGE_SHARE * limit + EPS
+    after_slots = (1 - SLOTS_LARGE_SHARE) * limit
+    assert got["patterns"] <= PATTERNS_LARGE_SHARE * after_slots + EPS
+    assert got["blocks"] >= (1 - PATTERNS_LARGE_SHARE) * after_slots - 2 * EPS
     assert res.status == "time_limit"
 
 

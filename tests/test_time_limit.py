@@ -56,6 +56,11 @@ class Countdown:
         if self._passed():
             raise TimeLimitReached("countdown")
 
+    def within(self, seconds: float) -> Countdown:
+        """A step's share: the same countdown (it passes after so many looks, whatever the
+        share)."""
+        return self
+
 
 def _with(p: PlanningProblem, **kw: object) -> PlanningProblem:
     return replace(p, options=replace(p.options, **kw))

@@ -149,6 +149,11 @@ class Deadline:
         """Seconds left (0 once passed)."""
         return max(0.0, self.at - time.monotonic())
 
+    def within(self, seconds: float) -> Deadline:
+        """A deadline ``seconds`` from now, never past this one (a step's share of the time;
+        the limit it names is still this one's)."""
+        return Deadline(min(self.at, time.monotonic() + max(0.0, seconds)), self.limit_s)
+
     def check(self) -> None:
         """Raise :class:`TimeLimitReached` once the deadline has passed."""
         if time.monotonic() >= self.at:

@@ -134,7 +134,7 @@ TIGHTEN_AFTER = 2
 # is for the blocks fallback and the aggregate bound)
 BLOCKS_SHARE = 0.5
 SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.slots) after blocks, of what remains
-SLOTS_LARGE_SHARE = 0.7  # ... above UNPRUNED_MAX_GPUS GPUs
+SLOTS_LARGE_SHARE = 0.6  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
 PATTERNS_LARGE_SHARE = 0.75
 # the aggregate loop's round cap: a safety net only; the loop stops on a proof (placed,
@@ -529,8 +529,7 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
 def _share(deadline: Deadline, share: float) -> Deadline:
     """A step's deadline: ``share`` of what remains of ``deadline`` from now (never past it;
     the limit it names is still the whole plan's)."""
-    left = deadline.remaining()
-    return Deadline(min(deadline.at, time.monotonic() + share * left), deadline.limit_s)
+    return deadline.within(share * deadline.remaining())
 
 
 def _labelled(best: PlacedPlan, bound: float | None, ran_out: bool) -> PlacedPlan:
@@ -785,7 +784,7 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
             if deadline.remaining() <= 2 * build_s:
                 raise TimeLimitReached(time_limit_detail(deadline.limit_s))
             plan = solve_min_latency(problem, cset, valid + nogood,
-                                     deadline=Deadline(deadline.at - build_s, deadline.limit_s))
+                                     deadline=deadline.within(deadline.remaining() - build_s))
         except TimeLimitReached:
             return replace(timed_out(deadline, name, rnd + 1, tuple(history), "aggregate",
                                       exact), bound_s=first[0] if first else None)

@@ -760,7 +760,7 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     parts = partition(problem, topology, part_llms, capacity_need(problem, shp, bound))
     if len(parts) > 1 and not separable(problem, parts):
         parts = partition(problem, topology, len(problem.llms))
-    until = Deadline(deadline.at - RESERVE * deadline.remaining(), deadline.limit_s)
+    until = deadline.within((1 - RESERVE) * deadline.remaining())
     found = solve_parts(problem, topology, parts, deadline=until, shapes=shp, scale_ub=bound)
     sol = found.solution
     if sol is None or not sol.choice or not sol.scale > 0:
