@@ -959,7 +959,8 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
                                 deadline=_share(deadline, SLOT_SHARE) if small else deadline)
     res = replace(res, history=tuple({**h, "formulation": "slots"} for h in res.history))
     gap = res.plan.stats.get("scale_gap") if res.placed else None
-    if (res.placed and gap is not None and gap <= CAPACITY_GAP) or deadline.remaining() <= 0:
+    if ((res.placed and (not small or (gap is not None and gap <= CAPACITY_GAP)))
+            or deadline.remaining() <= 0):
         return res if res.placed else timed_out(deadline, "milp", res.rounds, res.history,
                                                 "auto", False)
     try:
