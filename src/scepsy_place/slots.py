@@ -524,6 +524,7 @@ def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]
 PART_LLMS = 16  # LLMs per part of the decomposition (solvers/many_models_bench.py)
 LADDER_REL = 0.005  # the step of the parts' search, relative to the bound on the scale
 HEAVY = 0.25  # the largest share of its part's GPUs one LLM may need (partition)
+SMALL_PARTS_SHARE = 0.4  # with a very popular LLM: the time small parts get before large ones
 FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
 
 
@@ -536,12 +537,13 @@ class Part:
 
 
 def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS,
-              need: Mapping[str, float] | None = None) -> list[Part]:
+              need: Mapping[str, float] | None = None, heavy: float | None = HEAVY,
+              ) -> list[Part]:
     """The LLMs and the nodes in parts, each with the same nodes of every GPU type: nodes dealt
     round-robin per type in canonical order; the number of parts divides every type's node
     count, the fewest such with at most ``part_llms`` LLMs a part (or as close as the node
-    counts allow) and, with ``need`` (units), no more than one where an LLM would need over
-    :data:`HEAVY` of its part's GPUs; LLMs dealt largest ``need`` first (default: their load), equal LLMs next to
+    counts allow) and, with ``need`` (units) and ``heavy``, no more than one where an LLM would
+    need over ``heavy`` of its part's GPUs; LLMs dealt largest ``need`` first (default: their load), equal LLMs next to
     each other, each to the part of least need so far (the first of equals), so the parts carry
     alike, and ``k`` copies of the same LLMs make ``k`` equal parts. Deterministic."""
     weight = need if need is not None else problem.loads
@@ -557,9 +559,9 @@ def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PAR
     # no LLM may need more than HEAVY of a part's GPUs (a very popular LLM keeps its part large)
     units = sum(n.gpus for n in topology.nodes) * UNITS
     heaviest = max((weight[m] for m in llms), default=0.0)
-    if need is not None and heaviest > 0:
+    if need is not None and heavy is not None and heaviest > 0:
         k = max((d for d in range(1, k + 1) if common % d == 0
-                 and heaviest <= HEAVY * units / d), default=1)
+                 and heaviest <= heavy * units / d), default=1)
     if k <= 1:
         return [Part(tuple(sorted(llms)), tuple(n.name for n in topology.nodes))]
     members: list[list[str]] = [[] for _ in range(k)]
@@ -757,11 +759,29 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
                     {"scale_bound": None}, None, 0.0)
         return PlacedPlan(plan, None, 1, (), None, "no scale of the targets is carried", False,
                           POLICY, status="unplaced")
-    parts = partition(problem, topology, part_llms, capacity_need(problem, shp, bound))
-    if len(parts) > 1 and not separable(problem, parts):
-        parts = partition(problem, topology, len(problem.llms))
+    need = capacity_need(problem, shp, bound)
     until = deadline.within((1 - RESERVE) * deadline.remaining())
-    found = solve_parts(problem, topology, parts, deadline=until, shapes=shp, scale_ub=bound)
+    # small parts first (quick, a plan in hand); then, when a very popular LLM asks for larger
+    # parts, those with the time left; the larger scale wins
+    tries = [partition(problem, topology, part_llms, need, heavy=None),
+             partition(problem, topology, part_llms, need)]
+    tries = [t if len(t) == 1 or separable(problem, t) else
+             partition(problem, topology, len(problem.llms)) for t in tries]
+    if tries[1] == tries[0]:
+        tries = tries[:1]
+    found: PartsResult | None = None
+    parts = tries[0]
+    for j, candidate in enumerate(tries):
+        share = until if j == len(tries) - 1 else until.within(
+            SMALL_PARTS_SHARE * until.remaining())
+        got = solve_parts(problem, topology, candidate, deadline=share, shapes=shp,
+                          scale_ub=bound)
+        better = got.solution is not None and (
+            found is None or found.solution is None or got.solution.scale > found.solution.scale)
+        if found is None or better:
+            found, parts = (replace(got, timed_out=got.timed_out or (
+                found is not None and found.timed_out)) if found is not None else got), candidate
+    assert found is not None
     sol = found.solution
     if sol is None or not sol.choice or not sol.scale > 0:
         if deadline.remaining() <= 0:
