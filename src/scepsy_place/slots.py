@@ -6,15 +6,19 @@ shape only. A *slot group* sits between the two: ``t`` wholly free GPUs of one N
 all carry the same *configuration*, a multiset of shares whose sum is at most one GPU (three
 0.3, or 0.5 + 0.3 + 0.2, ...). Each entry of the configuration is a *slot*: one TP-``t``
 replica of any LLM whose share is no larger than the slot (it takes the slot on each of the
-group's ``t`` GPUs). Replicas of different LLMs share a GPU wherever their slots share one.
+group's ``t`` GPUs), or, split into pieces of ``t/2``, ``t/4``, ... GPUs, replicas of smaller TP
+degrees. Replicas of different LLMs share a GPU wherever their slots share one.
 
-Per GPU type ``g`` the model chooses integer counts ``n[g, t, c]`` of groups of size ``t`` with
-configuration ``c``, and per LLM one shape ``(g, t, σ)`` and its replica count. Two families of
-rows make every solution placeable:
+Per GPU type ``g`` the model (:func:`_frame`) chooses integer counts ``n[g, t, c]`` of groups of
+size ``t`` with configuration ``c``, how many pieces of each size every TP level passes down to
+the next, and per LLM what it runs. Three families of rows make every solution placeable:
 
-* **matching**, per ``(g, t)`` and share ``σ``: the replicas of share ``≥ σ`` are at most the
-  slots of size ``≥ σ`` (Hall's condition for sizes in a total order: sorted largest first,
-  the ``i``-th replica fits the ``i``-th slot exactly when all these rows hold);
+* **Hall**, per ``g``, TP level ``t`` and share ``z``: the level's replicas of share ``≥ z`` are
+  at most its pieces of size ``≥ z`` (its groups' slots, plus the pieces passed down from the
+  level above, minus those it passes down); sizes are totally ordered, so sorted largest first
+  the ``i``-th replica fits the ``i``-th piece exactly when all these rows hold;
+* **pass-down**, per ``g``, ``t`` and size: a level passes down no more pieces of a size than
+  it has;
 * **domains**, per ``g`` and TP degree ``t``: ``Σ_{t' ≥ t} t'·groups[g, t'] ≤ Σ_d t·floor(free_d/t)``,
   the blocks formulation's rows, necessary and sufficient when the TP degrees divide one
   another (1, 2, 4, 8): groups laid out largest first take from each domain multiples of the
@@ -25,17 +29,22 @@ pass (no search), so a plan of this formulation is always placed. Memory follows
 (each instance gets its share of each GPU's memory), so a configuration that fits a GPU's
 compute fits its memory too; with memory as a resource of its own
 (``PlanOptions.memory_shares``) or TP degrees that do not divide one another the formulation
-declines (:func:`applicable`) and the caller uses another.
+declines (:func:`applicable`) and the caller uses another. With TP 1 only the model describes
+every packing of a GPU (tests: brute force).
 
-What it gives up against the aggregate MILP: the GPUs of one group carry TP groups of one size
-only (a TP-2 replica and two TP-1 replicas never share a GPU), and a GPU's configuration is
-chosen from the share grid's multisets. ``solvers/many_models_bench.py`` measures the cost: the
-aggregate capacity optimum bounds the slot optimum, and the gap between them is reported.
+* :func:`solve_slot_scale` (max-throughput): the largest scale ``s`` of the targets with
+  ``s·ℓ_m ≤ max_utilisation·Σ μ·r``, or any solution at a fixed scale (a feasibility problem,
+  much faster); :func:`plan_slot_scale` searches the scale with such solves against the proven
+  bound :func:`scepsy_opt.milp.scale_upper_bound`, in parts (:func:`partition`,
+  :func:`solve_parts`) whose equal members reuse one solution;
+* :func:`solve_slot_latency` (min-latency, or min-cost with ``gpu_cost``): one candidate per LLM
+  of least total cost; :func:`plan_slot_latency` solves it part by part.
 
-:func:`solve_slot_scale` is the max-throughput model: the largest scale ``s`` of the targets with
-``s·ℓ_m ≤ max_utilisation·Σ μ·r`` for every LLM. The number of configurations grows with the share
-grid (42 for tenths); above :data:`MAX_CONFIGURATIONS` only the configurations of one share
-repeated and of two shares are kept (a restriction: still placeable).
+What it gives up against the aggregate MILP: a group's GPUs carry one configuration, chosen from
+the share grid's multisets; the parts never trade GPUs. The number of configurations grows with
+the share grid (42 for tenths); above :data:`MAX_CONFIGURATIONS` only the configurations of one
+share repeated and of two shares are kept (a restriction: still placeable). Docs:
+docs/optimiser.md, "Max-throughput with many LLMs sharing GPUs: slot groups".
 """
 
 from __future__ import annotations
@@ -649,8 +658,9 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
                 scale_ub: float, rel: float = LADDER_REL) -> PartsResult:
     """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
     solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
-    fixed scale: much faster than maximising the scale). The first part bisects
-    ``[0, scale_ub]`` (a solution at ``s`` moves the bracket to the scale it carries); each next
+    fixed scale: much faster than maximising the scale). The first part steps down from
+    ``scale_ub`` in doubling steps (``rel``, ``2·rel``, ... of it) until it has a solution, then
+    bisects the bracket (a solution at ``s`` moves it to the scale it carries); each next
     part is asked for the level reached so far and steps down the ladder while it has no
     solution, which lowers the level. A part whose signature (:func:`_signature`) was solved at
     the level reuses that solution, renamed. A solve cut short by its time share counts as no
