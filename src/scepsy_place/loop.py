@@ -53,7 +53,11 @@ candidate grid (within :data:`PROVEN_GAP` of a grid bound); above :data:`UNPRUNE
 GPUs, with the time left, the aggregate MILP alone, for its bound (its loop needs many rounds
 of placements that cost seconds each at thousands of GPUs). The best placed plan wins (ties: the first run). One
 deadline is split across these steps, each getting a share of what remains when it starts
-(:data:`BLOCKS_SHARE`, :data:`AGGREGATE_SHARE`, :data:`PATTERNS_LARGE_SHARE`). With a
+(:data:`BLOCKS_SHARE`, :data:`SLOTS_SHARE`, :data:`AGGREGATE_SHARE`,
+:data:`PATTERNS_LARGE_SHARE`). ``slots`` (:mod:`scepsy_place.slots`) packs replicas of several
+LLMs into GPU groups of one share configuration each, placeable by construction; ``auto`` runs
+it after blocks, and max-throughput with ``auto`` searches the scale with it
+(:func:`_max_throughput_auto`). With a
 current allocation (``PlanOptions.current``) that still carries the targets, fits the budgets
 and places, keeping it is a candidate too: it wins when its objective (no change penalty) is
 lower than the formulation's.
@@ -445,7 +449,9 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
     GPUs without that bound, with the time left, the aggregate MILP alone, for its bound.
 
-    One deadline, split: each step gets its share of what remains (:data:`BLOCKS_SHARE`,
+    Slot groups (:mod:`scepsy_place.slots`, LLMs sharing GPUs, placeable by construction) run
+    after blocks where they apply. One deadline, split: each step gets its share of what
+    remains (:data:`BLOCKS_SHARE`, :data:`SLOTS_SHARE` or :data:`SLOTS_LARGE_SHARE`,
     :data:`AGGREGATE_SHARE`, :data:`PATTERNS_LARGE_SHARE`; patterns otherwise the rest), so
     time a step does not use carries over to the next. ``compared`` says how each formulation
     ended; ``bound_s`` is the highest bound valid for every placeable allocation of the
