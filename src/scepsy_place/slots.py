@@ -534,6 +534,7 @@ PART_LLMS = 16  # LLMs per part of the decomposition (solvers/many_models_bench.
 LADDER_REL = 0.005  # the step of the parts' search, relative to the bound on the scale
 HEAVY = 0.25  # the largest share of its part's GPUs one LLM may need (partition)
 SMALL_PARTS_SHARE = 0.4  # with a very popular LLM: the time small parts get before large ones
+RETRY_BOOST = 2.0  # a later part's probe cut short is tried once more with this many shares
 FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
 
 
@@ -661,8 +662,9 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     fixed scale: much faster than maximising the scale). The first part steps down from
     ``scale_ub`` in doubling steps (``rel``, ``2·rel``, ... of it) until it has a solution, then
     bisects the bracket (a solution at ``s`` moves it to the scale it carries); each next
-    part is asked for the level reached so far and steps down the ladder while it has no
-    solution, which lowers the level. A part whose signature (:func:`_signature`) was solved at
+    part is asked for the level reached so far (a probe cut short by its time share once more
+    with :data:`RETRY_BOOST` shares) and steps down the ladder while it has no solution, which
+    lowers the level. A part whose signature (:func:`_signature`) was solved at
     the level reuses that solution, renamed. A solve cut short by its time share counts as no
     solution (unproven). The parts' solutions at the final level are joined (their groups lie
     on disjoint nodes)."""
@@ -676,20 +678,25 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     # the time left is shared by the distinct parts still to solve (and the first part's search)
     distinct_after = [len(set(keys[i:])) for i in range(len(parts))]
 
-    def probe(i: int, at: float) -> SlotSolution | None:
+    cut = False  # whether the last probe was cut short by its time share
+
+    def probe(i: int, at: float, boost: float = 1.0) -> SlotSolution | None:
         """A solution of part ``i`` at scale ``at``, or None (a probe cut short by its time
-        share marks the search ``timed_out``: its answer is not a proof)."""
-        nonlocal probes, timed
+        share, ``boost`` times the even share, marks the search ``timed_out``: its answer is
+        not a proof)."""
+        nonlocal probes, timed, cut
         sub, sub_top = subs[i]
-        share = deadline.remaining() / (distinct_after[i] + (FIRST_PROBES if i == 0 else 1))
+        share = boost * deadline.remaining() / (distinct_after[i]
+                                                + (FIRST_PROBES if i == 0 else 1))
+        cut = False
         if share <= 0:
-            timed = True
+            timed = cut = True
             return None
         probes += 1
         sol = solve_slot_scale(sub, sub_top, deadline=deadline, time_limit_s=share,
                                shapes={m: shapes[m] for m in parts[i].llms}, at_scale=at)
         if sol.status == "time_limit" and not sol.choice:
-            timed = True
+            timed = cut = True
         return sol if sol.choice else None
 
     for i, part in enumerate(parts):
@@ -716,6 +723,8 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         else:
             while level > 0 and deadline.remaining() > 0:
                 best = probe(i, level)
+                if best is None and cut:  # not a proof: once more with twice the time
+                    best = probe(i, level, RETRY_BOOST)
                 if best is not None:
                     break
                 level -= rel * scale_ub
