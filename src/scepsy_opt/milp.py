@@ -775,34 +775,10 @@ def max_scale(problem: PlanningProblem,
     if any(not v for v in shp.values()):
         return 0.0, {}, "infeasible"
     budgets = dict(budgets) if budgets is not None else problem.cluster.budgets()
+    u = problem.options.max_utilisation
     two = any(sh.mem_units != sh[3] for v in shp.values() for sh in v if isinstance(sh, Shape))
     if len(budgets) == 1 and not two:
         return _max_scale_one_type(problem, shp, budgets)
-    prob, s, ys = _max_scale_model(problem, shp, budgets)
-    if two and any(not v for v in ys.values()):
-        return 0.0, {}, "infeasible"
-    try:
-        prob.solve(_solver(problem, deadline))
-    except TimeLimitReached:
-        return 0.0, {}, "time_limit_no_solution"
-    status, _, _ = _status(prob)
-    if status not in ("optimal", "time_limit"):
-        return 0.0, {}, status
-    choice = {}
-    for m, triples in ys.items():
-        sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
-        reps = max(1, round(r.value() or 0))
-        choice[m] = _shape_candidate(m, sh, reps)
-    scale = min(headroom(problem, choice).values())
-    return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
-
-
-def _max_scale_model(problem: PlanningProblem, shp: Shapes, budgets: Mapping[str, int],
-                     ) -> tuple[pulp.LpProblem, Any, dict[str, list[tuple[Shape, Any, Any]]]]:
-    """The MILP of :func:`max_scale`: the model, its scale variable and per LLM (shape, choice
-    binary, replica count)."""
-    u = problem.options.max_utilisation
-    two = any(sh.mem_units != sh[3] for v in shp.values() for sh in v if isinstance(sh, Shape))
     prob = pulp.LpProblem("scepsy_max_throughput", pulp.LpMaximize)
     s = prob.add_variable("scale", 0, None)
     ys: dict[str, list[tuple[Shape, Any, Any]]] = {}
@@ -835,7 +811,22 @@ def _max_scale_model(problem: PlanningProblem, shp: Shapes, budgets: Mapping[str
             terms = [(r, sh.mem_units) for m in ys for sh, _, r in ys[m] if sh[0] == gpu]
             if terms:
                 prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"mem_budget_{gpu}"
-    return prob, s, ys
+    if two and any(not v for v in ys.values()):
+        return 0.0, {}, "infeasible"
+    try:
+        prob.solve(_solver(problem, deadline))
+    except TimeLimitReached:
+        return 0.0, {}, "time_limit_no_solution"
+    status, _, _ = _status(prob)
+    if status not in ("optimal", "time_limit"):
+        return 0.0, {}, status
+    choice = {}
+    for m, triples in ys.items():
+        sh, _, r = max(triples, key=lambda t: (t[1].value() or 0.0))
+        reps = max(1, round(r.value() or 0))
+        choice[m] = _shape_candidate(m, sh, reps)
+    scale = min(headroom(problem, choice).values())
+    return (scale if math.isfinite(scale) else float(s.value() or 0.0)), choice, status
 
 
 SCALE_BOUND_REL = 1e-4  # the relative precision of :func:`scale_upper_bound`'s bisection
@@ -884,24 +875,23 @@ def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *
         f = need(scale)
         if np.any(np.all(~np.isfinite(f), axis=1)):
             return Probe(False)
-        cols = [(i, j) for i in range(len(llms)) for j in range(len(types)) if np.isfinite(f[i, j])]
-        rows_eq = coo_matrix(([1.0] * len(cols), ([i for i, _ in cols], range(len(cols)))),
-                             shape=(len(llms), len(cols)))
-        rows_ub = coo_matrix(([f[i, j] for i, j in cols], ([j for _, j in cols], range(len(cols)))),
-                             shape=(len(types), len(cols)))
-        res = linprog(np.zeros(len(cols)), A_ub=rows_ub, b_ub=[budgets[t] * UNITS for t in types],
+        ii, jj = np.nonzero(np.isfinite(f))  # one column per (LLM, type) it can run on
+        n = len(ii)
+        rows_eq = coo_matrix((np.ones(n), (ii, np.arange(n))), shape=(len(llms), n))
+        rows_ub = coo_matrix((f[ii, jj], (jj, np.arange(n))), shape=(len(types), n))
+        res = linprog(np.zeros(n), A_ub=rows_ub, b_ub=[budgets[t] * UNITS for t in types],
                       A_eq=rows_eq, b_eq=np.ones(len(llms)), bounds=(0, 1), method="highs")
         return Probe(res.status == 0)
 
     hi = 1.0
-    while feasible(hi).accepted:  # an infeasible upper end
+    while feasible(hi).accepted:  # an infeasible upper end (every scale below is feasible)
         hi *= 2.0
         if hi > 1e9:
             return math.inf
-    found = largest_accepted(feasible, hi, rel=SCALE_BOUND_REL, max_steps=200)
-    if found.stopped:
-        return math.inf
-    return found.hi if math.isfinite(found.hi) else math.inf
+    lo = hi / 2 if hi > 1 else 0.0  # the last doubling was feasible
+    found = largest_accepted(feasible, hi, rel=SCALE_BOUND_REL, max_steps=200, lo=lo,
+                             first=(lo + hi) / 2)
+    return math.inf if found.stopped else found.hi
 
 
 def _max_scale_one_type(problem: PlanningProblem,

@@ -59,7 +59,6 @@ from typing import Any
 
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.candidates import Candidate, fitting_curves, generate_candidates, price
-from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.milp import Shape, scale_upper_bound
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.plans import Plan, headroom, plan_from_choice
@@ -594,13 +593,9 @@ def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotSh
 
 
 def on_nodes(problem: PlanningProblem, topology: Topology) -> PlanningProblem:
-    """``problem`` with ``topology``'s nodes as its cluster (pools of equal nodes; the GPU
-    budgets of candidate generation), e.g. the nodes a min-cost plan may buy."""
-    pools: dict[tuple[str, int], int] = {}
-    for n in topology.nodes:
-        pools[(n.gpu, n.gpus)] = pools.get((n.gpu, n.gpus), 0) + 1
-    cluster = Cluster(problem.cluster.name, tuple(GPUPool(g, k, per) for (g, per), k in
-                                                  sorted(pools.items())))
+    """``problem`` with ``topology``'s nodes as its cluster (:meth:`Topology.to_cluster`: the
+    GPU budgets of candidate generation), e.g. the nodes a min-cost plan may buy."""
+    cluster = replace(topology.to_cluster(problem.catalog), name=problem.cluster.name)
     return replace(problem, cluster=cluster)
 
 
@@ -624,13 +619,18 @@ def separable(problem: PlanningProblem, parts: Sequence[Part]) -> bool:
 
 def _signature(problem: PlanningProblem, topology: Topology, part: Part) -> tuple[Any, ...]:
     """What a part's slot problem depends on, without names: its LLMs' models and loads (in a
-    fixed order) and its nodes' GPU type, size and free GPUs. Two parts of equal signature have
-    the same solutions, up to the names of their LLMs."""
+    fixed order) and its nodes (:func:`_node_signature`). Two parts of equal signature have the
+    same solutions, up to the names of their LLMs."""
     llms = tuple((problem.models[m], round(problem.loads[m], 12))
                  for m in _ordered(problem, part))
-    nodes = tuple(sorted((n.gpu, n.gpus, n.nvlink_domain, n.used) for n in topology.nodes
-                         if n.name in set(part.nodes)))
-    return llms, nodes
+    return llms, _node_signature(topology, part)
+
+
+def _node_signature(topology: Topology, part: Part) -> tuple[Any, ...]:
+    """A part's nodes without names: GPU type, size, NVLink domain and use of each."""
+    mine = set(part.nodes)
+    return tuple(sorted((n.gpu, n.gpus, n.nvlink_domain, n.used) for n in topology.nodes
+                        if n.name in mine))
 
 
 def _ordered(problem: PlanningProblem, part: Part) -> list[str]:
@@ -733,19 +733,26 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         level = min(level, best.scale)
         found.append((part, best))
         solved[key] = (best.scale, _Solved(i, best))
+    joined = _join(problem, [sol for _, sol in found], "time_limit" if timed else "optimal")
+    return PartsResult(joined, level, probes, reused, timed)
+
+
+def _join(problem: PlanningProblem, solutions: Sequence[SlotSolution], status: str,
+          ) -> SlotSolution:
+    """The parts' solutions as one (their groups lie on disjoint nodes, so their union is laid
+    out like one solution), with the scale its replicas carry."""
     choice: dict[str, Candidate] = {}
     groups: dict[tuple[str, int], list[tuple[tuple[int, ...], int]]] = {}
     passed: dict[tuple[str, int, int], int] = {}
-    for _, sol in found:
+    for sol in solutions:
         choice.update(sol.choice)
-        for key2, gs in sol.groups.items():
-            groups.setdefault(key2, []).extend(gs)
+        for key, gs in sol.groups.items():
+            groups.setdefault(key, []).extend(gs)
         for key3, k in sol.passed.items():
             passed[key3] = passed.get(key3, 0) + k
     scale = min(headroom(problem, choice).values()) if choice else 0.0
-    joined = SlotSolution(choice, {k: tuple(v) for k, v in groups.items()}, passed, scale,
-                          "time_limit" if timed else "optimal", math.inf)
-    return PartsResult(joined, level, probes, reused, timed)
+    return SlotSolution(choice, {k: tuple(v) for k, v in groups.items()}, passed, scale,
+                        status, math.inf)
 
 
 @dataclass(frozen=True)
@@ -843,7 +850,7 @@ def _demand_signature(problem: PlanningProblem, topology: Topology, part: Part,
         terms = tuple((problem.weight(w), *rest) for w, *rest in d.terms)
         blank = replace(d, llm="", terms=terms)
         return (problem.models[m], blank)
-    return tuple(key(m) for m in _ordered(problem, part)), _signature(problem, topology, part)[1]
+    return tuple(key(m) for m in _ordered(problem, part)), _node_signature(topology, part)
 
 
 def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
@@ -875,9 +882,7 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
         parts = partition(problem, topology, len(problem.llms))
     keys = [_demand_signature(problem, topology, p) for p in parts]
     solved: dict[tuple[Any, ...], tuple[int, SlotSolution]] = {}
-    choice: dict[str, Candidate] = {}
-    groups: dict[tuple[str, int], list[tuple[tuple[int, ...], int]]] = {}
-    passed: dict[tuple[str, int, int], int] = {}
+    found: list[SlotSolution] = []
     statuses: list[str] = []
     reused = generated = kept = 0
     for i, part in enumerate(parts):
@@ -908,18 +913,13 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
                                   "otherwise may)", False, POLICY, status="unplaced")
             solved[keys[i]] = (i, sol)
         statuses.append(sol.status)
-        choice.update(sol.choice)
-        for key, gs in sol.groups.items():
-            groups.setdefault(key, []).extend(gs)
-        for key3, k in sol.passed.items():
-            passed[key3] = passed.get(key3, 0) + k
-    joined = SlotSolution(choice, {k: tuple(v) for k, v in groups.items()}, passed, 1.0,
-                          "optimal", math.inf)
+        found.append(sol)
+    joined = _join(problem, found, "optimal")
     stats = {"parts": len(parts), "reused": reused, "candidates_kept": kept,
              "candidates_generated": generated, "total_s": time.perf_counter() - t0}
     status = "optimal" if all(s == "optimal" for s in statuses) and len(parts) == 1 else (
         "time_limit" if "time_limit" in statuses else "heuristic")
-    plan = plan_from_choice(problem, "milp", status, choice, stats)
+    plan = plan_from_choice(problem, "milp", status, dict(joined.choice), stats)
     assert plan.allocation is not None
     dem = demands(plan.allocation, problem.catalog)
     placement = layout(topology, joined, dem)
