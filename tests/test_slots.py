@@ -26,7 +26,10 @@ from scepsy_place.exhaustive import placeable
 from scepsy_place.loop import plan_and_place
 from scepsy_place.placement import demands
 from scepsy_place.slots import (
+    _highest_averages,
+    _interleaved,
     as_capacity_shapes,
+    capacity_need,
     configurations,
     layout,
     partition,
@@ -34,7 +37,7 @@ from scepsy_place.slots import (
     slot_shapes,
     solve_slot_scale,
 )
-from scepsy_place.topology import from_cluster
+from scepsy_place.topology import Node, from_cluster
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()
@@ -184,15 +187,62 @@ def test_copies_make_equal_parts_with_disjoint_nodes():
     assert len(kinds) == 1  # four copies of the same 16 LLMs
 
 
-def test_a_very_popular_llm_keeps_its_part_large():
-    p = many_models_problem(64, 128, ROOF, copies=False)
+def test_a_very_popular_llm_gets_a_part_of_one_gpu_type_that_holds_it():
+    """One Zipf popularity over 256 LLMs: the most popular needs a tenth of the cluster, more
+    than a part of 16 LLMs on an even share of both GPU types holds (one LLM runs on one GPU
+    type). Its part takes nodes of one type, enough for it; every LLM and node is in one part."""
+    p = many_models_problem(256, 512, ROOF, copies=False)
     topo = from_cluster(p.cluster)
     shp = slot_shapes(p)
-    from scepsy_place.slots import HEAVY, capacity_need
-    need = capacity_need(p, shp, scale_upper_bound(p))
+    need = capacity_need(p, shp, scale_upper_bound(p, as_capacity_shapes(shp)))
     parts = partition(p, topo, 16, need)
-    per_part = 128 * UNITS / len(parts)
-    assert max(need.values()) <= HEAVY * per_part or len(parts) == 1
+    assert sorted(m for q in parts for m in q.llms) == sorted(p.llms)
+    assert sorted(n for q in parts for n in q.nodes) == sorted(n.name for n in topo.nodes)
+    top = max(p.llms, key=lambda m: min(need[m].values()))
+    (home,) = [q for q in parts if top in q.llms]
+    assert home.gpu is not None
+    gpus = {n.name: n for n in topo.nodes}
+    assert {gpus[n].gpu for n in home.nodes} == {home.gpu}
+    assert need[top][home.gpu] <= sum(gpus[n].gpus for n in home.nodes) * UNITS
+    # without a heavy LLM (copies of 16), every part has the cluster's mix of GPU types
+    c = many_models_problem(64, 128, ROOF)
+    ctop = from_cluster(c.cluster)
+    cparts = partition(c, ctop, 16, capacity_need(c, slot_shapes(c), 1.0))
+    cgpus = {n.name: n.gpu for n in ctop.nodes}
+    assert all(q.gpu is None for q in cparts)
+    assert all(sorted(cgpus[n] for n in q.nodes) == sorted(cgpus[n] for n in cparts[0].nodes)
+               for q in cparts)
+
+
+@FAST
+@given(st.lists(st.floats(0.01, 100.0), min_size=1, max_size=4), st.integers(0, 6))
+def test_highest_averages_minimises_the_largest_weight_per_thing(weights, extra):
+    """D'Hondt's rule against brute force over every way to deal ``n`` things, one at least
+    each: its largest weight per thing is the least there is."""
+    n = len(weights) + extra
+    got = _highest_averages(weights, n)
+    assert sum(got) == n and min(got) >= 1
+    best = min(max(w / c for w, c in zip(weights, combo, strict=True))
+               for combo in itertools.product(range(1, n + 1), repeat=len(weights))
+               if sum(combo) == n)
+    assert max(w / c for w, c in zip(weights, got, strict=True)) <= best * (1 + 1e-12)
+
+
+@FAST
+@given(st.integers(1, 9), st.integers(0, 9), st.integers(1, 9))
+def test_interleaved_runs_keep_the_mix(a, h, run):
+    """Every prefix of the interleaved order holds each GPU type within one node of its share,
+    so any run of consecutive nodes within two."""
+    nodes = [Node(f"a{i}", "r", "A100-80GB", 8, 8, 80.0) for i in range(a)] + [
+        Node(f"h{i}", "r", "H100-80GB", 8, 8, 80.0) for i in range(h)]
+    order = _interleaved(nodes)
+    assert sorted(n.name for n in order) == sorted(n.name for n in nodes)
+    for end in range(1, len(order) + 1):
+        got = sum(1 for n in order[:end] if n.gpu == "A100-80GB")
+        assert abs(got - end * a / len(nodes)) < 1 + 1e-9
+    for start in range(len(order) - run + 1):
+        got = sum(1 for n in order[start:start + run] if n.gpu == "A100-80GB")
+        assert abs(got - run * a / len(nodes)) < 2
 
 
 def test_two_copies_carry_what_one_carries():

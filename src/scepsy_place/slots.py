@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -68,7 +68,7 @@ from scepsy_place.placed import PlacedPlan, timed_out
 from scepsy_place.placement import Placement, demands, whole_free_gpus
 from scepsy_place.quality import quality
 from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import Topology
+from scepsy_place.topology import Node, Topology
 
 MAX_CONFIGURATIONS = 3000  # per (GPU type, TP degree); above, a restricted set (module docstring)
 POLICY = "slots"  # the name a slot layout gives its placement
@@ -531,65 +531,249 @@ def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]
 
 PART_LLMS = 16  # LLMs per part of the decomposition (solvers/many_models_bench.py)
 LADDER_REL = 0.005  # the step of the parts' search, relative to the bound on the scale
-HEAVY = 0.25  # the largest share of its part's GPUs one LLM may need (partition)
-SMALL_PARTS_SHARE = 0.4  # with a very popular LLM: the time small parts get before large ones
 RETRY_BOOST = 2.0  # a later part's probe cut short is tried once more with this many shares
+FIRST_STEP = 0.02  # the first part's first probe: this far below the bound (WIDE_GAP)
 FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
+LARGER_PARTS = 4  # the parts of the second try, in LLMs, as a multiple of the first's
+WIDE_GAP = 0.02  # a gap to the bound above which the second try runs (docs/optimiser.md)
+LARGER_FIRST_SHARE = 0.6  # of the time, what larger parts get when they go first
 
 
 @dataclass(frozen=True)
 class Part:
-    """One part of the decomposition: its LLMs and the names of its nodes."""
+    """One part of the decomposition: its LLMs and the names of its nodes; ``gpu``: the one GPU
+    type of a part built around a heavy LLM (:func:`partition`)."""
 
     llms: tuple[str, ...]
     nodes: tuple[str, ...]
+    gpu: str | None = None
+
+
+PARTITION_ROUNDS = 4  # rounds of nodes-to-needs and LLMs-to-nodes (partition)
+HEAVY_FILL = 1.0  # of its GPU type's nodes in an even part, what makes an LLM heavy
 
 
 def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS,
-              need: Mapping[str, float] | None = None, heavy: float | None = HEAVY,
-              ) -> list[Part]:
-    """The LLMs and the nodes in parts, each with the same nodes of every GPU type: nodes dealt
-    round-robin per type in canonical order; the number of parts divides every type's node
-    count, the fewest such with at most ``part_llms`` LLMs a part (or as close as the node
-    counts allow) and, with ``need`` (units) and ``heavy``, no more than one where an LLM would
-    need over ``heavy`` of its part's GPUs; LLMs dealt largest ``need`` first (default: their load), equal LLMs next to
-    each other, each to the part of least need so far (the first of equals), so the parts carry
-    alike, and ``k`` copies of the same LLMs make ``k`` equal parts. Deterministic."""
-    weight = need if need is not None else problem.loads
+              need: Mapping[str, Mapping[str, float]] | None = None) -> list[Part]:
+    """The LLMs and the nodes in parts of about ``part_llms`` LLMs, each with nodes in
+    proportion to what its LLMs need (``need``: per LLM, the GPU units it needs on each GPU
+    type, :func:`capacity_need`; default: its load on every type). An LLM runs one shape, so on
+    one GPU type. Deterministic:
+
+    1. *heavy* LLMs: those that need more than :data:`HEAVY_FILL` of their best GPU type's
+       units in a part of even size and the cluster's mix; each gets a part of its own, so
+       the count of parts (the fewest with at most ``part_llms`` LLMs each) grows, and the test
+       repeats until the count stays. Without heavy LLMs the count is raised to the next one
+       that divides every type's node count when one lies within twice it (equal parts then
+       get equal nodes);
+    2. a heavy LLM's part is of one GPU type (largest first, the type whose units its need
+       fills least, counting the heavy LLMs before it); the other LLMs are dealt largest need
+       first (equal LLMs next to each other) to the part of least need so far (the first of
+       equals);
+    3. nodes to parts by D'Hondt's rule (one node at a time to the part of the largest need per
+       node, :func:`_nodes_by_need`): a heavy part from its type; the other parts, whose LLMs
+       may move, as one pool that takes runs of an order interleaving the GPU types by their
+       counts, so each has the cluster's mix;
+    4. the LLMs dealt again, largest need first, each to the part whose need per GPU unit
+       stays least with it (a heavy part keeps its LLM), so the small LLMs even out what whole
+       nodes could not; steps 3 and 4 repeat with the new needs until the node counts stay
+       (at most :data:`PARTITION_ROUNDS` times);
+    5. an LLM of a mixed part that no GPU type of its part holds is made heavy, and the
+       partition made again.
+
+    ``k`` copies of the same LLMs on ``k`` times the nodes make ``k`` equal parts."""
+    types = sorted({n.gpu for n in topology.nodes})
+    per = {m: {t: (need[m].get(t, math.inf) if need is not None else problem.loads[m])
+               for t in types} for m in problem.llms}
+    weight = {m: min(per[m].values(), default=0.0) for m in problem.llms}
     # equal LLMs next to each other (their need ties), so equal LLMs are dealt alike
     llms = sorted(problem.llms, key=lambda m: (-weight[m], problem.models[m],
                                                 -problem.loads[m], m))
-    by_type: dict[str, list[str]] = {}
-    for n in topology.canonical_nodes():
-        by_type.setdefault(n.gpu, []).append(n.name)
+    nodes = _interleaved(topology.canonical_nodes())
+    units = {t: sum(n.gpus for n in nodes if n.gpu == t) * UNITS for t in types}
+    room = {t: sum(1 for n in nodes if n.gpu == t) for t in types}  # nodes, one per part
+    frac = {t: units[t] / max(1, sum(units.values())) for t in types}
     want = max(1, math.ceil(len(llms) / part_llms))
-    common = math.gcd(*(len(v) for v in by_type.values())) if by_type else 1
-    k = next((d for d in range(want, common + 1) if common % d == 0), common)
-    # no LLM may need more than HEAVY of a part's GPUs (a very popular LLM keeps its part large)
-    units = sum(n.gpus for n in topology.nodes) * UNITS
-    heaviest = max((weight[m] for m in llms), default=0.0)
-    if need is not None and heavy is not None and heaviest > 0:
-        k = max((d for d in range(1, k + 1) if common % d == 0
-                 and heaviest <= heavy * units / d), default=1)
-    if k <= 1:
+    if want <= 1 or len(nodes) <= 1:
         return [Part(tuple(sorted(llms)), tuple(n.name for n in topology.nodes))]
-    members: list[list[str]] = [[] for _ in range(k)]
+    # heavy: more than HEAVY_FILL of what its best GPU type gives a part of even size and the
+    # cluster's mix (a part of its own makes the parts more: until the count stays), or, in
+    # the parts made, more than any GPU type of its part holds (then again with it heavy)
+    total = sum(units.values())
+    forced: set[str] = set()
+    while True:
+        k = want
+        while True:
+            heavy = [m for m in llms if m in forced or min(
+                per[m][t] / (frac[t] * total / k) for t in types) > HEAVY_FILL]
+            heavy = heavy[:max(0, min(len(nodes), len(llms)) - 1)]
+            more = min(len(heavy) + math.ceil((len(llms) - len(heavy)) / part_llms),
+                       len(nodes), len(llms))
+            if more <= k:
+                break
+            k = more
+        if not heavy:  # a count that divides every type's nodes gives equal parts equal nodes
+            common = math.gcd(*room.values()) if room else 1
+            k = min(next((d for d in range(want, 2 * want + 1) if common % d == 0), want),
+                    len(nodes), len(llms))
+        parts = _parts(llms, nodes, per, heavy, k)
+        have = {n.name: n for n in nodes}
+        unfit = {m for q in parts if q.gpu is None for m in q.llms
+                 if not any(per[m][t] <= sum(have[x].gpus for x in q.nodes if have[x].gpu == t)
+                            * UNITS for t in types)} - forced
+        if not unfit or len(forced) + len(unfit) >= min(len(nodes), len(llms)):
+            return parts
+        forced |= unfit
+
+
+def _parts(llms: Sequence[str], nodes: Sequence[Node], per: Mapping[str, Mapping[str, float]],
+           heavy: Sequence[str], k: int) -> list[Part]:
+    """:func:`partition`'s steps 2 to 4 for ``k`` parts, the first ones those of the
+    ``heavy`` LLMs (largest first)."""
+    types = sorted({n.gpu for n in nodes})
+    units = {t: sum(n.gpus for n in nodes if n.gpu == t) * UNITS for t in types}
+    room = {t: sum(1 for n in nodes if n.gpu == t) for t in types}  # nodes, one per part
+    kind: list[str | None] = [None] * k  # a heavy part's GPU type
+    taken = dict.fromkeys(types, 0.0)
+    seed: dict[int, str] = {}
+    for i, m in enumerate(heavy):  # largest first: the type its need fills least
+        fits = [t for t in types if room[t] > 0 and math.isfinite(per[m][t])]
+        if fits:
+            t = min(fits, key=lambda t: ((taken[t] + per[m][t]) / units[t], types.index(t)))
+            kind[i], taken[t], room[t] = t, taken[t] + per[m][t], room[t] - 1
+        seed[i] = m
+    members = _dealt(llms, per, kind, [1.0] * k, seed)
+    runs: list[list[Node]] = []
+    for _ in range(PARTITION_ROUNDS):
+        needs = [sum(per[m][kind[i]] if kind[i] else min(per[m].values()) for m in members[i])
+                 for i in range(k)]
+        new = _nodes_by_need(nodes, needs, kind, seed)
+        if new == runs:
+            break
+        runs = new
+        members = _dealt(llms, per, kind, [sum(n.gpus for n in r) * UNITS for r in runs], seed)
+    return [Part(tuple(sorted(members[i])), tuple(n.name for n in runs[i]), kind[i])
+            for i in range(k)]
+
+
+def _dealt(llms: Sequence[str], per: Mapping[str, Mapping[str, float]],
+           kind: Sequence[str | None], capacity: Sequence[float],
+           seed: Mapping[int, str]) -> list[list[str]]:
+    """``llms`` (in order) each to the part whose need per unit of ``capacity`` stays least
+    with it (the first of equals; on a part of one GPU type ``kind``, the need on that type),
+    the LLMs of ``seed`` (part -> LLM) fixed to their parts."""
+    k = len(capacity)
+    got: list[list[str]] = [[] for _ in range(k)]
     total = [0.0] * k
-    for m in llms:  # largest first, each to the part of least need (the first of equals)
-        i = min(range(k), key=lambda j: (total[j], j))
-        members[i].append(m)
-        total[i] += weight[m]
-    return [Part(tuple(sorted(members[i])), tuple(name for v in by_type.values()
-                                                  for name in v[i::k])) for i in range(k)]
+    fixed = set(seed.values())
+    for i, m in sorted(seed.items()):
+        got[i].append(m)
+        total[i] += per[m][kind[i]] if kind[i] else min(per[m].values())
+
+    def need(m: str, j: int) -> float:
+        return per[m][kind[j]] if kind[j] else min(per[m].values())
+
+    for m in llms:
+        if m in fixed:
+            continue
+        i = min(range(k), key=lambda j: ((total[j] + need(m, j)) / capacity[j], j))
+        got[i].append(m)
+        total[i] += need(m, i)
+    return got
+
+
+def _nodes_by_need(nodes: Sequence[Node], needs: Sequence[float],
+                   kind: Sequence[str | None], fixed: Collection[int]) -> list[list[Node]]:
+    """``nodes`` to parts by D'Hondt's rule (:func:`_highest_averages`: the largest need per
+    node as small as it can be). A part of one GPU type (``kind``) takes that type's nodes.
+    The parts not in ``fixed``, whose LLMs may move between them, count as one pool per type
+    (or one over all types) for that rule, and split the pool's count among themselves by
+    it again, in consecutive runs of the pool's nodes (interleaved, :func:`_interleaved`)."""
+    k = len(needs)
+    groups: list[list[int]] = [[i] for i in range(k) if i in fixed]
+    for t in dict.fromkeys(kind):
+        pool = [i for i in range(k) if i not in fixed and kind[i] == t]
+        if pool:
+            groups.append(pool)
+    left = {t: [n for n in nodes if n.gpu == t] for t in dict.fromkeys(n.gpu for n in nodes)}
+    cls = [kind[g[0]] for g in groups]
+    counts = _highest_averages([sum(needs[i] for i in g) for g in groups], len(nodes),
+                               least=[len(g) for g in groups], classes=cls,
+                               most={t: len(v) for t, v in left.items()})
+    out: dict[int, list[Node]] = {}
+    share: list[tuple[list[int], list[Node]]] = []
+    for g, c, t in zip(groups, counts, cls, strict=True):
+        if t is not None:
+            mine, left[t] = left[t][:c], left[t][c:]
+            share.append((g, mine))
+    rest = _interleaved([n for v in left.values() for n in v])
+    share += [(g, rest[:c]) for g, c, t in zip(groups, counts, cls, strict=True) if t is None]
+    for g, mine in share:
+        split = _highest_averages([needs[i] for i in g], len(mine))
+        cuts = list(itertools.accumulate(split, initial=0))
+        for j, i in enumerate(g):
+            out[i] = mine[cuts[j]:cuts[j + 1]]
+    return [out[i] for i in range(k)]
+
+
+def _highest_averages(weights: Sequence[float], n: int, *, least: Sequence[int] | None = None,
+                      classes: Sequence[str | None] | None = None,
+                      most: Mapping[str, int] | None = None) -> list[int]:
+    """``n`` whole things to parts in proportion to ``weights``: every part its ``least``
+    first (default one), then one at a time to the part of the largest weight per thing so
+    far (the first of equals; D'Hondt's rule, which keeps the largest weight per thing as
+    small as it can be). With ``classes`` and ``most``, the parts of a class take at most
+    ``most[class]`` things together (a part of class None any). Fewer than ``n`` when every
+    part is full."""
+    k = len(weights)
+    cls = list(classes) if classes is not None else [None] * k
+    cap = dict(most or {})
+    got = list(least) if least is not None else [1] * k
+    used = {c: sum(g for g, x in zip(got, cls, strict=True) if x == c) for c in cap}
+    for _ in range(max(0, n - sum(got))):
+        ok = [j for j in range(k) if cls[j] is None or used.get(cls[j], 0) < cap.get(cls[j], n)]
+        if not ok:
+            break
+        i = max(ok, key=lambda j: (weights[j] / max(got[j], 1e-9), -j))
+        got[i] += 1
+        c = cls[i]
+        if c is not None:
+            used[c] = used.get(c, 0) + 1
+    return got
+
+
+def _interleaved(nodes: Sequence[Node]) -> list[Node]:
+    """``nodes`` in their order per GPU type, the types interleaved by their counts (each next
+    node from the type furthest behind its share; types in order of first appearance), so
+    consecutive runs have the mix."""
+    by_type: dict[str, list[Node]] = {}
+    for n in nodes:
+        by_type.setdefault(n.gpu, []).append(n)
+    order = list(by_type)
+    total = len(nodes)
+    taken = dict.fromkeys(by_type, 0)
+    out: list[Node] = []
+    for i in range(total):
+        t = max(order, key=lambda t: (len(by_type[t]) * (i + 1) / total - taken[t],
+                                      -order.index(t)))
+        out.append(by_type[t][taken[t]])
+        taken[t] += 1
+    return out
 
 
 def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotShape]],
-                  scale: float) -> dict[str, float]:
-    """Per LLM, the fewest GPU units that carry its load at ``scale`` with one of its shapes
-    (whole replicas): what :func:`partition` balances."""
+                  scale: float) -> dict[str, dict[str, float]]:
+    """Per LLM and GPU type, the fewest GPU units that carry its load at ``scale`` with one of
+    its shapes on that type (whole replicas): what :func:`partition` balances."""
     u = problem.options.max_utilisation
-    return {m: min((sh.tp * sh.units * min_replicas(scale * problem.loads[m], sh.mu, u)
-                    for sh in v), default=0.0) for m, v in shapes.items()}
+    out: dict[str, dict[str, float]] = {}
+    for m, v in shapes.items():
+        got: dict[str, float] = {}
+        for sh in v:
+            units = sh.tp * sh.units * min_replicas(scale * problem.loads[m], sh.mu, u)
+            got[sh.gpu] = min(got.get(sh.gpu, math.inf), units)
+        out[m] = got
+    return out
 
 
 def on_nodes(problem: PlanningProblem, topology: Topology) -> PlanningProblem:
@@ -656,18 +840,21 @@ class PartsResult:
 
 def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Part], *,
                 deadline: Deadline, shapes: Mapping[str, Sequence[SlotShape]],
-                scale_ub: float, rel: float = LADDER_REL) -> PartsResult:
+                scale_ub: float, rel: float = LADDER_REL, floor: float = 0.0) -> PartsResult:
     """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
     solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
     fixed scale: much faster than maximising the scale). The first part steps down from
-    ``scale_ub`` in doubling steps (``rel``, ``2·rel``, ... of it) until it has a solution, then
+    ``scale_ub`` in doubling steps (:data:`FIRST_STEP`, twice that, ... of it: a solution
+    within the target gap comes fast, a proof that none exists near the bound does not) until
+    it has a solution, then
     bisects the bracket (a solution at ``s`` moves it to the scale it carries); each next
     part is asked for the level reached so far (a probe cut short by its time share once more
     with :data:`RETRY_BOOST` shares) and steps down the ladder while it has no solution, which
     lowers the level. A part whose signature (:func:`_signature`) was solved at
     the level reuses that solution, renamed. A solve cut short by its time share counts as no
     solution (unproven). The parts' solutions at the final level are joined (their groups lie
-    on disjoint nodes)."""
+    on disjoint nodes). No solution when the level falls to ``floor`` (a scale already
+    carried)."""
     solved: dict[tuple[Any, ...], tuple[float, SlotSolution]] = {}
     found: list[tuple[Part, SlotSolution]] = []
     probes = reused = 0
@@ -710,7 +897,7 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
             continue
         best: SlotSolution | None = None
         if i == 0:  # down from the bound in doubling steps, then bisect the bracket
-            lo, hi, step = 0.0, scale_ub, rel
+            lo, hi, step = floor, scale_ub, FIRST_STEP
             while hi - lo > rel * scale_ub and deadline.remaining() > 0:
                 at = scale_ub * (1 - step) if best is None and step < 1 else (lo + hi) / 2
                 sol = probe(i, at)
@@ -721,14 +908,14 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
                 step *= 2
             level = lo
         else:
-            while level > 0 and deadline.remaining() > 0:
+            while level > floor and deadline.remaining() > 0:
                 best = probe(i, level)
                 if best is None and cut:  # not a proof: once more with twice the time
                     best = probe(i, level, RETRY_BOOST)
                 if best is not None:
                     break
                 level -= rel * scale_ub
-        if best is None:
+        if best is None or best.scale <= floor:
             return PartsResult(None, 0.0, probes, reused, timed)
         level = min(level, best.scale)
         found.append((part, best))
@@ -764,8 +951,9 @@ class _Solved:
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
                     part_llms: int = PART_LLMS) -> PlacedPlan:
     """Max-throughput placed by construction: the largest scale of the targets that slot groups
-    carry (:func:`solve_slot_scale`; in parts of at most ``part_llms`` LLMs on their share of
-    every GPU type's nodes when the workflows allow it, :func:`partition`), laid out
+    carry (:func:`solve_slot_scale`; in parts of about ``part_llms`` LLMs when the workflows
+    allow it, :func:`partition`, then of :data:`LARGER_PARTS` times that while the gap is over
+    :data:`WIDE_GAP`, the larger first when a heavy LLM skews the load), laid out
     (:func:`layout`) and priced at that scale. ``plan.stats`` carries ``scale_bound`` (a proven
     upper bound on the scale of every allocation, :func:`scepsy_opt.milp.scale_upper_bound`),
     ``scale_gap`` (``scale_bound / scale − 1``), ``parts``, ``probes`` (feasibility solves) and
@@ -787,26 +975,34 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
                           POLICY, status="unplaced")
     need = capacity_need(problem, shp, bound)
     until = deadline.within((1 - RESERVE) * deadline.remaining())
-    # small parts first (quick, a plan in hand); then, when a very popular LLM asks for larger
-    # parts, those with the time left; the larger scale wins
-    tries = [partition(problem, topology, part_llms, need, heavy=None),
-             partition(problem, topology, part_llms, need)]
+    found: PartsResult | None = None
+    parts: list[Part] = []
+    # parts of ``part_llms`` first (quick; copies of one problem stop there), then, while the
+    # gap is wide and time is left, larger parts (more ways for LLMs to share GPUs); the larger
+    # scale wins. With heavy LLMs (a skewed popularity) the larger parts go first.
+    tries = [partition(problem, topology, size, need)
+             for size in (part_llms, LARGER_PARTS * part_llms)]
     tries = [t if len(t) == 1 or separable(problem, t) else
              partition(problem, topology, len(problem.llms)) for t in tries]
-    if tries[1] == tries[0]:
+    if len(tries[1]) == len(tries[0]):
         tries = tries[:1]
-    found: PartsResult | None = None
-    parts = tries[0]
-    for j, candidate in enumerate(tries):
-        share = until if j == len(tries) - 1 else until.within(
-            SMALL_PARTS_SHARE * until.remaining())
-        got = solve_parts(problem, topology, candidate, deadline=share, shapes=shp,
-                          scale_ub=bound)
-        better = got.solution is not None and (
-            found is None or found.solution is None or got.solution.scale > found.solution.scale)
-        if found is None or better:
-            found, parts = (replace(got, timed_out=got.timed_out or (
-                found is not None and found.timed_out)) if found is not None else got), candidate
+    elif any(q.gpu for q in tries[0]):
+        tries.reverse()
+    first = (until.within(LARGER_FIRST_SHARE * until.remaining())
+             if len(tries) > 1 and len(tries[0]) < len(tries[1]) else until)
+    for j, these in enumerate(tries):
+        if found is not None and (until.remaining() <= 0 or (
+                found.solution is not None and bound / found.solution.scale - 1 <= WIDE_GAP)):
+            break
+        floor = found.solution.scale if found is not None and found.solution else 0.0
+        got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
+                          deadline=first if j == 0 else until, floor=floor)
+        if found is None or got.solution is not None:
+            timed = got.timed_out or (found is not None and found.timed_out)
+            found, parts = replace(got, timed_out=timed), these
+        else:
+            found = replace(found, probes=found.probes + got.probes,
+                            timed_out=found.timed_out or got.timed_out)
     assert found is not None
     sol = found.solution
     if sol is None or not sol.choice or not sol.scale > 0:
