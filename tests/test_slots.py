@@ -204,6 +204,16 @@ def test_a_very_popular_llm_gets_a_part_of_one_gpu_type_that_holds_it():
     gpus = {n.name: n for n in topo.nodes}
     assert {gpus[n].gpu for n in home.nodes} == {home.gpu}
     assert need[top][home.gpu] <= sum(gpus[n].gpus for n in home.nodes) * UNITS
+    # every LLM of a mixed part fits one GPU type of its part (here, the min-latency case:
+    # needs at the targets, where a 30B LLM once got a part with one H100 node)
+    for pp, scale in ((p, 1.0), (many_models_problem(64, 128, ROOF, copies=False), 1.0)):
+        pt = from_cluster(pp.cluster)
+        pn = capacity_need(pp, slot_shapes(pp), scale)
+        have = {n.name: n for n in pt.nodes}
+        for q in partition(pp, pt, 16, pn):
+            for m in q.llms:
+                assert any(v <= sum(have[x].gpus for x in q.nodes if have[x].gpu == t) * UNITS
+                           for t, v in pn[m].items()), (m, q)
     # without a heavy LLM (copies of 16), every part has the cluster's mix of GPU types
     c = many_models_problem(64, 128, ROOF)
     ctop = from_cluster(c.cluster)

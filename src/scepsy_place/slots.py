@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
@@ -537,6 +537,7 @@ FIRST_PROBES = 4  # the time shares the first part's search is given (it probes 
 LARGER_PARTS = 4  # the parts of the second try, in LLMs, as a multiple of the first's
 WIDE_GAP = 0.02  # a gap to the bound above which the second try runs (docs/optimiser.md)
 LARGER_FIRST_SHARE = 0.6  # of the time, what larger parts get when they go first
+LARGER_FIRST_MAX_PARTS = 8  # ... which they do only when they are this few
 
 
 @dataclass(frozen=True)
@@ -583,16 +584,20 @@ def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PAR
 
     ``k`` copies of the same LLMs on ``k`` times the nodes make ``k`` equal parts."""
     types = sorted({n.gpu for n in topology.nodes})
-    per = {m: {t: (need[m].get(t, math.inf) if need is not None else problem.loads[m])
-               for t in types} for m in problem.llms}
+    per: dict[str, dict[str | None, float]] = {
+        m: {t: (need[m].get(t, math.inf) if need is not None else problem.loads[m])
+            for t in types} for m in problem.llms}
     weight = {m: min(per[m].values(), default=0.0) for m in problem.llms}
+    nodes = _interleaved(topology.canonical_nodes())
+    units = {t: sum(n.gpus for n in nodes if n.gpu == t) * UNITS for t in types}
+    frac = {t: units[t] / max(1, sum(units.values())) for t in types}
+    for m, v in per.items():  # in a part of the cluster's mix: the need blended by type
+        finite = all(math.isfinite(x) for x in v.values())
+        v[None] = sum(frac[t] * v[t] for t in types) if finite else weight[m]
     # equal LLMs next to each other (their need ties), so equal LLMs are dealt alike
     llms = sorted(problem.llms, key=lambda m: (-weight[m], problem.models[m],
                                                 -problem.loads[m], m))
-    nodes = _interleaved(topology.canonical_nodes())
-    units = {t: sum(n.gpus for n in nodes if n.gpu == t) * UNITS for t in types}
     room = {t: sum(1 for n in nodes if n.gpu == t) for t in types}  # nodes, one per part
-    frac = {t: units[t] / max(1, sum(units.values())) for t in types}
     want = max(1, math.ceil(len(llms) / part_llms))
     if want <= 1 or len(nodes) <= 1:
         return [Part(tuple(sorted(llms)), tuple(n.name for n in topology.nodes))]
@@ -621,12 +626,14 @@ def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PAR
         unfit = {m for q in parts if q.gpu is None for m in q.llms
                  if not any(per[m][t] <= sum(have[x].gpus for x in q.nodes if have[x].gpu == t)
                             * UNITS for t in types)} - forced
+        if any(not q.nodes for q in parts):  # more heavy LLMs than their type has nodes
+            return [Part(tuple(sorted(llms)), tuple(n.name for n in topology.nodes))]
         if not unfit or len(forced) + len(unfit) >= min(len(nodes), len(llms)):
             return parts
         forced |= unfit
 
 
-def _parts(llms: Sequence[str], nodes: Sequence[Node], per: Mapping[str, Mapping[str, float]],
+def _parts(llms: Sequence[str], nodes: Sequence[Node], per: Mapping[str, Mapping[str | None, float]],
            heavy: Sequence[str], k: int) -> list[Part]:
     """:func:`partition`'s steps 2 to 4 for ``k`` parts, the first ones those of the
     ``heavy`` LLMs (largest first)."""
@@ -643,11 +650,15 @@ def _parts(llms: Sequence[str], nodes: Sequence[Node], per: Mapping[str, Mapping
             kind[i], taken[t], room[t] = t, taken[t] + per[m][t], room[t] - 1
         seed[i] = m
     members = _dealt(llms, per, kind, [1.0] * k, seed)
+    # a heavy part: at least the nodes of its type its LLM needs (as many as there are)
+    size = {t: max((n.gpus for n in nodes if n.gpu == t), default=1) * UNITS for t in types}
+    least = {i: max(1, min(math.ceil(per[m][kind[i]] / size[str(kind[i])] - 1e-9),
+                           sum(1 for n in nodes if n.gpu == kind[i])))
+             if kind[i] is not None else 1 for i, m in seed.items()}
     runs: list[list[Node]] = []
     for _ in range(PARTITION_ROUNDS):
-        needs = [sum(per[m][kind[i]] if kind[i] else min(per[m].values()) for m in members[i])
-                 for i in range(k)]
-        new = _nodes_by_need(nodes, needs, kind, seed)
+        needs = [sum(per[m][kind[i]] for m in members[i]) for i in range(k)]
+        new = _nodes_by_need(nodes, needs, kind, least)
         if new == runs:
             break
         runs = new
@@ -656,37 +667,35 @@ def _parts(llms: Sequence[str], nodes: Sequence[Node], per: Mapping[str, Mapping
             for i in range(k)]
 
 
-def _dealt(llms: Sequence[str], per: Mapping[str, Mapping[str, float]],
+def _dealt(llms: Sequence[str], per: Mapping[str, Mapping[str | None, float]],
            kind: Sequence[str | None], capacity: Sequence[float],
            seed: Mapping[int, str]) -> list[list[str]]:
     """``llms`` (in order) each to the part whose need per unit of ``capacity`` stays least
-    with it (the first of equals; on a part of one GPU type ``kind``, the need on that type),
-    the LLMs of ``seed`` (part -> LLM) fixed to their parts."""
+    with it (the first of equals; ``per[m][kind]``: on a part of one GPU type the need on that
+    type, on a mixed part (kind None) the need blended by the cluster's mix), the LLMs of
+    ``seed`` (part -> LLM) fixed to their parts."""
     k = len(capacity)
     got: list[list[str]] = [[] for _ in range(k)]
     total = [0.0] * k
     fixed = set(seed.values())
     for i, m in sorted(seed.items()):
         got[i].append(m)
-        total[i] += per[m][kind[i]] if kind[i] else min(per[m].values())
-
-    def need(m: str, j: int) -> float:
-        return per[m][kind[j]] if kind[j] else min(per[m].values())
-
+        total[i] += per[m][kind[i]]
     for m in llms:
         if m in fixed:
             continue
-        i = min(range(k), key=lambda j: ((total[j] + need(m, j)) / capacity[j], j))
+        i = min(range(k), key=lambda j: ((total[j] + per[m][kind[j]]) / capacity[j], j))
         got[i].append(m)
-        total[i] += need(m, i)
+        total[i] += per[m][kind[i]]
     return got
 
 
 def _nodes_by_need(nodes: Sequence[Node], needs: Sequence[float],
-                   kind: Sequence[str | None], fixed: Collection[int]) -> list[list[Node]]:
+                   kind: Sequence[str | None], fixed: Mapping[int, int]) -> list[list[Node]]:
     """``nodes`` to parts by D'Hondt's rule (:func:`_highest_averages`: the largest need per
     node as small as it can be). A part of one GPU type (``kind``) takes that type's nodes.
-    The parts not in ``fixed``, whose LLMs may move between them, count as one pool per type
+    A part of ``fixed`` (part -> nodes) takes at least that many nodes (what its heavy LLM
+    needs). The other parts, whose LLMs may move between them, count as one pool per type
     (or one over all types) for that rule, and split the pool's count among themselves by
     it again, in consecutive runs of the pool's nodes (interleaved, :func:`_interleaved`)."""
     k = len(needs)
@@ -698,7 +707,8 @@ def _nodes_by_need(nodes: Sequence[Node], needs: Sequence[float],
     left = {t: [n for n in nodes if n.gpu == t] for t in dict.fromkeys(n.gpu for n in nodes)}
     cls = [kind[g[0]] for g in groups]
     counts = _highest_averages([sum(needs[i] for i in g) for g in groups], len(nodes),
-                               least=[len(g) for g in groups], classes=cls,
+                               least=[fixed.get(g[0], 1) if len(g) == 1 and g[0] in fixed
+                                      else len(g) for g in groups], classes=cls,
                                most={t: len(v) for t, v in left.items()})
     out: dict[int, list[Node]] = {}
     share: list[tuple[list[int], list[Node]]] = []
@@ -849,8 +859,9 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     it has a solution, then
     bisects the bracket (a solution at ``s`` moves it to the scale it carries); each next
     part is asked for the level reached so far (a probe cut short by its time share once more
-    with :data:`RETRY_BOOST` shares) and steps down the ladder while it has no solution, which
-    lowers the level. A part whose signature (:func:`_signature`) was solved at
+    with :data:`RETRY_BOOST` shares) and, while it has no solution, steps down from it in
+    doubling steps (``rel``, ``2·rel``, ...) and bisects the bracket: the level falls to what
+    it carries. A part whose signature (:func:`_signature`) was solved at
     the level reuses that solution, renamed. A solve cut short by its time share counts as no
     solution (unproven). The parts' solutions at the final level are joined (their groups lie
     on disjoint nodes). No solution when the level falls to ``floor`` (a scale already
@@ -907,14 +918,23 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
                     hi = at
                 step *= 2
             level = lo
-        else:
-            while level > floor and deadline.remaining() > 0:
-                best = probe(i, level)
+        else:  # at the level, then down in doubling steps, then bisect the bracket
+            at, step, failed = level, rel, None
+            while at > floor and deadline.remaining() > 0:
+                best = probe(i, at)
                 if best is None and cut:  # not a proof: once more with twice the time
-                    best = probe(i, level, RETRY_BOOST)
+                    best = probe(i, at, RETRY_BOOST)
                 if best is not None:
                     break
-                level -= rel * scale_ub
+                failed, at, step = at, level - step * scale_ub, 2 * step
+            if best is not None and failed is not None:
+                lo, hi = max(at, min(best.scale, failed)), failed
+                while hi - lo > rel * scale_ub and deadline.remaining() > 0:
+                    sol = probe(i, (lo + hi) / 2)
+                    if sol is not None:
+                        best, lo = sol, max((lo + hi) / 2, min(sol.scale, hi))
+                    else:
+                        hi = (lo + hi) / 2
         if best is None or best.scale <= floor:
             return PartsResult(None, 0.0, probes, reused, timed)
         level = min(level, best.scale)
@@ -979,14 +999,15 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     parts: list[Part] = []
     # parts of ``part_llms`` first (quick; copies of one problem stop there), then, while the
     # gap is wide and time is left, larger parts (more ways for LLMs to share GPUs); the larger
-    # scale wins. With heavy LLMs (a skewed popularity) the larger parts go first.
+    # scale wins. With heavy LLMs (a skewed popularity) the larger parts go first when they
+    # are few (each of their probes takes seconds).
     tries = [partition(problem, topology, size, need)
              for size in (part_llms, LARGER_PARTS * part_llms)]
     tries = [t if len(t) == 1 or separable(problem, t) else
              partition(problem, topology, len(problem.llms)) for t in tries]
     if len(tries[1]) == len(tries[0]):
         tries = tries[:1]
-    elif any(q.gpu for q in tries[0]):
+    elif any(q.gpu for q in tries[0]) and len(tries[1]) <= LARGER_FIRST_MAX_PARTS:
         tries.reverse()
     first = (until.within(LARGER_FIRST_SHARE * until.remaining())
              if len(tries) > 1 and len(tries[0]) < len(tries[1]) else until)
