@@ -410,6 +410,7 @@ def solve_slot_latency(problem: PlanningProblem, topology: Topology,
     return SlotSolution(choice, groups, passed, scale, status, dual)
 
 
+PART_GAP_REL = 0.005  # min-latency in parts: each part's MILP stops this close to its bound
 FEWEST_REPLICAS = 3  # per shape, the replica counts min-latency slot groups keep beyond dominance
 
 
@@ -1119,7 +1120,9 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
             cands = latency_candidates(cset.by_llm)
             generated += cset.generated
             kept += sum(map(len, cands.values()))
-            sol = solve_slot_latency(sub, sub_top, cands, deadline=deadline, time_limit_s=share)
+            gap = PART_GAP_REL if len(parts) > 1 else 1e-4
+            sol = solve_slot_latency(sub, sub_top, cands, deadline=deadline, time_limit_s=share,
+                                     gap_rel=gap)
             if not sol.choice:
                 if sol.status == "time_limit" or deadline.remaining() <= 0:
                     return timed_out(deadline, "milp", 1, (), POLICY, False)
