@@ -298,3 +298,24 @@ def test_max_throughput_with_memory_shares_keeps_the_aggregate_path():
     assert res.formulation != "slots"  # slots tie memory to the share: not applicable
     assert all(h.get("formulation") != "slots" for h in res.history)
     assert "scale_bound" not in res.plan.stats
+
+
+def test_min_latency_parts_without_an_incumbent_keep_a_plan_that_carries_them(monkeypatch):
+    """Min-latency in several parts first finds, for each part, any slot solution that carries
+    its targets; a part whose latency MILP then finds nothing in its time keeps that one. With
+    the latency MILP never answering, the plan is still placed, valid, carries every target,
+    and says how it was made (status time_limit, every distinct part a fallback)."""
+    from scepsy_place import slots as mod
+    from scepsy_place.slots import _none, plan_slot_latency
+
+    monkeypatch.setattr(mod, "solve_slot_latency", lambda *a, **k: _none("time_limit"))
+    p = many_models_problem(32, 64, ROOF, copies=False, options=PlanOptions(time_limit_s=30))
+    p = p.scaled(0.7)
+    topo = from_cluster(p.cluster)
+    res = plan_slot_latency(p, topo, deadline=Deadline.after(30))
+    assert res.placed and res.plan.status == "time_limit"
+    assert violations(topo, demands(res.plan.allocation), res.placement) == []
+    assert res.plan.stats["fallback_parts"] == res.plan.stats["parts"] - res.plan.stats["reused"]
+    assert res.plan.stats["parts"] > 1
+    assert min(headroom(p, res.plan.candidates).values()) >= 1 - 1e-9
+    assert math.isfinite(res.plan.objective_s)

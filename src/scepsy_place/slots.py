@@ -58,6 +58,7 @@ from types import MappingProxyType
 from typing import Any
 
 from scepsy_common.units import UNITS, share_units
+from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, fitting_curves, generate_candidates, price
 from scepsy_opt.milp import Shape, scale_upper_bound
 from scepsy_opt.pipeline import min_replicas
@@ -410,6 +411,7 @@ def solve_slot_latency(problem: PlanningProblem, topology: Topology,
     return SlotSolution(choice, groups, passed, scale, status, dual)
 
 
+FALLBACK_SHARE = 0.3  # min-latency in several parts: the time for a plan in hand first
 PART_GAP_REL = 0.005  # min-latency in parts: each part's MILP stops this close to its bound
 FEWEST_REPLICAS = 3  # per shape, the replica counts min-latency slot groups keep beyond dominance
 
@@ -1071,6 +1073,20 @@ def _demand_signature(problem: PlanningProblem, topology: Topology, part: Part,
     return tuple(key(m) for m in _ordered(problem, part)), _node_signature(topology, part)
 
 
+def _carrying(problem: PlanningProblem, topology: Topology,
+              shapes: Mapping[str, Sequence[SlotShape]], deadline: Deadline,
+              time_limit_s: float) -> SlotSolution:
+    """Any slot solution that carries ``problem``'s targets (a feasibility solve at scale 1,
+    :func:`solve_slot_scale`, fast where the min-latency MILP finds no incumbent in its time),
+    its choice priced at the targets; status ``time_limit`` (its latency was not minimised)."""
+    sol = solve_slot_scale(problem, topology, deadline=deadline, shapes=shapes, at_scale=1.0,
+                           time_limit_s=time_limit_s)
+    if not sol.choice:
+        return sol
+    alloc = Allocation({m: c.instance for m, c in sol.choice.items()})
+    return replace(sol, choice=price(problem, alloc), status="time_limit")
+
+
 def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
                       deadline: Deadline, part_llms: int = PART_LLMS) -> PlacedPlan:
     """Min-latency placed by construction in slot groups (:func:`solve_slot_latency`): every
@@ -1099,43 +1115,67 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     if len(parts) > 1 and not separable(problem, parts):
         parts = partition(problem, topology, len(problem.llms))
     keys = [_demand_signature(problem, topology, p) for p in parts]
-    solved: dict[tuple[Any, ...], tuple[int, SlotSolution]] = {}
+    first: dict[tuple[Any, ...], int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    distinct = list(first.values())
+
+    def sub_of(i: int) -> tuple[PlanningProblem, Topology]:
+        return _sub(problem, topology, parts[i]) if len(parts) > 1 else (problem, topology)
+
+    best: dict[int, SlotSolution] = {}
+    carrying: set[int] = set()
+    if len(distinct) > 1:  # a plan in hand first: any slot solution that carries each part
+        quick = deadline.within(FALLBACK_SHARE * deadline.remaining())
+        for n, i in enumerate(distinct):
+            sub, sub_top = sub_of(i)
+            sol = _carrying(sub, sub_top, {m: shp[m] for m in parts[i].llms}, quick,
+                            quick.remaining() / (len(distinct) - n))
+            if sol.choice:
+                best[i] = sol
+                carrying.add(i)
+    generated = kept = 0
+    proven_none = False
+    # then each part's least latency in its share of the time, those without a plan first
+    for n, i in enumerate(sorted(distinct, key=lambda i: (i in best, i))):
+        if deadline.remaining() <= 0:
+            break
+        sub, sub_top = sub_of(i)
+        share = deadline.remaining() / (len(distinct) - n)
+        try:  # the part's LLMs' candidates, priced at their targets
+            cset = generate_candidates(sub, prune=False, deadline=deadline)
+        except TimeLimitReached:
+            break
+        cands = latency_candidates(cset.by_llm)
+        generated += cset.generated
+        kept += sum(map(len, cands.values()))
+        sol = solve_slot_latency(sub, sub_top, cands, deadline=deadline, time_limit_s=share,
+                                 gap_rel=PART_GAP_REL if len(parts) > 1 else 1e-4)
+        if sol.choice:
+            best[i] = sol
+            carrying.discard(i)
+        elif sol.status != "time_limit" and i not in best:
+            proven_none = True  # no slot groups of its candidates carry this part
+            break
+    if any(i not in best for i in distinct):
+        if not proven_none:
+            return timed_out(deadline, "milp", 1, (), POLICY, False)
+        plan = Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0)
+        return PlacedPlan(plan, None, 1, (), None, "no slot groups of the free GPUs carry the "
+                          "targets (not proven infeasible: LLMs sharing GPUs otherwise may)",
+                          False, POLICY, status="unplaced")
     found: list[SlotSolution] = []
     statuses: list[str] = []
-    reused = generated = kept = 0
     for i, part in enumerate(parts):
-        if keys[i] in solved:
-            j, sol = solved[keys[i]]
-            names = dict(zip(_ordered(problem, parts[j]), _ordered(problem, part), strict=True))
-            sol = _renamed(sol, names)
-            reused += 1
-        else:
-            sub, sub_top = _sub(problem, topology, part) if len(parts) > 1 else (problem,
-                                                                                 topology)
-            share = deadline.remaining() / len(set(keys[i:]))
-            try:  # the part's LLMs' candidates, priced at their targets
-                cset = generate_candidates(sub, prune=False, deadline=deadline)
-            except TimeLimitReached:
-                return timed_out(deadline, "milp", 1, (), POLICY, False)
-            cands = latency_candidates(cset.by_llm)
-            generated += cset.generated
-            kept += sum(map(len, cands.values()))
-            gap = PART_GAP_REL if len(parts) > 1 else 1e-4
-            sol = solve_slot_latency(sub, sub_top, cands, deadline=deadline, time_limit_s=share,
-                                     gap_rel=gap)
-            if not sol.choice:
-                if sol.status == "time_limit" or deadline.remaining() <= 0:
-                    return timed_out(deadline, "milp", 1, (), POLICY, False)
-                plan = Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {},
-                            None, 0.0)
-                return PlacedPlan(plan, None, 1, (), None, "no slot groups of the free GPUs "
-                                  "carry the targets (not proven infeasible: LLMs sharing GPUs "
-                                  "otherwise may)", False, POLICY, status="unplaced")
-            solved[keys[i]] = (i, sol)
+        j = first[keys[i]]
+        names = dict(zip(_ordered(problem, parts[j]), _ordered(problem, part), strict=True))
+        sol = best[j] if i == j else _renamed(best[j], names)
         statuses.append(sol.status)
         found.append(sol)
+    reused, fallback = len(parts) - len(distinct), len(carrying)
     joined = _join(problem, found, "optimal")
-    stats = {"parts": len(parts), "reused": reused, "candidates_kept": kept,
+    stats = {"parts": len(parts), "reused": reused, "fallback_parts": fallback,
+             "candidates_kept": kept,
              "candidates_generated": generated, "total_s": time.perf_counter() - t0}
     status = "optimal" if all(s == "optimal" for s in statuses) and len(parts) == 1 else (
         "time_limit" if "time_limit" in statuses else "heuristic")
