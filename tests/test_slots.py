@@ -27,6 +27,7 @@ from scepsy_place.loop import plan_and_place
 from scepsy_place.placement import demands
 from scepsy_place.slots import (
     _highest_averages,
+    _nodes_by_need,
     _interleaved,
     as_capacity_shapes,
     capacity_need,
@@ -319,3 +320,25 @@ def test_min_latency_parts_without_an_incumbent_keep_a_plan_that_carries_them(mo
     assert res.plan.stats["parts"] > 1
     assert min(headroom(p, res.plan.candidates).values()) >= 1 - 1e-9
     assert math.isfinite(res.plan.objective_s)
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from([None, "A100-80GB", "H100-80GB"]),
+                          st.floats(0.1, 50.0), st.booleans()), min_size=1, max_size=5),
+       st.integers(0, 6), st.integers(0, 6))
+def test_nodes_by_need_deals_disjoint_runs_of_the_right_type(parts, a, h):
+    """Whatever the parts' GPU types, needs and heavy (fixed) ones, even a type with no nodes:
+    no node goes to two parts, a part of one GPU type gets only that type's nodes, and with a
+    mixed part every node is dealt."""
+    nodes = [Node(f"a{i}", "r", "A100-80GB", 8, 8, 80.0) for i in range(a + len(parts))] + [
+        Node(f"h{i}", "r", "H100-80GB", 8, 8, 80.0) for i in range(h)]
+    kind = [t for t, _, _ in parts]
+    needs = [w for _, w, _ in parts]
+    fixed = {i: 2 for i, (_, _, f) in enumerate(parts) if f}
+    out = _nodes_by_need(nodes, needs, kind, fixed)
+    names = [n.name for r in out for n in r]
+    assert len(names) == len(set(names))
+    for r, t in zip(out, kind, strict=True):
+        assert t is None or all(n.gpu == t for n in r)
+    if any(t is None for t in kind):
+        assert sorted(names) == sorted(n.name for n in nodes)

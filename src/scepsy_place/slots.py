@@ -707,7 +707,8 @@ def _nodes_by_need(nodes: Sequence[Node], needs: Sequence[float],
         pool = [i for i in range(k) if i not in fixed and kind[i] == t]
         if pool:
             groups.append(pool)
-    left = {t: [n for n in nodes if n.gpu == t] for t in dict.fromkeys(n.gpu for n in nodes)}
+    types = dict.fromkeys([*(n.gpu for n in nodes), *(t for t in kind if t is not None)])
+    left = {t: [n for n in nodes if n.gpu == t] for t in types}
     cls = [kind[g[0]] for g in groups]
     counts = _highest_averages([sum(needs[i] for i in g) for g in groups], len(nodes),
                                least=[fixed.get(g[0], 1) if len(g) == 1 and g[0] in fixed
@@ -720,7 +721,10 @@ def _nodes_by_need(nodes: Sequence[Node], needs: Sequence[float],
             mine, left[t] = left[t][:c], left[t][c:]
             share.append((g, mine))
     rest = _interleaved([n for v in left.values() for n in v])
-    share += [(g, rest[:c]) for g, c, t in zip(groups, counts, cls, strict=True) if t is None]
+    for g, c, t in zip(groups, counts, cls, strict=True):
+        if t is None:  # runs of what the typed parts left, one after the other
+            share.append((g, rest[:c]))
+            rest = rest[c:]
     for g, mine in share:
         split = _highest_averages([needs[i] for i in g], len(mine))
         cuts = list(itertools.accumulate(split, initial=0))
@@ -733,7 +737,7 @@ def _highest_averages(weights: Sequence[float], n: int, *, least: Sequence[int] 
                       classes: Sequence[str | None] | None = None,
                       most: Mapping[str, int] | None = None) -> list[int]:
     """``n`` whole things to parts in proportion to ``weights``: every part its ``least``
-    first (default one), then one at a time to the part of the largest weight per thing so
+    first (default one; as far as its class has things left), then one at a time to the part of the largest weight per thing so
     far (the first of equals; D'Hondt's rule, which keeps the largest weight per thing as
     small as it can be). With ``classes`` and ``most``, the parts of a class take at most
     ``most[class]`` things together (a part of class None any). Fewer than ``n`` when every
@@ -741,8 +745,12 @@ def _highest_averages(weights: Sequence[float], n: int, *, least: Sequence[int] 
     k = len(weights)
     cls = list(classes) if classes is not None else [None] * k
     cap = dict(most or {})
-    got = list(least) if least is not None else [1] * k
-    used = {c: sum(g for g, x in zip(got, cls, strict=True) if x == c) for c in cap}
+    got = [0] * k
+    used = dict.fromkeys(cap, 0)
+    for j, want in enumerate(least if least is not None else [1] * k):  # within the classes
+        got[j] = want if cls[j] not in cap else max(0, min(want, cap[cls[j]] - used[cls[j]]))
+        if cls[j] in cap:
+            used[cls[j]] += got[j]
     for _ in range(max(0, n - sum(got))):
         ok = [j for j in range(k) if cls[j] is None or used.get(cls[j], 0) < cap.get(cls[j], n)]
         if not ok:
