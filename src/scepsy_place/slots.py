@@ -1102,8 +1102,12 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     :func:`slot_candidates`' dominance), in parts (:func:`partition`, balanced by the units
     each LLM needs at least) when the workflows allow it (the objective adds up over LLMs, so the parts'
     optima add up to the optimum over partitioned plans), each within its share of the time;
-    an equal part reuses a solved part's answer. No bound over the whole grid (``bound_s``
-    None): slot groups restrict the packings."""
+    an equal part reuses a solved part's answer. With several distinct parts, each first gets
+    any slot solution that carries its targets (:func:`_carrying`, :data:`FALLBACK_SHARE` of
+    the time: a plan in hand), which its latency MILP then replaces where it finds a plan;
+    ``plan.stats['fallback_parts']`` counts the parts left with the first (the plan is then
+    ``time_limit``). No bound over the whole grid (``bound_s`` None): slot groups restrict the
+    packings."""
     t0 = time.perf_counter()
     why = applicable(problem)
     if why is not None:
