@@ -27,8 +27,8 @@ from scepsy_place.loop import plan_and_place
 from scepsy_place.placement import demands
 from scepsy_place.slots import (
     _highest_averages,
-    _nodes_by_need,
     _interleaved,
+    _nodes_by_need,
     as_capacity_shapes,
     capacity_need,
     configurations,

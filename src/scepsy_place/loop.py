@@ -482,9 +482,11 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
 
     if not large:
         run("blocks", BLOCKS_SHARE)
-    if deadline.remaining() > 0 and slots.applicable(problem) is None:
+    if deadline.remaining() > 0 and slots.applicable(problem) is None and (
+            small or slots.splits(problem, topology)):
         # LLMs sharing GPUs, placed by construction; above UNPRUNED_MAX_GPUS the one
-        # co-locating formulation that scales with the number of LLMs, so it gets more
+        # co-locating formulation that scales with the number of LLMs, so it gets more (there
+        # only in parts: one part is one MILP over every unpruned candidate, docs/optimiser.md)
         run("slots", SLOTS_SHARE if small else SLOTS_LARGE_SHARE)
     if small and deadline.remaining() > 0:
         best = _best(tried.values())

@@ -1081,6 +1081,14 @@ def _demand_signature(problem: PlanningProblem, topology: Topology, part: Part,
     return tuple(key(m) for m in _ordered(problem, part)), _node_signature(topology, part)
 
 
+def splits(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS) -> bool:
+    """Whether slot groups would plan ``problem`` in more than one part (its LLMs dealt by load,
+    :func:`partition`, and no workflow calling two parts): where min-latency in slot groups
+    scales. In one part above a few dozen GPUs it is one MILP over every unpruned candidate."""
+    parts = partition(problem, topology, part_llms)
+    return len(parts) > 1 and separable(problem, parts)
+
+
 def _carrying(problem: PlanningProblem, topology: Topology,
               shapes: Mapping[str, Sequence[SlotShape]], deadline: Deadline,
               time_limit_s: float) -> SlotSolution:
