@@ -511,7 +511,8 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
         res = plan_and_place(problem, topology, name=optimiser, policy=placer,
                              max_rounds=max_rounds, placer_options=placer_options,
                              formulation=formulation)  # type: ignore[arg-type]
-    return PlanResult(problem, res, placer, topology)
+    # a plan of LLMs split over GPU types answers the problem of their replica groups
+    return PlanResult(res.problem or problem, res, placer, topology)
 
 
 def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates,

@@ -624,6 +624,10 @@ def plan_summary(res: Any, out: str) -> list[str]:
     if pct:
         lines[-1] += " subject to " + ", ".join(f"{w} p{q:g} <= {b:g} s"
                                                 for w, (q, b) in pct.items())
+    splits = plan.allocation.splits if plan.allocation is not None else {}
+    for m, parts in splits.items():
+        lines.append(f"{m} runs on several GPU types: " + ", ".join(
+            f"{g} {f:.4g} of its calls" for g, f in parts.items()))
     targets = ", ".join(f"{w} {t:g}" for w, t in problem.targets.items())
     gpus = ", ".join(f"{n} × {g}" for g, n in problem.cluster.budgets().items())
     lines.append(f"targets (req/s): {targets}; cluster {problem.cluster.name}: {gpus}")
@@ -638,6 +642,7 @@ def plan_summary(res: Any, out: str) -> list[str]:
                  " (not proven the cheapest placeable: inexact cuts were needed)"}
         if opts.objective == "min-cost":
             scope["aggregate"] = " (the cheapest allocation in aggregate, then placed)"
+            scope["mixed"] = " (LLMs split over GPU types)"
         if opts.objective != "min-cost" and set(placed.compared) - {"current"}:
             scope = {}  # auto: its status and gap hold over the whole candidate grid
         gap = f"gap {plan.gap:.3g}" if math.isfinite(plan.gap) else "no proven gap"

@@ -8,11 +8,22 @@ An allocation file (YAML or JSON, docs/allocation.md)::
 
 LLM names are the names workflows use for their LLMs (``llms:`` in a workflow YAML, ``llm`` in a
 trace); a name used by two workflows is one deployment that serves both.
+
+An LLM may also run as replica groups on several GPU types (docs/min-cost.md): ``splits``
+names, per LLM the workflows call, its groups (entries of ``llms``, each running the LLM's
+model) and the fraction of its calls each gets::
+
+    llms:
+      chat-a10: {gpu: A10, tp: 1, share: 1.0, replicas: 2}
+      chat-l4: {gpu: L4, tp: 1, share: 1.0, replicas: 1}
+    splits:
+      chat: {chat-a10: 0.75, chat-l4: 0.25}
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -71,16 +82,59 @@ class Allocation:
 
     llms: Mapping[str, Instance]
     source: str = field(default="allocation", compare=False, repr=False)
+    # an LLM the workflows call -> its replica groups (LLMs of ``llms``) -> fraction of its calls
+    splits: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
+        seen: dict[str, str] = {}
+        for m, parts in self.splits.items():
+            where = f"splits.{m}"
+            if m in self.llms:
+                raise InputError(self.source, where, "an LLM the workflows call that runs only "
+                                 "as its replica groups (not an entry of `llms`)", m)
+            if len(parts) < 2:
+                raise InputError(self.source, where, "two or more replica groups", len(parts))
+            for g, f in parts.items():
+                if g not in self.llms:
+                    raise InputError(self.source, f"{where}.{g}",
+                                     f"an entry of `llms` ({', '.join(self.llms)})", g)
+                if g in seen:
+                    raise InputError(self.source, f"{where}.{g}", "a group of one split LLM "
+                                     f"(it is also one of {seen[g]}'s)", g)
+                if not (isinstance(f, int | float) and 0 < f <= 1):
+                    raise InputError(self.source, f"{where}.{g}",
+                                     "a fraction of the calls in (0, 1]", f)
+                seen[g] = m
+            total = math.fsum(parts.values())
+            if abs(total - 1.0) > SPLIT_TOL:
+                raise InputError(self.source, where, "fractions of its calls that sum to 1",
+                                 total)
+        object.__setattr__(self, "splits", MappingProxyType(
+            {m: MappingProxyType(dict(sorted(v.items()))) for m, v in sorted(self.splits.items())}))
+
+    def models(self, models: Mapping[str, str]) -> dict[str, str]:
+        """``models`` (LLM -> catalog model) with every replica group of a split LLM running
+        that LLM's model."""
+        out = dict(models)
+        for m, parts in self.splits.items():
+            if m in models:
+                out.update(dict.fromkeys(parts, models[m]))
+        return out
+
+    def serving(self, llm: str) -> tuple[tuple[str, float], ...]:
+        """The entries of ``llms`` that serve ``llm``'s calls and the fraction each gets."""
+        return tuple(self.splits[llm].items()) if llm in self.splits else ((llm, 1.0),)
 
     def gpus(self, gpu: str | None = None) -> float:
         """GPU capacity used in total (or of one GPU type)."""
         return sum(i.gpus for i in self.llms.values() if gpu is None or i.gpu == gpu)
 
     def to_dict(self) -> dict:
-        return {"llms": {name: _instance_dict(i) for name, i in self.llms.items()}}
+        out: dict = {"llms": {name: _instance_dict(i) for name, i in self.llms.items()}}
+        if self.splits:
+            out["splits"] = {m: dict(v) for m, v in self.splits.items()}
+        return out
 
 
 def _instance_dict(i: Instance) -> dict:
@@ -89,6 +143,9 @@ def _instance_dict(i: Instance) -> dict:
         out["memory"] = i.memory
     return out
 
+
+SPLIT_TOL = 1e-6
+"""A split LLM's fractions sum to 1 within this."""
 
 MAX_REPLICAS = 100_000
 """The most replicas one LLM of an allocation file may have."""
@@ -106,6 +163,7 @@ class _InstanceRec(BaseModel):
 class _AllocationRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     llms: dict[Name, _InstanceRec] = Field(min_length=1)
+    splits: dict[Name, dict[Name, float]] | None = None
 
 
 def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -> Allocation:
@@ -130,7 +188,10 @@ def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -
             raise InputError(source, f"{prefix}llms.{name}.tp", f"a TP degree within one "
                              f"{gpu.name} NVLink domain (at most {gpu.nvlink_domain})", r.tp)
         llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas, r.memory)
-    return Allocation(llms, source)
+    try:
+        return Allocation(llms, source, rec.splits or {})
+    except InputError as exc:  # name the field where it sits in the document
+        raise InputError(source, prefix + exc.field, exc.expected, exc.got) from None
 
 
 def load_allocation(path: str | os.PathLike[str], catalog: Catalog | None = None) -> Allocation:

@@ -72,7 +72,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, check_allocation
-from scepsy_opt.stats import WorkflowStats
+from scepsy_opt.stats import WorkflowStats, split_stats
 from scepsy_opt.tails import QUANTILES, latency_quantiles
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel
@@ -599,7 +599,13 @@ def predict(
     policy: MemoryPolicy | None = None,
 ) -> Prediction:
     """Predict every workflow's throughput, maximum throughput, mean latency and latency
-    percentiles at ``rates`` (req/s), and every LLM's load (see :class:`WorkflowPrediction`)."""
+    percentiles at ``rates`` (req/s), and every LLM's load (see :class:`WorkflowPrediction`).
+    An LLM the allocation splits over replica groups (``Allocation.splits``) is predicted as
+    its groups, each with its fraction of the calls (:func:`scepsy_opt.stats.split_stats`);
+    the loads are the groups'."""
+    if allocation.splits:
+        stats = {w: split_stats(st, allocation.splits) for w, st in stats.items()}
+        models = allocation.models(models)
     if form not in FORMS:
         raise InputError("predict", "form", f"one of {list(FORMS)}", form)
     for w, r in rates.items():

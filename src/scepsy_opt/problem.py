@@ -194,6 +194,11 @@ class PlanningProblem:
                 raise InputError("plan", f"llms.{m}", "the catalog model this LLM runs")
             cat.model(self.models[m])
         cur = self.options.current
+        if cur is not None and cur.splits:
+            raise InputError("current allocation", f"splits.{next(iter(cur.splits))}",
+                             "an allocation whose LLMs each run on one GPU type (re-planning a "
+                             "plan that splits an LLM over GPU types is not supported: plan "
+                             "again with scepsy plan)")
         if cur is not None:
             for m in cur.llms:
                 if m not in self.llms:

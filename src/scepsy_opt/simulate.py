@@ -550,8 +550,13 @@ class _Engine:
     def __init__(self, templates: list[_Template], arrivals: list[tuple[float, int]],
                  tables: list[tuple[_StepTable, _StepTable]], shapes: list[_Shape],
                  routing: str, window: tuple[float, float], horizon: float,
-                 prefill_budget: float, delay: float, record: bool, progress: bool) -> None:
+                 prefill_budget: float, delay: float, record: bool, progress: bool,
+                 routes: list[tuple[tuple[int, float], ...]] | None = None) -> None:
         self.templates = templates
+        # per LLM the templates call: its deployments and weights (smooth weighted round
+        # robin among them: deterministic, each gets its weight's share of every long run)
+        self.routes = routes if routes is not None else [((m, 1.0),) for m in range(len(shapes))]
+        self.credit = [[0.0] * len(r) for r in self.routes]
         self.arrivals = arrivals
         self.prefill = [p for p, _ in tables]
         self.decode = [d for _, d in tables]
@@ -607,9 +612,19 @@ class _Engine:
         m = tm.llm[i]
         if m < 0:
             if self.log is not None:
-                self.log[(aid, i)] = [None, t, t, None, [], []]
+                self.log[(aid, i)] = [None, t, t, None, [], [], -1]
             self.push(t + tm.dur[i], _TOOL_END, aid, i)
             return
+        route = self.routes[m]
+        if len(route) == 1:
+            m = route[0][0]
+        else:  # smooth weighted round robin (nginx's): the most credit goes, pays the total
+            credit = self.credit[m]
+            for k, (_, w) in enumerate(route):
+                credit[k] += w
+            k = max(range(len(route)), key=lambda j: (credit[j], -j))
+            credit[k] -= 1.0
+            m = route[k][0]
         reps = self.replicas[m]
         if len(reps) == 1:
             rep = reps[0]
@@ -620,7 +635,7 @@ class _Engine:
             rep = reps[r]
             self.rr[m] = (r + 1) % len(reps)
         if self.log is not None:
-            self.log[(aid, i)] = [rep.idx, t, None, None, [], []]
+            self.log[(aid, i)] = [rep.idx, t, None, None, [], [], m]
         if self.delay > 0:  # routed now, seen by the replica after the delay
             rep.inflight += 1
             self.push(t + self.delay, _SUBMIT, rep, (aid, i, tm.inp[i], tm.out[i]))
@@ -712,9 +727,11 @@ class _Shape:
 class _Prepared:
     templates: list[_Template]
     by_workflow: dict[str, list[int]]
-    llm_names: list[str]
+    llm_names: list[str]  # the deployments (an LLM, or a replica group of a split one)
     tables: list[tuple[_StepTable, _StepTable]]
     shapes: list[_Shape]
+    # per LLM the trace calls (the templates' index): its deployments and their weights
+    routes: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
 
 
 def _kv_block_size(policy: MemoryPolicy) -> int:
@@ -732,8 +749,8 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
                              f"a workflow of the trace ({', '.join(sorted(known))})")
     wanted = set(workflows)
     calls = [c for c in trace.calls if c.workflow in wanted]
-    llm_names = sorted({c.llm for c in calls if c.llm is not None})
-    llm_index = {name: i for i, name in enumerate(llm_names)}
+    called = sorted({c.llm for c in calls if c.llm is not None})
+    llm_index = {name: i for i, name in enumerate(called)}
     templates: list[_Template] = []
     by_workflow: dict[str, list[int]] = {w: [] for w in workflows}
     for (w, _), recs in trace.requests.items():
@@ -742,42 +759,61 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
             templates.append(_compile(recs, llm_index))
     tables, shapes = [], []
     bs = _kv_block_size(policy)
-    for name in llm_names:
-        if name not in models:
-            raise InputError("simulate", f"models.{name}", "the catalog model this LLM runs")
-        if name not in allocation.llms:
-            raise InputError("allocation", f"llms.{name}", "an instance for every LLM the "
-                             "simulated workflows call")
-        inst = allocation.llms[name]
-        model = models[name]
-        mine = [c for c in calls if c.llm == name]
-        longest = max(max(c.input_tokens, 1) + max(c.output_tokens, 1) for c in mine)
-        max_in = max(max(c.input_tokens, 1) for c in mine)
-        # the KV cache comes from the memory share, the speed from the compute share
-        fit = memory_fit(model, inst.gpu, inst.tp, inst.memory_share,
-                         call_tokens(longest, policy), catalog, policy)
-        cap = fit.kv_tokens // bs if bs else fit.kv_tokens
-        if not fit.feasible:
-            blocks = f" = {cap} blocks of {bs}" if bs else ""
-            raise InputError("allocation", f"llms.{name}",
-                             f"an instance whose KV cache holds the longest call ({longest} "
-                             f"tokens; {model} on {inst.memory_share:g} of the memory of "
-                             f"{inst.tp} x {inst.gpu} holds "
-                             f"{fit.kv_tokens}{blocks})")
-        if bs:  # a preempted call is prefilled again with what it had generated
-            max_in = longest
-        g, tp, s = inst.gpu, inst.tp, inst.share
+    llm_names: list[str] = []
+    routes: list[tuple[tuple[int, float], ...]] = []
+    for called_name in called:
+        if called_name not in models:
+            raise InputError("simulate", f"models.{called_name}",
+                             "the catalog model this LLM runs")
+        serving = allocation.serving(called_name)
+        routes.append(tuple((len(llm_names) + k, f) for k, (_, f) in enumerate(serving)))
+        for name, _ in serving:
+            llm_names.append(name)
+            table, shape = _deployment(name, called_name, calls, models, allocation, latency,
+                                       policy, catalog, bs)
+            tables.append(table)
+            shapes.append(shape)
+    return _Prepared(templates, by_workflow, llm_names, tables, shapes, routes)
 
-        def pre(b, x, model=model, g=g, tp=tp, s=s):
-            return latency.prefill_ms(model, g, tp, s, b, x)
 
-        def dec(b, x, model=model, g=g, tp=tp, s=s):
-            return latency.decode_ms(model, g, tp, s, b, x)
+def _deployment(name: str, called: str, calls: list[CallRecord], models: Mapping[str, str],
+                allocation: Allocation, latency: LatencyModel, policy: MemoryPolicy,
+                catalog: Catalog, bs: int,
+                ) -> tuple[tuple[_StepTable, _StepTable], _Shape]:
+    """The step tables and replica shape of deployment ``name`` (an entry of the allocation)
+    serving the calls of LLM ``called``."""
+    if name not in allocation.llms:
+        raise InputError("allocation", f"llms.{name}", "an instance for every LLM the "
+                         "simulated workflows call")
+    inst = allocation.llms[name]
+    model = models[called]
+    mine = [c for c in calls if c.llm == called]
+    longest = max(max(c.input_tokens, 1) + max(c.output_tokens, 1) for c in mine)
+    max_in = max(max(c.input_tokens, 1) for c in mine)
+    # the KV cache comes from the memory share, the speed from the compute share
+    fit = memory_fit(model, inst.gpu, inst.tp, inst.memory_share,
+                     call_tokens(longest, policy), catalog, policy)
+    cap = fit.kv_tokens // bs if bs else fit.kv_tokens
+    if not fit.feasible:
+        blocks = f" = {cap} blocks of {bs}" if bs else ""
+        raise InputError("allocation", f"llms.{name}",
+                         f"an instance whose KV cache holds the longest call ({longest} "
+                         f"tokens; {model} on {inst.memory_share:g} of the memory of "
+                         f"{inst.tp} x {inst.gpu} holds "
+                         f"{fit.kv_tokens}{blocks})")
+    if bs:  # a preempted call is prefilled again with what it had generated
+        max_in = longest
+    g, tp, s = inst.gpu, inst.tp, inst.share
 
-        tables.append((_StepTable(pre, max_in, f"prefill_ms({name})"),
-                       _StepTable(dec, longest, f"decode_ms({name})")))
-        shapes.append(_Shape(inst.replicas, fit.kv_tokens, cap, policy.max_batch, bs))
-    return _Prepared(templates, by_workflow, llm_names, tables, shapes)
+    def pre(b, x, model=model, g=g, tp=tp, s=s):
+        return latency.prefill_ms(model, g, tp, s, b, x)
+
+    def dec(b, x, model=model, g=g, tp=tp, s=s):
+        return latency.decode_ms(model, g, tp, s, b, x)
+
+    return ((_StepTable(pre, max_in, f"prefill_ms({name})"),
+             _StepTable(dec, longest, f"decode_ms({name})")),
+            _Shape(inst.replicas, fit.kv_tokens, cap, policy.max_batch, bs))
 
 
 def _check_rates(rates: Mapping[str, float]) -> dict[str, float]:
@@ -873,7 +909,7 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
     if drain_s is not None and not drain_s >= 0:
         raise InputError("simulate", "drain_s", "a time >= 0 s or None", drain_s)
     cat = catalog or default_catalog()
-    check_allocation(allocation, models, catalog=cat, policy=policy)
+    check_allocation(allocation, allocation.models(models), catalog=cat, policy=policy)
     trace = _as_trace(trace)
     if rates is None:
         workflows = trace.workflows()
@@ -901,7 +937,7 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
         w1 = math.inf
     budget = math.inf if max_prefill_tokens is None else float(max_prefill_tokens)
     eng = _Engine(prep.templates, arrivals, prep.tables, prep.shapes, routing, (w0, w1),
-                  horizon, budget, float(delay), record, progress)
+                  horizon, budget, float(delay), record, progress, prep.routes)
     tic = time.perf_counter()
     eng.run()
     wall = time.perf_counter() - tic
@@ -995,9 +1031,9 @@ def simulate(
     if eng.log is not None:
         names = prep.llm_names
         rows = []
-        for (aid, i), (rep, ready, start, end, adm, pre) in sorted(eng.log.items()):
+        for (aid, i), (rep, ready, start, end, adm, pre, dep) in sorted(eng.log.items()):
             t = tm[arrivals[aid][1]]
-            llm = names[t.llm[i]] if t.llm[i] >= 0 else None
+            llm = names[dep] if dep >= 0 else None
             rows.append(CallEvent(aid, t.ids[i], llm, t.tools[i], rep, ready, start, end,
                                   tuple(adm), tuple(pre)))
         log = tuple(rows)

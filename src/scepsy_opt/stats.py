@@ -42,7 +42,7 @@ shifting all times of a request by a constant.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -433,3 +433,37 @@ def stats_to_dict(stats: WorkflowStats | Mapping[str, WorkflowStats]) -> dict:
     if isinstance(stats, WorkflowStats):
         return _workflow_dict(stats)
     return {w: _workflow_dict(stats[w]) for w in sorted(stats)}
+
+
+# --------------------------------------------------------------------------- splits
+def _split_llm(s: LLMStats, name: str, f: float) -> LLMStats:
+    """``s`` for the replica group that gets fraction ``f`` of its calls (at random): calls,
+    rounds, critical-path calls and time, and time share times ``f``; per-call figures kept."""
+    return replace(
+        s, llm=name, n=s.n * f, rounds=s.rounds * f, critical_calls=s.critical_calls * f,
+        critical_s=s.critical_s * f, time_share=s.time_share * f,
+        classes=tuple(replace(c, llm=name, n=c.n * f) for c in s.classes))
+
+
+def split_stats(st: WorkflowStats, splits: Mapping[str, Mapping[str, float]]) -> WorkflowStats:
+    """``st`` with every LLM of ``splits`` replaced by its replica groups, each seeing its
+    fraction of the LLM's calls: the predictor's mean latency of the workflow is then
+    ``Σ_g f_g·(the LLM's contribution at the group's rate)``, as :mod:`scepsy_opt.mixing`
+    prices it. Each request's critical path keeps its weight, shared by the groups."""
+    llms: dict[str, LLMStats] = {}
+    for m, s in st.llms.items():
+        parts = splits.get(m)
+        if not parts:
+            llms[m] = s
+            continue
+        for name, f in parts.items():
+            llms[name] = _split_llm(s, name, f)
+    cols: dict[str, np.ndarray] = {}
+    for i, m in enumerate(st.paths.llms):
+        parts = splits.get(m)
+        for name, f in (parts.items() if parts else [(m, 1.0)]):
+            cols[name] = st.paths.weights[:, i] * f
+    names = tuple(sorted(cols))
+    weights = (np.stack([cols[n] for n in names], axis=1) if names
+               else np.zeros((st.paths.requests, 0)))
+    return replace(st, llms=llms, paths=RequestPaths(names, weights, st.paths.tool_s))

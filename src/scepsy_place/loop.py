@@ -95,6 +95,7 @@ from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.milp import Row, solve_min_latency
 from scepsy_opt.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_cost
+from scepsy_opt.mixing import mixed_plan, solve_mixed
 from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
@@ -138,6 +139,7 @@ TIGHTEN_AFTER = 2
 # is for the blocks fallback and the aggregate bound)
 BLOCKS_SHARE = 0.5
 SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.slots) after blocks, of what remains
+MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.mixing), of what remains
 SLOTS_LARGE_SHARE = 0.6  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
 PATTERNS_LARGE_SHARE = 0.75
@@ -161,6 +163,7 @@ def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | No
     are not those the ``cluster`` section's pools name (a racks cluster file: node names,
     NVLink domains, GPUs in use), so that a reader finds every placed node."""
     extra: dict[str, Any] = {"placement": res.to_dict(policy, timings)}
+    problem = res.problem or problem  # a plan of LLMs split over GPU types: of their groups
     topology = res.topology or topology
     if problem.cluster.open:  # the cluster bought (open pools sized), or the fixed pools alone
         problem = replace(problem, cluster=(topology or from_cluster(problem.cluster)).to_cluster(
@@ -259,6 +262,12 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         pat, pat_bound = _min_cost_patterns(slots.on_nodes(problem, top), top, prices, deadline)
         tried["patterns"] = pat
         bound = max(bound, pat_bound)
+    if mixing_applies(problem) and deadline.remaining() > 0:
+        mixed, mixed_bound = _min_cost_mixed(slots.on_nodes(problem, top), top, prices,
+                                             _share(deadline, MIXED_SHARE), kw)
+        tried["mixed"] = mixed
+        # the search now covers LLMs split over GPU types: the bound must hold for them too
+        bound = min(bound, mixed_bound)
     placed = {k: r for k, r in tried.items() if r.placed}
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     if not placed:
@@ -386,6 +395,47 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
     return PlacedPlan(plan, res.placement, 1, history, None, None,
                       res.exact and res.status == "optimal", "patterns",
                       seconds=time.perf_counter() - t0), bound
+
+
+def mixing_applies(problem: PlanningProblem) -> bool:
+    """Whether min-cost also plans LLMs split over GPU types (:mod:`scepsy_opt.mixing`): the
+    cluster offers two or more GPU types, every bound is a mean bound and no current
+    allocation is kept."""
+    return (len({p.gpu for p in problem.cluster.pools}) > 1
+            and not problem.options.latency_bounds and problem.options.current is None)
+
+
+def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mapping[str, float],
+                    deadline: Deadline, kw: Mapping[str, Any]) -> tuple[PlacedPlan, float]:
+    """The cheapest portions of every LLM's load over the GPU types
+    (:func:`scepsy_opt.mixing.solve_mixed`, within the GPUs of ``topology``) as a plan of the
+    problem split into its replica groups, placed by the placer (then the exact test); and the
+    price bound it proves for plans split so (0 when it found none)."""
+    t0 = time.perf_counter()
+    caps: dict[str, int] = {}
+    for n in topology.nodes:  # whole free GPUs: the groups take whole GPUs
+        caps[n.gpu] = caps.get(n.gpu, 0) + sum(n.free_units(i) == UNITS for i in range(n.gpus))
+    mx = solve_mixed(problem, caps=caps, deadline=deadline, prices=prices)
+    if not mx.feasible:
+        status: LoopStatus = ("infeasible" if mx.status == "infeasible" else "time_limit")
+        plan = (time_limit_plan("milp") if status == "time_limit" else
+                Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0))
+        why = ("no split of the LLMs' load over the GPU types meets the targets within the "
+               "GPUs offered" if status == "infeasible" else "the time limit ran out")
+        return PlacedPlan(plan, None, 1, (), None, why, False, "mixed", status=status,
+                          seconds=time.perf_counter() - t0), (
+            mx.cost_bound_per_hour if status == "infeasible" else 0.0)
+    groups, plan = mixed_plan(problem, mx)
+    assert plan.allocation is not None
+    placement = place_or_exact(topology, demands(plan.allocation, problem.catalog),
+                               kw["policy"], kw["placer_options"], deadline)
+    history = ({"round": 1, "objective_s": plan.objective_s,
+                "unplaced": len(placement.unplaced)},)
+    reason = None if placement.complete else (
+        f"{len(placement.unplaced)} replica(s) of the split plan did not fit on the nodes")
+    return PlacedPlan(plan, placement, 1, history, None, reason, False, "mixed",
+                      status="placed" if placement.complete else "unplaced",
+                      seconds=time.perf_counter() - t0, problem=groups), mx.cost_bound_per_hour
 
 
 def open_topology(cluster: Cluster, topology: Topology, gpus: Mapping[str, int]) -> Topology:

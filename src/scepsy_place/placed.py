@@ -71,6 +71,9 @@ class PlacedPlan:
     seconds: float | None = field(default=None, compare=False)  # wall time of the formulation
     # the nodes placed on when not the caller's (min-cost with open pools: the nodes bought)
     topology: Topology | None = field(default=None, compare=False)
+    # the problem the plan answers when not the caller's: a plan with LLMs on several GPU types
+    # answers the problem split into its replica groups (scepsy_opt.mixing.split_problem)
+    problem: PlanningProblem | None = field(default=None, compare=False)
 
     @property
     def placed(self) -> bool:

@@ -125,12 +125,27 @@ class LaunchPlan:
     replicas: tuple[ReplicaLaunch, ...]  # sorted by (llm, replica)
     workflows: Mapping[str, tuple[str, ...]]  # workflow -> its LLMs, sorted
     engine: EngineLaunch = EngineLaunch()
+    # an LLM the workflows call that runs as replica groups on several GPU types (plan.json's
+    # ``splits``): its groups (LLMs of ``models``) and the fraction of its calls each gets
+    splits: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("devices", "nodes", "addresses", "models", "workflows"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
+        object.__setattr__(self, "splits", MappingProxyType(
+            {m: MappingProxyType(dict(sorted(v.items()))) for m, v in sorted(self.splits.items())}))
         object.__setattr__(self, "replicas",
                            tuple(sorted(self.replicas, key=lambda r: (r.llm, r.replica))))
+
+    def called(self, workflow: str) -> dict[str, tuple[tuple[str, float], ...]]:
+        """The LLMs ``workflow`` calls, each with the LLMs of the plan that serve its calls and
+        the fraction each gets: itself (1) or, when split, its replica groups."""
+        group_of = {g: m for m, parts in self.splits.items() for g in parts}
+        out: dict[str, tuple[tuple[str, float], ...]] = {}
+        for g in self.workflows[workflow]:
+            m = group_of.get(g, g)
+            out[m] = tuple(self.splits[m].items()) if m in self.splits else ((g, 1.0),)
+        return dict(sorted(out.items()))
 
     def node_names(self) -> tuple[str, ...]:
         """Nodes that run at least one replica, sorted."""

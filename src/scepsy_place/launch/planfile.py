@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import atomic_write_text, read_json
+from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
 from scepsy_opt.planfile import PLAN_VERSION
 from scepsy_opt.plans import Status
@@ -131,6 +132,9 @@ class AllocationSection(BaseModel):
 
     model_config = FINITE
     llms: dict[Name, InstanceAllocation]
+    # an LLM the workflows call, run as replica groups on several GPU types: its groups
+    # (entries of `llms`) and the fraction of its calls each gets (docs/min-cost.md)
+    splits: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1)]]] | None = None
 
 
 class CurvePoint(BaseModel):
@@ -425,8 +429,22 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
             raise InputError(source, f"workflows.{w}.curve.bottleneck",
                              f"an LLM the workflow calls ({_names(wf.llms)})",
                              wf.curve.bottleneck)
+    _check_splits(doc, source)
     if doc.placement is not None:
         _check_instances(doc, nodes, source)
+
+
+def _check_splits(doc: PlanDoc, source: str) -> None:
+    """The allocation's ``splits``, checked as :class:`~scepsy_opt.allocation.Allocation`
+    checks them (groups are entries of ``llms``, each in one split, fractions summing to 1)."""
+    alloc = doc.allocation
+    if alloc is None or not alloc.splits:
+        return
+    try:
+        Allocation({m: Instance(i.gpu, i.tp, i.share, i.replicas, i.memory)
+                    for m, i in alloc.llms.items()}, source, alloc.splits)
+    except InputError as exc:
+        raise InputError(source, f"allocation.{exc.field}", exc.expected, exc.got) from None
 
 
 def _nodes_text(nodes: Topology, most: int = 8) -> str:
@@ -521,6 +539,7 @@ def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
         nodes={n.name: n.gpu for n in nodes.nodes}, addresses=dict(launch.addresses),
         models=models, replicas=replicas,
         workflows={w: tuple(sorted(wf.llms)) for w, wf in (doc.workflows or {}).items()},
+        splits=(doc.allocation.splits if doc.allocation is not None else None) or {},
         engine=EngineLaunch(tuple(launch.command), tuple(launch.args), dict(launch.env),
                             launch.base_port, launch.health_timeout_s))
 

@@ -11,7 +11,8 @@ File format (JSON, ``version`` 1)::
 
 ``url`` is an OpenAI-compatible base URL (``/completions`` is appended); ``model`` is the name
 the server answers to; weights of one LLM sum to 1 (replicas of one LLM have one shape, so each
-carries an equal part). ``replica`` is None where the target routes to a service rather than to
+carries an equal part; an LLM split over GPU types, plan.json's ``splits``, routes to every
+replica of its groups, each group's fraction shared equally by its replicas). ``replica`` is None where the target routes to a service rather than to
 one replica.
 """
 
@@ -81,18 +82,23 @@ def plan_routes(plan: LaunchPlan,
         return f"http://{plan.address(r.node)}:{r.port}/v1"
     url = endpoint or default
     out: dict[str, dict[str, tuple[Endpoint, ...]]] = {}
-    for w, llms in plan.workflows.items():
+    for w in plan.workflows:
         out[w] = {}
-        for m in llms:
-            reps = plan.replicas_of(m)
-            out[w][m] = tuple(Endpoint(url(r), m, 1.0 / len(reps), r.replica) for r in reps)
+        for m, groups in plan.called(w).items():
+            eps: list[Endpoint] = []
+            for g, f in groups:
+                reps = plan.replicas_of(g)
+                eps.extend(Endpoint(url(r), g, f / len(reps), r.replica) for r in reps)
+            out[w][m] = tuple(eps)
     return Routes(out)
 
 
 def service_routes(plan: LaunchPlan, url: Callable[[str], str]) -> Routes:
-    """Routes to one service per LLM (``url(llm)``), weight 1: the target balances replicas."""
-    return Routes({w: {m: (Endpoint(url(m), m, 1.0, None),) for m in llms}
-                   for w, llms in plan.workflows.items()})
+    """Routes to one service per LLM (``url(llm)``), weight 1 (an LLM split over GPU types:
+    one per replica group, weighted by its fraction): the target balances replicas."""
+    return Routes({w: {m: tuple(Endpoint(url(g), g, f, None) for g, f in groups)
+                       for m, groups in plan.called(w).items()}
+                   for w in plan.workflows})
 
 
 class _EndpointRec(BaseModel):
