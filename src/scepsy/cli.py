@@ -632,7 +632,9 @@ def plan_summary(res: Any, out: str) -> list[str]:
     gpus = ", ".join(f"{n} × {g}" for g, n in problem.cluster.budgets().items())
     lines.append(f"targets (req/s): {targets}; cluster {problem.cluster.name}: {gpus}")
     st = plan.stats
-    tried = ", ".join(f"{k} {o.objective_s:.6g} s" if o.status == "placed" else f"{k} {o.status}"
+    priced = st.get("placed_costs_per_hour", {}) if opts.objective == "min-cost" else {}
+    tried = ", ".join(f"{k} {priced[k]:.6g} USD/h" if k in priced else
+                      f"{k} {o.objective_s:.6g} s" if o.status == "placed" else f"{k} {o.status}"
                       for k, o in placed.compared.items())
     if placed.formulation == "current":
         how = "kept the current allocation (priced lower than any new plan)"

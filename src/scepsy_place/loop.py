@@ -279,6 +279,7 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     best = placed[name]
     cost, used = costs[name]
     stats = dict(best.plan.stats, placed_cost_per_hour=cost, placed_gpus=used,
+                 placed_costs_per_hour={k: costs[k][0] for k in sorted(costs)},
                  cost_bound_per_hour=bound, prices_per_hour=dict(sorted(prices.items())),
                  placed_cost_gap=max(0.0, cost / bound - 1.0) if bound > 0 else 0.0)
     bought = None
