@@ -8,8 +8,8 @@ H100-80GB nodes of 8, L4 and A10 nodes of 4, A10 nodes of 4 and A100-80GB nodes 
 instance ``scepsy plan --objective min-cost`` (``scepsy_place.loop.plan_and_place``): the
 placed price (USD/h), its proven bound (``cost_bound_per_hour``: no placed plan of the
 candidates, whole LLMs or split over GPU types, costs less) and the gap, the cheapest placed
-plan that runs the LLM on one GPU type (the other formulations), the split when one wins,
-the status and the wall time.
+plan of the other formulations (aggregate, patterns, slot groups: whole LLMs on one shape,
+placed by a general placer), the split when one wins, the status and the wall time.
 
     python solvers/mincost_bench.py                      # 48 instances
     python solvers/mincost_bench.py --models llama-7b --rates 4 --out smoke   # the test
@@ -70,7 +70,7 @@ def run(model: str, rate: float, offer: str, limit: float) -> dict[str, Any]:
     single = [v for k, v in costs.items() if k != "mixed"]
     row.update(price=st["placed_cost_per_hour"], bound=st["cost_bound_per_hour"],
                gap=st["placed_cost_gap"], gpus=st["placed_gpus"],
-               one_type=min(single) if single else None, formulation=res.formulation,
+               others=min(single) if single else None, formulation=res.formulation,
                splits={m: dict(v) for m, v in res.plan.allocation.splits.items()})
     return row
 
@@ -97,14 +97,14 @@ def main(argv: list[str] | None = None) -> int:
                 if row.get("placed") and row["gap"] > GAP_TARGET:
                     problems.append(f"{name}: placed price {row['price']:.4g} is "
                                     f"{row['gap']:.2%} above its bound {row['bound']:.4g}")
-    print("| offer | model | req/s | status | USD/h | bound | gap | one type | split | wall s |")
+    print("| offer | model | req/s | status | USD/h | bound | gap | other formulations | split | wall s |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if not r.get("placed"):
             print(f"| {r['offer']} | {r['model']} | {r['rate']:g} | {r['status']} | – | – | – "
                   f"| – | – | {r['wall_s']:.1f} |")
             continue
-        one = r.get("one_type")
+        one = r.get("others")
         split = "; ".join(f"{g} {f:.3g}" for v in r["splits"].values() for g, f in v.items())
         print(f"| {r['offer']} | {r['model']} | {r['rate']:g} | {r['status']} | "
               f"{r['price']:.2f} | {r['bound']:.2f} | {r['gap']:.2%} | "

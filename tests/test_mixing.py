@@ -18,8 +18,6 @@ from scepsy_common.errors import InputError
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.mincost import gpu_prices
 from scepsy_opt.mixing import (
-    Portion,
-    group_gpus,
     melange_min_cost,
     mixed_latencies,
     mixed_plan,
@@ -123,12 +121,12 @@ def _brute(p: PlanningProblem, s: int) -> float:
     caps = p.cluster.budgets()
     options = portion_candidates(p, s)["chat"]
     by_type: dict[str, list] = {}
-    for j, c in options:
-        by_type.setdefault(c.gpu, []).append((j, c))
+    for q in options:
+        by_type.setdefault(q.candidate.gpu, []).append(q)
     best = math.inf
     types = sorted(by_type)
     for combo in itertools.product(*([None, *by_type[g]] for g in types)):
-        picked = [Portion(j, s, c) for x in combo if x is not None for j, c in [x]]
+        picked = [q for q in combo if q is not None]
         if sum(q.slices for q in picked) != s:
             continue
         if any(q.gpus > caps[q.candidate.gpu] for q in picked):
@@ -160,8 +158,8 @@ def test_mixing_pays_where_one_type_leaves_a_gpu_mostly_idle():
     p = _one_llm("llama-3-8b", 12.0)
     mx = solve_mixed(p, slices=8)
     prices = gpu_prices(p)
-    single = min(prices[c.gpu] * group_gpus(c) for j, c in portion_candidates(p, 8)["chat"]
-                 if j == 8)
+    single = min(prices[q.candidate.gpu] * q.gpus for q in portion_candidates(p, 8)["chat"]
+                 if q.slices == 8)
     assert mx.mixed
     assert mx.cost_per_hour < single - 1e-9
     assert sum(q.fraction for q in mx.portions["chat"]) == pytest.approx(1.0, rel=REL)
@@ -178,8 +176,8 @@ def test_mixed_never_costs_more_than_one_type(rate, gpus):
     mx = solve_mixed(p, slices=4)
     prices = gpu_prices(p)
     caps = p.cluster.budgets()
-    single = [prices[c.gpu] * group_gpus(c) for j, c in portion_candidates(p, 4)["chat"]
-              if j == 4 and group_gpus(c) <= caps[c.gpu]]
+    single = [prices[q.candidate.gpu] * q.gpus for q in portion_candidates(p, 4)["chat"]
+              if q.slices == 4 and q.gpus <= caps[q.candidate.gpu]]
     if not single:
         return
     assert mx.feasible
@@ -312,3 +310,57 @@ def test_bad_splits_name_the_field(tmp_path, splits, field):
                            "--allocation", str(path), "--trace-requests", "50")
     assert code == 2, err
     assert field in err and "Traceback" not in err
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 2, 4]), st.sampled_from([0.3, 0.5, 1.0]), st.integers(1, 9),
+       st.sampled_from([2, 4]))
+def test_replica_gpus_is_the_fewest_gpus_the_exact_placement_finds(tp, share, replicas, domain):
+    """The whole GPUs ``replicas`` identical replicas take (TP groups may overlap inside an
+    NVLink domain) against the exact placement test on ``g`` free GPUs, for the least ``g``."""
+    from scepsy_common.units import replica_gpus, replicas_per_gpu
+    from scepsy_opt.allocation import Allocation, Instance
+    from scepsy_place.exhaustive import placeable
+    from scepsy_place.placement import demands
+    from scepsy_place.topology import Node, Topology
+
+    if tp > domain:
+        return
+    dem = demands(Allocation({"m": Instance("A100-80GB", tp, share, replicas)}))
+
+    def fits(g: int) -> bool:
+        nodes = []
+        for i in range(-(-g // domain)):
+            free = min(domain, g - i * domain)
+            used = tuple((0.0, 0.0) if k < free else (1.0, 0.0) for k in range(domain))
+            nodes.append(Node(f"n{i}", "r", "A100-80GB", domain, domain, 80.0, used))
+        return placeable(Topology("t", tuple(nodes)), dem)
+
+    want = replica_gpus(replicas, tp, replicas_per_gpu(share), domain)
+    assert fits(want)
+    assert want == 1 or not fits(want - 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([0.3, 0.5, 0.6, 1.0]), st.integers(1, 12),
+       st.integers(1, 3))
+def test_layout_groups_uses_the_gpus_the_split_formulation_prices(tp, share, replicas, nodes):
+    """A group laid out alone on nodes of 8 A100 (one NVLink domain each) takes exactly
+    replica_gpus GPUs, and the placement checker finds nothing wrong with it."""
+    from scepsy_common.units import replica_gpus, replicas_per_gpu
+    from scepsy_opt.allocation import Allocation, Instance
+    from scepsy_place.check import violations
+    from scepsy_place.groups import layout_groups
+    from scepsy_place.placement import demands
+    from scepsy_place.topology import from_cluster
+
+    topo = from_cluster(Cluster("c", (GPUPool("A100-80GB", nodes, 8),)))
+    alloc = Allocation({"m": Instance("A100-80GB", tp, share, replicas)})
+    pl = layout_groups(topo, alloc)
+    need = replica_gpus(replicas, tp, replicas_per_gpu(share), 8)
+    if need > 8 * nodes or (replicas * tp > 8 * nodes * replicas_per_gpu(share)):
+        assert not pl.complete
+        return
+    assert pl.complete
+    assert violations(topo, demands(alloc), pl) == []
+    assert len({(s.node, g) for s in pl.slots for g in s.gpus}) == need

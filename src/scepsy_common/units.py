@@ -37,3 +37,20 @@ def replicas_per_gpu(share: float) -> int:
     ``floor(UNITS / share_units(share))`` (``floor(1/share)`` for multiples of 0.001; a share is
     in (0, 1])."""
     return max(1, UNITS // share_units(share))
+
+
+def replica_gpus(replicas: int, tp: int, per_gpu: int, domain: int) -> int:
+    """The fewest whole GPUs that hold ``replicas`` identical replicas of ``tp`` GPUs each when
+    a GPU holds ``per_gpu`` of them (:func:`replicas_per_gpu`) and a replica's GPUs lie in one
+    NVLink domain of ``domain`` GPUs: a domain holds ``⌊domain·per_gpu/tp⌋`` replicas, and
+    ``r`` replicas in one domain need ``max(tp, ⌈r·tp/per_gpu⌉)`` GPUs (their TP groups may
+    overlap: three TP-2 replicas at half a GPU fit on three GPUs). Domains are filled one at a
+    time, which never needs more GPUs than spreading them (the ceiling is subadditive)."""
+    if replicas <= 0:
+        return 0
+    full_r = max(1, domain * per_gpu // tp)
+    full, rest = divmod(replicas, full_r)
+    out = full * max(tp, -(-full_r * tp // per_gpu))
+    if rest:
+        out += max(tp, -(-rest * tp // per_gpu))
+    return out

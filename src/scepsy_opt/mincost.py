@@ -239,14 +239,18 @@ def _redundant(problem: PlanningProblem, llm: str, w: str) -> bool:
 
 
 def prune_for_cost(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]], *,
-                   deadline: Deadline | None = None) -> dict[str, tuple[Candidate, ...]]:
+                   deadline: Deadline | None = None,
+                   whole: Callable[[Candidate], int] | None = None,
+                   ) -> dict[str, tuple[Candidate, ...]]:
     """Per LLM and GPU type, the candidates no other beats on every count the min-cost problem
     reads: compute units, memory units, weighted latency and the contribution to each bounded
     workflow's latency (equal on all: the first in a fixed order survives). Exact: swapping a
     dominated candidate for its dominator never raises a GPU count, a bounded latency (mean or
     percentile: both grow with each LLM's latency) or the tie-breaking latency. A count that
     orders the candidates as another does is left out (memory tied to compute; the
-    contribution of an LLM that serves one workflow), so the usual case is two-dimensional."""
+    contribution of an LLM that serves one workflow), so the usual case is two-dimensional.
+    ``whole``: the whole GPUs a candidate's replicas take alone, a further count (a plan that
+    prices whole GPUs keeps the candidate whose replicas fill them)."""
     bounded = _bounded_workflows(problem)
     out: dict[str, tuple[Candidate, ...]] = {}
     for m in sorted(cands):
@@ -259,6 +263,8 @@ def prune_for_cost(problem: PlanningProblem, cands: Mapping[str, Sequence[Candid
             cols = [[c.units for c in mine], [c.cost for c in mine]]
             if any(c.mem_units != c.units for c in mine):
                 cols.append([c.mem_units for c in mine])
+            if whole is not None:
+                cols.append([whole(c) for c in mine])
             cols.extend([dict(c.workflow_latency_s).get(w, 0.0) for c in mine] for w in ws)
             vec = np.array(cols, dtype=float).T
             ties = [(c.tp, c.share, c.memory_share or 0.0, c.replicas) for c in mine]
@@ -282,11 +288,12 @@ def prune_for_cost(problem: PlanningProblem, cands: Mapping[str, Sequence[Candid
 
 def cost_candidates(problem: PlanningProblem, *, deadline: Deadline | None = None,
                     curve_cache: dict[tuple[str, str, int], list[Any]] | None = None,
+                    whole: Callable[[Candidate], int] | None = None,
                     ) -> CandidateSet:
     """Every candidate of the problem (:func:`generate_candidates` without its latency-only
-    pruning), pruned by :func:`prune_for_cost`."""
+    pruning), pruned by :func:`prune_for_cost` (``whole``: its further count)."""
     cs = generate_candidates(problem, prune=False, deadline=deadline, curve_cache=curve_cache)
-    by_llm = prune_for_cost(problem, cs.by_llm, deadline=deadline)
+    by_llm = prune_for_cost(problem, cs.by_llm, deadline=deadline, whole=whole)
     return dataclasses.replace(cs, by_llm=by_llm, kept=sum(len(v) for v in by_llm.values()))
 
 

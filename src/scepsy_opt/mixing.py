@@ -21,13 +21,17 @@ portion per LLM and GPU type::
                              Σ (j/S)·ℓ_wc·y ≤ B_w − τ_w               (mean latency bounds)
 
 ``gpus_c`` (:func:`group_gpus`) counts the whole GPUs the group takes alone: its replicas of
-share ``s`` pack ``⌊1/s⌋`` to a GPU (:func:`scepsy_common.units.replicas_per_gpu`), ``tp``
-GPUs per TP group. The plan is therefore placeable group by group (TP groups inside a node,
-as every candidate's TP degree is), and its price is an upper bound on the least price of
-these portions; the same MILP with GPUs counted in aggregate (``n_t ≥ Σ units/1000``, integer,
-as :mod:`scepsy_opt.mincost` counts them) is a lower bound on any plan of these portions,
-co-located with other LLMs or not, and is reported as ``cost_bound_per_hour``. Ties in price
-are broken by the weighted latency ``Σ (j/S)·cost_c·y`` (a second solve at the optimal price).
+share ``s`` pack ``⌊1/s⌋`` to a GPU, each on ``tp`` GPUs of one NVLink domain, their TP groups
+free to overlap (:func:`scepsy_common.units.replica_gpus`, the fewest GPUs that hold them). The
+plan is therefore placeable group by group, and its price is an upper bound on the least price
+of these portions. Two lower bounds are reported: the same MILP with GPUs counted in aggregate
+(``n_t ≥ Σ units/1000``, integer, as :mod:`scepsy_opt.mincost` counts them), which holds for
+any plan of these portions, co-located with other LLMs or not; and, with one LLM, the MILP's
+own optimum (nothing else shares its GPUs, so the whole GPUs are exact for every plan that runs
+it one shape per GPU type). ``cost_bound_per_hour`` is the larger. Ties in price are broken by
+the weighted latency ``Σ (j/S)·cost_c·y`` (a second solve at the optimal price). Candidates are
+pruned exactly for these counts (:func:`scepsy_opt.mincost.prune_for_cost` with the whole GPUs
+as a further count).
 
 Percentile latency bounds are not planned here (the mixture of two groups' latencies has no
 linear form): :func:`solve_mixed` refuses them.
@@ -55,7 +59,7 @@ from typing import Any
 import pulp
 
 from scepsy_common.errors import InputError
-from scepsy_common.units import UNITS, replicas_per_gpu
+from scepsy_common.units import UNITS, replica_gpus, replicas_per_gpu
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, price
 from scepsy_opt.milp import SOLVER, _solver, _status
@@ -125,13 +129,14 @@ def melange_min_cost(rates: Sequence[float], tputs: Mapping[str, Sequence[float]
 # -- portions of one LLM's load -----------------------------------------------------------------
 
 
-def group_gpus(c: Candidate) -> int:
-    """Whole GPUs a candidate's replicas take alone: ``⌊1/share⌋`` replicas to a GPU (compute
-    and memory), ``tp`` GPUs per group of them."""
+def group_gpus(c: Candidate, domain: int) -> int:
+    """Whole GPUs a candidate's replicas take alone (:func:`scepsy_common.units.replica_gpus`):
+    ``⌊1/share⌋`` replicas to a GPU (compute and memory), each on ``tp`` GPUs of one NVLink
+    domain of ``domain`` GPUs."""
     per = replicas_per_gpu(c.share)
     if c.memory_share is not None:
         per = min(per, replicas_per_gpu(c.memory_share))
-    return -(-c.replicas // per) * c.tp
+    return replica_gpus(c.replicas, c.tp, per, domain)
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +147,11 @@ class Portion:
     slices: int
     total: int  # S
     candidate: Candidate
+    gpus: int  # the whole GPUs its replicas take alone (:func:`group_gpus`)
 
     @property
     def fraction(self) -> float:
         return self.slices / self.total
-
-    @property
-    def gpus(self) -> int:
-        return group_gpus(self.candidate)
 
 
 @dataclass(frozen=True)
@@ -175,47 +177,65 @@ class MixedPlan:
         return any(len(ps) > 1 for ps in self.portions.values())
 
 
+def domains(problem: PlanningProblem) -> dict[str, int]:
+    """Per GPU type of the cluster, the GPUs of its largest NVLink domain on one node."""
+    return {g: problem.cluster.max_tp(g, problem.catalog) for g in problem.cluster.budgets()}
+
+
 def portion_candidates(problem: PlanningProblem, slices: int = SLICES, *,
-                       deadline: Deadline | None = None,
-                       ) -> dict[str, list[tuple[int, Candidate]]]:
-    """Per LLM, ``(j, candidate)`` for every candidate of the problem scaled to ``j/slices`` of
-    its targets (:func:`scepsy_opt.mincost.cost_candidates`, ``j = 1..slices``)."""
+                       deadline: Deadline | None = None) -> dict[str, list[Portion]]:
+    """Per LLM, a :class:`Portion` for every candidate of the problem scaled to ``j/slices``
+    of its targets (``j = 1..slices``) that no other of the same GPU type and ``j`` beats on
+    every count the split MILP reads (:func:`scepsy_opt.mincost.prune_for_cost` with whole
+    GPUs as a further count)."""
     return _portions(problem, slices, deadline)[0]
 
 
 def _portions(problem: PlanningProblem, slices: int, deadline: Deadline | None,
-              ) -> tuple[dict[str, list[tuple[int, Candidate]]], int]:
+              ) -> tuple[dict[str, list[Portion]], int]:
     """:func:`portion_candidates` and how many candidates were generated before pruning."""
-    from scepsy_opt.mincost import cost_candidates
+    from scepsy_opt.candidates import generate_candidates
+    from scepsy_opt.mincost import prune_for_cost
 
-    out: dict[str, list[tuple[int, Candidate]]] = {m: [] for m in problem.llms}
+    dom = domains(problem)
+
+    def whole(c: Candidate) -> int:
+        return group_gpus(c, dom[c.gpu])
+
+    out: dict[str, list[Portion]] = {m: [] for m in problem.llms}
     cache: dict[tuple[str, str, int], list[Any]] = {}
     generated = 0
     for j in range(1, slices + 1):
         part = problem if j == slices else problem.scaled(j / slices)
-        cs = cost_candidates(part, deadline=deadline, curve_cache=None if j == slices else cache)
+        cs = generate_candidates(part, prune=False, deadline=deadline, curve_cache=cache)
         generated += cs.generated
-        for m, cands in cs.by_llm.items():
-            out[m].extend((j, c) for c in cands)
+        for m, cands in prune_for_cost(part, cs.by_llm, deadline=deadline, whole=whole).items():
+            out[m].extend(Portion(j, slices, c, whole(c)) for c in cands)
     return out, generated
 
 
-def _contrib(problem: PlanningProblem, j: int, s: int, c: Candidate) -> dict[str, float]:
-    """Per bounded workflow, the portion's contribution to its mean latency: ``(j/S)·ℓ_wc``."""
-    return {w: j / s * v for w, v in c.workflow_latency_s}
+def _contrib(p: Portion) -> dict[str, float]:
+    """Per workflow, the portion's contribution to its mean latency: ``(j/S)·ℓ_wc``."""
+    return {w: p.fraction * v for w, v in p.candidate.workflow_latency_s}
 
 
-def _model(problem: PlanningProblem, options: Mapping[str, Sequence[tuple[int, Candidate]]],
+Vars = dict[str, list[tuple[Portion, Any]]]
+
+
+def _model(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
            s: int, prices: Mapping[str, float], caps: Mapping[str, int], *, aggregate: bool,
            objective: str, cost_cap: float | None = None,
-           ) -> tuple[pulp.LpProblem, dict[str, list[tuple[int, Candidate, Any]]], Any]:
+           ) -> tuple[pulp.LpProblem, Vars]:
+    """The split MILP (module docstring): GPUs counted per group (or, ``aggregate``, in
+    aggregate per type); ``objective`` "cost" or "latency" (then the cost at most
+    ``cost_cap``)."""
     prob = pulp.LpProblem("scepsy_mixed", pulp.LpMinimize)
-    ys: dict[str, list[tuple[int, Candidate, Any]]] = {}
+    ys: Vars = {}
     k = 0
     for m in sorted(options):
         ys[m] = []
-        for j, c in options[m]:
-            ys[m].append((j, c, prob.add_variable(f"y{k}", 0, 1, pulp.LpBinary)))
+        for p in options[m]:
+            ys[m].append((p, prob.add_variable(f"y{k}", 0, 1, pulp.LpBinary)))
             k += 1
     types = sorted(caps)
     if aggregate:
@@ -223,41 +243,41 @@ def _model(problem: PlanningProblem, options: Mapping[str, Sequence[tuple[int, C
               for i, g in enumerate(types)}
         cost = pulp.LpAffineExpression([(gp[g], prices[g]) for g in types if prices[g]])
     else:
-        cost = pulp.LpAffineExpression([(v, prices[c.gpu] * group_gpus(c))
-                                        for m in ys for _, c, v in ys[m] if prices[c.gpu]])
-    latency = pulp.LpAffineExpression([(v, j / s * c.cost) for m in ys for j, c, v in ys[m]])
+        cost = pulp.LpAffineExpression([(v, prices[p.candidate.gpu] * p.gpus)
+                                        for m in ys for p, v in ys[m] if prices[p.candidate.gpu]])
+    latency = pulp.LpAffineExpression([(v, p.fraction * p.candidate.cost)
+                                       for m in ys for p, v in ys[m]])
     prob += cost if objective == "cost" else latency
     for i, m in enumerate(ys):
-        prob += pulp.LpAffineExpression([(v, j) for j, _, v in ys[m]]) == s, f"load_{i}"
+        prob += pulp.LpAffineExpression([(v, p.slices) for p, v in ys[m]]) == s, f"load_{i}"
         for t, g in enumerate(types):
-            on = [(v, 1) for _, c, v in ys[m] if c.gpu == g]
+            on = [(v, 1) for p, v in ys[m] if p.candidate.gpu == g]
             if len(on) > 1:
                 prob += pulp.LpAffineExpression(on) <= 1, f"one_{i}_{t}"
     for t, g in enumerate(types):
+        mine = [(p, v) for m in ys for p, v in ys[m] if p.candidate.gpu == g]
+        if not mine:
+            continue
         if aggregate:
             for kind in ("units", "mem_units"):
-                terms = [(v, getattr(c, kind)) for m in ys for _, c, v in ys[m] if c.gpu == g]
-                if terms:
-                    prob += (pulp.LpAffineExpression([*terms, (gp[g], -UNITS)]) <= 0,
-                             f"{kind}_{t}")
+                terms = [(v, getattr(p.candidate, kind)) for p, v in mine]
+                prob += (pulp.LpAffineExpression([*terms, (gp[g], -UNITS)]) <= 0, f"{kind}_{t}")
         else:
-            terms = [(v, group_gpus(c)) for m in ys for _, c, v in ys[m] if c.gpu == g]
-            if terms:
-                prob += pulp.LpAffineExpression(terms) <= caps[g], f"gpus_{t}"
+            prob += pulp.LpAffineExpression([(v, p.gpus) for p, v in mine]) <= caps[g], \
+                f"gpus_{t}"
     for i, (w, bound) in enumerate(sorted(problem.options.latency_bound_s.items())):
         if w not in problem.targets:
             continue
-        terms = [(v, _contrib(problem, j, s, c).get(w, 0.0)) for m in ys for j, c, v in ys[m]]
+        terms = [(v, _contrib(p).get(w, 0.0)) for m in ys for p, v in ys[m]]
         prob += (pulp.LpAffineExpression([t for t in terms if t[1]])
                  <= bound - problem.stats[w].tool_critical_s), f"bound_{i}"
     if cost_cap is not None:
         prob += cost <= cost_cap, "cost_cap"
-    return prob, ys, cost
+    return prob, ys
 
 
-def _picked(ys: Mapping[str, list[tuple[int, Candidate, Any]]], s: int,
-            ) -> dict[str, tuple[Portion, ...]]:
-    return {m: tuple(sorted((Portion(j, s, c) for j, c, v in pairs if (v.value() or 0) > 0.5),
+def _picked(ys: Vars) -> dict[str, tuple[Portion, ...]]:
+    return {m: tuple(sorted((p for p, v in pairs if (v.value() or 0) > 0.5),
                             key=lambda p: (p.candidate.gpu, p.slices)))
             for m, pairs in ys.items()}
 
@@ -274,8 +294,7 @@ def mixed_latencies(problem: PlanningProblem, portions: Mapping[str, Sequence[Po
     out = {}
     for w in problem.targets:
         out[w] = problem.stats[w].tool_critical_s + math.fsum(
-            _contrib(problem, p.slices, p.total, p.candidate).get(w, 0.0)
-            for m in sorted(portions) for p in portions[m])
+            _contrib(p).get(w, 0.0) for m in sorted(portions) for p in portions[m])
     return out
 
 
@@ -309,30 +328,30 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         if any(not v for v in options.values()):
             return MixedPlan("infeasible", empty, math.inf, math.inf, empty, empty,
                              dict(stats, reason="an LLM has no candidate"))
-        prob, ys, _ = _model(problem, options, slices, prices, caps, aggregate=False,
-                             objective="cost")
+        prob, ys = _model(problem, options, slices, prices, caps, aggregate=False,
+                          objective="cost")
         prob.solve(_solver(problem, left, gap_rel=0.0))
         status, _, bound = _status(prob)
         if status not in ("optimal", "time_limit"):
             return MixedPlan(status, empty, math.inf, math.inf, empty, empty,
                              dict(stats, total_s=time.perf_counter() - t0))
-        portions = _picked(ys, slices)
+        portions = _picked(ys)
         cost = _cost(portions, prices)
         try:  # the least latency at that price
             cap = cost + COST_REL * max(1.0, cost)
-            prob2, ys2, _ = _model(problem, options, slices, prices, caps, aggregate=False,
-                                   objective="latency", cost_cap=cap)
+            prob2, ys2 = _model(problem, options, slices, prices, caps, aggregate=False,
+                                objective="latency", cost_cap=cap)
             prob2.solve(_solver(problem, left, gap_rel=0.0))
             st2, _, _ = _status(prob2)
             if st2 in ("optimal", "time_limit"):
-                portions = _picked(ys2, slices)
+                portions = _picked(ys2)
                 status = status if st2 == "optimal" else "time_limit"
         except TimeLimitReached:
             status = "time_limit"
         agg = -math.inf
         try:  # a lower bound on any plan of these portions: GPUs counted in aggregate
-            prob3, _, _ = _model(problem, options, slices, prices, caps, aggregate=True,
-                                 objective="cost")
+            prob3, _ = _model(problem, options, slices, prices, caps, aggregate=True,
+                              objective="cost")
             prob3.solve(_solver(problem, left, gap_rel=0.0))
             st3, val3, bound3 = _status(prob3)
             agg = val3 if st3 == "optimal" else (bound3 if st3 == "time_limit" else agg)
@@ -342,12 +361,16 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         return MixedPlan("time_limit_no_solution", empty, math.inf, math.inf, empty, empty,
                          dict(stats, total_s=time.perf_counter() - t0))
     cost = _cost(portions, prices)
-    lower = max(agg, 0.0)
+    whole = min(bound, cost) if math.isfinite(bound) else 0.0
+    # one LLM: nothing else shares its GPUs, so its groups' whole GPUs (exact for identical
+    # replicas, scepsy_common.units.replica_gpus) bound every plan that runs it one shape per
+    # GPU type; with several LLMs they may share GPUs and only the aggregate count bounds them
+    lower = max(agg, whole if len(problem.llms) == 1 else 0.0, 0.0)
     used: dict[str, int] = dict.fromkeys(sorted(caps), 0)
     for m in portions:
         for p in portions[m]:
             used[p.candidate.gpu] += p.gpus
-    stats.update(dedicated_bound_per_hour=bound if status == "optimal" else min(bound, cost),
+    stats.update(whole_gpus_bound_per_hour=whole, aggregate_bound_per_hour=max(agg, 0.0),
                  total_s=time.perf_counter() - t0)
     return MixedPlan(status, MappingProxyType(portions), cost, min(lower, cost),
                      MappingProxyType(used), MappingProxyType(mixed_latencies(problem, portions)),

@@ -95,7 +95,7 @@ from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.milp import Row, solve_min_latency
 from scepsy_opt.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_cost
-from scepsy_opt.mixing import mixed_plan, solve_mixed
+from scepsy_opt.mixing import domains, group_gpus, mixed_plan, solve_mixed
 from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
@@ -108,6 +108,7 @@ from scepsy_place.cuts import (
     packing_inequalities,
 )
 from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
+from scepsy_place.groups import layout_groups
 from scepsy_place.patterns import PLACER_MAX_GPUS as PATTERNS_BLOCKS_MAX_GPUS
 from scepsy_place.patterns import plan_patterns, solve_patterns
 from scepsy_place.placed import LoopStatus, Outcome, PlacedPlan, plan_blocks, timed_out
@@ -266,8 +267,10 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         mixed, mixed_bound = _min_cost_mixed(slots.on_nodes(problem, top), top, prices,
                                              _share(deadline, MIXED_SHARE), kw)
         tried["mixed"] = mixed
-        # the search now covers LLMs split over GPU types: the bound must hold for them too
-        bound = min(bound, mixed_bound)
+        # the search now covers LLMs split over GPU types: the bound must hold for them too.
+        # The split formulation's bound holds for every plan the others make (one LLM on one
+        # shape is a split into one group), so it replaces theirs when it has one
+        bound = mixed_bound if mixed_bound is not None else 0.0
     placed = {k: r for k, r in tried.items() if r.placed}
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     if not placed:
@@ -311,12 +314,15 @@ def _placed_cost(topology: Topology, placement: Placement | None, prices: Mappin
 def _cost_candidates(problem: PlanningProblem, prices: Mapping[str, float], deadline: Deadline,
                      ) -> tuple[CandidateSet, float, float]:
     """The candidates the co-locating min-cost formulations price (every one up to
-    :data:`UNPRUNED_MAX_GPUS` GPUs, the cost-reduced ones above), the weight that makes their
+    :data:`UNPRUNED_MAX_GPUS` GPUs, the cost-reduced ones above, whole GPUs a further count),
+    the weight that makes their
     latencies only break ties in price (:data:`COST_TIE` of the cheapest GPU-hour over the
     largest total latency) and that total. Raises :class:`TimeLimitReached`."""
+    dom = domains(problem)
     cs = (generate_candidates(problem, prune=False, deadline=deadline)
           if problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
-          else cost_candidates(problem, deadline=deadline))
+          else cost_candidates(problem, deadline=deadline,  # keep those filling whole GPUs
+                               whole=lambda c: group_gpus(c, dom[c.gpu])))
     worst = math.fsum(max((c.cost for c in v), default=0.0) for v in cs.by_llm.values())
     eps = COST_TIE * min(prices.values()) / worst if worst > 0 and min(prices.values()) > 0 \
         else 0.0
@@ -407,11 +413,12 @@ def mixing_applies(problem: PlanningProblem) -> bool:
 
 
 def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mapping[str, float],
-                    deadline: Deadline, kw: Mapping[str, Any]) -> tuple[PlacedPlan, float]:
+                    deadline: Deadline, kw: Mapping[str, Any],
+                    ) -> tuple[PlacedPlan, float | None]:
     """The cheapest portions of every LLM's load over the GPU types
     (:func:`scepsy_opt.mixing.solve_mixed`, within the GPUs of ``topology``) as a plan of the
     problem split into its replica groups, placed by the placer (then the exact test); and the
-    price bound it proves for plans split so (0 when it found none)."""
+    price bound it proves for every plan, split or not (None when it found no plan)."""
     t0 = time.perf_counter()
     caps: dict[str, int] = {}
     for n in topology.nodes:  # whole free GPUs: the groups take whole GPUs
@@ -424,12 +431,14 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
         why = ("no split of the LLMs' load over the GPU types meets the targets within the "
                "GPUs offered" if status == "infeasible" else "the time limit ran out")
         return PlacedPlan(plan, None, 1, (), None, why, False, "mixed", status=status,
-                          seconds=time.perf_counter() - t0), (
-            mx.cost_bound_per_hour if status == "infeasible" else 0.0)
+                          seconds=time.perf_counter() - t0), None
     groups, plan = mixed_plan(problem, mx)
     assert plan.allocation is not None
-    placement = place_or_exact(topology, demands(plan.allocation, problem.catalog),
-                               kw["policy"], kw["placer_options"], deadline)
+    # each group on the whole GPUs it was priced at; the placer where that leaves some out
+    placement = layout_groups(topology, plan.allocation, problem.catalog)
+    if not placement.complete:
+        placement = place_or_exact(topology, demands(plan.allocation, problem.catalog),
+                                   kw["policy"], kw["placer_options"], deadline)
     history = ({"round": 1, "objective_s": plan.objective_s,
                 "unplaced": len(placement.unplaced)},)
     reason = None if placement.complete else (
