@@ -121,6 +121,19 @@ def isolated(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def write_local_results(name: str, doc: dict[str, Any]) -> Path:
+    """``results/<name>.json`` under the working directory, written whole (a temporary file
+    renamed into place)."""
+    import json
+
+    out = Path("results") / f"{name}.json"
+    out.parent.mkdir(exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    tmp.replace(out)
+    return out
+
+
 def _gap(objective: float, bound: float | None) -> float:
     if bound is None or not (math.isfinite(objective) and math.isfinite(bound)) or bound <= 0:
         return math.nan

@@ -33,14 +33,12 @@ enforced.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from formulations_bench import isolated  # a forked child per run, with its peak RSS
+from formulations_bench import isolated, write_local_results  # a forked child per run
 from scepsy_opt.instances import many_models_problem
 from scepsy_opt.problem import PlanOptions
 from scepsy_place.loop import plan_and_place
@@ -126,13 +124,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{f(r.get('floor'))} | {f(r.get('wall_s'), '.1f')} | {f(r.get('cpu_s'), '.1f')} | "
               f"{f(r.get('peak_mb'), '.0f')} | {ml.get('status', '–')}, "
               f"{f(ml.get('objective_s'), '.3f')}, {f(ml.get('wall_s'), '.1f')} |")
-    out = Path("results") / f"{args.out}.json"
-    out.parent.mkdir(exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"rows": rows, "problems": problems, "time_limit_s": limit,
-                               "seed": args.seed, "zipf_over_all": args.zipf_over_all},
-                              indent=1, sort_keys=True))
-    tmp.replace(out)
+    write_local_results(args.out, {"rows": rows, "problems": problems, "time_limit_s": limit,
+                                   "seed": args.seed, "zipf_over_all": args.zipf_over_all})
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0

@@ -21,13 +21,12 @@ than 2% above its bound or a run overran its time limit by more than 10% + 1 s.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from formulations_bench import write_local_results
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.problem import PlanningProblem, PlanOptions
 from scepsy_opt.ratework import models as rate_models
@@ -110,12 +109,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['price']:.2f} | {r['bound']:.2f} | {r['gap']:.2%} | "
               f"{'–' if one is None or not math.isfinite(one) else format(one, '.2f')} | "
               f"{split or '–'} | {r['wall_s']:.1f} |")
-    out = Path("results") / f"{args.out}.json"
-    out.parent.mkdir(exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"rows": rows, "problems": problems,
-                               "time_limit_s": args.time_limit}, indent=1, sort_keys=True))
-    tmp.replace(out)
+    write_local_results(args.out, {"rows": rows, "problems": problems,
+                                   "time_limit_s": args.time_limit})
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0
