@@ -223,7 +223,8 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     (:func:`scepsy_opt.mincost.solve_min_cost`: its price is a lower bound on that of every
     placeable allocation) placed by the placer (then the exact test), and, without percentile
     bounds, the pattern formulation with the GPUs' prices as its objective (placeable by
-    construction, LLMs sharing GPUs); the cheaper placed plan wins (ties: lower latency). The
+    construction, LLMs sharing GPUs), slot groups and, with two or more GPU types, LLMs split
+    over them (:func:`_min_cost_mixed`); the cheapest placed plan wins (ties: lower latency). The
     price of a placed plan is that of the GPUs its placement uses
     (``stats["placed_cost_per_hour"]``, gap to the best bound in ``placed_cost_gap``). Open
     pools without ``max_nodes`` get nodes for twice the GPUs the aggregate plan uses, and
@@ -268,9 +269,12 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
                                              _share(deadline, MIXED_SHARE), kw)
         tried["mixed"] = mixed
         # the search now covers LLMs split over GPU types: the bound must hold for them too.
-        # The split formulation's bound holds for every plan the others make (one LLM on one
-        # shape is a split into one group), so it replaces theirs when it has one
-        bound = mixed_bound if mixed_bound is not None else 0.0
+        # On wholly free GPUs the split formulation's bound holds for every plan the others
+        # make (one LLM on one shape is a split into one group), so it replaces theirs; GPUs
+        # partly in use are open to the others only, so then the lower of the two holds
+        whole = all(n.free_units(i) == UNITS for n in top.nodes for i in range(n.gpus))
+        bound = (0.0 if mixed_bound is None else mixed_bound if whole
+                 else min(bound, mixed_bound))
     placed = {k: r for k, r in tried.items() if r.placed}
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     if not placed:
@@ -417,8 +421,10 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
                     ) -> tuple[PlacedPlan, float | None]:
     """The cheapest portions of every LLM's load over the GPU types
     (:func:`scepsy_opt.mixing.solve_mixed`, within the GPUs of ``topology``) as a plan of the
-    problem split into its replica groups, placed by the placer (then the exact test); and the
-    price bound it proves for every plan, split or not (None when it found no plan)."""
+    problem split into its replica groups, each group laid out on the whole GPUs it was priced
+    at (:func:`scepsy_place.groups.layout_groups`; the placer, then the exact test, where that
+    leaves replicas out); and the price bound it proves for every plan, split or not, on
+    wholly free GPUs (None when it found no plan)."""
     t0 = time.perf_counter()
     caps: dict[str, int] = {}
     for n in topology.nodes:  # whole free GPUs: the groups take whole GPUs
