@@ -96,6 +96,12 @@ def test_melange_input_errors_name_the_field():
         melange_min_cost([1.0, 2.0], {"a": [1.0]}, {"a": 1.0})
     with pytest.raises(InputError, match="slice_factor"):
         melange_min_cost([1.0], {"a": [1.0]}, {"a": 1.0}, 0)
+    with pytest.raises(InputError, match=r"rates\[0\]"):
+        melange_min_cost([-1.0], {"a": [1.0]}, {"a": 1.0})
+    with pytest.raises(InputError, match=r"tputs\.a"):
+        melange_min_cost([1.0], {"a": [math.nan]}, {"a": 1.0})
+    # a bucket no GPU type serves: no assignment exists
+    assert melange_min_cost([1.0], {"a": [0.0]}, {"a": 1.0}).status == "infeasible"
 
 
 # -- portions of one LLM ------------------------------------------------------------------------

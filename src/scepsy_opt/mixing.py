@@ -94,7 +94,16 @@ def melange_min_cost(rates: Sequence[float], tputs: Mapping[str, Sequence[float]
     if slice_factor < 1:
         raise InputError("melange", "slice_factor", "an integer >= 1", slice_factor)
     gpus = sorted(tputs)
+    for b, r in enumerate(rates):
+        if not (math.isfinite(r) and r >= 0):
+            raise InputError("melange", f"rates[{b}]", "a request rate >= 0 (req/s)", r)
     for g in gpus:
+        if not all(math.isfinite(t) and t >= 0 for t in tputs[g]):
+            raise InputError("melange", f"tputs.{g}", "throughputs >= 0 (req/s per GPU)",
+                             list(tputs[g]))
+        if g in prices and not (math.isfinite(prices[g]) and prices[g] >= 0):
+            raise InputError("melange", f"prices.{g}", "a price >= 0 USD per GPU-hour",
+                             prices[g])
         if len(tputs[g]) != len(rates):
             raise InputError("melange", f"tputs.{g}", f"{len(rates)} throughputs, one per bucket",
                              len(tputs[g]))
