@@ -61,8 +61,9 @@ import pulp
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, replica_gpus, replicas_per_gpu
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import Candidate, price
+from scepsy_opt.candidates import Candidate, generate_candidates, price
 from scepsy_opt.milp import SOLVER, _solver, _status
+from scepsy_opt.mincost import gpu_prices, prune_for_cost
 from scepsy_opt.plans import Plan, Status, plan_from_choice
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.stats import split_stats
@@ -203,9 +204,6 @@ def portion_candidates(problem: PlanningProblem, slices: int = SLICES, *,
 def _portions(problem: PlanningProblem, slices: int, deadline: Deadline | None,
               ) -> tuple[dict[str, list[Portion]], int]:
     """:func:`portion_candidates` and how many candidates were generated before pruning."""
-    from scepsy_opt.candidates import generate_candidates
-    from scepsy_opt.mincost import prune_for_cost
-
     dom = domains(problem)
 
     def whole(c: Candidate) -> int:
@@ -315,8 +313,6 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     :func:`scepsy_opt.mincost.gpu_prices`. Statuses as for min-cost: ``time_limit`` with an
     answer not proven cheapest, ``time_limit_no_solution``, ``infeasible`` (no portions meet
     the targets and mean bounds within the GPUs)."""
-    from scepsy_opt.mincost import gpu_prices
-
     if not isinstance(slices, int) or slices < 1:
         raise InputError("mixed plan", "slices", "an integer >= 1", slices)
     if problem.options.latency_bounds:
