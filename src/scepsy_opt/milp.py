@@ -53,7 +53,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import highspy
 import numpy as np
@@ -197,15 +197,19 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
     return prob, xs
 
 
+_C = TypeVar("_C")
+
+
 def _two_resources(cands: Mapping[str, Sequence[Candidate]]) -> bool:
     """Whether some candidate has a memory share of its own (memory is then a second budget)."""
     return any(c.memory_share is not None for cs in cands.values() for c in cs)
 
 
-def choice_variables(prob: pulp.LpProblem, cands: Mapping[str, Sequence[Candidate]],
-                     ) -> dict[str, list[tuple[Candidate, pulp.LpVariable]]]:
-    """One binary ``x_c`` per candidate (``x0, x1, ...`` in LLM then candidate order), per LLM."""
-    xs: dict[str, list[tuple[Candidate, pulp.LpVariable]]] = {}
+def choice_variables(prob: pulp.LpProblem, cands: Mapping[str, Sequence[_C]],
+                     ) -> dict[str, list[tuple[_C, pulp.LpVariable]]]:
+    """One binary ``x_c`` per candidate (``x0, x1, ...`` in LLM then candidate order), per LLM
+    (any item per LLM: candidates, or :mod:`scepsy_opt.mixing`'s portions)."""
+    xs: dict[str, list[tuple[_C, pulp.LpVariable]]] = {}
     n = 0
     for m in sorted(cands):
         xs[m] = []

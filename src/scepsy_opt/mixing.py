@@ -62,7 +62,7 @@ from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, replica_gpus, replicas_per_gpu
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, generate_candidates, price
-from scepsy_opt.milp import SOLVER, _solver, _status
+from scepsy_opt.milp import SOLVER, _solver, _status, choice_variables
 from scepsy_opt.mincost import gpu_prices, prune_for_cost
 from scepsy_opt.plans import Plan, Status, plan_from_choice
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
@@ -237,13 +237,7 @@ def _model(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
     aggregate per type); ``objective`` "cost" or "latency" (then the cost at most
     ``cost_cap``)."""
     prob = pulp.LpProblem("scepsy_mixed", pulp.LpMinimize)
-    ys: Vars = {}
-    k = 0
-    for m in sorted(options):
-        ys[m] = []
-        for p in options[m]:
-            ys[m].append((p, prob.add_variable(f"y{k}", 0, 1, pulp.LpBinary)))
-            k += 1
+    ys: Vars = choice_variables(prob, options)  # one binary per portion
     types = sorted(caps)
     if aggregate:
         gp = {g: prob.add_variable(f"n{i}", 0, caps[g], pulp.LpInteger)
