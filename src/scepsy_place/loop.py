@@ -272,7 +272,7 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         # On wholly free GPUs the split formulation's bound holds for every plan the others
         # make (one LLM on one shape is a split into one group), so it replaces theirs; GPUs
         # partly in use are open to the others only, so then the lower of the two holds
-        whole = all(n.free_units(i) == UNITS for n in top.nodes for i in range(n.gpus))
+        whole = _whole_free(top) == top.budgets()
         bound = (0.0 if mixed_bound is None else mixed_bound if whole
                  else min(bound, mixed_bound))
     placed = {k: r for k, r in tried.items() if r.placed}
@@ -416,6 +416,14 @@ def mixing_applies(problem: PlanningProblem) -> bool:
             and not problem.options.latency_bounds and problem.options.current is None)
 
 
+def _whole_free(topology: Topology) -> dict[str, int]:
+    """Per GPU type of ``topology``, its wholly free GPUs (sorted by type)."""
+    out: dict[str, int] = {}
+    for n in topology.nodes:
+        out[n.gpu] = out.get(n.gpu, 0) + sum(n.free_units(i) == UNITS for i in range(n.gpus))
+    return dict(sorted(out.items()))
+
+
 def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mapping[str, float],
                     deadline: Deadline, kw: Mapping[str, Any],
                     ) -> tuple[PlacedPlan, float | None]:
@@ -426,10 +434,7 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
     leaves replicas out); and the price bound it proves for every plan, split or not, on
     wholly free GPUs (None when it found no plan)."""
     t0 = time.perf_counter()
-    caps: dict[str, int] = {}
-    for n in topology.nodes:  # whole free GPUs: the groups take whole GPUs
-        caps[n.gpu] = caps.get(n.gpu, 0) + sum(n.free_units(i) == UNITS for i in range(n.gpus))
-    mx = solve_mixed(problem, caps=caps, deadline=deadline, prices=prices)
+    mx = solve_mixed(problem, caps=_whole_free(topology), deadline=deadline, prices=prices)
     if not mx.feasible:
         status: LoopStatus = ("infeasible" if mx.status == "infeasible" else "time_limit")
         plan = (time_limit_plan("milp") if status == "time_limit" else
