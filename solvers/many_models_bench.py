@@ -50,12 +50,12 @@ OVERRUN_REL, OVERRUN_ABS = 0.10, 1.0
 
 
 def max_throughput(n: int, gpus: int, limit: float, seed: int, copies: bool = True,
-                   ) -> dict[str, Any]:
+                   formulation: str = "auto") -> dict[str, Any]:
     problem = many_models_problem(n, gpus, roofline_model(), seed=seed, copies=copies,
                                   options=PlanOptions(objective="max-throughput",
                                                       time_limit_s=limit))
     t0, c0 = time.perf_counter(), time.process_time()
-    res = plan_and_place(problem, from_cluster(problem.cluster), formulation="auto")
+    res = plan_and_place(problem, from_cluster(problem.cluster), formulation=formulation)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     bound = res.plan.stats.get("scale_bound")
     scale = res.plan.scale if res.placed else 0.0
@@ -66,11 +66,11 @@ def max_throughput(n: int, gpus: int, limit: float, seed: int, copies: bool = Tr
 
 
 def min_latency(n: int, gpus: int, limit: float, seed: int, scale: float, copies: bool = True,
-                ) -> dict[str, Any]:
+                formulation: str = "auto") -> dict[str, Any]:
     problem = many_models_problem(n, gpus, roofline_model(), seed=seed, copies=copies,
                                   options=PlanOptions(time_limit_s=limit)).scaled(scale)
     t0 = time.perf_counter()
-    res = plan_and_place(problem, from_cluster(problem.cluster), formulation="auto")
+    res = plan_and_place(problem, from_cluster(problem.cluster), formulation=formulation)
     return {"status": res.status, "objective_s": res.plan.objective_s if res.placed else None,
             "gap": res.gap, "wall_s": time.perf_counter() - t0}
 
@@ -83,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-min-latency", action="store_true")
     ap.add_argument("--zipf-over-all", action="store_true",
                     help="one Zipf popularity over all N LLMs instead of copies of 16 (no floor)")
+    ap.add_argument("--formulation", default="auto",
+                    help="the placement formulation of every run (default auto)")
     ap.add_argument("--out", default="many_models_bench")
     args = ap.parse_args(argv)
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
@@ -94,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{n} LLMs / {g} GPUs ...", file=sys.stderr, flush=True)
         row: dict[str, Any] = {"llms": n, "gpus": g, "time_limit_s": limit,
                                **isolated(lambda n=n, g=g: max_throughput(
-                                   n, g, limit, args.seed, not args.zipf_over_all))}
+                                   n, g, limit, args.seed, not args.zipf_over_all, args.formulation))}
         copies = n // BLOCK[0]
         if n % BLOCK[0] == 0 and g == copies * BLOCK[1] and not args.zipf_over_all:
             if floor_row is None:
                 floor_row = (dict(row) if (n, g) == BLOCK else
-                             isolated(lambda: max_throughput(*BLOCK, limit, args.seed)))
+                             isolated(lambda: max_throughput(*BLOCK, limit, args.seed,
+                                                                formulation=args.formulation)))
             row["floor"] = floor_row.get("scale")
             row["floor_copies"] = copies
         if row.get("wall_s", 0.0) > limit * (1 + OVERRUN_REL) + OVERRUN_ABS:
@@ -109,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
                             f"{row['floor']:.4f}")
         if not args.no_min_latency and row.get("scale", 0.0) > 0:
             row["min_latency"] = isolated(lambda n=n, g=g, s=row["scale"]: min_latency(
-                n, g, limit, args.seed, 0.8 * s, not args.zipf_over_all))
+                n, g, limit, args.seed, 0.8 * s, not args.zipf_over_all, args.formulation))
         rows.append(row)
     print("| LLMs / GPUs | status | scale | bound | gap | floor | wall s | CPU s | peak MB | "
           "min-latency at 0.8 (status, s, wall) |")
@@ -125,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{f(r.get('peak_mb'), '.0f')} | {ml.get('status', '–')}, "
               f"{f(ml.get('objective_s'), '.3f')}, {f(ml.get('wall_s'), '.1f')} |")
     write_local_results(args.out, {"rows": rows, "problems": problems, "time_limit_s": limit,
-                                   "seed": args.seed, "zipf_over_all": args.zipf_over_all})
+                                   "seed": args.seed, "zipf_over_all": args.zipf_over_all,
+                                   "formulation": args.formulation})
     for p in problems:
         print("PROBLEM:", p)
     return 1 if problems else 0
