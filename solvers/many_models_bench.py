@@ -105,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                 formulation=args.formulation)))
             row["floor"] = floor_row.get("scale")
             row["floor_copies"] = copies
+        if row.get("status") == "error":
+            problems.append(f"{n}x{g}: the run failed ({row.get('error', 'no detail')})")
         if row.get("wall_s", 0.0) > limit * (1 + OVERRUN_REL) + OVERRUN_ABS:
             problems.append(f"{n}x{g}: ran {row['wall_s']:.1f} s against a {limit:g} s limit")
         if row.get("floor") is not None and row.get("scale", 0.0) < row["floor"] * (1 - 1e-6):

@@ -36,7 +36,7 @@ def test_a_plan_below_its_floor_is_reported_as_a_problem(tmp_path, monkeypatch):
     sys.path.insert(0, str(SCRIPT.parent))
     import many_models_bench as bench
 
-    def fake(n, g, limit, seed, copies=True):  # runs in the forked child
+    def fake(n, g, limit, seed, copies=True, formulation="auto"):  # runs in the forked child
         scale = 1.0 if (n, g) == bench.BLOCK else 0.5
         return {"status": "placed", "plan_status": "heuristic", "formulation": "slots",
                 "scale": scale, "bound": 1.2, "gap": 1.2 / scale - 1, "wall_s": 0.1,
