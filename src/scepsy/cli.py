@@ -395,6 +395,8 @@ _REGISTERED: dict[str, tuple[str, str]] = {
                "rack drained, load changed)"),
     "record": ("scepsy.cli_record", "an OpenAI-compatible proxy that records every call it "
                "forwards as a trace"),
+    "validate": ("scepsy.cli_validate", "compare measured serving runs with scepsy's "
+                 "predictions and simulations"),
 }
 """Commands whose module adds its own parsers (``register(subparsers)``): imported only when
 named, like the others."""

@@ -75,7 +75,11 @@ from scepsy_profile.profiling.servecurve import (
 from scepsy_profile.serving import MemoryPolicy, group_cap, kv_demand
 
 TERMS = ("iteration_ms", "per_token_ms", "first_token_ms", "http_ms")
-"""The calibrated terms, in milliseconds."""
+"""The terms :func:`calibrate` fits from one machine's serving curve, in milliseconds."""
+ALL_TERMS = (*TERMS, "tp_doubling_ms")
+"""Every term of an :class:`EngineOverheads`: ``tp_doubling_ms`` grows with tensor
+parallelism, which one machine's serving curve does not vary (fitted from multi-GPU runs,
+``scepsy validate``)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class EngineOverheads:
     """Pure delay once per call before its first token (API server, queue hop)."""
     http_ms: float = 0.0
     """Pure client-side delay once per call (request and response over HTTP)."""
+    tp_doubling_ms: float = 0.0
+    """Added to every iteration per doubling of the tensor-parallel degree, ``·log2(tp)``
+    (the collectives' synchronisation and launch costs, which grow with the steps of a tree
+    all-reduce)."""
     source: str = ""
     """What it was fitted from."""
 
@@ -100,7 +108,7 @@ class EngineOverheads:
         for name in ("engine", "version", "device", "source"):
             if not isinstance(getattr(self, name), str):
                 raise InputError("engine overheads", name, "a string", getattr(self, name))
-        for name in TERMS:
+        for name in ALL_TERMS:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                     and v >= 0):
@@ -115,12 +123,16 @@ class EngineOverheads:
     @property
     def is_zero(self) -> bool:
         """Whether every term is zero (the optimistic default)."""
-        return all(getattr(self, t) == 0 for t in TERMS)
+        return all(getattr(self, t) == 0 for t in ALL_TERMS)
 
     def to_dict(self) -> dict[str, Any]:
         """The file form (:func:`save_overheads`)."""
         return asdict(self)
 
+
+MUXSERVE_A100 = Path(__file__).parent / "data" / "overheads-muxserve-a100.yaml"
+"""The bundled overheads of MuxServe's engine on A100-80GB, fitted on its measured runs (the
+default of ``scepsy validate muxserve``, docs/validate.md)."""
 
 NO_OVERHEADS = EngineOverheads("none", "", "")
 """No overheads: the documented optimistic default when nothing is calibrated."""
@@ -136,6 +148,7 @@ class _OverheadsFile(BaseModel):
     per_token_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     first_token_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     http_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    tp_doubling_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     source: str = ""
 
 
@@ -168,8 +181,9 @@ def save_overheads(overheads: EngineOverheads, path: str | os.PathLike[str]) -> 
 @dataclass(frozen=True)
 class OverheadLatencyModel:
     """A latency model whose steps include an engine's overheads: a prefill takes
-    ``inner + iteration_ms``, a decode step of ``B`` sequences ``inner + iteration_ms +
-    per_token_ms·B``; ``call_delay_s`` is the overheads' pure delay per call."""
+    ``inner + iteration_ms + tp_doubling_ms·log2(tp)``, a decode step of ``B`` sequences
+    ``inner + iteration_ms + tp_doubling_ms·log2(tp) + per_token_ms·B``; ``call_delay_s`` is
+    the overheads' pure delay per call."""
 
     inner: LatencyModel
     overheads: EngineOverheads
@@ -182,13 +196,15 @@ class OverheadLatencyModel:
     def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                    seq: ArrayLike) -> Number:
         out = self.inner.prefill_ms(model, gpu, tp, share, batch, seq)
-        return _plain(out + self.overheads.iteration_ms)
+        o = self.overheads
+        return _plain(out + o.iteration_ms + o.tp_doubling_ms * math.log2(tp))
 
     def decode_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                   ctx: ArrayLike) -> Number:
         out = self.inner.decode_ms(model, gpu, tp, share, batch, ctx)
         o = self.overheads
-        return _plain(out + (o.iteration_ms + o.per_token_ms * np.asarray(batch, dtype=float)))
+        return _plain(out + (o.iteration_ms + o.tp_doubling_ms * math.log2(tp)
+                             + o.per_token_ms * np.asarray(batch, dtype=float)))
 
     def covers(self, model: str, gpu: str, tp: int) -> bool:
         return self.inner.covers(model, gpu, tp)

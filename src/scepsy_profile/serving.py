@@ -307,6 +307,16 @@ class ServingCurve:
             out[ok] = in_service + wait
         return float(out[0]) if np.ndim(rate) == 0 else out
 
+    def in_service_s(self, rate: float) -> float:
+        """The time one call spends in service (not queueing) at ``0 < rate < μ`` (s): the
+        first term of :meth:`latency_s`."""
+        if not 0 < rate < self.mu:
+            raise InputError("query", "rate", f"a rate in (0, μ={self.mu:.6g}) calls/s", rate)
+        b, rates = self._table
+        if rate <= rates[1]:
+            return float(self.service_ms[0]) / 1e3
+        return float(np.interp(rate, rates, b)) / rate
+
     @property
     def zero_load_latency_s(self) -> float:
         """``P(k) + (O − 1)·d(1)``: one request's calls alone on the instance."""

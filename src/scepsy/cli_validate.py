@@ -1,0 +1,107 @@
+"""``scepsy validate muxserve DIR``: measured multi-LLM runs against scepsy's predictions and
+simulations (docs/validate.md). Parsing and printing only; the work is
+:mod:`scepsy_opt.validate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "compare measured serving runs with scepsy's predictions and simulations"
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``validate`` to a ``scepsy`` sub-command set; returns its parser."""
+    cmd = subparsers.add_parser("validate", help=HELP, description=HELP)
+    vsub = cmd.add_subparsers(dest="validate_command", required=True)
+    mux = vsub.add_parser(
+        "muxserve", help="MuxServe's end-to-end runs (benchmark/chatlmsys layout)",
+        description="Read MuxServe's workload and placement YAMLs and merged results in DIR, "
+        "predict and simulate every run, and print measured vs predicted vs simulated per "
+        "run and per LLM.")
+    mux.add_argument("folder", type=Path, metavar="DIR",
+                     help="a folder with yamls/ and merged/ (any subset of loads and strategies)")
+    mux.add_argument("--curves", type=Path, required=True, metavar="FILE",
+                     help="the A100 latency curves (datasets/profiles/muxserve-a100-curves.json)")
+    over = mux.add_mutually_exclusive_group()
+    over.add_argument("--overheads", type=Path, metavar="FILE",
+                      help="engine overheads (default: the bundled MuxServe A100 calibration)")
+    over.add_argument("--no-overheads", action="store_true",
+                      help="raw predictions, without engine overheads")
+    mux.add_argument("--no-simulate", action="store_true",
+                     help="predict only (the simulator replays every run otherwise)")
+    mux.add_argument("--seed", type=int, default=0, help="seed of lengths and arrivals")
+    mux.add_argument("--llms", action="store_true", help="print one table per run, per LLM")
+    mux.add_argument("--json", type=Path, metavar="FILE",
+                     help="write the results as JSON (written only when every run succeeded)")
+    mux.add_argument("--fit-overheads", type=Path, metavar="FILE",
+                     help="instead: fit the engine overheads on the spatial runs of DIR and "
+                     "write them to FILE (YAML)")
+    mux.set_defaults(func=cmd_validate_muxserve)
+    return cmd
+
+
+def cmd_validate_muxserve(args: argparse.Namespace) -> int:
+    """Run ``scepsy validate muxserve``."""
+    from scepsy.cli_util import print_rows
+    from scepsy_common.errors import InputError
+    from scepsy_common.files import atomic_write_text
+    from scepsy_opt.validate.report import (
+        RUN_COLUMNS,
+        document,
+        llm_columns,
+        llm_rows,
+        run_rows,
+        validate_muxserve,
+    )
+    from scepsy_profile.fitted import load_curves
+    from scepsy_profile.latency import CompositeLatencyModel
+    from scepsy_profile.overheads import MUXSERVE_A100, load_overheads, with_overheads
+    from scepsy_profile.roofline import roofline_model
+
+    for flag, path in (("--json", args.json), ("--fit-overheads", args.fit_overheads)):
+        if path is not None and not path.parent.is_dir():
+            raise InputError(str(path), flag, "a file in an existing folder")
+    if args.seed < 0:
+        raise InputError("validate", "--seed", "an integer >= 0", args.seed)
+    base = CompositeLatencyModel(load_curves(args.curves), roofline_model())
+    if args.fit_overheads is not None:
+        return _fit(args, base)
+    if args.no_overheads:
+        latency, model = base, f"{args.curves} (no overheads)"
+    else:
+        path = args.overheads or MUXSERVE_A100
+        latency = with_overheads(base, load_overheads(path))
+        model = f"{args.curves} + overheads {path.name}"
+    report = validate_muxserve(args.folder, latency, model=model,
+                               simulate=not args.no_simulate, seed=args.seed)
+    print(f"{args.folder}: {len(report.runs)} run(s); latency model {model}")
+    print_rows(run_rows(report), RUN_COLUMNS)
+    if args.llms:
+        for v in report.runs:
+            print()
+            print(f"{v.workload} / {v.strategy}")
+            print_rows(llm_rows(v), llm_columns(v.simulated is not None))
+    if args.json is not None:
+        atomic_write_text(args.json, json.dumps(document(report), indent=1, sort_keys=True)
+                          + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _fit(args: argparse.Namespace, base: object) -> int:
+    from scepsy_opt.validate.fit import fit_overheads
+    from scepsy_opt.validate.muxserve import load_muxserve_dir
+    from scepsy_profile.overheads import save_overheads
+
+    runs = load_muxserve_dir(args.folder)
+    fit = fit_overheads(runs, base, source=f"scepsy validate muxserve {args.folder} "
+                        f"--fit-overheads (runs: {', '.join(sorted({r.workload for r in runs}))})")
+    o = fit.overheads
+    print(f"fitted on {len(fit.runs)} run(s): iteration_ms {o.iteration_ms:g}, "
+          f"tp_doubling_ms {o.tp_doubling_ms:g}")
+    save_overheads(o, args.fit_overheads)
+    print(f"wrote {args.fit_overheads}")
+    return 0

@@ -1,0 +1,281 @@
+"""Measured against predicted and simulated: one MuxServe run at a time (docs/validate.md).
+
+Each LLM of a run becomes one instance: its mesh's GPU type, its tensor parallelism, its
+weights plus its part of the mesh's KV memory (the mesh's ``gpu_memory_utilization`` split in
+proportion to the ``max_num_seqs`` of its LLMs), ``max_num_seqs`` as the batch limit, and
+prefill and decode shares from its MPS limits contended by the busy co-runners of its mesh
+(:func:`scepsy_profile.mps.contended_shares`, iterated to a fixed point with the busy
+fractions the instances predict). Its requests are one-call requests with the workload's mean
+prompt and output lengths (log-normal prompts and exponential outputs, both with a coefficient
+of variation of 1, each clipped to :data:`MAX_TOKENS`), arriving as a Poisson stream at the
+LLM's rate, as many as the run measured.
+
+* **predicted**: the finite-run model on the instance's serving curve
+  (:func:`scepsy_opt.validate.finite.finite_run`);
+* **simulated**: the discrete-event simulator (``scepsy_opt.simulate``) replays the same
+  requests on the same instance, with the contended shares.
+
+A run's figures are its LLMs' combined: throughput the sum of what each served, mean latency
+and p90 TTFT the request-weighted means (weights: the measured request counts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from scepsy_common.errors import InputError
+from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.pipeline import instance_curve, llm_demand
+from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
+from scepsy_opt.simulate import simulate
+from scepsy_opt.validate.finite import FiniteRun, busy_fraction, finite_run, operating_point
+from scepsy_opt.validate.muxserve import GPU, Mesh, MuxRun
+from scepsy_opt.workflows import Distribution
+from scepsy_profile.catalog import default_catalog
+from scepsy_profile.latency import LatencyModel
+from scepsy_profile.mps import Contended, CoRunner, PhaseShareModel, contended_shares
+from scepsy_profile.serving import MemoryPolicy, ServingCurve
+
+GIB = 1024**3
+FIXED_POINT_ROUNDS = 30
+MAX_TOKENS = 1024
+"""The longest prompt and the longest output (tokens; at most half the model's context)."""
+MAX_BATCH = 2048
+"""The batch limit: MuxServe's runs batch beyond their ``max_num_seqs`` (decode batches of 380
+with a limit of 256 were measured), so the KV cache is what limits a batch."""
+DAMPING = 0.5
+STATS_REQUESTS = 2000  # one-call requests behind each LLM's length statistics
+SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "mps",
+                                               "temporal": "turns"})
+"""How each strategy's co-located LLMs share a mesh (:func:`scepsy_profile.mps.contended_shares`)."""
+INTERFERENCE: Mapping[str, float] = MappingProxyType({"spatial": 0.0, "flexsm": 0.0,
+                                                      "temporal": 0.0})
+"""``α`` per strategy (:mod:`scepsy_profile.mps`): the slowdown per busy co-runner."""
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One LLM's or one run's figures (seconds, req/s); ``overloaded``: LLMs whose rate
+    exceeds what their instance serves (predicted), or that served less than 90% of their
+    rate (measured)."""
+
+    throughput: float
+    mean_latency_s: float
+    p90_ttft_s: float
+    mean_ttft_s: float
+    mean_tpot_s: float
+    overloaded: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RunValidation:
+    """One run: measured, predicted and simulated, per LLM and combined, with the shares each
+    LLM got."""
+
+    workload: str
+    strategy: str
+    measured: Figures
+    predicted: Figures
+    simulated: Figures | None
+    llms: Mapping[str, Mapping[str, Figures]]  # LLM -> {"measured"|"predicted"|"simulated"}
+    shares: Mapping[str, Contended] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _LLM:
+    name: str
+    model: str
+    rate: float
+    requests: int
+    instance: Instance
+    policy: MemoryPolicy
+    limits: tuple[float, float]
+
+
+def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = True,
+                 seed: int = 0, interference: Mapping[str, float] | None = None,
+                 queued: float = 0.0) -> RunValidation:
+    """Measured vs predicted (and simulated) for ``run`` with ``latency`` (the module
+    docstring)."""
+    alpha = (interference or INTERFERENCE).get(run.strategy, 0.0)
+    llms = {m.name: _llm(run, mesh, m) for mesh in run.meshes for m in mesh.llms}
+    workload = _workload(run)
+    stats = rate_stats(workload, STATS_REQUESTS, seed)
+    models = {m: x.model for m, x in llms.items()}
+    rates = {m: x.rate for m, x in llms.items()}
+    demands = {m: llm_demand(stats, models, rates, m) for m in llms}
+    shares = _fixed_point(run.meshes, llms, demands, latency, SHARING[run.strategy], alpha)
+    per: dict[str, dict[str, Figures]] = {}
+    predicted: dict[str, Figures] = {}
+    simulated: dict[str, Figures] = {}
+    for m, x in llms.items():
+        lat = _phase_model(latency, shares[m])
+        curve = _curve(x, demands[m], lat)
+        fin = finite_run(curve, x.rate, x.requests, queued)
+        predicted[m] = _of_finite(fin)
+        if simulate_runs:
+            simulated[m] = _simulated(workload, m, x, lat, curve, seed)
+    measured = {m: _of_measured(run, m) for m in llms}
+    for m in llms:
+        per[m] = {"measured": measured[m], "predicted": predicted[m]}
+        if simulate_runs:
+            per[m]["simulated"] = simulated[m]
+    weights = {m: float(x.requests) for m, x in llms.items()}
+    return RunValidation(
+        run.workload, run.strategy, combine(measured, weights), combine(predicted, weights),
+        combine(simulated, weights) if simulate_runs else None,
+        MappingProxyType({m: MappingProxyType(v) for m, v in sorted(per.items())}),
+        MappingProxyType(dict(sorted(shares.items()))))
+
+
+def combine(per: Mapping[str, Figures], weights: Mapping[str, float]) -> Figures:
+    """A run's figures from its LLMs' (the module docstring)."""
+    total = sum(weights[m] for m in per)
+    if not per or total <= 0:
+        raise InputError("validate", "llms", "at least one LLM with requests", dict(weights))
+
+    def mean(key: str) -> float:
+        return sum(weights[m] * getattr(f, key) for m, f in per.items()) / total
+    return Figures(throughput=sum(f.throughput for f in per.values()),
+                   mean_latency_s=mean("mean_latency_s"), p90_ttft_s=mean("p90_ttft_s"),
+                   mean_ttft_s=mean("mean_ttft_s"), mean_tpot_s=mean("mean_tpot_s"),
+                   overloaded=tuple(sorted((m for m, f in per.items() if f.overloaded),
+                                           key=_natural)))
+
+
+def _natural(name: str) -> tuple[str, int]:
+    head, _, tail = name.rpartition("-")
+    return (head, int(tail)) if tail.isdigit() else (name, -1)
+
+
+def _workload(run: MuxRun) -> RateWorkload:
+    cat = default_catalog()
+    llms = {}
+    for m, rate in run.rates.items():
+        most = min(MAX_TOKENS, cat.model(run.models[m]).max_context // 2)
+        llms[m] = RateLLM(run.models[m], rate,
+                          Distribution.lognormal(run.prompt_mean, 1.0, min=1, max=most),
+                          Distribution.exponential(run.output_mean, min=1, max=most))
+    return RateWorkload(_name(run), llms, reference_gpu=GPU)
+
+
+def _name(run: MuxRun) -> str:
+    return f"{run.strategy}-{abs(hash(run.workload)) % 10**8}"
+
+
+def _llm(run: MuxRun, mesh: Mesh, m: object) -> _LLM:
+    from scepsy_opt.validate.muxserve import MeshLLM
+    assert isinstance(m, MeshLLM)
+    cat = default_catalog()
+    spec, gpu = cat.model(run.models[m.name]), cat.gpu(GPU)
+    weights = spec.weight_bytes_per_gpu(m.tp) / GIB
+    seqs = sum(x.max_num_seqs for x in mesh.llms)  # the KV pool split as MuxServe sizes it
+    kv = mesh.memory_utilization * gpu.memory_gib * m.max_num_seqs / seqs
+    memory = min(1.0, (weights + kv) / gpu.memory_gib)
+    policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0, max_batch=MAX_BATCH)
+    inst = Instance(GPU, m.tp, m.decode_pct / 100.0, 1, memory)
+    return _LLM(m.name, run.models[m.name], run.rates[m.name], run.measured[m.name].requests,
+                inst, policy, (m.prefill_pct / 100.0, m.decode_pct / 100.0))
+
+
+def _phase_model(latency: LatencyModel, c: Contended) -> PhaseShareModel:
+    return PhaseShareModel(latency, c.prefill, c.decode, c.slowdown)
+
+
+def _curve(x: _LLM, demand: object, lat: LatencyModel) -> ServingCurve:
+    return instance_curve(demand, lat, x.instance.gpu, x.instance.tp,  # type: ignore[arg-type]
+                          x.instance.share, policy=x.policy, memory_share=x.instance.memory)
+
+
+def _fixed_point(meshes: Sequence[Mesh], llms: Mapping[str, _LLM], demands: Mapping[str, object],
+                 latency: LatencyModel, sharing: str, alpha: float) -> dict[str, Contended]:
+    """The contended shares of every LLM, with the busy fractions its instance predicts at
+    them (damped iteration from idle co-runners); steps alone from each LLM's own limits."""
+    out: dict[str, Contended] = {}
+    for mesh in meshes:
+        names = [x.name for x in mesh.llms]
+        alone = {m: Contended(*llms[m].limits, 1.0) for m in names}
+        if len(names) == 1:
+            out.update(alone)
+            continue
+        step = {}
+        for m in names:
+            curve = _curve(llms[m], demands[m], _phase_model(latency, alone[m]))
+            _, in_service = operating_point(curve, llms[m].rate)
+            step[m] = 1e3 * in_service / max(curve.output_tokens, 1.0)
+        busy = dict.fromkeys(names, 0.0)
+        for _ in range(FIXED_POINT_ROUNDS):
+            shares = contended_shares({m: CoRunner(*llms[m].limits, busy[m], step[m])
+                                       for m in names}, sharing, alpha)
+            new = {}
+            for m in names:
+                curve = _curve(llms[m], demands[m], _phase_model(latency, shares[m]))
+                new[m] = busy_fraction(operating_point(curve, llms[m].rate)[0])
+            moved = max(abs(new[m] - busy[m]) for m in names)
+            busy = {m: DAMPING * busy[m] + (1 - DAMPING) * new[m] for m in names}
+            if moved < 1e-4:
+                break
+        out.update(contended_shares({m: CoRunner(*llms[m].limits, busy[m], step[m])
+                                     for m in names}, sharing, alpha))
+    return out
+
+
+def _of_finite(f: FiniteRun) -> Figures:
+    return Figures(f.throughput, f.mean_latency_s, f.p90_ttft_s, f.mean_ttft_s, f.mean_tpot_s,
+                   ("yes",) if f.overloaded else ())
+
+
+MEASURED_OVERLOAD = 0.9
+"""A measured LLM is overloaded when it served less than this fraction of its rate."""
+
+
+def _of_measured(run: MuxRun, m: str) -> Figures:
+    x = run.measured[m]
+    over = x.throughput < MEASURED_OVERLOAD * run.rates[m] * x.requests / (
+        x.requests + run.rates[m] * x.mean_latency_s(run.output_mean))
+    return Figures(x.throughput, x.mean_latency_s(run.output_mean), x.p90_ttft_s, x.ttft_mean_s,
+                   x.tpot_mean_s, ("yes",) if over else ())
+
+
+def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
+               curve: ServingCurve, seed: int) -> Figures:
+    one = RateWorkload(workload.name, {m: workload.llms[m]}, reference_gpu=GPU)
+    trace = rate_trace(one, min(x.requests, STATS_REQUESTS), seed)
+    res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
+                   requests=x.requests, seed=seed, policy=x.policy, warmup_fraction=0.0,
+                   record_events=True)
+    reqs = [r for r in res.requests if r.end_s is not None]
+    if not reqs:
+        return Figures(0.0, math.inf, math.inf, math.inf, math.inf, ("yes",))
+    first = min(r.arrival_s for r in res.requests)
+    last = max(r.end_s for r in reqs if r.end_s is not None)
+    lat_s = np.array([r.latency_s for r in reqs], dtype=float)
+    log = res.call_log or ()
+    waits = np.array([e.start_s - e.ready_s for e in log if e.start_s is not None], dtype=float)
+    pre = float(res.llms[m].mean_prefill_batch) or 1.0
+    prefill = float(lat.prefill_ms(x.model, x.instance.gpu, x.instance.tp, x.instance.share,
+                                   pre, curve.input_tokens)) / 1e3
+    ttft = waits + prefill
+    tpot = (lat_s.mean() - ttft.mean()) / max(curve.output_tokens - 1.0, 1.0)
+    thr = len(reqs) / (last - first) if last > first else 0.0
+    return Figures(thr, float(lat_s.mean()), float(np.percentile(ttft, 90)), float(ttft.mean()),
+                   float(tpot), ("yes",) if res.unfinished > 0 or grew(lat_s) else ())
+
+
+GROWTH = 2.0
+"""A run whose last quarter of requests waited this many times longer than its first quarter
+was overloaded: its latency grew with the run's length."""
+
+
+def grew(latencies: np.ndarray) -> bool:
+    """Whether the latencies (in arrival order) of the last quarter average :data:`GROWTH`
+    times those of the first quarter or more."""
+    q = len(latencies) // 4
+    if q < 1:
+        return False
+    return float(np.mean(latencies[-q:])) >= GROWTH * float(np.mean(latencies[:q]))

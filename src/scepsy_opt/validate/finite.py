@@ -1,0 +1,128 @@
+"""A finite run on one LLM instance: what ``N`` requests arriving at rate ``λ`` see
+(docs/validate.md, "Finite runs and overload").
+
+The steady state (:class:`~scepsy_profile.serving.ServingCurve`) answers for a run that lasts
+forever; a measured run has ``N`` arrivals over ``T = N/λ`` and ends when the last one is
+served. With ``μ`` the instance's saturation throughput:
+
+* **not overloaded** (``λ < μ``): the queueing wait of the steady state, but at most what a
+  queue can build in ``N`` arrivals. Near ``ρ = 1`` the queue is a reflected random walk with
+  a step variance of about 2 (Poisson arrivals and services), whose mean over ``N`` steps is
+  ``(2/3)·√2·√(2N/π) ≈ 0.75·√N`` requests, a wait of :func:`walk_wait` ``= 0.75·√N / μ``;
+* **overloaded** (``λ ≥ μ``): the backlog grows at ``λ − μ``; request ``k`` waits
+  ``k·(1/μ − 1/λ)``, ``(N − 1)/2·(1/μ − 1/λ)`` on average (at least the random walk's wait),
+  and is served in a full batch (``B_max/μ``).
+
+Throughput is what the run served: ``N`` over the time from the first arrival to the last
+completion, ``max(N/λ, N/μ) + L`` with ``L`` the last request's service. TTFT is the wait plus
+the prefill of its group; TPOT the rest of the in-service time over ``O − 1`` tokens. A wait's
+90th percentile is ``ln 10`` times its mean (exponential) without overload, and 1.8 times the
+backlog's mean (uniform over ``[0, max]``) with it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from scepsy_common.errors import InputError
+from scepsy_profile.serving import ServingCurve
+
+WALK = 0.75
+"""The random walk's mean queue over ``N`` arrivals, in units of ``√N`` requests."""
+QUEUED = 0.0
+"""The default of :func:`finite_run`'s ``queued``: only what the KV cache cannot admit waits."""
+P90_EXP = math.log(10.0)
+P90_UNIFORM = 1.8
+
+
+@dataclass(frozen=True)
+class FiniteRun:
+    """One LLM's figures over a finite run (seconds, req/s)."""
+
+    throughput: float
+    mean_latency_s: float
+    mean_ttft_s: float
+    p90_ttft_s: float
+    mean_tpot_s: float
+    overloaded: bool
+    busy: float  # the fraction of time it has work (:func:`busy_fraction`)
+
+
+def operating_point(curve: ServingCurve, rate: float) -> tuple[float, float]:
+    """``(calls in service, in-service time of a call in s)`` at ``rate``: the steady state's
+    below μ, a full batch at and beyond it."""
+    if rate < curve.mu:
+        return float(curve.batch_at_rate(rate)), curve.in_service_s(rate)
+    return float(curve.max_batch), curve.max_batch / curve.mu
+
+
+def busy_fraction(batch: float) -> float:
+    """The fraction of time an instance with ``batch`` calls in service on average has at
+    least one (Poisson: ``1 − e^−B``): while it has one it runs kernels."""
+    return 1.0 - math.exp(-max(batch, 0.0))
+
+
+def walk_wait(requests: int, mu: float) -> float:
+    """The mean wait a random-walk queue builds over ``requests`` arrivals at ``ρ ≈ 1``."""
+    return WALK * math.sqrt(requests) / mu
+
+
+def finite_run(curve: ServingCurve, rate: float, requests: int,
+               queued: float = QUEUED) -> FiniteRun:
+    """The figures of ``requests`` Poisson arrivals at ``rate`` (req/s) on the instance of
+    ``curve`` (module docstring); ``queued``: the part of an overload's backlog that waits
+    before its first token even where the KV cache would admit it (in [0, 1])."""
+    if not 0 <= queued <= 1:
+        raise InputError("finite run", "queued", "a fraction in [0, 1]", queued)
+    if not (math.isfinite(rate) and rate > 0):
+        raise InputError("finite run", "rate", "a rate > 0 (req/s)", rate)
+    if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
+        raise InputError("finite run", "requests", "an integer >= 1", requests)
+    if not curve.feasible:
+        raise InputError("finite run", "curve", "a feasible instance (the model and one call "
+                         "fit its memory)", curve.model)
+    mu, o, n = curve.mu, curve.output_tokens, requests
+    walk = walk_wait(n, mu)
+    batch, in_service = operating_point(curve, rate)
+    if rate < mu:
+        wait = min(_steady_wait(curve, rate), walk)
+        first, p90_first = wait, P90_EXP * wait
+        span = n / rate
+    else:
+        drift = (n - 1) / 2.0 * (1.0 / mu - 1.0 / rate)
+        wait = max(drift, walk)
+        first, p90_first = _admission_wait(n, rate, mu, batch)
+        first = max(first, queued * drift)
+        p90_first = max(p90_first, queued * P90_UNIFORM * drift)
+        span = n / mu
+    prefill = _prefill_s(curve, batch)
+    latency = wait + in_service
+    tpot = max(latency - first - prefill, 0.0) / max(o - 1.0, 1.0)
+    return FiniteRun(throughput=n / (span + in_service), mean_latency_s=latency,
+                     mean_ttft_s=first + prefill, p90_ttft_s=p90_first + prefill,
+                     mean_tpot_s=tpot, overloaded=rate >= mu, busy=busy_fraction(batch))
+
+
+def _admission_wait(n: int, rate: float, mu: float, admitted: float) -> tuple[float, float]:
+    """Mean and 90th percentile of the wait before the first token in an overload: the ``k``-th
+    arrival finds ``k·(1 − μ/λ)`` calls in the system, and waits only for those beyond the
+    ``admitted`` ones (``(k·(1 − μ/λ) − admitted)⁺ / μ``)."""
+    c = 1.0 - mu / rate
+    if c <= 0:
+        return 0.0, 0.0
+    k0 = admitted / c
+    mean = c * (n - k0) ** 2 / (2.0 * n * mu) if n > k0 else 0.0
+    return mean, max(0.0, 0.9 * n * c - admitted) / mu
+
+
+def _steady_wait(curve: ServingCurve, rate: float) -> float:
+    """The steady state's queueing wait at ``rate < μ``: latency less the in-service time."""
+    return max(float(curve.latency_s(rate)) - curve.in_service_s(rate), 0.0)
+
+
+def _prefill_s(curve: ServingCurve, batch: float) -> float:
+    """The prefill of the group a call joins at ``batch`` calls in service."""
+    g = float(curve.group(batch))
+    return float(curve.latency_model.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share,
+                                                g, curve.input_tokens)) / 1e3

@@ -1,0 +1,76 @@
+"""Engine overheads fitted from measured multi-GPU runs (docs/validate.md, "Calibration").
+
+The overheads of a GPU engine (:class:`~scepsy_profile.overheads.EngineOverheads`) that a step
+profile does not see are fitted on the runs where an LLM is alone on its GPUs (MuxServe's
+``spatial``) and was not overloaded: there its time per output token is the serving model's
+decode step, its prefill stalls and the overheads, with no co-runner in the way. The fit is a
+grid search over ``iteration_ms`` and ``tp_doubling_ms`` minimising the mean squared log-ratio of
+predicted to measured TPOT over those LLMs (the smallest on ties, so the search is
+deterministic). Runs of other strategies are not used, so the co-location model
+(:mod:`scepsy_profile.mps`) is checked, not fitted, on them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from scepsy_common.errors import InputError
+from scepsy_opt.validate.evaluate import validate_run
+from scepsy_opt.validate.muxserve import GPU, MuxRun
+from scepsy_profile.latency import LatencyModel
+from scepsy_profile.overheads import EngineOverheads, with_overheads
+
+GRID_MS = (0.0, 2.5, 5.0, 7.5, 10.0, 15.0)
+"""The values tried for each term (ms)."""
+FIT_STRATEGY = "spatial"
+
+
+@dataclass(frozen=True)
+class FitPoint:
+    iteration_ms: float
+    tp_doubling_ms: float
+    score: float  # mean squared log-ratio of predicted to measured TPOT
+    llms: int  # LLMs it was computed on
+
+
+@dataclass(frozen=True)
+class OverheadsFit:
+    overheads: EngineOverheads
+    points: tuple[FitPoint, ...]
+    runs: tuple[str, ...]  # "workload/strategy" of the runs fitted on
+
+
+def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
+                  grid: Sequence[float] = GRID_MS, version: str = "",
+                  source: str = "") -> OverheadsFit:
+    """The overheads that fit the :data:`FIT_STRATEGY` runs of ``runs`` best (module
+    docstring)."""
+    used = [r for r in runs if r.strategy == FIT_STRATEGY]
+    if not used:
+        raise InputError("validate", "runs", f"at least one {FIT_STRATEGY} run to fit on",
+                         sorted({r.strategy for r in runs}))
+    if not grid or any(not (math.isfinite(g) and g >= 0) for g in grid):
+        raise InputError("validate", "grid", "values >= 0 (ms)", tuple(grid))
+    points: list[FitPoint] = []
+    for it, rank in itertools.product(sorted(set(grid)), repeat=2):
+        over = EngineOverheads("muxserve", version, GPU, iteration_ms=it, tp_doubling_ms=rank)
+        lat = with_overheads(latency, over)
+        errs: list[float] = []
+        for run in used:
+            v = validate_run(run, lat, simulate_runs=False)
+            for fig in v.llms.values():
+                m, p = fig["measured"], fig["predicted"]
+                if not m.overloaded and m.mean_tpot_s > 0 and p.mean_tpot_s > 0:
+                    errs.append(math.log(p.mean_tpot_s / m.mean_tpot_s) ** 2)
+        if errs:
+            points.append(FitPoint(it, rank, sum(errs) / len(errs), len(errs)))
+    if not points:
+        raise InputError("validate", "runs", "an LLM that was not overloaded to fit on")
+    best = min(points, key=lambda p: (round(p.score, 12), p.iteration_ms + p.tp_doubling_ms,
+                                      p.iteration_ms))
+    over = EngineOverheads("muxserve", version, GPU, iteration_ms=best.iteration_ms,
+                           tp_doubling_ms=best.tp_doubling_ms, source=source)
+    return OverheadsFit(over, tuple(points), tuple(f"{r.workload}/{r.strategy}" for r in used))

@@ -1,0 +1,270 @@
+"""Reader of MuxServe's measured end-to-end runs (benchmark/chatlmsys, docs/validate.md).
+
+A folder holds, for one or more loads (workloads) and strategies:
+
+* ``yamls/<workload>.yaml``: the cluster (``nnodes``, ``ngpus_per_node``), each LLM's model
+  (a checkpoint path whose last part is a catalog model, e.g. ``.../llama-13b``) and mean
+  request ``rate`` (req/s), the mean prompt and output lengths (``avg_prompt_len``,
+  ``avg_output_len``);
+* ``yamls/<strategy>/<workload>_GPUnum<G>_mesh_size<k>_idx<i>[_<strategy>].yaml``: one mesh of
+  the placement: ``num_gpus``, ``gpu_memory_utilization`` (the mesh's fraction of each GPU's
+  memory for KV caches, on top of the weights) and its LLMs with ``tensor_parallel_size``,
+  ``mps_percentage: [prefill, decode]`` and ``max_num_seqs``;
+* ``merged/merged_<workload>_placement_<workload>_GPUnum<G>_<strategy>.json``: what was
+  measured per LLM (throughput, request count, mean TTFT and TPOT, p90/p95/p99 of TTFT, TPOT
+  and request latency).
+
+A run is one (workload, strategy) with a merged file; its meshes must place every LLM of the
+workload exactly once. Anything malformed is an :class:`InputError` naming the file and the
+field.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from scepsy_common.errors import InputError
+from scepsy_common.files import read_json, read_yaml
+from scepsy_profile.catalog import default_catalog
+
+STRATEGIES = ("spatial", "flexsm", "temporal")
+"""MuxServe's placement strategies: one LLM per mesh; LLMs sharing a mesh under MPS; LLMs of
+a mesh taking turns on its GPUs."""
+GPU = "A100-80GB"
+"""The GPU of MuxServe's runs (32 A100-80GB)."""
+_MESH = re.compile(r"^(?P<w>.+)_GPUnum(?P<g>\d+)_mesh_size(?P<k>\d+)_idx(?P<i>\d+)"
+                   r"(?:_(?P<s>spatial|flexsm|temporal))?$")
+
+
+@dataclass(frozen=True)
+class MeshLLM:
+    """One LLM of a mesh: its tensor parallelism, MPS limits (percent of the SMs) for prefill
+    and decode, and its batch limit."""
+
+    name: str
+    tp: int
+    prefill_pct: float
+    decode_pct: float
+    max_num_seqs: int
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """GPUs that serve some LLMs together (``source``: its file)."""
+
+    source: str
+    gpus: int
+    memory_utilization: float
+    max_num_seqs: int  # the mesh's batch limit
+    llms: tuple[MeshLLM, ...]
+
+
+@dataclass(frozen=True)
+class MeasuredLLM:
+    """What one LLM's clients measured (seconds, req/s)."""
+
+    throughput: float
+    requests: int
+    ttft_mean_s: float
+    tpot_mean_s: float
+    p90_ttft_s: float
+    p99_ttft_s: float
+    p90_latency_s: float
+    p99_latency_s: float
+    p90_tpot_s: float
+
+    def mean_latency_s(self, output_mean: float) -> float:
+        """The mean request latency: TTFT plus ``output_mean − 1`` mean TPOTs (MuxServe
+        reports no mean latency; this is its expectation when a request's TPOT and output
+        length are uncorrelated)."""
+        return self.ttft_mean_s + self.tpot_mean_s * max(output_mean - 1.0, 0.0)
+
+
+@dataclass(frozen=True)
+class MuxRun:
+    """One measured run: a workload under one strategy."""
+
+    workload: str
+    strategy: str
+    nodes: int
+    gpus_per_node: int
+    rates: Mapping[str, float]
+    models: Mapping[str, str]
+    prompt_mean: float
+    output_mean: float
+    meshes: tuple[Mesh, ...]
+    measured: Mapping[str, MeasuredLLM]
+
+    def mesh_of(self, llm: str) -> Mesh:
+        return next(m for m in self.meshes if any(x.name == llm for x in m.llms))
+
+
+def load_muxserve_dir(path: str | Path) -> tuple[MuxRun, ...]:
+    """Every run in ``path`` (the layout of the module docstring), sorted by workload and
+    strategy (:data:`STRATEGIES` order)."""
+    root = Path(path)
+    if not root.is_dir():
+        raise InputError(str(root), "", "a folder of MuxServe results (yamls/, merged/)")
+    ydir = root / "yamls"
+    workloads = sorted(p for p in ydir.glob("*.yaml")) if ydir.is_dir() else []
+    if not workloads:
+        raise InputError(str(ydir), "", "one or more workload files yamls/<workload>.yaml")
+    runs: list[MuxRun] = []
+    for wfile in workloads:
+        w = _workload(wfile)
+        for strategy in STRATEGIES:
+            merged = list((root / "merged").glob(f"merged_{wfile.stem}_placement_*_{strategy}.json"))
+            if not merged:
+                continue
+            meshes = _meshes(ydir / strategy, wfile.stem, strategy, w)
+            measured = _measured(merged[0], w["rates"])
+            runs.append(MuxRun(wfile.stem, strategy, w["nodes"], w["per_node"],
+                               MappingProxyType(w["rates"]), MappingProxyType(w["models"]),
+                               w["prompt"], w["output"], meshes, MappingProxyType(measured)))
+    if not runs:
+        raise InputError(str(root / "merged"), "", "measured results merged/merged_<workload>_"
+                         "placement_..._<strategy>.json for a workload of yamls/")
+    return tuple(runs)
+
+
+def _workload(path: Path) -> dict[str, Any]:
+    src = str(path)
+    doc = _mapping(read_yaml(path, "MuxServe workload YAML"), src, "top level")
+    cluster = _mapping(doc.get("cluster"), src, "cluster")
+    models = doc.get("models")
+    if not isinstance(models, list) or not models:
+        raise InputError(src, "models", "a list of {name, model, rate}", models)
+    rates: dict[str, float] = {}
+    names: dict[str, str] = {}
+    for i, entry in enumerate(models):
+        e = _mapping(entry, src, f"models[{i}]")
+        name = e.get("name")
+        if not isinstance(name, str) or not name or name in rates:
+            raise InputError(src, f"models[{i}].name", "a unique LLM name", name)
+        rates[name] = _num(e.get("rate"), src, f"models[{i}].rate", "a rate >= 0 (req/s)", 0.0)
+        names[name] = _model(e.get("model"), src, f"models[{i}].model")
+    return {"nodes": _int(cluster.get("nnodes"), src, "cluster.nnodes"),
+            "per_node": _int(cluster.get("ngpus_per_node"), src, "cluster.ngpus_per_node"),
+            "rates": rates, "models": names,
+            "prompt": _num(doc.get("avg_prompt_len"), src, "avg_prompt_len",
+                           "a mean prompt length >= 1 (tokens)", 1.0),
+            "output": _num(doc.get("avg_output_len"), src, "avg_output_len",
+                           "a mean output length >= 1 (tokens)", 1.0)}
+
+
+def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any]) -> tuple[Mesh, ...]:
+    files = []
+    for p in sorted(folder.glob(f"{stem}_GPUnum*_mesh_size*_idx*.yaml")) if folder.is_dir() else []:
+        m = _MESH.match(p.stem)
+        if m and m.group("w") == stem and m.group("s") in (None, strategy):
+            files.append((int(m.group("i")), p))
+    if not files:
+        raise InputError(str(folder), "", f"the {strategy} placement of {stem}: files "
+                         f"{stem}_GPUnum<G>_mesh_size<k>_idx<i>.yaml")
+    meshes: list[Mesh] = []
+    placed: dict[str, str] = {}
+    for _, p in sorted(files):
+        src = str(p)
+        doc = _mapping(read_yaml(p, "MuxServe mesh YAML"), src, "top level")
+        gpus = _int(doc.get("num_gpus"), src, "num_gpus")
+        util = _num(doc.get("gpu_memory_utilization"), src, "gpu_memory_utilization",
+                    "a memory fraction in (0, 1]", 0.0)
+        if not 0 < util <= 1:
+            raise InputError(src, "gpu_memory_utilization", "a memory fraction in (0, 1]", util)
+        entries = doc.get("models")
+        if not isinstance(entries, list) or not entries:
+            raise InputError(src, "models", "a list of the mesh's LLMs", entries)
+        llms: list[MeshLLM] = []
+        for i, entry in enumerate(entries):
+            e = _mapping(entry, src, f"models[{i}]")
+            name = e.get("name")
+            where = f"models[{i}]"
+            if name not in w["rates"]:
+                raise InputError(src, f"{where}.name", f"an LLM of the workload "
+                                 f"({', '.join(w['rates'])})", name)
+            if name in placed:
+                raise InputError(src, f"{where}.name", f"an LLM placed once (also in "
+                                 f"{placed[name]})", name)
+            placed[name] = src
+            if _model(e.get("model"), src, f"{where}.model") != w["models"][name]:
+                raise InputError(src, f"{where}.model", f"the workload's model of {name} "
+                                 f"({w['models'][name]})", e.get("model"))
+            tp = _int(e.get("tensor_parallel_size"), src, f"{where}.tensor_parallel_size")
+            if tp > gpus:
+                raise InputError(src, f"{where}.tensor_parallel_size",
+                                 f"at most the mesh's {gpus} GPUs", tp)
+            pct = e.get("mps_percentage")
+            if not isinstance(pct, list) or len(pct) != 2:
+                raise InputError(src, f"{where}.mps_percentage",
+                                 "[prefill %, decode %] of the SMs", pct)
+            pre, dec = (_num(v, src, f"{where}.mps_percentage[{j}]", "a percentage in (0, 100]",
+                             0.0) for j, v in enumerate(pct))
+            if not (0 < pre <= 100 and 0 < dec <= 100):
+                raise InputError(src, f"{where}.mps_percentage", "percentages in (0, 100]", pct)
+            seqs = _int(e.get("max_num_seqs", doc.get("max_num_seqs")), src,
+                        f"{where}.max_num_seqs")
+            llms.append(MeshLLM(name, tp, pre, dec, seqs))
+        meshes.append(Mesh(src, gpus, util, _int(doc.get("max_num_seqs"), src, "max_num_seqs"),
+                           tuple(llms)))
+    missing = [m for m in w["rates"] if m not in placed]
+    if missing:
+        raise InputError(str(folder), f"{stem} {strategy}", "a mesh for every LLM of the "
+                         f"workload (none places {', '.join(missing)})")
+    return tuple(meshes)
+
+
+def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
+    src = str(path)
+    doc = _mapping(read_json(path, "MuxServe merged results JSON"), src, "top level")
+    out: dict[str, MeasuredLLM] = {}
+    for name in rates:
+        e = _mapping(doc.get(name), src, name)
+
+        def f(key: str, low: float = 0.0, e: Mapping[str, Any] = e, name: str = name) -> float:
+            return _num(e.get(key), src, f"{name}.{key}", f"a number >= {low:g}", low)
+        out[name] = MeasuredLLM(
+            throughput=f("throughput"), requests=_int(e.get("request_num"), src,
+                                                       f"{name}.request_num"),
+            ttft_mean_s=f("first_token_latency"), tpot_mean_s=f("output_per_token_latency"),
+            p90_ttft_s=f("p90[TTFT]"), p99_ttft_s=f("p99[TTFT]"),
+            p90_latency_s=f("p90[avg_latency]"), p99_latency_s=f("p99[avg_latency]"),
+            p90_tpot_s=f("p90[TPOT]"))
+    return out
+
+
+def _mapping(obj: object, src: str, where: str) -> Mapping[str, Any]:
+    if not isinstance(obj, Mapping):
+        raise InputError(src, where, "a mapping", type(obj).__name__)
+    return obj
+
+
+def _num(raw: object, src: str, where: str, expected: str, low: float) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, int | float) or not math.isfinite(raw) \
+            or raw < low:
+        raise InputError(src, where, expected, raw)
+    return float(raw)
+
+
+def _int(raw: object, src: str, where: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise InputError(src, where, "an integer >= 1", raw)
+    return raw
+
+
+def _model(raw: object, src: str, where: str) -> str:
+    """The catalog model a checkpoint path names (its last part, e.g. ``llama-13b``)."""
+    if not isinstance(raw, str) or not raw.strip("/"):
+        raise InputError(src, where, "a model checkpoint path ending in a catalog model name",
+                         raw)
+    base = raw.rstrip("/").rsplit("/", 1)[-1]
+    try:
+        return default_catalog().model(base).name
+    except InputError:
+        raise InputError(src, where, "a checkpoint path whose last part is a catalog model "
+                         "(e.g. .../llama-13b)", raw) from None

@@ -1,0 +1,154 @@
+"""``scepsy validate``'s request and report: every run of a folder, measured against predicted
+and simulated, and the JSON document (docs/validate.md)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from scepsy_opt.validate.evaluate import Figures, RunValidation, validate_run
+from scepsy_opt.validate.muxserve import load_muxserve_dir
+from scepsy_profile.latency import LatencyModel
+
+SOURCES = ("measured", "predicted", "simulated")
+FORMAT = "scepsy-validate/1"
+
+
+@dataclass(frozen=True)
+class ValidationReport:
+    """Every run of ``folder``, and the latency model's description (``model``)."""
+
+    folder: str
+    model: str
+    runs: tuple[RunValidation, ...]
+
+
+def validate_muxserve(folder: str | Path, latency: LatencyModel, *, model: str = "",
+                      simulate: bool = True, seed: int = 0) -> ValidationReport:
+    """Read every run in ``folder`` (:func:`~scepsy_opt.validate.muxserve.load_muxserve_dir`)
+    and validate each with ``latency`` (:func:`~scepsy_opt.validate.evaluate.validate_run`)."""
+    runs = load_muxserve_dir(folder)
+    return ValidationReport(str(folder), model, tuple(
+        validate_run(r, latency, simulate_runs=simulate, seed=seed) for r in runs))
+
+
+def error(predicted: float, measured: float) -> float:
+    """The signed relative error ``predicted / measured − 1`` (NaN without a measurement)."""
+    if not (math.isfinite(measured) and measured > 0) or not math.isfinite(predicted):
+        return math.nan
+    return predicted / measured - 1.0
+
+
+def _figures(f: Figures | None) -> dict[str, Any] | None:
+    if f is None:
+        return None
+    d = asdict(f)
+    d["overloaded"] = list(f.overloaded)
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in d.items()}
+
+
+def _llm_figures(f: Figures | None) -> dict[str, Any] | None:
+    d = _figures(f)
+    if d is not None:
+        d["overloaded"] = bool(d["overloaded"])
+    return d
+
+
+def document(report: ValidationReport) -> dict[str, Any]:
+    """The ``--json`` document: ``{"format", "folder", "model", "runs": [{"workload",
+    "strategy", "measured", "predicted", "simulated", "errors", "llms"}]}``; figures
+    ``{"throughput", "mean_latency_s", "p90_ttft_s", "mean_ttft_s", "mean_tpot_s",
+    "overloaded"}``, errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
+    runs = []
+    for v in report.runs:
+        errs = {src: {k: _finite(error(getattr(getattr(v, src), k), getattr(v.measured, k)))
+                      for k in METRICS}
+                for src in ("predicted", "simulated") if getattr(v, src) is not None}
+        runs.append({
+            "workload": v.workload, "strategy": v.strategy,
+            "measured": _figures(v.measured), "predicted": _figures(v.predicted),
+            "simulated": _figures(v.simulated), "errors": errs,
+            "llms": {m: {src: _llm_figures(f.get(src)) for src in SOURCES if src in f}
+                     for m, f in v.llms.items()},
+            "shares": {m: asdict(c) for m, c in v.shares.items()}})
+    return {"format": FORMAT, "folder": report.folder, "model": report.model, "runs": runs}
+
+
+METRICS = ("throughput", "mean_latency_s", "p90_ttft_s", "mean_ttft_s", "mean_tpot_s")
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def run_rows(report: ValidationReport) -> list[dict[str, Any]]:
+    """One row per run and source: the run's figures and their errors against measured."""
+    rows = []
+    for v in report.runs:
+        for src in SOURCES:
+            f = getattr(v, src)
+            if f is None:
+                continue
+            row: dict[str, Any] = {"workload": _short(v.workload), "strategy": v.strategy,
+                                   "source": src}
+            for k in ("throughput", "mean_latency_s", "p90_ttft_s"):
+                val = getattr(f, k)
+                row[k] = val
+                row[f"{k} err"] = ("" if src == "measured" else
+                                   _pct(error(val, getattr(v.measured, k))))
+            row["overloaded"] = len(f.overloaded)
+            rows.append(row)
+    return rows
+
+
+RUN_COLUMNS = ("workload", "strategy", "source", "throughput", "throughput err",
+               "mean_latency_s", "mean_latency_s err", "p90_ttft_s", "p90_ttft_s err",
+               "overloaded")
+
+
+def llm_rows(v: RunValidation) -> list[dict[str, Any]]:
+    """One row per LLM of a run: measured and predicted (and simulated) figures."""
+    rows = []
+    for m, f in v.llms.items():
+        row: dict[str, Any] = {"llm": m, "shares": f"{v.shares[m].prefill:.2f}/"
+                               f"{v.shares[m].decode:.2f}x{v.shares[m].slowdown:.2f}"}
+        for src in SOURCES:
+            if src not in f:
+                continue
+            tag = src[:4]
+            row[f"thr {tag}"] = f[src].throughput
+            row[f"lat {tag}"] = f[src].mean_latency_s
+            row[f"ttft90 {tag}"] = f[src].p90_ttft_s
+            row[f"tpot {tag}"] = f[src].mean_tpot_s
+        row["overloaded m/p"] = ("y" if f["measured"].overloaded else "n") + "/" + (
+            "y" if f["predicted"].overloaded else "n")
+        rows.append(row)
+    return rows
+
+
+def llm_columns(simulated: bool) -> tuple[str, ...]:
+    tags = ("meas", "pred", "simu") if simulated else ("meas", "pred")
+    return ("llm", "shares", *(f"{k} {t}" for k in ("thr", "lat", "ttft90", "tpot")
+                               for t in tags), "overloaded m/p")
+
+
+def _short(workload: str) -> str:
+    """A workload's file stem without MuxServe's common prefix."""
+    return workload.replace("requests_over_time_models_days_from_", "")
+
+
+def _pct(x: float) -> str:
+    return "" if not math.isfinite(x) else f"{100 * x:+.0f}%"
+
+
+def summary(reports: Sequence[RunValidation]) -> dict[str, float]:
+    """The largest absolute error of each metric over ``reports`` (predicted)."""
+    out = {}
+    for k in ("throughput", "mean_latency_s", "p90_ttft_s"):
+        errs = [abs(error(getattr(v.predicted, k), getattr(v.measured, k))) for v in reports]
+        out[k] = max((e for e in errs if math.isfinite(e)), default=math.nan)
+    return out
