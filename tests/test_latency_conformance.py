@@ -42,6 +42,7 @@ from scepsy_common.errors import InputError, UncoveredInstanceError
 from scepsy_profile.fitted import FittedLatencyModel
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel, measured_shares
 from scepsy_profile.overheads import EngineOverheads, OverheadLatencyModel
+from scepsy_profile.mps import PhaseShareModel
 from scepsy_profile.roofline import RooflineModel
 
 REL = 1e-12  # the documented scalar/array contract, also the slack of the monotonicity checks
@@ -113,12 +114,19 @@ def _overheads(fx: dict) -> Example:
                    uncovered=inner.uncovered)
 
 
+def _phase_shares(fx: dict) -> Example:
+    inner = _composite(fx)
+    return Example(PhaseShareModel(inner.model, prefill=0.6, decode=0.4, slowdown=1.3),
+                   covered=inner.covered, uncovered=inner.uncovered)
+
+
 # Every latency model class and how to build examples of it (from the session fixtures).
 EXAMPLES: dict[type, dict[str, Callable[[dict], Example]]] = {
     RooflineModel: {"roofline": _roofline},
     FittedLatencyModel: {"fitted-synthetic": _fitted_synthetic, "fitted-bundled": _fitted_bundled},
     CompositeLatencyModel: {"composite": _composite},
     OverheadLatencyModel: {"overheads": _overheads},
+    PhaseShareModel: {"phase-shares": _phase_shares},
 }
 NAMES = [name for builders in EXAMPLES.values() for name in builders]
 

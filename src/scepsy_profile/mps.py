@@ -38,7 +38,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from scepsy_common.errors import InputError
-from scepsy_profile.latency import LatencyModel, Number, measured_shares
+from scepsy_profile.latency import LatencyModel, Number, check_point, measured_shares
 
 INTERFERENCE = 0.0
 """``α``, the slowdown per busy co-runner beyond SM sharing (0: SMs only). The validated value
@@ -70,11 +70,13 @@ class PhaseShareModel:
 
     def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                    seq: ArrayLike) -> Number:
+        check_point(share, batch, seq, "seq")  # the share asked at is checked, then replaced
         sh = np.broadcast_to(self.prefill, np.shape(share)) if np.ndim(share) else self.prefill
         return _scaled(self.inner.prefill_ms(model, gpu, tp, sh, batch, seq), self.slowdown)
 
     def decode_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                   ctx: ArrayLike) -> Number:
+        check_point(share, batch, ctx, "ctx")
         sh = np.broadcast_to(self.decode, np.shape(share)) if np.ndim(share) else self.decode
         return _scaled(self.inner.decode_ms(model, gpu, tp, sh, batch, ctx), self.slowdown)
 

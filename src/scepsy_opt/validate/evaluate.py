@@ -34,10 +34,11 @@ from scepsy_opt.pipeline import instance_curve, llm_demand
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.simulate import simulate
 from scepsy_opt.validate.finite import FiniteRun, busy_fraction, finite_run, operating_point
-from scepsy_opt.validate.muxserve import GPU, Mesh, MuxRun
+from scepsy_opt.validate.muxserve import GPU, Mesh, MeshLLM, MuxRun
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.latency import LatencyModel
+from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.mps import Contended, CoRunner, PhaseShareModel, contended_shares
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
@@ -116,7 +117,7 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     for m, x in llms.items():
         lat = _phase_model(latency, shares[m])
         curve = _curve(x, demands[m], lat)
-        fin = finite_run(curve, x.rate, x.requests, queued)
+        fin = finite_run(curve, x.rate, x.requests, queued, call_delay_s(latency))
         predicted[m] = _of_finite(fin)
         if simulate_runs:
             simulated[m] = _simulated(workload, m, x, lat, curve, seed)
@@ -168,9 +169,7 @@ def _name(run: MuxRun) -> str:
     return f"{run.strategy}-{abs(hash(run.workload)) % 10**8}"
 
 
-def _llm(run: MuxRun, mesh: Mesh, m: object) -> _LLM:
-    from scepsy_opt.validate.muxserve import MeshLLM
-    assert isinstance(m, MeshLLM)
+def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM) -> _LLM:
     cat = default_catalog()
     spec, gpu = cat.model(run.models[m.name]), cat.gpu(GPU)
     weights = spec.weight_bytes_per_gpu(m.tp) / GIB
@@ -256,7 +255,8 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
     last = max(r.end_s for r in reqs if r.end_s is not None)
     lat_s = np.array([r.latency_s for r in reqs], dtype=float)
     log = res.call_log or ()
-    waits = np.array([e.start_s - e.ready_s for e in log if e.start_s is not None], dtype=float)
+    waits = np.array([e.start_s - res.requests[e.arrival].arrival_s for e in log
+                      if e.start_s is not None], dtype=float)
     pre = float(res.llms[m].mean_prefill_batch) or 1.0
     prefill = float(lat.prefill_ms(x.model, x.instance.gpu, x.instance.tp, x.instance.share,
                                    pre, curve.input_tokens)) / 1e3

@@ -69,12 +69,15 @@ def walk_wait(requests: int, mu: float) -> float:
 
 
 def finite_run(curve: ServingCurve, rate: float, requests: int,
-               queued: float = QUEUED) -> FiniteRun:
+               queued: float = QUEUED, delay_s: float = 0.0) -> FiniteRun:
     """The figures of ``requests`` Poisson arrivals at ``rate`` (req/s) on the instance of
     ``curve`` (module docstring); ``queued``: the part of an overload's backlog that waits
-    before its first token even where the KV cache would admit it (in [0, 1])."""
+    before its first token even where the KV cache would admit it (in [0, 1]); ``delay_s``: a
+    pure delay per call before its first token (the engine overheads' ``call_delay_s``)."""
     if not 0 <= queued <= 1:
         raise InputError("finite run", "queued", "a fraction in [0, 1]", queued)
+    if not (math.isfinite(delay_s) and delay_s >= 0):
+        raise InputError("finite run", "delay_s", "a delay >= 0 (s)", delay_s)
     if not (math.isfinite(rate) and rate > 0):
         raise InputError("finite run", "rate", "a rate > 0 (req/s)", rate)
     if isinstance(requests, bool) or not isinstance(requests, int) or requests < 1:
@@ -99,8 +102,9 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
     prefill = _prefill_s(curve, batch)
     latency = wait + in_service
     tpot = max(latency - first - prefill, 0.0) / max(o - 1.0, 1.0)
-    return FiniteRun(throughput=n / (span + in_service), mean_latency_s=latency,
-                     mean_ttft_s=first + prefill, p90_ttft_s=p90_first + prefill,
+    return FiniteRun(throughput=n / (span + in_service + delay_s),
+                     mean_latency_s=latency + delay_s, mean_ttft_s=first + prefill + delay_s,
+                     p90_ttft_s=p90_first + prefill + delay_s,
                      mean_tpot_s=tpot, overloaded=rate >= mu, busy=busy_fraction(batch))
 
 

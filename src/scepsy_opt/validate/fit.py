@@ -6,7 +6,8 @@ profile does not see are fitted on the runs where an LLM is alone on its GPUs (M
 decode step, its prefill stalls and the overheads, with no co-runner in the way. The fit is a
 grid search over ``iteration_ms`` and ``tp_doubling_ms`` minimising the mean squared log-ratio of
 predicted to measured TPOT over those LLMs (the smallest on ties, so the search is
-deterministic). Runs of other strategies are not used, so the co-location model
+deterministic); then, with those, ``first_token_ms`` (a pure delay before the first token,
+which moves no TPOT) over :data:`FIRST_TOKEN_GRID_MS` on the same LLMs' mean TTFT. Runs of other strategies are not used, so the co-location model
 (:mod:`scepsy_profile.mps`) is checked, not fitted, on them.
 """
 
@@ -25,6 +26,8 @@ from scepsy_profile.overheads import EngineOverheads, with_overheads
 
 GRID_MS = (0.0, 2.5, 5.0, 7.5, 10.0, 15.0)
 """The values tried for each term (ms)."""
+FIRST_TOKEN_GRID_MS = tuple(float(x) for x in range(0, 525, 25))
+"""The values tried for ``first_token_ms``."""
 FIT_STRATEGY = "spatial"
 
 
@@ -44,7 +47,8 @@ class OverheadsFit:
 
 
 def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
-                  grid: Sequence[float] = GRID_MS, version: str = "",
+                  grid: Sequence[float] = GRID_MS,
+                  first_grid: Sequence[float] = FIRST_TOKEN_GRID_MS, version: str = "",
                   source: str = "") -> OverheadsFit:
     """The overheads that fit the :data:`FIT_STRATEGY` runs of ``runs`` best (module
     docstring)."""
@@ -52,8 +56,9 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
     if not used:
         raise InputError("validate", "runs", f"at least one {FIT_STRATEGY} run to fit on",
                          sorted({r.strategy for r in runs}))
-    if not grid or any(not (math.isfinite(g) and g >= 0) for g in grid):
-        raise InputError("validate", "grid", "values >= 0 (ms)", tuple(grid))
+    for name, values in (("grid", grid), ("first_grid", first_grid)):
+        if not values or any(not (math.isfinite(g) and g >= 0) for g in values):
+            raise InputError("validate", name, "values >= 0 (ms)", tuple(values))
     points: list[FitPoint] = []
     for it, rank in itertools.product(sorted(set(grid)), repeat=2):
         over = EngineOverheads("muxserve", version, GPU, iteration_ms=it, tp_doubling_ms=rank)
@@ -71,6 +76,28 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
         raise InputError("validate", "runs", "an LLM that was not overloaded to fit on")
     best = min(points, key=lambda p: (round(p.score, 12), p.iteration_ms + p.tp_doubling_ms,
                                       p.iteration_ms))
+    first = _first_token(used, latency, best, version, first_grid)
     over = EngineOverheads("muxserve", version, GPU, iteration_ms=best.iteration_ms,
-                           tp_doubling_ms=best.tp_doubling_ms, source=source)
+                           tp_doubling_ms=best.tp_doubling_ms, first_token_ms=first,
+                           source=source)
     return OverheadsFit(over, tuple(points), tuple(f"{r.workload}/{r.strategy}" for r in used))
+
+
+def _first_token(runs: Sequence[MuxRun], latency: LatencyModel, best: FitPoint, version: str,
+                 grid: Sequence[float]) -> float:
+    """The ``first_token_ms`` of ``grid`` whose mean TTFT fits the LLMs that were not
+    overloaded best (mean squared log-ratio; the smallest on ties)."""
+    scores = []
+    for ft in sorted(set(grid)):
+        over = EngineOverheads("muxserve", version, GPU, iteration_ms=best.iteration_ms,
+                               tp_doubling_ms=best.tp_doubling_ms, first_token_ms=ft)
+        errs = []
+        for run in runs:
+            v = validate_run(run, with_overheads(latency, over), simulate_runs=False)
+            for fig in v.llms.values():
+                m, p = fig["measured"], fig["predicted"]
+                if not m.overloaded and m.mean_ttft_s > 0 and p.mean_ttft_s > 0:
+                    errs.append(math.log(p.mean_ttft_s / m.mean_ttft_s) ** 2)
+        if errs:
+            scores.append((round(sum(errs) / len(errs), 12), ft))
+    return min(scores)[1] if scores else 0.0
