@@ -41,8 +41,8 @@ from conftest import MODEL as SYN_MODEL
 from scepsy_common.errors import InputError, UncoveredInstanceError
 from scepsy_profile.fitted import FittedLatencyModel
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel, measured_shares
-from scepsy_profile.overheads import EngineOverheads, OverheadLatencyModel
 from scepsy_profile.mps import PhaseShareModel
+from scepsy_profile.overheads import EngineOverheads, OverheadLatencyModel
 from scepsy_profile.roofline import RooflineModel
 
 REL = 1e-12  # the documented scalar/array contract, also the slack of the monotonicity checks

@@ -369,7 +369,7 @@ def test_the_simulator_replays_the_same_run(tmp_path, latency):
     run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
     v = validate_run(run, latency, simulate_runs=True)
     assert v.simulated is not None
-    for m, f in v.llms.items():
+    for f in v.llms.values():
         s, p = f["simulated"], f["predicted"]
         assert s.throughput == pytest.approx(p.throughput, rel=0.25)
         assert s.mean_latency_s == pytest.approx(p.mean_latency_s, rel=0.35)

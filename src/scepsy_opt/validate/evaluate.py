@@ -38,8 +38,8 @@ from scepsy_opt.validate.muxserve import GPU, Mesh, MeshLLM, MuxRun
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.mps import Contended, CoRunner, PhaseShareModel, contended_shares
+from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
 GIB = 1024**3
