@@ -33,7 +33,12 @@ from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.pipeline import instance_curve, llm_demand
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.simulate import simulate
-from scepsy_opt.validate.finite import FiniteRun, busy_fraction, finite_run, operating_point
+from scepsy_opt.validate.finite import (
+    FiniteRun,
+    busy_fraction,
+    finite_run,
+    operating_point,
+)
 from scepsy_opt.validate.muxserve import GPU, Mesh, MeshLLM, MuxRun
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.catalog import default_catalog
@@ -47,8 +52,12 @@ FIXED_POINT_ROUNDS = 30
 MAX_TOKENS = 1024
 """The longest prompt and the longest output (tokens; at most half the model's context)."""
 MAX_BATCH = 2048
-"""The batch limit: MuxServe's runs batch beyond their ``max_num_seqs`` (decode batches of 380
-with a limit of 256 were measured), so the KV cache is what limits a batch."""
+"""The batch limit of MuxServe's own engine (``flexsm``, ``temporal``): it batches beyond its
+``max_num_seqs`` (decode batches of 380 under a limit of 256 were measured), so the KV cache is
+what limits a batch there."""
+ENFORCES_MAX_NUM_SEQS = frozenset({"spatial"})
+"""Strategies served by plain vLLM, which keeps a mesh's ``max_num_seqs`` (every measured
+spatial decode batch is below it)."""
 DAMPING = 0.5
 STATS_REQUESTS = 2000  # one-call requests behind each LLM's length statistics
 SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "mps",
@@ -176,7 +185,8 @@ def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM) -> _LLM:
     seqs = sum(x.max_num_seqs for x in mesh.llms)  # the KV pool split as MuxServe sizes it
     kv = mesh.memory_utilization * gpu.memory_gib * m.max_num_seqs / seqs
     memory = min(1.0, (weights + kv) / gpu.memory_gib)
-    policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0, max_batch=MAX_BATCH)
+    limit = mesh.max_num_seqs if run.strategy in ENFORCES_MAX_NUM_SEQS else MAX_BATCH
+    policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0, max_batch=limit)
     inst = Instance(GPU, m.tp, m.decode_pct / 100.0, 1, memory)
     return _LLM(m.name, run.models[m.name], run.rates[m.name], run.measured[m.name].requests,
                 inst, policy, (m.prefill_pct / 100.0, m.decode_pct / 100.0))
