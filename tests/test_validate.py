@@ -310,6 +310,19 @@ def test_the_admission_wait_is_the_mean_over_arrivals(n, factor, mu, admitted):
     assert p90 == pytest.approx(max(0.0, 0.9 * n * c - admitted) / mu, rel=1e-12)
 
 
+def test_a_queue_in_front_puts_the_backlog_before_the_first_token(curve):
+    """``queued = 1``: the whole backlog waits before the first token (an engine that admits
+    nothing beyond its batch); the request latency is the same either way."""
+    rate, n = 2.0 * curve.mu, 2000
+    admitted, queue = finite_run(curve, rate, n), finite_run(curve, rate, n, queued=1.0)
+    backlog = (n - 1) / 2 * (1 / curve.mu - 1 / rate)
+    assert queue.mean_ttft_s >= backlog > admitted.mean_ttft_s
+    assert queue.mean_latency_s == pytest.approx(admitted.mean_latency_s, rel=1e-12)
+    assert queue.mean_tpot_s < admitted.mean_tpot_s
+    with pytest.raises(InputError):
+        finite_run(curve, rate, n, queued=1.5)
+
+
 def test_finite_run_refuses_bad_input(curve):
     for rate, n in ((0.0, 10), (math.inf, 10), (1.0, 0), (1.0, 2.5)):
         with pytest.raises(InputError):

@@ -69,14 +69,11 @@ def walk_wait(requests: int, mu: float) -> float:
 
 
 def finite_run(curve: ServingCurve, rate: float, requests: int,
-               queued: float = QUEUED, delay_s: float = 0.0,
-               admits: float | None = None) -> FiniteRun:
+               queued: float = QUEUED, delay_s: float = 0.0) -> FiniteRun:
     """The figures of ``requests`` Poisson arrivals at ``rate`` (req/s) on the instance of
     ``curve`` (module docstring); ``queued``: the part of an overload's backlog that waits
     before its first token even where the KV cache would admit it (in [0, 1]); ``delay_s``: a
-    pure delay per call before its first token (the engine overheads' ``call_delay_s``);
-    ``admits``: how many calls the engine holds before arrivals wait for their first token
-    (None: the curve's batch limit at saturation)."""
+    pure delay per call before its first token (the engine overheads' ``call_delay_s``)."""
     if not 0 <= queued <= 1:
         raise InputError("finite run", "queued", "a fraction in [0, 1]", queued)
     if not (math.isfinite(delay_s) and delay_s >= 0):
@@ -98,7 +95,7 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
     else:
         drift = (n - 1) / 2.0 * (1.0 / mu - 1.0 / rate)
         wait = max(drift, walk)
-        first, p90_first = _admission_wait(n, rate, mu, batch if admits is None else admits)
+        first, p90_first = _admission_wait(n, rate, mu, batch)
         first = max(first, queued * drift)
         p90_first = max(p90_first, queued * P90_UNIFORM * drift)
         span = n / mu
