@@ -566,8 +566,18 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
         own = cat if catalog is not None else None
         lat = _latency(curves, latency, own, overheads)
         policy = _engine(engine)
-        more = {} if policy is None else {"policy": policy}
-        return _simulate(tr, models_of(specs), alloc, lat, rates, requests=requests, seed=seed,
+        more: dict[str, Any] = {} if policy is None else {"policy": policy}
+        models = models_of(specs)
+        if any(i.mesh is not None or i.prefill_share is not None for i in alloc.llms.values()):
+            from scepsy_opt.pipeline import phase_latencies
+            from scepsy_opt.stats import split_stats
+
+            stats = _stats(specs, tr, seed)
+            if alloc.splits:
+                stats = {w: split_stats(st, alloc.splits) for w, st in stats.items()}
+            more["latencies"] = phase_latencies(stats, alloc.models(models), alloc, lat, rates,
+                                                catalog=own, policy=policy)
+        return _simulate(tr, models, alloc, lat, rates, requests=requests, seed=seed,
                          routing=routing, progress=progress, **more)  # type: ignore[arg-type]
 
 

@@ -18,6 +18,16 @@ model) and the fraction of its calls each gets::
       chat-l4: {gpu: L4, tp: 1, share: 1.0, replicas: 1}
     splits:
       chat: {chat-a10: 0.75, chat-l4: 0.25}
+
+LLMs may share GPUs as MuxServe's ``flexsm`` does (docs/validate.md, "Co-location"): the LLMs
+of one ``mesh`` run on the same ``tp`` GPUs, each under NVIDIA MPS limits that may add up to
+more than 1 (MPS limits SMs, it does not reserve them): ``share`` is its decode limit,
+``prefill_share`` its prefill limit, ``memory`` its part of the GPUs' memory (required, and the
+parts of a mesh add up to at most 1)::
+
+    llms:
+      chat-7b: {gpu: A100-80GB, tp: 2, share: 0.6, prefill_share: 0.8, memory: 0.45, mesh: m0}
+      chat-13b: {gpu: A100-80GB, tp: 2, share: 0.6, prefill_share: 0.9, memory: 0.5, mesh: m0}
 """
 
 from __future__ import annotations
@@ -53,6 +63,11 @@ class Instance:
     share: float
     replicas: int = 1
     memory: float | None = None
+    prefill_share: float | None = None
+    """The MPS limit of its prefills (None: ``share``, one limit for both phases)."""
+    mesh: str | None = None
+    """The GPUs it shares with the other LLMs of the same mesh under MPS limits (None: its
+    share is its own partition)."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.tp, int) and self.tp >= 1):
@@ -64,6 +79,11 @@ class Instance:
         if self.memory is not None and not 0 < self.memory <= 1:
             raise InputError("instance", "memory", "a fraction of GPU memory in (0, 1]",
                              self.memory)
+        if self.prefill_share is not None and not 0 < self.prefill_share <= 1:
+            raise InputError("instance", "prefill_share", "a GPU share in (0, 1]",
+                             self.prefill_share)
+        if self.mesh is not None and not (isinstance(self.mesh, str) and self.mesh):
+            raise InputError("instance", "mesh", "a mesh name", self.mesh)
 
     @property
     def memory_share(self) -> float:
@@ -72,8 +92,16 @@ class Instance:
 
     @property
     def gpus(self) -> float:
-        """GPU capacity used: ``replicas · tp · share``."""
+        """GPU capacity used: ``replicas · tp · share`` (an LLM of a mesh: the mesh's part its
+        memory takes, ``tp · memory``)."""
+        if self.mesh is not None and self.memory is not None:
+            return self.tp * self.memory
         return self.replicas * self.tp * self.share
+
+    @property
+    def phase_shares(self) -> tuple[float, float]:
+        """``(prefill, decode)`` limits: ``prefill_share`` (or ``share``) and ``share``."""
+        return (self.share if self.prefill_share is None else self.prefill_share, self.share)
 
 
 @dataclass(frozen=True)
@@ -112,6 +140,39 @@ class Allocation:
                                  total)
         object.__setattr__(self, "splits", MappingProxyType(
             {m: MappingProxyType(dict(sorted(v.items()))) for m, v in sorted(self.splits.items())}))
+        self._check_meshes()
+
+    def _check_meshes(self) -> None:
+        """The LLMs of a mesh run on the same GPUs: one GPU type and TP degree, one replica
+        each, and memory parts given that add up to at most the GPUs' memory."""
+        for mesh, names in self.meshes().items():
+            first = self.llms[names[0]]
+            for m in names:
+                inst, where = self.llms[m], f"llms.{m}"
+                if (inst.gpu, inst.tp) != (first.gpu, first.tp):
+                    raise InputError(self.source, f"{where}.mesh", f"the GPU type and TP degree "
+                                     f"of the rest of mesh {mesh} ({first.gpu}, tp {first.tp})",
+                                     (inst.gpu, inst.tp))
+                if inst.replicas != 1:
+                    raise InputError(self.source, f"{where}.replicas", "1 (a mesh is one set of "
+                                     "GPUs; give each replica its own mesh)", inst.replicas)
+                if inst.memory is None:
+                    raise InputError(self.source, f"{where}.memory", "its part of the mesh's "
+                                     "memory (MPS limits compute only)")
+                if m in self.splits:
+                    raise InputError(self.source, f"{where}.mesh", "an LLM that is not split")
+            total = sum(self.llms[m].memory or 0.0 for m in names)
+            if total > 1 + SPLIT_TOL:
+                raise InputError(self.source, f"llms.{names[-1]}.memory", f"memory parts of mesh "
+                                 f"{mesh} that add up to at most 1", round(total, 6))
+
+    def meshes(self) -> dict[str, tuple[str, ...]]:
+        """Mesh name -> the LLMs that share its GPUs (sorted; LLMs outside meshes left out)."""
+        out: dict[str, list[str]] = {}
+        for m, inst in self.llms.items():
+            if inst.mesh is not None:
+                out.setdefault(inst.mesh, []).append(m)
+        return {k: tuple(sorted(v)) for k, v in sorted(out.items())}
 
     def models(self, models: Mapping[str, str]) -> dict[str, str]:
         """``models`` (LLM -> catalog model) with every replica group of a split LLM running
@@ -127,8 +188,12 @@ class Allocation:
         return tuple(self.splits[llm].items()) if llm in self.splits else ((llm, 1.0),)
 
     def gpus(self, gpu: str | None = None) -> float:
-        """GPU capacity used in total (or of one GPU type)."""
-        return sum(i.gpus for i in self.llms.values() if gpu is None or i.gpu == gpu)
+        """GPU capacity used in total (or of one GPU type); a mesh counts its ``tp`` GPUs once."""
+        alone = sum(i.gpus for i in self.llms.values()
+                    if i.mesh is None and (gpu is None or i.gpu == gpu))
+        shared = sum(self.llms[names[0]].tp for names in self.meshes().values()
+                     if gpu is None or self.llms[names[0]].gpu == gpu)
+        return alone + shared
 
     def to_dict(self) -> dict:
         out: dict = {"llms": {name: _instance_dict(i) for name, i in self.llms.items()}}
@@ -141,6 +206,10 @@ def _instance_dict(i: Instance) -> dict:
     out: dict = {"gpu": i.gpu, "tp": i.tp, "share": i.share, "replicas": i.replicas}
     if i.memory is not None:
         out["memory"] = i.memory
+    if i.prefill_share is not None:
+        out["prefill_share"] = i.prefill_share
+    if i.mesh is not None:
+        out["mesh"] = i.mesh
     return out
 
 
@@ -158,6 +227,8 @@ class _InstanceRec(BaseModel):
     share: float = Field(gt=0, le=1)
     replicas: int = Field(default=1, ge=1, le=MAX_REPLICAS)
     memory: float | None = Field(default=None, gt=0, le=1)
+    prefill_share: float | None = Field(default=None, gt=0, le=1)
+    mesh: Name | None = None
 
 
 class _AllocationRec(BaseModel):
@@ -187,7 +258,8 @@ def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -
         if r.tp > gpu.nvlink_domain:
             raise InputError(source, f"{prefix}llms.{name}.tp", f"a TP degree within one "
                              f"{gpu.name} NVLink domain (at most {gpu.nvlink_domain})", r.tp)
-        llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas, r.memory)
+        llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas, r.memory, r.prefill_share,
+                              r.mesh)
     try:
         return Allocation(llms, source, rec.splits or {})
     except InputError as exc:  # name the field where it sits in the document

@@ -72,6 +72,7 @@ from numpy.typing import ArrayLike, NDArray
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, check_allocation
+from scepsy_opt.colocation import contend, phase_model
 from scepsy_opt.stats import WorkflowStats, split_stats
 from scepsy_opt.tails import QUANTILES, latency_quantiles
 from scepsy_profile.catalog import Catalog
@@ -587,6 +588,34 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     return out
 
 
+def phase_latencies(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
+                    allocation: Allocation, latency: LatencyModel, rates: Mapping[str, float],
+                    *, catalog: Catalog | None = None, policy: MemoryPolicy | None = None,
+                    ) -> dict[str, LatencyModel]:
+    """The latency model of every LLM of ``allocation`` that has its own prefill limit or
+    shares a mesh (``Instance.prefill_share``, ``Instance.mesh``): ``latency`` at the shares
+    its limits get from the busy co-runners of its mesh at ``rates``
+    (:func:`scepsy_opt.colocation.contend`). The others are left out (``latency`` as is).
+    ``stats`` and ``models`` as :func:`predict` takes them (split LLMs already split)."""
+    used = {m for w, st in stats.items() if rates.get(w, 0.0) > 0 for m in st.llms}
+    phased = {m for m, i in allocation.llms.items()
+              if m in used and (i.mesh is not None or i.prefill_share is not None)}
+    if not phased:
+        return {}
+    demands = {m: llm_demand(stats, models, rates, m) for m in phased}
+
+    def curve_of(m: str, lat: LatencyModel) -> ServingCurve:
+        inst = allocation.llms[m]
+        return instance_curve(demands[m], lat, inst.gpu, inst.tp, inst.share, catalog=catalog,
+                              policy=policy, memory_share=inst.memory)
+    groups: dict[str, list[str]] = {}
+    for m in sorted(phased):
+        groups.setdefault(allocation.llms[m].mesh or f"(alone) {m}", []).append(m)
+    shares = contend(groups, {m: allocation.llms[m].phase_shares for m in phased},
+                     {m: demands[m].rate for m in phased}, curve_of, latency)
+    return {m: phase_model(latency, c) for m, c in shares.items()}
+
+
 def predict(
     stats: Mapping[str, WorkflowStats],
     models: Mapping[str, str],
@@ -602,7 +631,8 @@ def predict(
     percentiles at ``rates`` (req/s), and every LLM's load (see :class:`WorkflowPrediction`).
     An LLM the allocation splits over replica groups (``Allocation.splits``) is predicted as
     its groups, each with its fraction of the calls (:func:`scepsy_opt.stats.split_stats`);
-    the loads are the groups'."""
+    the loads are the groups'. LLMs that share a mesh under MPS limits are predicted at the
+    shares they get from each other (:func:`phase_latencies`)."""
     if allocation.splits:
         stats = {w: split_stats(st, allocation.splits) for w, st in stats.items()}
         models = allocation.models(models)
@@ -623,6 +653,8 @@ def predict(
         if m not in models:
             raise InputError("workflow", f"llms.{m}", "the catalog model this LLM runs")
     check_allocation(allocation, {m: models[m] for m in used}, catalog=catalog, policy=policy)
+    own = phase_latencies(stats, models, allocation, latency, rates, catalog=catalog,
+                          policy=policy)
 
     loads: dict[str, LLMLoad] = {}
     class_lat: dict[tuple[str, float, float], float] = {}
@@ -630,8 +662,9 @@ def predict(
     headroom: dict[str, float] = {}  # the factor of the rates at which each LLM saturates
     for m in used:
         inst = allocation.llms[m]
+        lat = own.get(m, latency)
         dem = llm_demand(stats, models, rates, m)
-        curve = instance_curve(dem, latency, inst.gpu, inst.tp, inst.share, catalog=catalog,
+        curve = instance_curve(dem, lat, inst.gpu, inst.tp, inst.share, catalog=catalog,
                                policy=policy, memory_share=inst.memory)
         if not curve.feasible:  # the model fits, but not one call of this workload's length
             field_ = "memory" if inst.memory is not None else "share"
@@ -639,7 +672,7 @@ def predict(
                              f"KV cache holds one call of {m} ({curve.memory.kv_tokens} tokens "
                              f"fit; calls average {dem.input_mean + dem.output_mean:.0f})",
                              inst.memory_share)
-        mix, per_class = class_latencies(dem, curve, latency, [inst.replicas])
+        mix, per_class = class_latencies(dem, curve, lat, [inst.replicas])
         load = llm_load(dem, form)
         util = utilisation(load, curve.mu, inst.replicas)
         paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) + call_delay_s(latency)

@@ -741,7 +741,7 @@ def _kv_block_size(policy: MemoryPolicy) -> int:
 
 def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
              allocation: Allocation, latency: LatencyModel, policy: MemoryPolicy,
-             catalog: Catalog) -> _Prepared:
+             catalog: Catalog, latencies: Mapping[str, LatencyModel]) -> _Prepared:
     known = set(trace.workflows())
     for w in workflows:
         if w not in known:
@@ -768,9 +768,15 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
         serving = allocation.serving(called_name)
         routes.append(tuple((len(llm_names) + k, f) for k, (_, f) in enumerate(serving)))
         for name, _ in serving:
+            inst = allocation.llms.get(name)
+            if inst is not None and name not in latencies and (
+                    inst.mesh is not None or inst.prefill_share is not None):
+                raise InputError(allocation.source, f"llms.{name}", "latencies= with this "
+                                 "LLM's model at its contended MPS shares (scepsy_opt.pipeline."
+                                 "phase_latencies; scepsy.simulate passes them)")
             llm_names.append(name)
-            table, shape = _deployment(name, called_name, calls, models, allocation, latency,
-                                       policy, catalog, bs)
+            table, shape = _deployment(name, called_name, calls, models, allocation,
+                                       latencies.get(name, latency), policy, catalog, bs)
             tables.append(table)
             shapes.append(shape)
     return _Prepared(templates, by_workflow, llm_names, tables, shapes, routes)
@@ -883,7 +889,7 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
          rates: Mapping[str, float] | None, requests: int | None, duration_s: float | None,
          seed: int, routing: str, policy: MemoryPolicy, catalog: Catalog | None,
          warmup_fraction: float, drain_s: float | None, max_prefill_tokens: int | None,
-         record: bool, progress: bool):
+         record: bool, progress: bool, latencies: Mapping[str, LatencyModel] | None = None):
     if routing not in ROUTINGS:
         raise InputError("simulate", "routing", f"one of {', '.join(ROUTINGS)}", routing)
     if requests is not None and duration_s is not None:
@@ -910,10 +916,11 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
         raise InputError("simulate", "drain_s", "a time >= 0 s or None", drain_s)
     cat = catalog or default_catalog()
     check_allocation(allocation, allocation.models(models), catalog=cat, policy=policy)
+    own = dict(latencies or {})
     trace = _as_trace(trace)
     if rates is None:
         workflows = trace.workflows()
-        prep = _prepare(trace, workflows, models, allocation, latency, policy, cat)
+        prep = _prepare(trace, workflows, models, allocation, latency, policy, cat, own)
         arrivals = _trace_arrivals(trace, requests, duration_s)
     else:
         checked = _check_rates(rates)
@@ -921,7 +928,7 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
             raise InputError("simulate", "duration_s", f"a duration that holds at most "
                              f"{MAX_REQUESTS} expected arrivals at the total rate "
                              f"{sum(checked.values()):g} req/s", duration_s)
-        prep = _prepare(trace, list(checked), models, allocation, latency, policy, cat)
+        prep = _prepare(trace, list(checked), models, allocation, latency, policy, cat, own)
         if requests is None and duration_s is None:
             requests = DEFAULT_REQUESTS
         arrivals = _poisson_arrivals(prep, checked, requests, duration_s, seed)
@@ -966,6 +973,7 @@ def simulate(
     max_prefill_tokens: int | None = None,
     record_events: bool = False,
     progress: bool = False,
+    latencies: Mapping[str, LatencyModel] | None = None,
 ) -> SimulationResult:
     """Replay workflow requests on ``allocation`` and measure latency, throughput and use.
 
@@ -980,13 +988,17 @@ def simulate(
     limit and the KV management (``paged`` blocks with preemption, or ``reserve``); a
     latency model with a ``call_delay_s`` (engine overheads) delays every LLM call by it.
     ``record_events`` keeps every call's ready, start and end time in ``call_log``;
-    ``progress`` prints a progress line on stderr. Deterministic for a given ``seed``.
+    ``progress`` prints a progress line on stderr. ``latencies``: the latency model of some
+    deployments (LLM name -> model), in place of ``latency``; required for every LLM with its
+    own prefill limit or on a shared mesh, at the shares it gets there
+    (:func:`scepsy_opt.pipeline.phase_latencies`). Deterministic for a given ``seed``.
     ``trace`` may also be a sequence of call records (validated here).
     See the module docstring for the serving model and the statistics.
     """
     prep, arrivals, warm, workflows, eng, wall = _run(
         trace, models, allocation, latency, rates, requests, duration_s, seed, routing, policy,
-        catalog, warmup_fraction, drain_s, max_prefill_tokens, record_events, progress)
+        catalog, warmup_fraction, drain_s, max_prefill_tokens, record_events, progress,
+        latencies)
     w0, w1 = eng.w0, eng.w1
     end_t = eng.now
     if w1 == math.inf:  # one measured arrival: measured until the run stopped

@@ -22,7 +22,7 @@ and p90 TTFT the request-weighted means (weights: the measured request counts).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -30,25 +30,20 @@ import numpy as np
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
+from scepsy_opt.colocation import contend, phase_model
 from scepsy_opt.pipeline import instance_curve, llm_demand
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.simulate import simulate
-from scepsy_opt.validate.finite import (
-    FiniteRun,
-    busy_fraction,
-    finite_run,
-    operating_point,
-)
+from scepsy_opt.validate.finite import FiniteRun, finite_run
 from scepsy_opt.validate.muxserve import GPU, Mesh, MeshLLM, MuxRun
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.mps import Contended, CoRunner, PhaseShareModel, contended_shares
+from scepsy_profile.mps import Contended
 from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
 GIB = 1024**3
-FIXED_POINT_ROUNDS = 30
 MAX_TOKENS = 1024
 """The longest prompt and the longest output (tokens; at most half the model's context)."""
 MAX_BATCH = 2048
@@ -58,7 +53,6 @@ what limits a batch there."""
 ENFORCES_MAX_NUM_SEQS = frozenset({"spatial"})
 """Strategies served by plain vLLM, which keeps a mesh's ``max_num_seqs`` (every measured
 spatial decode batch is below it)."""
-DAMPING = 0.5
 STATS_REQUESTS = 2000  # one-call requests behind each LLM's length statistics
 SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "mps",
                                                "temporal": "turns"})
@@ -119,12 +113,15 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     models = {m: x.model for m, x in llms.items()}
     rates = {m: x.rate for m, x in llms.items()}
     demands = {m: llm_demand(stats, models, rates, m) for m in llms}
-    shares = _fixed_point(run.meshes, llms, demands, latency, SHARING[run.strategy], alpha)
+    shares = contend({mesh.source: [x.name for x in mesh.llms] for mesh in run.meshes},
+                     {m: x.limits for m, x in llms.items()}, rates,
+                     lambda m, lat: _curve(llms[m], demands[m], lat), latency,
+                     SHARING[run.strategy], alpha)
     per: dict[str, dict[str, Figures]] = {}
     predicted: dict[str, Figures] = {}
     simulated: dict[str, Figures] = {}
     for m, x in llms.items():
-        lat = _phase_model(latency, shares[m])
+        lat = phase_model(latency, shares[m])
         curve = _curve(x, demands[m], lat)
         fin = finite_run(curve, x.rate, x.requests, queued, call_delay_s(latency))
         predicted[m] = _of_finite(fin)
@@ -192,46 +189,9 @@ def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM) -> _LLM:
                 inst, policy, (m.prefill_pct / 100.0, m.decode_pct / 100.0))
 
 
-def _phase_model(latency: LatencyModel, c: Contended) -> PhaseShareModel:
-    return PhaseShareModel(latency, c.prefill, c.decode, c.slowdown)
-
-
 def _curve(x: _LLM, demand: object, lat: LatencyModel) -> ServingCurve:
     return instance_curve(demand, lat, x.instance.gpu, x.instance.tp,  # type: ignore[arg-type]
                           x.instance.share, policy=x.policy, memory_share=x.instance.memory)
-
-
-def _fixed_point(meshes: Sequence[Mesh], llms: Mapping[str, _LLM], demands: Mapping[str, object],
-                 latency: LatencyModel, sharing: str, alpha: float) -> dict[str, Contended]:
-    """The contended shares of every LLM, with the busy fractions its instance predicts at
-    them (damped iteration from idle co-runners); steps alone from each LLM's own limits."""
-    out: dict[str, Contended] = {}
-    for mesh in meshes:
-        names = [x.name for x in mesh.llms]
-        alone = {m: Contended(*llms[m].limits, 1.0) for m in names}
-        if len(names) == 1:
-            out.update(alone)
-            continue
-        step = {}
-        for m in names:
-            curve = _curve(llms[m], demands[m], _phase_model(latency, alone[m]))
-            _, in_service = operating_point(curve, llms[m].rate)
-            step[m] = 1e3 * in_service / max(curve.output_tokens, 1.0)
-        busy = dict.fromkeys(names, 0.0)
-        for _ in range(FIXED_POINT_ROUNDS):
-            shares = contended_shares({m: CoRunner(*llms[m].limits, busy[m], step[m])
-                                       for m in names}, sharing, alpha)
-            new = {}
-            for m in names:
-                curve = _curve(llms[m], demands[m], _phase_model(latency, shares[m]))
-                new[m] = busy_fraction(operating_point(curve, llms[m].rate)[0])
-            moved = max(abs(new[m] - busy[m]) for m in names)
-            busy = {m: DAMPING * busy[m] + (1 - DAMPING) * new[m] for m in names}
-            if moved < 1e-4:
-                break
-        out.update(contended_shares({m: CoRunner(*llms[m].limits, busy[m], step[m])
-                                     for m in names}, sharing, alpha))
-    return out
 
 
 def _of_finite(f: FiniteRun) -> Figures:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from scepsy_common.errors import InputError
+from scepsy_opt.colocation import busy_fraction, operating_point
 from scepsy_profile.serving import ServingCurve
 
 WALK = 0.75
@@ -47,20 +48,6 @@ class FiniteRun:
     mean_tpot_s: float
     overloaded: bool
     busy: float  # the fraction of time it has work (:func:`busy_fraction`)
-
-
-def operating_point(curve: ServingCurve, rate: float) -> tuple[float, float]:
-    """``(calls in service, in-service time of a call in s)`` at ``rate``: the steady state's
-    below μ, a full batch at and beyond it."""
-    if rate < curve.mu:
-        return float(curve.batch_at_rate(rate)), curve.in_service_s(rate)
-    return float(curve.max_batch), curve.max_batch / curve.mu
-
-
-def busy_fraction(batch: float) -> float:
-    """The fraction of time an instance with ``batch`` calls in service on average has at
-    least one (Poisson: ``1 − e^−B``): while it has one it runs kernels."""
-    return 1.0 - math.exp(-max(batch, 0.0))
 
 
 def walk_wait(requests: int, mu: float) -> float:
