@@ -337,7 +337,7 @@ def test_a_run_whose_latency_grew_is_overloaded():
 
 
 def test_runs_combine_by_request_count():
-    a = Figures(2.0, 10.0, 1.0, 0.5, 0.05, ("yes",))
+    a = Figures(2.0, 10.0, 1.0, 0.5, 0.05, ("a",))
     b = Figures(1.0, 4.0, 3.0, 1.5, 0.02)
     got = combine({"a": a, "b": b}, {"a": 3.0, "b": 1.0})
     assert got.throughput == pytest.approx(3.0, rel=1e-12)

@@ -25,7 +25,7 @@ of the LLMs on one mesh may add up to more than 100. Two pieces model that:
   An LLM alone on its GPUs keeps its limits.
 
 The busy fractions depend on the shares, so :func:`contended_shares` takes them as an input and
-the caller iterates to a fixed point (``scepsy_opt.validate``).
+the caller iterates to a fixed point (``scepsy_opt.colocation.contend``).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ from scepsy_common.errors import InputError
 from scepsy_profile.latency import LatencyModel, Number, check_point, measured_shares
 
 INTERFERENCE = 0.0
-"""``α``, the slowdown per busy co-runner beyond SM sharing (0: SMs only). The validated value
-lives with the calibration (``scepsy_opt.validate``)."""
+"""``α``, the slowdown per busy co-runner beyond SM sharing. 0 fits MuxServe's measured MPS runs
+best (docs/validate.md, "Co-location")."""
 
 
 @dataclass(frozen=True)

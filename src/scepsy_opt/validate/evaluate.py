@@ -2,7 +2,8 @@
 
 Each LLM of a run becomes one instance: its mesh's GPU type, its tensor parallelism, its
 weights plus its part of the mesh's KV memory (the mesh's ``gpu_memory_utilization`` split in
-proportion to the ``max_num_seqs`` of its LLMs), ``max_num_seqs`` as the batch limit, and
+proportion to the ``max_num_seqs`` of its LLMs), the KV cache as the batch limit (and the
+mesh's ``max_num_seqs`` where plain vLLM serves it, :data:`ENFORCES_MAX_NUM_SEQS`), and
 prefill and decode shares from its MPS limits contended by the busy co-runners of its mesh
 (:func:`scepsy_profile.mps.contended_shares`, iterated to a fixed point with the busy
 fractions the instances predict). Its requests are one-call requests with the workload's mean
@@ -64,9 +65,10 @@ INTERFERENCE: Mapping[str, float] = MappingProxyType({"spatial": 0.0, "flexsm": 
 
 @dataclass(frozen=True)
 class Figures:
-    """One LLM's or one run's figures (seconds, req/s); ``overloaded``: LLMs whose rate
-    exceeds what their instance serves (predicted), or that served less than 90% of their
-    rate (measured)."""
+    """One LLM's or one run's figures (seconds, req/s); ``overloaded``: the LLMs (the LLM
+    itself, or none, for one LLM's figures) that were overloaded: predicted, a rate at or
+    beyond μ; measured, less served than :data:`MEASURED_OVERLOAD` of what the rate gives over
+    the run; simulated, a latency that grew over the run (:func:`grew`)."""
 
     throughput: float
     mean_latency_s: float
@@ -124,7 +126,7 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
         lat = phase_model(latency, shares[m])
         curve = _curve(x, demands[m], lat)
         fin = finite_run(curve, x.rate, x.requests, queued, call_delay_s(latency))
-        predicted[m] = _of_finite(fin)
+        predicted[m] = _of_finite(m, fin)
         if simulate_runs:
             simulated[m] = _simulated(workload, m, x, lat, curve, seed)
     measured = {m: _of_measured(run, m) for m in llms}
@@ -172,7 +174,7 @@ def _workload(run: MuxRun) -> RateWorkload:
 
 
 def _name(run: MuxRun) -> str:
-    return f"{run.strategy}-{abs(hash(run.workload)) % 10**8}"
+    return f"muxserve-{run.strategy}"
 
 
 def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM) -> _LLM:
@@ -194,9 +196,9 @@ def _curve(x: _LLM, demand: object, lat: LatencyModel) -> ServingCurve:
                           x.instance.share, policy=x.policy, memory_share=x.instance.memory)
 
 
-def _of_finite(f: FiniteRun) -> Figures:
+def _of_finite(m: str, f: FiniteRun) -> Figures:
     return Figures(f.throughput, f.mean_latency_s, f.p90_ttft_s, f.mean_ttft_s, f.mean_tpot_s,
-                   ("yes",) if f.overloaded else ())
+                   (m,) if f.overloaded else ())
 
 
 MEASURED_OVERLOAD = 0.9
@@ -208,7 +210,7 @@ def _of_measured(run: MuxRun, m: str) -> Figures:
     over = x.throughput < MEASURED_OVERLOAD * run.rates[m] * x.requests / (
         x.requests + run.rates[m] * x.mean_latency_s(run.output_mean))
     return Figures(x.throughput, x.mean_latency_s(run.output_mean), x.p90_ttft_s, x.ttft_mean_s,
-                   x.tpot_mean_s, ("yes",) if over else ())
+                   x.tpot_mean_s, (m,) if over else ())
 
 
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
@@ -220,7 +222,7 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
                    record_events=True)
     reqs = [r for r in res.requests if r.end_s is not None]
     if not reqs:
-        return Figures(0.0, math.inf, math.inf, math.inf, math.inf, ("yes",))
+        return Figures(0.0, math.inf, math.inf, math.inf, math.inf, (m,))
     first = min(r.arrival_s for r in res.requests)
     last = max(r.end_s for r in reqs if r.end_s is not None)
     lat_s = np.array([r.latency_s for r in reqs], dtype=float)
@@ -234,7 +236,7 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
     tpot = (lat_s.mean() - ttft.mean()) / max(curve.output_tokens - 1.0, 1.0)
     thr = len(reqs) / (last - first) if last > first else 0.0
     return Figures(thr, float(lat_s.mean()), float(np.percentile(ttft, 90)), float(ttft.mean()),
-                   float(tpot), ("yes",) if res.unfinished > 0 or grew(lat_s) else ())
+                   float(tpot), (m,) if res.unfinished > 0 or grew(lat_s) else ())
 
 
 GROWTH = 2.0
