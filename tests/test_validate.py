@@ -490,6 +490,23 @@ def test_validate_muxserve_runs_the_simulator_on_a_small_folder(tmp_path):
     assert "llm-2" in text
 
 
+def test_validate_muxserve_defaults_to_muxserves_own_curves(tmp_path):
+    """Without --curves the repository's MuxServe A100 curves are used, and the document names
+    them the same way on any machine."""
+    root = toy_folder(tmp_path / "d")
+    out = tmp_path / "v.json"
+    code, text, err = run_cli("validate", "muxserve", str(root), "--no-simulate", "--json",
+                              str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["model"] == ("datasets/profiles/muxserve-a100-curves.json + overheads "
+                            "overheads-muxserve-a100.yaml")
+    code, _, _ = run_cli("validate", "muxserve", str(root), "--no-simulate", "--curves",
+                         str(BUNDLED_CURVES), "--json", str(tmp_path / "w.json"))
+    again = json.loads((tmp_path / "w.json").read_text())
+    assert code == 0 and again["runs"] == doc["runs"]
+
+
 def test_the_document_has_one_entry_per_run(tmp_path, latency):
     rep = validate_muxserve(toy_folder(tmp_path), latency, simulate=False)
     doc = document(rep)

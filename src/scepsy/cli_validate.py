@@ -23,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "run and per LLM.")
     mux.add_argument("folder", type=Path, metavar="DIR",
                      help="a folder with yamls/ and merged/ (any subset of loads and strategies)")
-    mux.add_argument("--curves", type=Path, required=True, metavar="FILE",
-                     help="the A100 latency curves (datasets/profiles/muxserve-a100-curves.json)")
+    mux.add_argument("--curves", type=Path, metavar="FILE",
+                     help="the A100 latency curves (default: MuxServe's own A100 profile, "
+                     "datasets/profiles/muxserve-a100-curves.json of the repository)")
     over = mux.add_mutually_exclusive_group()
     over.add_argument("--overheads", type=Path, metavar="FILE",
                       help="engine overheads (default: the bundled MuxServe A100 calibration)")
@@ -56,7 +57,7 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
         run_rows,
         validate_muxserve,
     )
-    from scepsy_profile.fitted import load_curves
+    from scepsy_profile.fitted import MUXSERVE_A100_CURVES, load_curves
     from scepsy_profile.latency import CompositeLatencyModel
     from scepsy_profile.overheads import MUXSERVE_A100, load_overheads, with_overheads
     from scepsy_profile.roofline import roofline_model
@@ -66,15 +67,23 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
             raise InputError(str(path), flag, "a file in an existing folder")
     if args.seed < 0:
         raise InputError("validate", "--seed", "an integer >= 0", args.seed)
+    if args.curves is None:
+        if not MUXSERVE_A100_CURVES.is_file():
+            raise InputError(str(MUXSERVE_A100_CURVES), "--curves", "a curves file (this "
+                             "install has no repository datasets/: pass --curves FILE)")
+        args.curves = MUXSERVE_A100_CURVES
+        shown = "datasets/profiles/muxserve-a100-curves.json"
+    else:
+        shown = str(args.curves)
     base = CompositeLatencyModel(load_curves(args.curves), roofline_model())
     if args.fit_overheads is not None:
         return _fit(args, base)
     if args.no_overheads:
-        latency, model = base, f"{args.curves} (no overheads)"
+        latency, model = base, f"{shown} (no overheads)"
     else:
         path = args.overheads or MUXSERVE_A100
         latency = with_overheads(base, load_overheads(path))
-        model = f"{args.curves} + overheads {path.name}"
+        model = f"{shown} + overheads {path.name}"
     report = validate_muxserve(args.folder, latency, model=model,
                                simulate=not args.no_simulate, seed=args.seed)
     print(f"{args.folder}: {len(report.runs)} run(s); latency model {model}")

@@ -58,6 +58,10 @@ if TYPE_CHECKING:  # scikit-learn is imported where a curve is fitted, not by ev
 
 CurveKey = tuple[str, str, int, Phase]
 CURVES_FORMAT = "scepsy-curves/1"
+MUXSERVE_A100_CURVES = (Path(__file__).resolve().parents[2] / "datasets" / "profiles"
+                        / "muxserve-a100-curves.json")
+"""MuxServe's A100 profile fitted as curves, in the repository's ``datasets/`` (an install from
+the repository, as the README's, finds it; ``scepsy validate muxserve`` uses it by default)."""
 _GP_MAX_POINTS = 1500
 _OUTLIER = 0.25  # a point whose fitted value is off by more than 25% is reported as an outlier
 # Residuals beyond this many MADs are clipped before the GP sees them. Decode steps are short
