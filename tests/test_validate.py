@@ -15,7 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import BUNDLED_CURVES, SHARED_DATA, run_cli
+from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.validate.evaluate import Figures, combine, grew, validate_run
 from scepsy_opt.validate.finite import _admission_wait, finite_run, walk_wait
@@ -266,6 +266,37 @@ def test_phase_shares_answer_at_their_own_shares(latency):
 def curve(latency):
     return serving_curve(latency, "llama-7b", "A100-80GB", 1, 1.0, 150.0, 200.0,
                          policy=MemoryPolicy(max_batch=64))
+
+
+@PROPERTY
+@given(st.floats(0.01, 0.99))
+def test_ttft_and_tpot_split_the_call_latency(curve, load):
+    """Below μ a call's latency is its TTFT plus ``O − 1`` TPOTs; the TTFT's quantiles grow with
+    the quantile (the mean of an exponential wait is its 63rd percentile); at μ both are inf."""
+    rate = load * curve.mu
+    ttft, tpot = curve.ttft_s(rate), curve.tpot_s(rate)
+    assert ttft + tpot * (curve.output_tokens - 1) == pytest.approx(
+        float(curve.latency_s(rate)), rel=1e-9)
+    qs = [curve.ttft_s(rate, q) for q in (0.1, 0.5, 1 - math.exp(-1), 0.9, 0.99)]
+    assert qs == sorted(qs)
+    assert qs[2] == pytest.approx(ttft, rel=1e-9)
+    assert math.isinf(curve.ttft_s(curve.mu)) and math.isinf(curve.tpot_s(2 * curve.mu))
+    with pytest.raises(InputError):
+        curve.ttft_s(rate, 1.0)
+
+
+def test_predict_reports_ttft_and_tpot_per_llm(tmp_path):
+    alloc = tmp_path / "alloc.yaml"
+    alloc.write_text(yaml.safe_dump({"llms": {
+        m: {"gpu": "A100-80GB", "tp": tp, "share": 1.0}
+        for m, tp in (("llama-7b-a", 1), ("llama-7b-b", 1), ("llama-13b", 1), ("llama-30b", 2))}}))
+    code, out, err = run_cli("predict", "--workflow", str(REPO / "datasets" / "workloads" /
+                                                         "muxserve-a100.yaml"),
+                             "--allocation", str(alloc), "--trace-requests", "100", "--json")
+    assert code == 0, err
+    llms = json.loads(out)["llms"]
+    for x in llms.values():
+        assert 0 < x["ttft_s"] < x["call_latency_s"] and 0 < x["tpot_s"] < x["call_latency_s"]
 
 
 def test_a_long_stable_run_is_the_steady_state(curve):

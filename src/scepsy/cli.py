@@ -851,7 +851,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     print()
     _print_table([{"llm": m, **o} for m, o in doc["llms"].items()],
                  ["llm", "model", "replicas", "rate", "mu", "utilisation", "call_latency_s",
-                  "preemptions_per_call", "overloaded"])
+                  "ttft_s", "tpot_s", "preemptions_per_call", "overloaded"])
     return 0
 
 

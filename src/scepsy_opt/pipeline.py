@@ -99,6 +99,8 @@ class LLMLoad:
     call_latency_s: float  # mean over its calls at this load, call delay included (inf when saturated)
     preemptions_per_call: float = 0.0  # the serving curve's, at the per-replica call rate
     overloaded: bool = False  # the serving curve's verdict at the per-replica call rate
+    ttft_s: float = math.nan  # mean time to first token, call delay included (inf: saturated)
+    tpot_s: float = math.nan  # mean time per output token after the first (inf: saturated)
 
 
 @dataclass(frozen=True)
@@ -677,9 +679,12 @@ def predict(
         util = utilisation(load, curve.mu, inst.replicas)
         paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) + call_delay_s(latency)
                          if curve.feasible else math.inf)
-        pre, over = curve_preemptions(curve, dem.rate / inst.replicas)
+        per_replica = dem.rate / inst.replicas
+        pre, over = curve_preemptions(curve, per_replica)
         loads[m] = LLMLoad(m, models[m], dem.rate, inst.replicas, dem.input_mean,
-                           dem.output_mean, curve.mu, util, float(mix[0]), pre, over)
+                           dem.output_mean, curve.mu, util, float(mix[0]), pre, over,
+                           curve.ttft_s(per_replica) + call_delay_s(lat),
+                           curve.tpot_s(per_replica))
         headroom[m] = carried_scale(load, curve.mu, inst.replicas)
         for (i, o), v in per_class.items():
             class_lat[(m, i, o)] = float(v[0])

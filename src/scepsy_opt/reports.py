@@ -31,6 +31,7 @@ def prediction_to_dict(pred: Prediction, form: str) -> dict[str, Any]:
                  for w, p in pred.workflows.items()}
     llms = {m: {"model": ld.model, "rate": ld.rate, "replicas": ld.replicas, "mu": ld.mu,
                 "utilisation": ld.utilisation, "call_latency_s": ld.call_latency_s,
+                "ttft_s": ld.ttft_s, "tpot_s": ld.tpot_s,
                 "preemptions_per_call": ld.preemptions_per_call, "overloaded": ld.overloaded}
             for m, ld in pred.llms.items()}
     return {"form": form, "workflows": workflows, "llms": llms}

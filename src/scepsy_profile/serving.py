@@ -317,6 +317,45 @@ class ServingCurve:
             return float(self.service_ms[0]) / 1e3
         return float(np.interp(rate, rates, b)) / rate
 
+    def group_prefill_s(self, batch: float) -> float:
+        """The prefill (s) of the group a call joins with ``batch`` calls in service,
+        ``P(g(B))``."""
+        g = float(self.group(batch))
+        return float(self.latency_model.prefill_ms(self.model, self.gpu, self.tp, self.share, g,
+                                                   self.input_tokens)) / 1e3
+
+    def wait_s(self, rate: float) -> float:
+        """The mean queueing wait (s) before a call is admitted at ``0 < rate < μ``:
+        :meth:`latency_s` less :meth:`in_service_s`."""
+        return max(float(self.latency_s(rate)) - self.in_service_s(rate), 0.0)
+
+    def ttft_s(self, rate: float, quantile: float | None = None) -> float:
+        """Time to first token (s) at ``rate`` calls/s per replica: the queueing wait plus the
+        prefill of the call's group; ``inf`` at or beyond μ. ``quantile`` (in (0, 1)): that
+        quantile instead of the mean, with an exponential wait (``−ln(1 − q)`` times its
+        mean)."""
+        if quantile is not None and not 0 < quantile < 1:
+            raise InputError("query", "quantile", "a quantile in (0, 1)", quantile)
+        if not self.feasible or rate >= self.mu:
+            return math.inf
+        if rate <= 0:
+            return self.group_prefill_s(1.0)
+        wait = self.wait_s(rate) * (1.0 if quantile is None else -math.log1p(-quantile))
+        return wait + self.group_prefill_s(float(self.batch_at_rate(rate)))
+
+    def tpot_s(self, rate: float) -> float:
+        """Mean time per output token after the first (s) at ``rate`` calls/s per replica: the
+        in-service time less the group's prefill, over ``O − 1`` tokens (decode steps and the
+        prefills of calls admitted meanwhile); ``inf`` at or beyond μ."""
+        if not self.feasible or rate >= self.mu:
+            return math.inf
+        if rate <= 0:
+            return (self.zero_load_latency_s - self.group_prefill_s(1.0)) / max(
+                self.output_tokens - 1.0, 1.0)
+        batch = float(self.batch_at_rate(rate))
+        return max(self.in_service_s(rate) - self.group_prefill_s(batch), 0.0) / max(
+            self.output_tokens - 1.0, 1.0)
+
     @property
     def zero_load_latency_s(self) -> float:
         """``P(k) + (O − 1)·d(1)``: one request's calls alone on the instance."""

@@ -76,7 +76,7 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
     walk = walk_wait(n, mu)
     batch, in_service = operating_point(curve, rate)
     if rate < mu:
-        wait = min(_steady_wait(curve, rate), walk)
+        wait = min(curve.wait_s(rate), walk)
         first, p90_first = wait, P90_EXP * wait
         span = n / rate
     else:
@@ -86,7 +86,7 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
         first = max(first, queued * drift)
         p90_first = max(p90_first, queued * P90_UNIFORM * drift)
         span = n / mu
-    prefill = _prefill_s(curve, batch)
+    prefill = curve.group_prefill_s(batch)
     latency = wait + in_service
     tpot = max(latency - first - prefill, 0.0) / max(o - 1.0, 1.0)
     return FiniteRun(throughput=n / (span + in_service + delay_s),
@@ -105,15 +105,3 @@ def _admission_wait(n: int, rate: float, mu: float, admitted: float) -> tuple[fl
     k0 = admitted / c
     mean = c * (n - k0) ** 2 / (2.0 * n * mu) if n > k0 else 0.0
     return mean, max(0.0, 0.9 * n * c - admitted) / mu
-
-
-def _steady_wait(curve: ServingCurve, rate: float) -> float:
-    """The steady state's queueing wait at ``rate < μ``: latency less the in-service time."""
-    return max(float(curve.latency_s(rate)) - curve.in_service_s(rate), 0.0)
-
-
-def _prefill_s(curve: ServingCurve, batch: float) -> float:
-    """The prefill of the group a call joins at ``batch`` calls in service."""
-    g = float(curve.group(batch))
-    return float(curve.latency_model.prefill_ms(curve.model, curve.gpu, curve.tp, curve.share,
-                                                g, curve.input_tokens)) / 1e3
