@@ -526,7 +526,7 @@ def test_validate_muxserve_defaults_to_muxserves_own_curves(tmp_path):
     them the same way on any machine."""
     root = toy_folder(tmp_path / "d")
     out = tmp_path / "v.json"
-    code, text, err = run_cli("validate", "muxserve", str(root), "--no-simulate", "--json",
+    code, _, err = run_cli("validate", "muxserve", str(root), "--no-simulate", "--json",
                               str(out))
     assert code == 0, err
     doc = json.loads(out.read_text())
