@@ -131,3 +131,29 @@ def test_predict_reads_a_mesh_from_an_allocation_file(tmp_path):
     code, _, err = run_cli("predict", "--workflow", str(RATES), "--allocation", str(path),
                            "--trace-requests", "200")
     assert code == 2 and "llms.llama-7b-a.prefill_share" in err
+
+
+def test_a_mesh_part_too_small_for_one_call_is_named():
+    a = _alloc(Instance(GPU, 1, 0.8, 1, 0.2, 0.9, "m0"), Instance(GPU, 1, 0.8, 1, 0.45, 0.9, "m0"))
+    with pytest.raises(InputError) as exc:
+        _predict(a)
+    assert exc.value.field == "llms.llama-7b-a.memory"
+
+
+def test_a_split_group_cannot_join_a_mesh():
+    with pytest.raises(InputError) as exc:
+        Allocation({"chat-a": Instance(GPU, 1, 0.8, 1, 0.45, None, "m0"),
+                    "chat-b": Instance(GPU, 1, 0.8, 1, 0.45, None, "m0")},
+                   splits={"chat": {"chat-a": 0.5, "chat-b": 0.5}})
+    assert exc.value.field == "llms.chat-a.mesh"
+
+
+def test_planning_refuses_a_mesh_as_its_current_allocation(tmp_path):
+    path = tmp_path / "alloc.yaml"
+    save_allocation(meshed(), path)
+    code, _, err = run_cli("plan", "--workflow", str(RATES), "--cluster",
+                           str(REPO / "datasets" / "clusters" / "a100-16.yaml"),
+                           "--current", str(path), "--optimiser", "user", "--trace-requests",
+                           "100", "--out", str(tmp_path / "plan.json"))
+    assert code == 2 and "llms.llama-7b-a.mesh" in err and "scepsy plan --current" in err
+    assert not (tmp_path / "plan.json").exists()

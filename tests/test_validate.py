@@ -47,8 +47,8 @@ def latency(bundled_curves):
 # ------------------------------------------------------------------ a small folder to read
 
 
-def _measured(rate: float, n: int) -> dict:
-    return {"model_name": "x", "mps": [100, 90], "first_token_latency": 0.2,
+def _measured(rate: float, n: int, mps=(100, 90)) -> dict:
+    return {"model_name": "x", "mps": list(mps), "first_token_latency": 0.2,
             "output_per_token_latency": 0.03, "request_num": n, "throughput": 0.95 * rate,
             "tokens_throughput": 1.0, "p90[TTFT]": 0.4, "p99[TTFT]": 0.8, "p95[TTFT]": 0.5,
             "p90[TPOT]": 0.05, "p95[TPOT]": 0.06, "p99[TPOT]": 0.07, "p90[avg_latency]": 12.0,
@@ -83,7 +83,9 @@ def toy_folder(root: Path, *, strategies=("spatial", "flexsm"), rates=(2.0, 1.0)
                               for m, tp, p in mesh]}
             name = f"{STEM}_GPUnum2_mesh_size{mesh[0][1]}_idx{i}_{s}.yaml"
             (root / "yamls" / s / name).write_text(yaml.safe_dump(doc))
-        merged = {m: _measured(r, int(60 * r)) for m, r in zip(names, rates, strict=True)}
+        recorded = dict(zip(names, mps, strict=True)) if s == "flexsm" else {}
+        merged = {m: _measured(r, int(60 * r), recorded.get(m, (100, 90)))
+                  for m, r in zip(names, rates, strict=True)}
         merged.update({"throughput": 1.0, "request_num": 180})
         (root / "merged" / f"merged_{STEM}_placement_{STEM}_GPUnum2_{s}.json").write_text(
             json.dumps(merged))
@@ -148,6 +150,63 @@ def test_bad_input_names_the_file_and_the_field(tmp_path, case, field):
         load_muxserve_dir(root)
     assert exc.value.field == field
     assert exc.value.source.startswith(str(root))
+
+
+def test_the_limits_the_run_recorded_win_over_the_yaml(tmp_path):
+    root = toy_folder(tmp_path)
+    f = next((root / "merged").glob("*flexsm.json"))
+    doc = json.loads(f.read_text())
+    doc["llm-1"]["mps"] = [100, 40]
+    f.write_text(json.dumps(doc))
+    flexsm = load_muxserve_dir(root)[1]
+    got = {x.name: (x.prefill_pct, x.decode_pct) for x in flexsm.mesh_of("llm-1").llms}
+    assert got == {"llm-1": (100.0, 40.0), "llm-2": (90.0, 70.0)}
+    doc["llm-1"]["mps"] = [100, 140]
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as exc:
+        load_muxserve_dir(root)
+    assert exc.value.field == "llm-1.mps"
+
+
+def test_one_results_file_per_load_and_strategy(tmp_path):
+    root = toy_folder(tmp_path, strategies=("spatial",))
+    f = next((root / "merged").glob("*spatial.json"))
+    (root / "merged" / f.name.replace("GPUnum2", "GPUnum4")).write_text(f.read_text())
+    with pytest.raises(InputError, match="one results file"):
+        load_muxserve_dir(root)
+
+
+def test_a_missing_result_or_a_zero_rate_is_named(tmp_path):
+    root = toy_folder(tmp_path)
+    f = next((root / "merged").glob("*spatial.json"))
+    doc = json.loads(f.read_text())
+    del doc["llm-1"]
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="a results entry for LLM llm-1"):
+        load_muxserve_dir(root)
+    root = toy_folder(tmp_path / "z")
+    _edit_yaml(root / "yamls" / f"{STEM}.yaml", lambda d: d["models"][0].update(rate=0))
+    with pytest.raises(InputError, match="rate > 0") as exc:
+        load_muxserve_dir(root)
+    assert exc.value.field == "models[0].rate"
+
+
+def test_a_mesh_too_small_for_one_call_is_named(tmp_path, latency):
+    root = toy_folder(tmp_path)
+    _edit_yaml(_mesh_file(root), lambda d: d.update(gpu_memory_utilization=0.0005))
+    run = load_muxserve_dir(root)[1]
+    with pytest.raises(InputError) as exc:
+        validate_run(run, latency, simulate_runs=False)
+    assert exc.value.field.startswith("gpu_memory_utilization (of llm-")
+    assert exc.value.source == str(_mesh_file(root))
+
+
+def test_fitting_refuses_flags_it_would_ignore(tmp_path):
+    root = toy_folder(tmp_path / "d")
+    code, _, err = run_cli("validate", "muxserve", str(root), "--fit-overheads",
+                           str(tmp_path / "o.yaml"), "--json", str(tmp_path / "v.json"))
+    assert code == 2 and "--json" in err
+    assert not (tmp_path / "o.yaml").exists()
 
 
 def test_an_llm_placed_twice_is_refused(tmp_path):

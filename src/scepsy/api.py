@@ -410,6 +410,7 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
     cur = None
     if current is not None:
         cur = _allocation(current, "current", check_gpus=True)
+        cur.require_partitions("scepsy plan --current")
     if optimiser == "user" and cur is None:
         raise InputError("optimiser", "", "'user' together with current= (the allocation it "
                          "evaluates)", optimiser)

@@ -62,6 +62,13 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     from scepsy_profile.overheads import MUXSERVE_A100, load_overheads, with_overheads
     from scepsy_profile.roofline import roofline_model
 
+    if args.fit_overheads is not None:
+        for flag, given in (("--overheads", args.overheads is not None),
+                            ("--no-overheads", args.no_overheads), ("--json", args.json),
+                            ("--llms", args.llms), ("--no-simulate", args.no_simulate)):
+            if given:
+                raise InputError("validate", flag, "no --fit-overheads with it (the fit writes "
+                                 "overheads; validate with them in a second run)")
     for flag, path in (("--json", args.json), ("--fit-overheads", args.fit_overheads)):
         if path is not None and not path.parent.is_dir():
             raise InputError(str(path), flag, "a file in an existing folder")
@@ -106,11 +113,12 @@ def _fit(args: argparse.Namespace, base: object) -> int:
     from scepsy_profile.overheads import save_overheads
 
     runs = load_muxserve_dir(args.folder)
-    fit = fit_overheads(runs, base, source=f"scepsy validate muxserve {args.folder} "
+    fit = fit_overheads(runs, base, seed=args.seed,
+                        source=f"scepsy validate muxserve {args.folder} "
                         f"--fit-overheads (runs: {', '.join(sorted({r.workload for r in runs}))})")
     o = fit.overheads
     print(f"fitted on {len(fit.runs)} run(s): iteration_ms {o.iteration_ms:g}, "
-          f"tp_doubling_ms {o.tp_doubling_ms:g}")
+          f"tp_doubling_ms {o.tp_doubling_ms:g}, first_token_ms {o.first_token_ms:g}")
     save_overheads(o, args.fit_overheads)
     print(f"wrote {args.fit_overheads}")
     return 0

@@ -159,12 +159,23 @@ class Allocation:
                 if inst.memory is None:
                     raise InputError(self.source, f"{where}.memory", "its part of the mesh's "
                                      "memory (MPS limits compute only)")
-                if m in self.splits:
-                    raise InputError(self.source, f"{where}.mesh", "an LLM that is not split")
+                if any(m in parts for parts in self.splits.values()):
+                    raise InputError(self.source, f"{where}.mesh", "an LLM that is not a replica "
+                                     "group of a split LLM")
             total = sum(self.llms[m].memory or 0.0 for m in names)
             if total > 1 + SPLIT_TOL:
                 raise InputError(self.source, f"llms.{names[-1]}.memory", f"memory parts of mesh "
                                  f"{mesh} that add up to at most 1", round(total, 6))
+
+    def require_partitions(self, what: str) -> None:
+        """Refuse LLMs that share a mesh or have their own prefill limit: ``what`` (planning,
+        placement) treats every share as a partition of its GPUs."""
+        for m, inst in self.llms.items():
+            if inst.mesh is not None or inst.prefill_share is not None:
+                field_ = "mesh" if inst.mesh is not None else "prefill_share"
+                raise InputError(self.source, f"llms.{m}.{field_}", f"shares that partition "
+                                 f"their GPUs ({what} does not take MPS meshes or prefill limits; "
+                                 "scepsy predict and scepsy simulate do)")
 
     def meshes(self) -> dict[str, tuple[str, ...]]:
         """Mesh name -> the LLMs that share its GPUs (sorted; LLMs outside meshes left out)."""

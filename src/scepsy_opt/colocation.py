@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+from scepsy_common.errors import InputError
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.mps import Contended, CoRunner, PhaseShareModel, contended_shares
 from scepsy_profile.serving import ServingCurve
@@ -46,14 +47,27 @@ def phase_model(latency: LatencyModel, c: Contended) -> PhaseShareModel:
 def contend(meshes: Mapping[str, Sequence[str]], limits: Mapping[str, tuple[float, float]],
             rates: Mapping[str, float], curve_of: Callable[[str, LatencyModel], ServingCurve],
             latency: LatencyModel, sharing: str = "mps", interference: float = 0.0,
+            source: str | None = None, field: str = "llms.{llm}.memory",
             ) -> dict[str, Contended]:
     """The contended shares of every LLM of ``meshes`` (mesh -> its LLMs; ``limits``: LLM ->
     (prefill, decode) limits; ``rates``: LLM -> calls/s; ``curve_of(llm, latency model)``: its
     serving curve under a latency model). Each LLM's step alone (for ``"turns"``) is its mean
     iteration at its own limits; the busy fractions start at 0 and move half-way to what the
     curves give at the current shares, until they move less than :data:`TOL` (at most
-    :data:`ROUNDS` rounds)."""
+    :data:`ROUNDS` rounds). An LLM whose instance cannot hold one call is an
+    :class:`InputError` naming ``source`` (default: its mesh's name) and ``field`` (``{llm}``:
+    the LLM)."""
     out: dict[str, Contended] = {}
+    where = {m: source or mesh for mesh, names in meshes.items() for m in names}
+
+    def point(m: str, lat: LatencyModel) -> tuple[float, float, float]:
+        curve = curve_of(m, lat)
+        if not curve.feasible:
+            raise InputError(where[m], field.format(llm=m), f"a part of the GPUs' memory that "
+                             f"holds {curve.model}'s weights and one call (its KV cache holds "
+                             f"{curve.memory.kv_tokens} tokens)")
+        batch, in_service = operating_point(curve, rates[m])
+        return batch, in_service, curve.output_tokens
     for names in meshes.values():
         alone = {m: Contended(*limits[m], 1.0) for m in names}
         if len(names) == 1:
@@ -61,8 +75,8 @@ def contend(meshes: Mapping[str, Sequence[str]], limits: Mapping[str, tuple[floa
             continue
         step = {}
         for m in names:
-            curve = curve_of(m, phase_model(latency, alone[m]))
-            step[m] = 1e3 * operating_point(curve, rates[m])[1] / max(curve.output_tokens, 1.0)
+            _, in_service, out_tokens = point(m, phase_model(latency, alone[m]))
+            step[m] = 1e3 * in_service / max(out_tokens, 1.0)
         busy = dict.fromkeys(names, 0.0)
 
         def mesh(busy: Mapping[str, float], names: Sequence[str] = names,
@@ -70,8 +84,8 @@ def contend(meshes: Mapping[str, Sequence[str]], limits: Mapping[str, tuple[floa
             return {m: CoRunner(*limits[m], busy[m], step[m]) for m in names}
         for _ in range(ROUNDS):
             shares = contended_shares(mesh(busy), sharing, interference)
-            new = {m: busy_fraction(operating_point(
-                curve_of(m, phase_model(latency, shares[m])), rates[m])[0]) for m in names}
+            new = {m: busy_fraction(point(m, phase_model(latency, shares[m]))[0])
+                   for m in names}
             moved = max(abs(new[m] - busy[m]) for m in names)
             busy = {m: DAMPING * busy[m] + (1 - DAMPING) * new[m] for m in names}
             if moved < TOL:

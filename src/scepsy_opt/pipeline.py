@@ -614,7 +614,8 @@ def phase_latencies(stats: Mapping[str, WorkflowStats], models: Mapping[str, str
     for m in sorted(phased):
         groups.setdefault(allocation.llms[m].mesh or f"(alone) {m}", []).append(m)
     shares = contend(groups, {m: allocation.llms[m].phase_shares for m in phased},
-                     {m: demands[m].rate for m in phased}, curve_of, latency)
+                     {m: demands[m].rate for m in phased}, curve_of, latency,
+                     source=allocation.source)
     return {m: phase_model(latency, c) for m, c in shares.items()}
 
 

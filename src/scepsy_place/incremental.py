@@ -226,6 +226,7 @@ class Running:
 def running_from_document(doc: Mapping[str, Any], source: str) -> Running:
     """The running allocation and placement of a plan.json document (``placement.instances``)."""
     alloc = parse_allocation(dict(doc), source)
+    alloc.require_partitions("a running plan")
     pl = doc.get("placement")
     if not isinstance(pl, Mapping) or not pl.get("placed") or not pl.get("instances"):
         raise InputError(source, "placement", "a placed plan with placement.instances (every "

@@ -118,13 +118,17 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     shares = contend({mesh.source: [x.name for x in mesh.llms] for mesh in run.meshes},
                      {m: x.limits for m, x in llms.items()}, rates,
                      lambda m, lat: _curve(llms[m], demands[m], lat), latency,
-                     SHARING[run.strategy], alpha)
+                     SHARING[run.strategy], alpha, field="gpu_memory_utilization (of {llm})")
     per: dict[str, dict[str, Figures]] = {}
     predicted: dict[str, Figures] = {}
     simulated: dict[str, Figures] = {}
     for m, x in llms.items():
         lat = phase_model(latency, shares[m])
         curve = _curve(x, demands[m], lat)
+        if not curve.feasible:
+            raise InputError(run.mesh_of(m).source, f"gpu_memory_utilization (of {m})",
+                             f"a part of the GPUs' memory that holds {x.model}'s weights and "
+                             f"one call (its KV cache holds {curve.memory.kv_tokens} tokens)")
         fin = finite_run(curve, x.rate, x.requests, queued, call_delay_s(latency))
         predicted[m] = _of_finite(m, fin)
         if simulate_runs:
@@ -202,15 +206,21 @@ def _of_finite(m: str, f: FiniteRun) -> Figures:
 
 
 MEASURED_OVERLOAD = 0.9
-"""A measured LLM is overloaded when it served less than this fraction of its rate."""
+"""A measured LLM was overloaded when it served less than this fraction of what its rate gives
+over the run, ``N / (N/λ + p90 latency)`` (the last requests about as late as the 90th
+percentile; MuxServe records no completion times), or when its requests waited in front of the
+engine: a mean TTFT above :data:`MEASURED_QUEUE` of its mean latency. Both are heuristics."""
+MEASURED_QUEUE = 0.25
 
 
 def _of_measured(run: MuxRun, m: str) -> Figures:
     x = run.measured[m]
-    over = x.throughput < MEASURED_OVERLOAD * run.rates[m] * x.requests / (
-        x.requests + run.rates[m] * x.mean_latency_s(run.output_mean))
-    return Figures(x.throughput, x.mean_latency_s(run.output_mean), x.p90_ttft_s, x.ttft_mean_s,
-                   x.tpot_mean_s, (m,) if over else ())
+    latency = x.mean_latency_s(run.output_mean)
+    short = x.throughput < MEASURED_OVERLOAD * x.requests / (x.requests / run.rates[m]
+                                                             + x.p90_latency_s)
+    queued = x.ttft_mean_s > MEASURED_QUEUE * latency
+    return Figures(x.throughput, latency, x.p90_ttft_s, x.ttft_mean_s, x.tpot_mean_s,
+                   (m,) if short or queued else ())
 
 
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
@@ -240,8 +250,8 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
 
 
 GROWTH = 2.0
-"""A run whose last quarter of requests waited this many times longer than its first quarter
-was overloaded: its latency grew with the run's length."""
+"""A run whose last quarter of requests took this many times longer than its first quarter
+(request latency) was overloaded: its latency grew with the run's length."""
 
 
 def grew(latencies: np.ndarray) -> bool:

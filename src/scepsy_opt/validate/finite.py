@@ -14,8 +14,9 @@ served. With ``μ`` the instance's saturation throughput:
   and is served in a full batch (``B_max/μ``).
 
 Throughput is what the run served: ``N`` over the time from the first arrival to the last
-completion, ``max(N/λ, N/μ) + L`` with ``L`` the last request's service. TTFT is the wait plus
-the prefill of its group; TPOT the rest of the in-service time over ``O − 1`` tokens. A wait's
+completion, ``max(N/λ, N/μ) + L + D`` with ``L`` the last request's service and ``D`` the pure
+delay per call. TTFT is the wait plus the prefill of its group plus ``D``; TPOT the rest of the
+latency over ``O − 1`` tokens. A wait's
 90th percentile is ``ln 10`` times its mean (exponential) without overload, and 1.8 times the
 backlog's mean (uniform over ``[0, max]``) with it.
 """

@@ -49,7 +49,7 @@ class OverheadsFit:
 def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
                   grid: Sequence[float] = GRID_MS,
                   first_grid: Sequence[float] = FIRST_TOKEN_GRID_MS, version: str = "",
-                  source: str = "") -> OverheadsFit:
+                  source: str = "", seed: int = 0) -> OverheadsFit:
     """The overheads that fit the :data:`FIT_STRATEGY` runs of ``runs`` best (module
     docstring)."""
     used = [r for r in runs if r.strategy == FIT_STRATEGY]
@@ -65,7 +65,7 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
         lat = with_overheads(latency, over)
         errs: list[float] = []
         for run in used:
-            v = validate_run(run, lat, simulate_runs=False)
+            v = validate_run(run, lat, simulate_runs=False, seed=seed)
             for fig in v.llms.values():
                 m, p = fig["measured"], fig["predicted"]
                 if not m.overloaded and m.mean_tpot_s > 0 and p.mean_tpot_s > 0:
@@ -76,7 +76,7 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
         raise InputError("validate", "runs", "an LLM that was not overloaded to fit on")
     best = min(points, key=lambda p: (round(p.score, 12), p.iteration_ms + p.tp_doubling_ms,
                                       p.iteration_ms))
-    first = _first_token(used, latency, best, version, first_grid)
+    first = _first_token(used, latency, best, version, first_grid, seed)
     over = EngineOverheads("muxserve", version, GPU, iteration_ms=best.iteration_ms,
                            tp_doubling_ms=best.tp_doubling_ms, first_token_ms=first,
                            source=source)
@@ -84,7 +84,7 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
 
 
 def _first_token(runs: Sequence[MuxRun], latency: LatencyModel, best: FitPoint, version: str,
-                 grid: Sequence[float]) -> float:
+                 grid: Sequence[float], seed: int) -> float:
     """The ``first_token_ms`` of ``grid`` whose mean TTFT fits the LLMs that were not
     overloaded best (mean squared log-ratio; the smallest on ties)."""
     scores = []
@@ -93,7 +93,7 @@ def _first_token(runs: Sequence[MuxRun], latency: LatencyModel, best: FitPoint, 
                                tp_doubling_ms=best.tp_doubling_ms, first_token_ms=ft)
         errs = []
         for run in runs:
-            v = validate_run(run, with_overheads(latency, over), simulate_runs=False)
+            v = validate_run(run, with_overheads(latency, over), simulate_runs=False, seed=seed)
             for fig in v.llms.values():
                 m, p = fig["measured"], fig["predicted"]
                 if not m.overloaded and m.mean_ttft_s > 0 and p.mean_ttft_s > 0:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -38,6 +38,7 @@ STRATEGIES = ("spatial", "flexsm", "temporal")
 a mesh taking turns on its GPUs."""
 GPU = "A100-80GB"
 """The GPU of MuxServe's runs (32 A100-80GB)."""
+_RESULT = re.compile(r"_GPUnum(?P<g>\d+)_(?:spatial|flexsm|temporal)\.json$")
 _MESH = re.compile(r"^(?P<w>.+)_GPUnum(?P<g>\d+)_mesh_size(?P<k>\d+)_idx(?P<i>\d+)"
                    r"(?:_(?P<s>spatial|flexsm|temporal))?$")
 
@@ -78,6 +79,7 @@ class MeasuredLLM:
     p90_latency_s: float
     p99_latency_s: float
     p90_tpot_s: float
+    mps: tuple[float, float] | None = None  # [prefill %, decode %] the run recorded
 
     def mean_latency_s(self, output_mean: float) -> float:
         """The mean request latency: TTFT plus ``output_mean − 1`` mean TPOTs (MuxServe
@@ -119,11 +121,19 @@ def load_muxserve_dir(path: str | Path) -> tuple[MuxRun, ...]:
     for wfile in workloads:
         w = _workload(wfile)
         for strategy in STRATEGIES:
-            merged = list((root / "merged").glob(f"merged_{wfile.stem}_placement_*_{strategy}.json"))
+            merged = sorted((root / "merged").glob(
+                f"merged_{wfile.stem}_placement_{wfile.stem}_GPUnum*_{strategy}.json"))
             if not merged:
                 continue
-            meshes = _meshes(ydir / strategy, wfile.stem, strategy, w)
+            if len(merged) > 1:
+                raise InputError(str(root / "merged"), f"{wfile.stem} {strategy}",
+                                 "one results file per load and strategy",
+                                 [p.name for p in merged])
+            gpus = _RESULT.match(merged[0].name)
+            meshes = _meshes(ydir / strategy, wfile.stem, strategy, w,
+                             int(gpus.group("g")) if gpus else None)
             measured = _measured(merged[0], w["rates"])
+            meshes = _recorded_mps(meshes, measured)
             runs.append(MuxRun(wfile.stem, strategy, w["nodes"], w["per_node"],
                                MappingProxyType(w["rates"]), MappingProxyType(w["models"]),
                                w["prompt"], w["output"], meshes, MappingProxyType(measured)))
@@ -147,7 +157,9 @@ def _workload(path: Path) -> dict[str, Any]:
         name = e.get("name")
         if not isinstance(name, str) or not name or name in rates:
             raise InputError(src, f"models[{i}].name", "a unique LLM name", name)
-        rates[name] = _num(e.get("rate"), src, f"models[{i}].rate", "a rate >= 0 (req/s)", 0.0)
+        rates[name] = _num(e.get("rate"), src, f"models[{i}].rate", "a rate > 0 (req/s)", 0.0)
+        if rates[name] <= 0:
+            raise InputError(src, f"models[{i}].rate", "a rate > 0 (req/s)", e.get("rate"))
         names[name] = _model(e.get("model"), src, f"models[{i}].model")
     return {"nodes": _int(cluster.get("nnodes"), src, "cluster.nnodes"),
             "per_node": _int(cluster.get("ngpus_per_node"), src, "cluster.ngpus_per_node"),
@@ -158,11 +170,13 @@ def _workload(path: Path) -> dict[str, Any]:
                            "a mean output length >= 1 (tokens)", 1.0)}
 
 
-def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any]) -> tuple[Mesh, ...]:
+def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any],
+            gpus: int | None) -> tuple[Mesh, ...]:
     files = []
     for p in sorted(folder.glob(f"{stem}_GPUnum*_mesh_size*_idx*.yaml")) if folder.is_dir() else []:
         m = _MESH.match(p.stem)
-        if m and m.group("w") == stem and m.group("s") in (None, strategy):
+        if m and m.group("w") == stem and m.group("s") in (None, strategy) and (
+                gpus is None or int(m.group("g")) == gpus):
             files.append((int(m.group("i")), p))
     if not files:
         raise InputError(str(folder), "", f"the {strategy} placement of {stem}: files "
@@ -219,11 +233,28 @@ def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any]) -> tup
     return tuple(meshes)
 
 
+def _recorded_mps(meshes: tuple[Mesh, ...], measured: Mapping[str, MeasuredLLM]
+                  ) -> tuple[Mesh, ...]:
+    """The meshes with each LLM's MPS limits as the run recorded them (``mps`` of the results,
+    where given): the placement YAMLs are inputs to MuxServe's placement generator, and six
+    flexsm LLMs of the ChatLMSYS runs recorded other limits than their YAML's."""
+    out = []
+    for mesh in meshes:
+        llms = tuple(replace(x, prefill_pct=measured[x.name].mps[0],
+                             decode_pct=measured[x.name].mps[1])
+                     if measured[x.name].mps is not None else x for x in mesh.llms)
+        out.append(replace(mesh, llms=llms))
+    return tuple(out)
+
+
 def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
     src = str(path)
     doc = _mapping(read_json(path, "MuxServe merged results JSON"), src, "top level")
     out: dict[str, MeasuredLLM] = {}
     for name in rates:
+        if name not in doc:
+            raise InputError(src, name, f"a results entry for LLM {name} (every LLM of the "
+                             "workload is measured)")
         e = _mapping(doc.get(name), src, name)
 
         def f(key: str, low: float = 0.0, e: Mapping[str, Any] = e, name: str = name) -> float:
@@ -234,8 +265,21 @@ def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
             ttft_mean_s=f("first_token_latency"), tpot_mean_s=f("output_per_token_latency"),
             p90_ttft_s=f("p90[TTFT]"), p99_ttft_s=f("p99[TTFT]"),
             p90_latency_s=f("p90[avg_latency]"), p99_latency_s=f("p99[avg_latency]"),
-            p90_tpot_s=f("p90[TPOT]"))
+            p90_tpot_s=f("p90[TPOT]"), mps=_mps(e.get("mps"), src, f"{name}.mps"))
     return out
+
+
+def _mps(raw: object, src: str, where: str) -> tuple[float, float] | None:
+    """The ``[prefill %, decode %]`` a run recorded, or None where it recorded none."""
+    if raw is None:
+        return None
+    if not isinstance(raw, list) or len(raw) != 2:
+        raise InputError(src, where, "[prefill %, decode %] of the SMs", raw)
+    pre, dec = (_num(v, src, f"{where}[{j}]", "a percentage in (0, 100]", 0.0)
+                for j, v in enumerate(raw))
+    if not (0 < pre <= 100 and 0 < dec <= 100):
+        raise InputError(src, where, "percentages in (0, 100]", raw)
+    return pre, dec
 
 
 def _mapping(obj: object, src: str, where: str) -> Mapping[str, Any]:

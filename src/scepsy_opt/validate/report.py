@@ -60,7 +60,7 @@ def _llm_figures(f: Figures | None) -> dict[str, Any] | None:
 
 def document(report: ValidationReport) -> dict[str, Any]:
     """The ``--json`` document: ``{"format", "folder", "model", "runs": [{"workload",
-    "strategy", "measured", "predicted", "simulated", "errors", "llms"}]}``; figures
+    "strategy", "measured", "predicted", "simulated", "errors", "llms", "shares"}]}``; figures
     ``{"throughput", "mean_latency_s", "p90_ttft_s", "mean_ttft_s", "mean_tpot_s",
     "overloaded"}``, errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
     runs = []
