@@ -297,10 +297,7 @@ class ServingCurve:
         ok = (r > 0) & (r < self.mu) if self.feasible else np.zeros(r.shape, dtype=bool)
         if np.any(ok):
             x = r[ok]
-            b, rates = self._table
-            # below one call in service B = λ/λ(1): the in-service time is exactly service(1)
-            in_service = np.where(x <= rates[1], float(self.service_ms[0]) / 1e3,
-                                  np.interp(x, rates, b) / x)
+            in_service = self._in_service(x)
             rho = x / self.mu
             c = self.max_batch
             wait = rho ** (math.sqrt(2.0 * (c + 1)) - 1.0) / (c * (1.0 - rho)) * (c / self.mu)
@@ -312,10 +309,14 @@ class ServingCurve:
         first term of :meth:`latency_s`."""
         if not 0 < rate < self.mu:
             raise InputError("query", "rate", f"a rate in (0, μ={self.mu:.6g}) calls/s", rate)
+        return float(self._in_service(np.array([rate], dtype=float))[0])
+
+    def _in_service(self, x: NDArray[np.float64]) -> NDArray[np.float64]:
+        """The in-service time (s) at rates ``x`` in (0, μ): ``B(λ)/λ``; below one call in
+        service (``B = λ/λ(1)``) exactly ``service(1)``."""
         b, rates = self._table
-        if rate <= rates[1]:
-            return float(self.service_ms[0]) / 1e3
-        return float(np.interp(rate, rates, b)) / rate
+        return np.where(x <= rates[1], float(self.service_ms[0]) / 1e3,
+                        np.interp(x, rates, b) / x)
 
     def group_prefill_s(self, batch: float) -> float:
         """The prefill (s) of the group a call joins with ``batch`` calls in service,
