@@ -570,13 +570,10 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
         more: dict[str, Any] = {} if policy is None else {"policy": policy}
         models = models_of(specs)
         if any(i.mesh is not None or i.prefill_share is not None for i in alloc.llms.values()):
-            from scepsy_opt.pipeline import phase_latencies
-            from scepsy_opt.stats import split_stats
+            from scepsy_opt.pipeline import phase_latencies, served
 
-            stats = _stats(specs, tr, seed)
-            if alloc.splits:
-                stats = {w: split_stats(st, alloc.splits) for w, st in stats.items()}
-            more["latencies"] = phase_latencies(stats, alloc.models(models), alloc, lat, rates,
+            stats, served_models = served(_stats(specs, tr, seed), models, alloc)
+            more["latencies"] = phase_latencies(stats, served_models, alloc, lat, rates,
                                                 catalog=own, policy=policy)
         return _simulate(tr, models, alloc, lat, rates, requests=requests, seed=seed,
                          routing=routing, progress=progress, **more)  # type: ignore[arg-type]

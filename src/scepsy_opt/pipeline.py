@@ -590,6 +590,17 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
     return out
 
 
+def served(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
+           allocation: Allocation) -> tuple[Mapping[str, WorkflowStats], Mapping[str, str]]:
+    """``stats`` and ``models`` as the allocation serves them: an LLM it splits over replica
+    groups (``Allocation.splits``) becomes its groups, each with its fraction of the calls
+    (:func:`scepsy_opt.stats.split_stats`) and the LLM's model."""
+    if not allocation.splits:
+        return stats, models
+    return ({w: split_stats(st, allocation.splits) for w, st in stats.items()},
+            allocation.models(models))
+
+
 def phase_latencies(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
                     allocation: Allocation, latency: LatencyModel, rates: Mapping[str, float],
                     *, catalog: Catalog | None = None, policy: MemoryPolicy | None = None,
@@ -598,7 +609,7 @@ def phase_latencies(stats: Mapping[str, WorkflowStats], models: Mapping[str, str
     shares a mesh (``Instance.prefill_share``, ``Instance.mesh``): ``latency`` at the shares
     its limits get from the busy co-runners of its mesh at ``rates``
     (:func:`scepsy_opt.colocation.contend`). The others are left out (``latency`` as is).
-    ``stats`` and ``models`` as :func:`predict` takes them (split LLMs already split)."""
+    ``stats`` and ``models`` as the allocation serves them (:func:`served`)."""
     used = {m for w, st in stats.items() if rates.get(w, 0.0) > 0 for m in st.llms}
     phased = {m for m, i in allocation.llms.items()
               if m in used and (i.mesh is not None or i.prefill_share is not None)}
@@ -636,9 +647,7 @@ def predict(
     its groups, each with its fraction of the calls (:func:`scepsy_opt.stats.split_stats`);
     the loads are the groups'. LLMs that share a mesh under MPS limits are predicted at the
     shares they get from each other (:func:`phase_latencies`)."""
-    if allocation.splits:
-        stats = {w: split_stats(st, allocation.splits) for w, st in stats.items()}
-        models = allocation.models(models)
+    stats, models = served(stats, models, allocation)
     if form not in FORMS:
         raise InputError("predict", "form", f"one of {list(FORMS)}", form)
     for w, r in rates.items():
