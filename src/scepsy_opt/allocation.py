@@ -92,10 +92,8 @@ class Instance:
 
     @property
     def gpus(self) -> float:
-        """GPU capacity used: ``replicas · tp · share`` (an LLM of a mesh: the mesh's part its
-        memory takes, ``tp · memory``)."""
-        if self.mesh is not None and self.memory is not None:
-            return self.tp * self.memory
+        """GPU capacity used: ``replicas · tp · share`` (LLMs of a mesh share its GPUs:
+        :meth:`Allocation.gpus` counts those once)."""
         return self.replicas * self.tp * self.share
 
     @property

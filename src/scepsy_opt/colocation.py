@@ -17,7 +17,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 from scepsy_common.errors import InputError
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.mps import Contended, CoRunner, PhaseShareModel, contended_shares
+from scepsy_profile.mps import (
+    INTERFERENCE,
+    Contended,
+    CoRunner,
+    PhaseShareModel,
+    contended_shares,
+)
 from scepsy_profile.serving import ServingCurve
 
 ROUNDS = 30
@@ -46,7 +52,7 @@ def phase_model(latency: LatencyModel, c: Contended) -> PhaseShareModel:
 
 def contend(meshes: Mapping[str, Sequence[str]], limits: Mapping[str, tuple[float, float]],
             rates: Mapping[str, float], curve_of: Callable[[str, LatencyModel], ServingCurve],
-            latency: LatencyModel, sharing: str = "mps", interference: float = 0.0,
+            latency: LatencyModel, sharing: str = "mps", interference: float = INTERFERENCE,
             source: str | None = None, field: str = "llms.{llm}.memory",
             ) -> dict[str, Contended]:
     """The contended shares of every LLM of ``meshes`` (mesh -> its LLMs; ``limits``: LLM ->

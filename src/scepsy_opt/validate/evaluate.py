@@ -22,6 +22,7 @@ and p90 TTFT the request-weighted means (weights: the measured request counts).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,16 +36,17 @@ from scepsy_opt.colocation import contend, phase_model
 from scepsy_opt.pipeline import instance_curve, llm_demand
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.simulate import simulate
+from scepsy_opt.stats import WorkflowStats
 from scepsy_opt.validate.finite import FiniteRun, finite_run
 from scepsy_opt.validate.muxserve import GPU, Mesh, MeshLLM, MuxRun
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.catalog import default_catalog
+from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.mps import Contended
+from scepsy_profile.mps import INTERFERENCE, Contended
 from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
-GIB = 1024**3
 MAX_TOKENS = 1024
 """The longest prompt and the longest output (tokens; at most half the model's context)."""
 MAX_BATCH = 2048
@@ -58,9 +60,6 @@ STATS_REQUESTS = 2000  # one-call requests behind each LLM's length statistics
 SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "mps",
                                                "temporal": "turns"})
 """How each strategy's co-located LLMs share a mesh (:func:`scepsy_profile.mps.contended_shares`)."""
-INTERFERENCE: Mapping[str, float] = MappingProxyType({"spatial": 0.0, "flexsm": 0.0,
-                                                      "temporal": 0.0})
-"""``α`` per strategy (:mod:`scepsy_profile.mps`): the slowdown per busy co-runner."""
 
 
 @dataclass(frozen=True)
@@ -108,10 +107,10 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
                  queued: float = 0.0) -> RunValidation:
     """Measured vs predicted (and simulated) for ``run`` with ``latency`` (the module
     docstring)."""
-    alpha = (interference or INTERFERENCE).get(run.strategy, 0.0)
+    alpha = (interference or {}).get(run.strategy, INTERFERENCE)
     llms = {m.name: _llm(run, mesh, m) for mesh in run.meshes for m in mesh.llms}
-    workload = _workload(run)
-    stats = rate_stats(workload, STATS_REQUESTS, seed)
+    workload, stats = _lengths(tuple((m, run.models[m], r) for m, r in run.rates.items()),
+                               run.prompt_mean, run.output_mean, seed)
     models = {m: x.model for m, x in llms.items()}
     rates = {m: x.rate for m, x in llms.items()}
     demands = {m: llm_demand(stats, models, rates, m) for m in llms}
@@ -166,19 +165,22 @@ def _natural(name: str) -> tuple[str, int]:
     return (head, int(tail)) if tail.isdigit() else (name, -1)
 
 
-def _workload(run: MuxRun) -> RateWorkload:
+@functools.lru_cache(maxsize=16)
+def _lengths(llms: tuple[tuple[str, str, float], ...], prompt_mean: float, output_mean: float,
+             seed: int) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
+    """The one-call workload of a run's LLMs ``(name, model, rate)`` and its length
+    statistics, kept for the next run with the same LLMs (the strategies of one load share
+    them, and a fit validates each run at every grid point: the statistics are nearly all of
+    a prediction's time)."""
     cat = default_catalog()
-    llms = {}
-    for m, rate in run.rates.items():
-        most = min(MAX_TOKENS, cat.model(run.models[m]).max_context // 2)
-        llms[m] = RateLLM(run.models[m], rate,
-                          Distribution.lognormal(run.prompt_mean, 1.0, min=1, max=most),
-                          Distribution.exponential(run.output_mean, min=1, max=most))
-    return RateWorkload(_name(run), llms, reference_gpu=GPU)
-
-
-def _name(run: MuxRun) -> str:
-    return f"muxserve-{run.strategy}"
+    specs = {}
+    for m, model, rate in llms:
+        most = min(MAX_TOKENS, cat.model(model).max_context // 2)
+        specs[m] = RateLLM(model, rate,
+                           Distribution.lognormal(prompt_mean, 1.0, min=1, max=most),
+                           Distribution.exponential(output_mean, min=1, max=most))
+    workload = RateWorkload("muxserve", specs, reference_gpu=GPU)
+    return workload, rate_stats(workload, STATS_REQUESTS, seed)
 
 
 def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM) -> _LLM:

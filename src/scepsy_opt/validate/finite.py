@@ -27,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from scepsy_common.errors import InputError
-from scepsy_opt.colocation import busy_fraction, operating_point
+from scepsy_opt.colocation import operating_point
 from scepsy_profile.serving import ServingCurve
 
 WALK = 0.75
@@ -48,7 +48,6 @@ class FiniteRun:
     p90_ttft_s: float
     mean_tpot_s: float
     overloaded: bool
-    busy: float  # the fraction of time it has work (:func:`busy_fraction`)
 
 
 def walk_wait(requests: int, mu: float) -> float:
@@ -93,7 +92,7 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
     return FiniteRun(throughput=n / (span + in_service + delay_s),
                      mean_latency_s=latency + delay_s, mean_ttft_s=first + prefill + delay_s,
                      p90_ttft_s=p90_first + prefill + delay_s,
-                     mean_tpot_s=tpot, overloaded=rate >= mu, busy=busy_fraction(batch))
+                     mean_tpot_s=tpot, overloaded=rate >= mu)
 
 
 def _admission_wait(n: int, rate: float, mu: float, admitted: float) -> tuple[float, float]:

@@ -62,16 +62,9 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
     points: list[FitPoint] = []
     for it, rank in itertools.product(sorted(set(grid)), repeat=2):
         over = EngineOverheads("muxserve", version, GPU, iteration_ms=it, tp_doubling_ms=rank)
-        lat = with_overheads(latency, over)
-        errs: list[float] = []
-        for run in used:
-            v = validate_run(run, lat, simulate_runs=False, seed=seed)
-            for fig in v.llms.values():
-                m, p = fig["measured"], fig["predicted"]
-                if not m.overloaded and m.mean_tpot_s > 0 and p.mean_tpot_s > 0:
-                    errs.append(math.log(p.mean_tpot_s / m.mean_tpot_s) ** 2)
-        if errs:
-            points.append(FitPoint(it, rank, sum(errs) / len(errs), len(errs)))
+        score = _score(used, with_overheads(latency, over), "mean_tpot_s", seed)
+        if score is not None:
+            points.append(FitPoint(it, rank, *score))
     if not points:
         raise InputError("validate", "runs", "an LLM that was not overloaded to fit on")
     best = min(points, key=lambda p: (round(p.score, 12), p.iteration_ms + p.tp_doubling_ms,
@@ -91,13 +84,22 @@ def _first_token(runs: Sequence[MuxRun], latency: LatencyModel, best: FitPoint, 
     for ft in sorted(set(grid)):
         over = EngineOverheads("muxserve", version, GPU, iteration_ms=best.iteration_ms,
                                tp_doubling_ms=best.tp_doubling_ms, first_token_ms=ft)
-        errs = []
-        for run in runs:
-            v = validate_run(run, with_overheads(latency, over), simulate_runs=False, seed=seed)
-            for fig in v.llms.values():
-                m, p = fig["measured"], fig["predicted"]
-                if not m.overloaded and m.mean_ttft_s > 0 and p.mean_ttft_s > 0:
-                    errs.append(math.log(p.mean_ttft_s / m.mean_ttft_s) ** 2)
-        if errs:
-            scores.append((round(sum(errs) / len(errs), 12), ft))
+        score = _score(runs, with_overheads(latency, over), "mean_ttft_s", seed)
+        if score is not None:
+            scores.append((round(score[0], 12), ft))
     return min(scores)[1] if scores else 0.0
+
+
+def _score(runs: Sequence[MuxRun], latency: LatencyModel, metric: str, seed: int,
+           ) -> tuple[float, int] | None:
+    """The mean squared log-ratio of predicted to measured ``metric`` (a :class:`Figures`
+    field) over the LLMs of ``runs`` that were not overloaded, and how many there were (None:
+    none)."""
+    errs = []
+    for run in runs:
+        v = validate_run(run, latency, simulate_runs=False, seed=seed)
+        for fig in v.llms.values():
+            m, p = getattr(fig["measured"], metric), getattr(fig["predicted"], metric)
+            if not fig["measured"].overloaded and m > 0 and p > 0:
+                errs.append(math.log(p / m) ** 2)
+    return (sum(errs) / len(errs), len(errs)) if errs else None

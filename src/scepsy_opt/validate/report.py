@@ -4,7 +4,6 @@ and simulated, and the JSON document (docs/validate.md)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -47,8 +46,7 @@ def _figures(f: Figures | None) -> dict[str, Any] | None:
         return None
     d = asdict(f)
     d["overloaded"] = list(f.overloaded)
-    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-            for k, v in d.items()}
+    return {k: (_finite(v) if isinstance(v, float) else v) for k, v in d.items()}
 
 
 def _llm_figures(f: Figures | None) -> dict[str, Any] | None:
@@ -143,12 +141,3 @@ def _short(workload: str) -> str:
 
 def _pct(x: float) -> str:
     return "" if not math.isfinite(x) else f"{100 * x:+.0f}%"
-
-
-def summary(reports: Sequence[RunValidation]) -> dict[str, float]:
-    """The largest absolute error of each metric over ``reports`` (predicted)."""
-    out = {}
-    for k in ("throughput", "mean_latency_s", "p90_ttft_s"):
-        errs = [abs(error(getattr(v.predicted, k), getattr(v.measured, k))) for v in reports]
-        out[k] = max((e for e in errs if math.isfinite(e)), default=math.nan)
-    return out
