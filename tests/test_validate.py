@@ -47,13 +47,17 @@ def latency(bundled_curves):
 # ------------------------------------------------------------------ a small folder to read
 
 
-def _measured(rate: float, n: int, mps=(100, 90)) -> dict:
+def _measured(rate: float, n: int, mps=(100, 90), lengths=(100.0, 200.0)) -> dict:
+    """One LLM's results entry; its token counts give ``lengths`` (prompt, output) per
+    request."""
+    prompt, output = lengths
     return {"model_name": "x", "mps": list(mps), "first_token_latency": 0.2,
             "output_per_token_latency": 0.03, "request_num": n, "throughput": 0.95 * rate,
-            "tokens_throughput": 1.0, "p90[TTFT]": 0.4, "p99[TTFT]": 0.8, "p95[TTFT]": 0.5,
+            "tokens_throughput": 0.95 * rate * (prompt + output), "p90[TTFT]": 0.4, "p99[TTFT]": 0.8, "p95[TTFT]": 0.5,
             "p90[TPOT]": 0.05, "p95[TPOT]": 0.06, "p99[TPOT]": 0.07, "p90[avg_latency]": 12.0,
             "p95[avg_latency]": 14.0, "p99[avg_latency]": 20.0, "prefill_avg_batches": 1.0,
-            "prefill_batch_times": 10, "decoding_avg_batches": 5.0, "decoding_batch_times": 100}
+            "prefill_batch_times": 10, "decoding_avg_batches": output * n / 100,
+            "decoding_batch_times": 100}
 
 
 def toy_folder(root: Path, *, strategies=("spatial", "flexsm"), rates=(2.0, 1.0),
@@ -104,7 +108,27 @@ def test_a_folder_is_read_into_runs(tmp_path):
         (80.0, 60.0), (90.0, 70.0)]
     m = spatial.measured["llm-1"]
     assert m.requests == 120 and m.p90_ttft_s == 0.4
-    assert m.mean_latency_s(200.0) == pytest.approx(0.2 + 0.03 * 199, rel=1e-12)
+    assert m.mean_latency_s(200.0) == pytest.approx(0.2 + 0.03 * 200, rel=1e-12)
+
+
+def test_each_llms_lengths_come_from_its_token_counts(tmp_path):
+    """Oracle: counts written for known lengths give those lengths back; without the counts
+    the workload's means stand for every LLM; counts that leave no prompt are refused."""
+    root = toy_folder(tmp_path, strategies=("spatial",))
+    path = next((root / "merged").glob("*.json"))
+    doc = json.loads(path.read_text())
+    doc["llm-2"] = _measured(1.0, 60, lengths=(37.0, 410.0))
+    path.write_text(json.dumps(doc))
+    run = load_muxserve_dir(root)[0]
+    assert run.lengths("llm-1") == pytest.approx((100.0, 200.0), rel=1e-12)
+    assert run.lengths("llm-2") == pytest.approx((37.0, 410.0), rel=1e-12)
+    del doc["llm-2"]["decoding_batch_times"]
+    path.write_text(json.dumps(doc))
+    assert load_muxserve_dir(root)[0].lengths("llm-2") == (100.0, 200.0)  # the workload's
+    doc["llm-2"] = _measured(1.0, 60, lengths=(0.0, 300.0))
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"llm-2\.tokens_throughput"):
+        load_muxserve_dir(root)
 
 
 def _edit_yaml(path: Path, fn) -> None:
@@ -500,6 +524,45 @@ def test_fitting_recovers_the_overheads_that_made_the_measurements(tmp_path, lat
         fit_overheads([replace(run, strategy="flexsm")], latency)
 
 
+def test_fitting_recovers_how_much_of_an_overload_queues_in_front(tmp_path, latency):
+    """Oracle: one LLM overloaded (18 req/s on one GPU of LLaMA-7B, a backlog of about twice
+    what its batch admits), one not; measurements made by the model with a known
+    ``overload_queued`` (on the grid) are fitted back to it, and the engine's value is what
+    :func:`validate_run` uses when it is given none."""
+    root = toy_folder(tmp_path, strategies=("spatial",), rates=(18.0, 1.5))
+    run = load_muxserve_dir(root)[0]
+    truth = EngineOverheads("muxserve", "", "A100-80GB", iteration_ms=5.0, overload_queued=0.75)
+    made = validate_run(run, with_overheads(latency, truth), simulate_runs=False)
+    assert made.predicted.overloaded == ("llm-1",)
+    explicit = validate_run(run, with_overheads(latency, replace(truth, overload_queued=0.0)),
+                            simulate_runs=False, queued=0.75)
+    assert explicit.predicted == made.predicted
+    assert validate_run(run, with_overheads(latency, replace(truth, overload_queued=0.5)),
+                        simulate_runs=False).predicted.p90_ttft_s < made.predicted.p90_ttft_s
+    measured = {m: MeasuredLLM(f["predicted"].throughput, run.measured[m].requests,
+                               f["predicted"].mean_ttft_s, f["predicted"].mean_tpot_s,
+                               f["predicted"].p90_ttft_s, 1.0, 1.0, 1.0, 1.0)
+                for m, f in made.llms.items()}
+    fit = fit_overheads([replace(run, measured=measured)], latency, grid=(0.0, 5.0),
+                        first_grid=(0.0,), queued_grid=(0.0, 0.25, 0.5, 0.75, 1.0))
+    assert fit.overheads.iteration_ms == 5.0
+    assert fit.overheads.overload_queued == 0.75
+    with pytest.raises(InputError, match="queued_grid"):
+        fit_overheads([run], latency, queued_grid=(1.5,))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, True, "half"])
+def test_overload_queued_is_a_fraction(bad, tmp_path):
+    with pytest.raises(InputError, match="overload_queued"):
+        EngineOverheads("e", "", "d", overload_queued=bad)
+    path = tmp_path / "o.yaml"
+    path.write_text(yaml.safe_dump({"engine": "e", "version": "", "device": "d",
+                                    "overload_queued": bad}))
+    with pytest.raises(InputError, match="overload_queued"):
+        load_overheads(path)
+    assert not EngineOverheads("e", "", "d", overload_queued=0.25).is_zero
+
+
 def test_tp_overheads_grow_with_log2_tp(latency):
     o = EngineOverheads("muxserve", "", "A100-80GB", tp_doubling_ms=10.0)
     lat = with_overheads(latency, o)
@@ -521,8 +584,8 @@ needs_mux = pytest.mark.skipif(not MUX.is_dir(), reason="../shared/data/e2e/muxs
 @needs_mux
 def test_the_calibrated_predictor_meets_the_latency_target_on_the_training_loads(latency):
     """The two loads in shared (the calibration's own: in-sample): every run's mean latency
-    within 0.74-1.35x of measured and throughput within 25%, and flexsm carries at least as
-    much as temporal at every load (MuxServe's own ranking of the two)."""
+    within 0.74-1.35x of measured and throughput within 15% (the issue's targets), and flexsm
+    carries at least as much as temporal at every load (MuxServe's own ranking of the two)."""
     lat = with_overheads(latency, load_overheads(MUXSERVE_A100))
     rep = validate_muxserve(MUX, lat, simulate=False)
     assert len(rep.runs) == 6
@@ -530,7 +593,7 @@ def test_the_calibrated_predictor_meets_the_latency_target_on_the_training_loads
     for v in rep.runs:
         ratio = v.predicted.mean_latency_s / v.measured.mean_latency_s
         assert 0.74 <= ratio <= 1.35, (v.workload, v.strategy, ratio)
-        assert v.predicted.throughput == pytest.approx(v.measured.throughput, rel=0.25)
+        assert v.predicted.throughput == pytest.approx(v.measured.throughput, rel=0.15)
     for w in {v.workload for v in rep.runs}:
         assert by[(w, "flexsm")].predicted.throughput > by[(w, "temporal")].predicted.throughput
 

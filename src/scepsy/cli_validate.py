@@ -118,7 +118,8 @@ def _fit(args: argparse.Namespace, base: object) -> int:
                         f"--fit-overheads (runs: {', '.join(sorted({r.workload for r in runs}))})")
     o = fit.overheads
     print(f"fitted on {len(fit.runs)} run(s): iteration_ms {o.iteration_ms:g}, "
-          f"tp_doubling_ms {o.tp_doubling_ms:g}, first_token_ms {o.first_token_ms:g}")
+          f"tp_doubling_ms {o.tp_doubling_ms:g}, first_token_ms {o.first_token_ms:g}, "
+          f"overload_queued {o.overload_queued:g}")
     save_overheads(o, args.fit_overheads)
     print(f"wrote {args.fit_overheads}")
     return 0

@@ -101,6 +101,10 @@ class EngineOverheads:
     """Added to every iteration per doubling of the tensor-parallel degree, ``·log2(tp)``
     (the collectives' synchronisation and launch costs, which grow with the steps of a tree
     all-reduce)."""
+    overload_queued: float = 0.0
+    """The part (in [0, 1]) of an overloaded engine's backlog that waits in front of it,
+    before its first token, rather than in its batch (admission control; a finite run's
+    TTFT, :func:`scepsy_opt.validate.finite.finite_run`)."""
     source: str = ""
     """What it was fitted from."""
 
@@ -114,6 +118,10 @@ class EngineOverheads:
                     and v >= 0):
                 raise InputError("engine overheads", name, "a number of milliseconds >= 0", v)
             object.__setattr__(self, name, float(v))
+        q = self.overload_queued
+        if not (isinstance(q, (int, float)) and not isinstance(q, bool) and 0 <= q <= 1):
+            raise InputError("engine overheads", "overload_queued", "a fraction in [0, 1]", q)
+        object.__setattr__(self, "overload_queued", float(q))
 
     @property
     def call_delay_s(self) -> float:
@@ -122,8 +130,8 @@ class EngineOverheads:
 
     @property
     def is_zero(self) -> bool:
-        """Whether every term is zero (the optimistic default)."""
-        return all(getattr(self, t) == 0 for t in ALL_TERMS)
+        """Whether every term and :attr:`overload_queued` are zero (the optimistic default)."""
+        return all(getattr(self, t) == 0 for t in ALL_TERMS) and self.overload_queued == 0
 
     def to_dict(self) -> dict[str, Any]:
         """The file form (:func:`save_overheads`)."""
@@ -149,6 +157,7 @@ class _OverheadsFile(BaseModel):
     first_token_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     http_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     tp_doubling_ms: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    overload_queued: float = Field(default=0.0, ge=0, le=1, allow_inf_nan=False)
     source: str = ""
 
 
@@ -193,6 +202,11 @@ class OverheadLatencyModel:
         """The pure delay per call (s) the predictor and the simulator add."""
         return self.overheads.call_delay_s + call_delay_s(self.inner)
 
+    @property
+    def overload_queued(self) -> float:
+        """The part of an overload's backlog that waits before its first token."""
+        return self.overheads.overload_queued
+
     def prefill_ms(self, model: str, gpu: str, tp: int, share: ArrayLike, batch: ArrayLike,
                    seq: ArrayLike) -> Number:
         out = self.inner.prefill_ms(model, gpu, tp, share, batch, seq)
@@ -227,6 +241,13 @@ def with_overheads(latency: LatencyModel, overheads: EngineOverheads) -> Latency
 def call_delay_s(latency: LatencyModel) -> float:
     """The pure delay per LLM call (s) a latency model carries (0 without overheads)."""
     return float(getattr(latency, "call_delay_s", 0.0))
+
+
+def overload_queued(latency: LatencyModel) -> float:
+    """The part of an overload's backlog that waits before its first token under the
+    engine of ``latency`` (its overheads' :attr:`EngineOverheads.overload_queued`; 0
+    without overheads)."""
+    return float(getattr(latency, "overload_queued", 0.0))
 
 
 # -- fitting them ------------------------------------------------------------------------------

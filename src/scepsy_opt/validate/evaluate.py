@@ -9,7 +9,8 @@ prefill and decode shares from its MPS limits contended by the busy co-runners o
 fractions the instances predict). Its requests are one-call requests with the workload's mean
 prompt and output lengths (log-normal prompts and exponential outputs, both with a coefficient
 of variation of 1, each clipped to :data:`MAX_TOKENS`), arriving as a Poisson stream at the
-LLM's rate, as many as the run measured.
+LLM's rate, as many as the run measured; each LLM's mean lengths are its requests'
+(:meth:`~scepsy_opt.validate.muxserve.MuxRun.lengths`).
 
 * **predicted**: the finite-run model on the instance's serving curve
   (:func:`scepsy_opt.validate.finite.finite_run`);
@@ -44,7 +45,7 @@ from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.mps import INTERFERENCE, Contended
-from scepsy_profile.overheads import call_delay_s
+from scepsy_profile.overheads import call_delay_s, overload_queued
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
 MAX_TOKENS = 1024
@@ -104,13 +105,16 @@ class _LLM:
 
 def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = True,
                  seed: int = 0, interference: Mapping[str, float] | None = None,
-                 queued: float = 0.0) -> RunValidation:
+                 queued: float | None = None) -> RunValidation:
     """Measured vs predicted (and simulated) for ``run`` with ``latency`` (the module
-    docstring)."""
+    docstring); ``queued``: the part of an overload's backlog that waits before its first
+    token (None: the engine's, :func:`scepsy_profile.overheads.overload_queued`)."""
+    if queued is None:
+        queued = overload_queued(latency)
     alpha = (interference or {}).get(run.strategy, INTERFERENCE)
     llms = {m.name: _llm(run, mesh, m) for mesh in run.meshes for m in mesh.llms}
-    workload, stats = _lengths(tuple((m, run.models[m], r) for m, r in run.rates.items()),
-                               run.prompt_mean, run.output_mean, seed)
+    workload, stats = _lengths(tuple((m, run.models[m], r, *run.lengths(m))
+                                     for m, r in run.rates.items()), seed)
     models = {m: x.model for m, x in llms.items()}
     rates = {m: x.rate for m, x in llms.items()}
     demands = {m: llm_demand(stats, models, rates, m) for m in llms}
@@ -166,15 +170,16 @@ def _natural(name: str) -> tuple[str, int]:
 
 
 @functools.lru_cache(maxsize=16)
-def _lengths(llms: tuple[tuple[str, str, float], ...], prompt_mean: float, output_mean: float,
-             seed: int) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
-    """The one-call workload of a run's LLMs ``(name, model, rate)`` and its length
+def _lengths(llms: tuple[tuple[str, str, float, float, float], ...], seed: int,
+             ) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
+    """The one-call workload of a run's LLMs ``(name, model, rate, mean prompt, mean
+    output)`` and its length
     statistics, kept for the next run with the same LLMs (the strategies of one load share
     them, and a fit validates each run at every grid point: the statistics are nearly all of
     a prediction's time)."""
     cat = default_catalog()
     specs = {}
-    for m, model, rate in llms:
+    for m, model, rate, prompt_mean, output_mean in llms:
         most = min(MAX_TOKENS, cat.model(model).max_context // 2)
         specs[m] = RateLLM(model, rate,
                            Distribution.lognormal(prompt_mean, 1.0, min=1, max=most),
@@ -217,7 +222,7 @@ MEASURED_QUEUE = 0.25
 
 def _of_measured(run: MuxRun, m: str) -> Figures:
     x = run.measured[m]
-    latency = x.mean_latency_s(run.output_mean)
+    latency = x.mean_latency_s(run.lengths(m)[1])
     short = x.throughput < MEASURED_OVERLOAD * x.requests / (x.requests / run.rates[m]
                                                              + x.p90_latency_s)
     queued = x.ttft_mean_s > MEASURED_QUEUE * latency

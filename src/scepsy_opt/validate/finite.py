@@ -11,7 +11,9 @@ served. With ``μ`` the instance's saturation throughput:
   ``(2/3)·√2·√(2N/π) ≈ 0.75·√N`` requests, a wait of :func:`walk_wait` ``= 0.75·√N / μ``;
 * **overloaded** (``λ ≥ μ``): the backlog grows at ``λ − μ``; request ``k`` waits
   ``k·(1/μ − 1/λ)``, ``(N − 1)/2·(1/μ − 1/λ)`` on average (at least the random walk's wait),
-  and is served in a full batch (``B_max/μ``).
+  and is served in a full batch (``B_max/μ``). Only what the batch cannot admit waits before
+  the first token, unless the engine queues a part ``queued`` of the whole backlog in front
+  (its overheads' ``overload_queued``).
 
 Throughput is what the run served: ``N`` over the time from the first arrival to the last
 completion, ``max(N/λ, N/μ) + L + D`` with ``L`` the last request's service and ``D`` the pure

@@ -7,8 +7,11 @@ decode step, its prefill stalls and the overheads, with no co-runner in the way.
 grid search over ``iteration_ms`` and ``tp_doubling_ms`` minimising the mean squared log-ratio of
 predicted to measured TPOT over those LLMs (the smallest on ties, so the search is
 deterministic); then, with those, ``first_token_ms`` (a pure delay before the first token,
-which moves no TPOT) over :data:`FIRST_TOKEN_GRID_MS` on the same LLMs' mean TTFT. Runs of other strategies are not used, so the co-location model
-(:mod:`scepsy_profile.mps`) is checked, not fitted, on them.
+which moves no TPOT) over :data:`FIRST_TOKEN_GRID_MS` on the same LLMs' mean TTFT; last,
+``overload_queued`` (the part of an overload's backlog that waits before its first token,
+which moves only the TTFT of overloaded LLMs) over :data:`QUEUED_GRID` on the p90 TTFT of the
+LLMs the prediction finds overloaded. Runs of other strategies are not used, so the
+co-location model (:mod:`scepsy_profile.mps`) is checked, not fitted, on them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scepsy_common.errors import InputError
 from scepsy_opt.validate.evaluate import validate_run
@@ -28,6 +31,8 @@ GRID_MS = (0.0, 2.5, 5.0, 7.5, 10.0, 15.0)
 """The values tried for each term (ms)."""
 FIRST_TOKEN_GRID_MS = tuple(float(x) for x in range(0, 525, 25))
 """The values tried for ``first_token_ms``."""
+QUEUED_GRID = tuple(i / 20 for i in range(21))
+"""The values tried for ``overload_queued``."""
 FIT_STRATEGY = "spatial"
 
 
@@ -48,7 +53,8 @@ class OverheadsFit:
 
 def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
                   grid: Sequence[float] = GRID_MS,
-                  first_grid: Sequence[float] = FIRST_TOKEN_GRID_MS, version: str = "",
+                  first_grid: Sequence[float] = FIRST_TOKEN_GRID_MS,
+                  queued_grid: Sequence[float] = QUEUED_GRID, version: str = "",
                   source: str = "", seed: int = 0) -> OverheadsFit:
     """The overheads that fit the :data:`FIT_STRATEGY` runs of ``runs`` best (module
     docstring)."""
@@ -59,6 +65,8 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
     for name, values in (("grid", grid), ("first_grid", first_grid)):
         if not values or any(not (math.isfinite(g) and g >= 0) for g in values):
             raise InputError("validate", name, "values >= 0 (ms)", tuple(values))
+    if not queued_grid or any(not 0 <= q <= 1 for q in queued_grid):
+        raise InputError("validate", "queued_grid", "fractions in [0, 1]", tuple(queued_grid))
     points: list[FitPoint] = []
     for it, rank in itertools.product(sorted(set(grid)), repeat=2):
         over = EngineOverheads("muxserve", version, GPU, iteration_ms=it, tp_doubling_ms=rank)
@@ -73,6 +81,8 @@ def fit_overheads(runs: Sequence[MuxRun], latency: LatencyModel, *,
     over = EngineOverheads("muxserve", version, GPU, iteration_ms=best.iteration_ms,
                            tp_doubling_ms=best.tp_doubling_ms, first_token_ms=first,
                            source=source)
+    over = replace(over, overload_queued=_queued(used, with_overheads(latency, over),
+                                                 queued_grid, seed))
     return OverheadsFit(over, tuple(points), tuple(f"{r.workload}/{r.strategy}" for r in used))
 
 
@@ -90,16 +100,31 @@ def _first_token(runs: Sequence[MuxRun], latency: LatencyModel, best: FitPoint, 
     return min(scores)[1] if scores else 0.0
 
 
-def _score(runs: Sequence[MuxRun], latency: LatencyModel, metric: str, seed: int,
+def _queued(runs: Sequence[MuxRun], latency: LatencyModel, grid: Sequence[float],
+            seed: int) -> float:
+    """The ``overload_queued`` of ``grid`` whose p90 TTFT fits the LLMs predicted overloaded
+    best (mean squared log-ratio; the smallest on ties; 0 when none is overloaded)."""
+    scores = []
+    for q in sorted(set(grid)):
+        score = _score(runs, latency, "p90_ttft_s", seed, overloaded=True, queued=q)
+        if score is not None:
+            scores.append((round(score[0], 12), q))
+    return min(scores)[1] if scores else 0.0
+
+
+def _score(runs: Sequence[MuxRun], latency: LatencyModel, metric: str, seed: int, *,
+           overloaded: bool = False, queued: float | None = None,
            ) -> tuple[float, int] | None:
     """The mean squared log-ratio of predicted to measured ``metric`` (a :class:`Figures`
-    field) over the LLMs of ``runs`` that were not overloaded, and how many there were (None:
-    none)."""
+    field) over the LLMs of ``runs`` that were not overloaded as measured (``overloaded``:
+    that were overloaded as predicted), and how many there were (None: none)."""
     errs = []
     for run in runs:
-        v = validate_run(run, latency, simulate_runs=False, seed=seed)
+        v = validate_run(run, latency, simulate_runs=False, seed=seed, queued=queued)
         for fig in v.llms.values():
             m, p = getattr(fig["measured"], metric), getattr(fig["predicted"], metric)
-            if not fig["measured"].overloaded and m > 0 and p > 0:
+            use = (bool(fig["predicted"].overloaded) if overloaded
+                   else not fig["measured"].overloaded)
+            if use and m > 0 and p > 0:
                 errs.append(math.log(p / m) ** 2)
     return (sum(errs) / len(errs), len(errs)) if errs else None

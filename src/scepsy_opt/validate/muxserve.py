@@ -12,7 +12,16 @@ A folder holds, for one or more loads (workloads) and strategies:
   ``mps_percentage: [prefill, decode]`` and ``max_num_seqs``;
 * ``merged/merged_<workload>_placement_<workload>_GPUnum<G>_<strategy>.json``: what was
   measured per LLM (throughput, request count, mean TTFT and TPOT, p90/p95/p99 of TTFT, TPOT
-  and request latency).
+  and request latency) and, where present, the counts behind each LLM's request lengths:
+  ``tokens_throughput`` (prompt plus output tokens over the same time as ``throughput``) and
+  the decode batches (``decoding_avg_batches`` x ``decoding_batch_times``: one token per
+  running request per step, so the output tokens of all requests).
+
+Each LLM's mean prompt and output lengths are its requests' (:meth:`MeasuredLLM.lengths`):
+output ``decode batches x steps / N``, prompt the tokens per request minus that. They are an
+input of the run (the same sampled requests under every strategy and load), so they hold for
+a prediction; where the counts are missing, the workload's ``avg_prompt_len`` and
+``avg_output_len`` stand for every LLM.
 
 A run is one (workload, strategy) with a merged file; its meshes must place every LLM of the
 workload exactly once. Anything malformed is an :class:`InputError` naming the file and the
@@ -23,7 +32,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -80,12 +89,21 @@ class MeasuredLLM:
     p99_latency_s: float
     p90_tpot_s: float
     mps: tuple[float, float] | None = None  # [prefill %, decode %] the run recorded
+    tokens_per_request: float | None = None  # prompt + output (tokens_throughput/throughput)
+    output_tokens: float | None = None  # mean output (decode batches x steps / requests)
 
     def mean_latency_s(self, output_mean: float) -> float:
-        """The mean request latency: TTFT plus ``output_mean − 1`` mean TPOTs (MuxServe
-        reports no mean latency; this is its expectation when a request's TPOT and output
-        length are uncorrelated)."""
-        return self.ttft_mean_s + self.tpot_mean_s * max(output_mean - 1.0, 0.0)
+        """The mean request latency: TTFT plus ``output_mean`` mean TPOTs (MuxServe's TPOT is
+        a request's decode time over its output length, and it reports no mean latency; this
+        is the expectation when a request's TPOT and output length are uncorrelated)."""
+        return self.ttft_mean_s + self.tpot_mean_s * output_mean
+
+    def lengths(self) -> tuple[float, float] | None:
+        """The mean prompt and output lengths of this LLM's requests (tokens), or None where
+        the results lack the counts (module docstring)."""
+        if self.tokens_per_request is None or self.output_tokens is None:
+            return None
+        return self.tokens_per_request - self.output_tokens, self.output_tokens
 
 
 @dataclass(frozen=True)
@@ -105,6 +123,11 @@ class MuxRun:
 
     def mesh_of(self, llm: str) -> Mesh:
         return next(m for m in self.meshes if any(x.name == llm for x in m.llms))
+
+    def lengths(self, llm: str) -> tuple[float, float]:
+        """The mean prompt and output lengths of ``llm``'s requests (its measured counts,
+        else the workload's means)."""
+        return self.measured[llm].lengths() or (self.prompt_mean, self.output_mean)
 
 
 def load_muxserve_dir(path: str | Path) -> tuple[MuxRun, ...]:
@@ -259,14 +282,38 @@ def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
 
         def f(key: str, low: float = 0.0, e: Mapping[str, Any] = e, name: str = name) -> float:
             return _num(e.get(key), src, f"{name}.{key}", f"a number >= {low:g}", low)
+        requests = _int(e.get("request_num"), src, f"{name}.request_num")
+        tokens, output = _length_counts(e, src, name, requests, f)
         out[name] = MeasuredLLM(
-            throughput=f("throughput"), requests=_int(e.get("request_num"), src,
-                                                       f"{name}.request_num"),
+            throughput=f("throughput"), requests=requests,
             ttft_mean_s=f("first_token_latency"), tpot_mean_s=f("output_per_token_latency"),
             p90_ttft_s=f("p90[TTFT]"), p99_ttft_s=f("p99[TTFT]"),
             p90_latency_s=f("p90[avg_latency]"), p99_latency_s=f("p99[avg_latency]"),
-            p90_tpot_s=f("p90[TPOT]"), mps=_mps(e.get("mps"), src, f"{name}.mps"))
+            p90_tpot_s=f("p90[TPOT]"), mps=_mps(e.get("mps"), src, f"{name}.mps"),
+            tokens_per_request=tokens, output_tokens=output)
     return out
+
+
+LENGTH_KEYS = ("tokens_throughput", "decoding_avg_batches", "decoding_batch_times")
+
+
+def _length_counts(e: Mapping[str, Any], src: str, name: str, requests: int,
+                   f: Callable[[str], float]) -> tuple[float | None, float | None]:
+    """Tokens per request and output tokens per request from one LLM's results entry (None,
+    None where any of :data:`LENGTH_KEYS` is missing or the LLM served nothing)."""
+    if any(e.get(k) is None for k in LENGTH_KEYS):
+        return None, None
+    thr, tokens = f("throughput"), f("tokens_throughput")
+    steps = f("decoding_avg_batches") * f("decoding_batch_times")
+    if thr <= 0 or requests < 1:
+        return None, None
+    per, output = tokens / thr, steps / requests
+    if not (output >= 1.0 and per - output >= 1.0):
+        raise InputError(src, f"{name}.tokens_throughput", "token counts with at least one "
+                         "prompt and one output token per request (tokens_throughput / "
+                         "throughput > decoding_avg_batches x decoding_batch_times / "
+                         "request_num)", f"{per:.4g} tokens, {output:.4g} output")
+    return per, output
 
 
 def _mps(raw: object, src: str, where: str) -> tuple[float, float] | None:
