@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
 from scepsy_common.errors import InputError
+from scepsy_opt.slo import CallSLO
 from scepsy_opt.validate.evaluate import Figures, combine, grew, validate_run
 from scepsy_opt.validate.finite import _admission_wait, finite_run, walk_wait
 from scepsy_opt.validate.fit import fit_overheads
@@ -476,6 +477,30 @@ def test_an_llm_alone_is_its_instance_finite_run(tmp_path, latency):
         assert not f["predicted"].overloaded
 
 
+def test_each_source_reports_the_share_of_requests_within_the_slo(tmp_path, latency):
+    """Attainment: predicted from the finite run's TTFT distribution, simulated over its
+    requests, measured as the range the percentiles allow; a looser bound never attains
+    less; the run's figure is the request-weighted mean of its LLMs'."""
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
+    shares = []
+    for bound in (0.05, 0.3, 5.0):
+        slos = {m: CallSLO(ttft_s=bound) for m in run.rates}
+        v = validate_run(run, latency, simulate_runs=True, slos=slos)
+        for f in v.llms.values():
+            for src in ("predicted", "simulated"):
+                assert 0.0 <= f[src].attainment == f[src].attainment_high <= 1.0
+            assert f["measured"].attainment <= f["measured"].attainment_high
+        w = {m: run.measured[m].requests for m in run.rates}
+        assert v.predicted.attainment == pytest.approx(sum(
+            w[m] * v.llms[m]["predicted"].attainment for m in w) / sum(w.values()), rel=1e-12)
+        shares.append((v.predicted.attainment, v.simulated.attainment))
+    assert shares[0][0] <= shares[1][0] <= shares[2][0]
+    assert shares[0][1] <= shares[1][1] <= shares[2][1]
+    assert shares[2] == pytest.approx((1.0, 1.0), abs=1e-9)  # 5 s: every first token
+    none = validate_run(run, latency, simulate_runs=False)
+    assert none.predicted.attainment is None and none.measured.attainment is None
+
+
 def test_co_located_llms_slow_each_other(tmp_path, latency):
     """The same two LLMs on one shared mesh under limits adding up to more than 100: each
     gets less than its limit, and is slower than alone on the same mesh."""
@@ -602,9 +627,10 @@ def test_the_calibrated_predictor_meets_the_latency_target_on_the_training_loads
 def test_validate_muxserve_prints_and_writes_the_documented_json(tmp_path):
     out = tmp_path / "v.json"
     code, text, err = run_cli("validate", "muxserve", str(MUX), "--curves", str(BUNDLED_CURVES),
-                               "--no-simulate", "--json", str(out))
+                               "--no-simulate", "--json", str(out), "--ttft-slo", "90:5",
+                               "--tpot-slo", "llm-1=0.15")
     assert code == 0, err
-    assert "predicted" in text and "flexsm" in text
+    assert "predicted" in text and "flexsm" in text and "attainment" in text
     doc = json.loads(out.read_text())
     assert len(doc["runs"]) == 6
     for r in doc["runs"]:
@@ -616,6 +642,8 @@ def test_validate_muxserve_prints_and_writes_the_documented_json(tmp_path):
         assert r["simulated"] is None and len(r["llms"]) == 16
         assert r["errors"]["predicted"]["throughput"] == pytest.approx(
             r["predicted"]["throughput"] / r["measured"]["throughput"] - 1, rel=1e-9)
+        assert 0 <= r["measured"]["attainment"] <= r["measured"]["attainment_high"] <= 1
+        assert 0 <= r["predicted"]["attainment"] <= 1
 
 
 def test_validate_muxserve_bad_input_exits_2_and_writes_nothing(tmp_path):

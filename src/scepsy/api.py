@@ -426,6 +426,13 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
         options["latency_bounds"] = _latency_bounds(specs, options["latency_bounds"])
     else:
         options.pop("latency_bounds", None)
+    if options.get("slos") is not None:
+        from scepsy_opt.slo import parse_slos
+
+        called = sorted({m for s in specs if s.name in rates for m in s.llms})
+        options["slos"] = parse_slos(options["slos"], called)
+    else:
+        options.pop("slos", None)
     opts = PlanOptions(current=cur, latency_bound_s=bounds, **options)
     check_grid(specs, topology, opts.tps, opts.shares)
     lat = _latency(curves, latency, catalog, overheads)
@@ -480,7 +487,9 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     :class:`~scepsy_opt.allocation.Allocation`), ``latency_bound_s`` (max-throughput only: a
     mean-latency bound for every workflow or per workflow), ``latency_bounds`` (where the
     optimiser supports them: ``(percentile, seconds)`` for every workflow or a mapping
-    workflow -> ``(percentile, seconds)``) and every other field of
+    workflow -> ``(percentile, seconds)``), ``slos`` (per LLM, or ``"*"`` for every LLM the
+    targeted workflows call: a :class:`~scepsy_opt.slo.CallSLO` or ``{ttft_s, tpot_s,
+    ttft_percentile}``, docs/slo.md) and every other field of
     :class:`~scepsy_opt.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
     ``time_limit_s``, ...). ``progress`` is called with the name of each stage as it starts.
     ``catalog``: a catalog YAML path (or :class:`~scepsy_profile.catalog.Catalog`) extending

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -44,3 +44,45 @@ def percentile_bound(text: str, flag: str, given: str | None = None) -> tuple[fl
         raise UsageError(f"{flag}: expected PCT:SECONDS with a percentile in (0, 100) and "
                          f"seconds > 0, e.g. 90:2.5 (got {text if given is None else given!r})")
     return p, s
+
+
+def add_slo_flags(parser: argparse.ArgumentParser, where: str) -> None:
+    """``--ttft-slo`` and ``--tpot-slo`` (docs/slo.md), parsed by :func:`slo_flags`."""
+    parser.add_argument("--ttft-slo", action="append", default=[],
+                        metavar="[LLM=]SECONDS|[LLM=]PCT:SECONDS",
+                        help="SECONDS: bound on an LLM's mean time to first token; PCT:SECONDS: "
+                             "on its PCT-th percentile, e.g. judge=90:0.5; without LLM= for "
+                             f"every LLM (repeatable; {where})")
+    parser.add_argument("--tpot-slo", action="append", default=[], metavar="[LLM=]SECONDS",
+                        help="bound on an LLM's mean time per output token after the first; "
+                             f"without LLM= for every LLM (repeatable; {where})")
+
+
+def slo_flags(ttft: Sequence[str], tpot: Sequence[str]) -> dict[str, dict[str, float]] | None:
+    """``--ttft-slo`` and ``--tpot-slo`` as ``{LLM or "*": {ttft_s, ttft_percentile, tpot_s}}``
+    (None when neither is given); one value per LLM and flag."""
+    from scepsy.cli_util import UsageError
+
+    out: dict[str, dict[str, float]] = {}
+    for flag, values in (("--ttft-slo", ttft), ("--tpot-slo", tpot)):
+        for v in values:
+            name, _, text = v.rpartition("=")
+            key = name or "*"
+            entry = out.setdefault(key, {})
+            if ("tpot_s" if flag == "--tpot-slo" else "ttft_s") in entry:
+                who = f"LLM {name}" if name else "every LLM"
+                raise UsageError(f"{flag}: expected one bound for {who} (got {v!r} after "
+                                 "another)")
+            if flag == "--ttft-slo" and ":" in text:
+                entry["ttft_percentile"], entry["ttft_s"] = percentile_bound(text, flag, v)
+                continue
+            try:
+                sec = float(text)
+            except ValueError:
+                sec = math.nan
+            if not (math.isfinite(sec) and sec > 0):
+                form = "[LLM=]SECONDS or [LLM=]PCT:SECONDS" if flag == "--ttft-slo" else \
+                    "[LLM=]SECONDS"
+                raise UsageError(f"{flag}: expected {form} with seconds > 0 (got {v!r})")
+            entry["tpot_s" if flag == "--tpot-slo" else "ttft_s"] = sec
+    return out or None

@@ -17,7 +17,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED, percentile_bound
+from scepsy.argtypes import (
+    COUNT,
+    NONNEGATIVE,
+    POSITIVE,
+    SEED,
+    add_slo_flags,
+    percentile_bound,
+    slo_flags,
+)
 from scepsy.cli_util import UsageError, check_out
 from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
@@ -334,6 +342,7 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
                            "min-cost); "
                            "PCT:SECONDS: bound on its PCT-th percentile latency, e.g. rag=90:2 "
                            "(repeatable)")
+    add_slo_flags(plan, "every objective")
     plan.add_argument("--current", type=Path, help="current allocation (or plan.json) to re-plan from")
     plan.add_argument("--change-penalty", type=NONNEGATIVE, default=d.change_penalty_s,
                       help="objective seconds per replica started or stopped (needs --current)")
@@ -511,7 +520,7 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "max_utilisation": "--max-utilisation", "gap_rel": "--gap",
                "time_limit_s": "--time-limit", "seed": "--seed",
                "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
-               "overheads": "--overheads"}
+               "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo"}
 
 
 _LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}
@@ -560,6 +569,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     bounds, pct_bounds = _latency_bounds(args.latency_bound)
     if pct_bounds is not None:
         options["latency_bounds"] = pct_bounds
+    slos = slo_flags(args.ttft_slo, args.tpot_slo)
+    if slos is not None:
+        options["slos"] = slos
     with progress("planning", quiet=args.quiet or args.json) as bar, _naming(_PLAN_FLAGS):
         res = api.plan(args.workflow, args.cluster, targets, optimiser=args.optimiser,
                        formulation=args.formulation, placer=args.placer,
@@ -596,7 +608,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def plan_summary(res: Any, out: str) -> list[str]:
+def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list[str]:
     """The lines under the plan's tables: the objective and its value, the targets and the
     cluster, how the plan was found (formulation, optimiser, status) and its placement."""
     plan, placed, problem = res.plan, res.placed, res.problem
@@ -626,6 +638,12 @@ def plan_summary(res: Any, out: str) -> list[str]:
     if pct:
         lines[-1] += " subject to " + ", ".join(f"{w} p{q:g} <= {b:g} s"
                                                 for w, (q, b) in pct.items())
+    for m, c in (slos or {}).items():
+        got = (f"ttft {c['predicted_ttft_s']:.4g} s" if c.get("ttft_s") is not None else "",
+               f"tpot {c['predicted_tpot_s']:.4g} s" if c.get("tpot_s") is not None else "")
+        lines.append(f"SLO {m}: {opts.slos[m].describe()}; predicted " + ", ".join(
+            g for g in got if g) + f"; attainment {c['attainment']:.1%}"
+            + ("" if c["met"] else " (missed)"))
     splits = plan.allocation.splits if plan.allocation is not None else {}
     for m, parts in splits.items():
         lines.append(f"{m} runs on several GPU types: " + ", ".join(
@@ -674,7 +692,7 @@ def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None
     _print_table([{"workflow": w, **o} for w, o in doc["workflows"].items()],
                  ["workflow", "throughput", "mean_latency_s"])
     print()
-    print("\n".join(plan_summary(res, str(args.out))))
+    print("\n".join(plan_summary(res, str(args.out), doc["solver"].get("slos"))))
     for beyond in res.extrapolated_shares.values():  # latencies beyond the measured shares
         print(beyond.message())
 

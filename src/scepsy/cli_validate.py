@@ -9,6 +9,8 @@ import argparse
 import json
 from pathlib import Path
 
+from scepsy.argtypes import add_slo_flags, slo_flags
+
 HELP = "compare measured serving runs with scepsy's predictions and simulations"
 
 
@@ -35,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="predict only (the simulator replays every run otherwise)")
     mux.add_argument("--seed", type=int, default=0, help="seed of lengths and arrivals")
     mux.add_argument("--llms", action="store_true", help="print one table per run, per LLM")
+    add_slo_flags(mux, "reports each source's SLO attainment")
     mux.add_argument("--json", type=Path, metavar="FILE",
                      help="write the results as JSON (written only when every run succeeded)")
     mux.add_argument("--fit-overheads", type=Path, metavar="FILE",
@@ -50,10 +53,10 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text
     from scepsy_opt.validate.report import (
-        RUN_COLUMNS,
         document,
         llm_columns,
         llm_rows,
+        run_columns,
         run_rows,
         validate_muxserve,
     )
@@ -62,8 +65,10 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     from scepsy_profile.overheads import MUXSERVE_A100, load_overheads, with_overheads
     from scepsy_profile.roofline import roofline_model
 
+    slos = slo_flags(args.ttft_slo, args.tpot_slo)
     if args.fit_overheads is not None:
         for flag, given in (("--overheads", args.overheads is not None),
+                            ("--ttft-slo/--tpot-slo", slos is not None),
                             ("--no-overheads", args.no_overheads), ("--json", args.json),
                             ("--llms", args.llms), ("--no-simulate", args.no_simulate)):
             if given:
@@ -92,14 +97,14 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
         latency = with_overheads(base, load_overheads(path))
         model = f"{shown} + overheads {path.name}"
     report = validate_muxserve(args.folder, latency, model=model,
-                               simulate=not args.no_simulate, seed=args.seed)
+                               simulate=not args.no_simulate, seed=args.seed, slos=slos)
     print(f"{args.folder}: {len(report.runs)} run(s); latency model {model}")
-    print_rows(run_rows(report), RUN_COLUMNS)
+    print_rows(run_rows(report), run_columns(report))
     if args.llms:
         for v in report.runs:
             print()
             print(f"{v.workload} / {v.strategy}")
-            print_rows(llm_rows(v), llm_columns(v.simulated is not None))
+            print_rows(llm_rows(v), llm_columns(v.simulated is not None, slos is not None))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(document(report), indent=1, sort_keys=True)
                           + "\n")

@@ -18,8 +18,10 @@ where the instance fits in that share of the memory; the serving curve decides; 
 of that (model, gpu, tp), ``scepsy_opt.coverage``) × replicas from
 the fewest that carry the load at ``max_utilisation`` and are not overloaded (the serving curve
 predicts no more preemptions per call than the policy's threshold at the per-replica call rate:
-the optimiser does not plan predicted preemption; :func:`unoverloaded_replicas`) up to what the
-budget allows. Latency costs include the engine's per-call delay
+the optimiser does not plan predicted preemption; :func:`unoverloaded_replicas`) and, for an
+LLM with an SLO (``PlanOptions.slos``), meet it at the rate per replica
+(:func:`scepsy_opt.slo.fewest_replicas`: a shape whose zero-load TTFT or TPOT misses it has no
+candidate) up to what the budget allows. Latency costs include the engine's per-call delay
 (``scepsy_profile.overheads.call_delay_s``), as the predictor's do. Replica counts
 stop once the latency is within ``prune_rel`` of its zero-load floor (more replicas cannot gain
 more than that). **Dominance pruning**, per LLM and GPU type: a candidate is dropped when another
@@ -66,7 +68,9 @@ from scepsy_opt.pipeline import (
     min_replicas,
 )
 from scepsy_opt.problem import Deadline, PlanningProblem
+from scepsy_opt.slo import SLOCheck, check, fewest_replicas
 from scepsy_profile.catalog import default_catalog
+from scepsy_profile.overheads import call_delay_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,6 +352,37 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
     return out
 
 
+def slo_checks(problem: PlanningProblem, allocation: Allocation) -> dict[str, SLOCheck]:
+    """Each LLM with an SLO (``PlanOptions.slos``) against its instance of ``allocation`` at
+    its rate per replica (:func:`scepsy_opt.slo.check`). An LLM split over GPU types is
+    refused (its calls are not checked against one SLO)."""
+    out = {}
+    for m, slo in problem.options.slos.items():
+        if m in allocation.splits:
+            raise InputError("allocation", f"splits.{m}", "an LLM with an SLO on one GPU type "
+                             "(the calls of a split LLM are not checked against one SLO)")
+        if m not in allocation.llms:
+            raise InputError("allocation", f"llms.{m}", "an instance for every LLM with an SLO")
+        inst, dem = allocation.llms[m], problem.demands[m]
+        curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
+                               catalog=problem.catalog, policy=problem.policy,
+                               memory_share=inst.memory)
+        out[m] = check(slo, curve, dem.rate / inst.replicas, call_delay_s(problem.latency))
+    return out
+
+
+def slo_floors(problem: PlanningProblem, llm: str) -> tuple[float, float]:
+    """The least zero-load TTFT (the SLO's statistic) and TPOT any shape of ``llm`` that fits
+    achieves (s; inf when none fits): an SLO below them is met by no replica count."""
+    slo, dem = problem.options.slos[llm], problem.demands[llm]
+    delay = call_delay_s(problem.latency)
+    best = (math.inf, math.inf)
+    for _, _, curve in fitting_curves(problem, llm, dem):
+        c = check(slo, curve, 0.0, delay)
+        best = (min(best[0], c.ttft_s), min(best[1], c.tpot_s))
+    return best
+
+
 @dataclass
 class _Scan:
     """One shape's replica scan in progress: steps ``s`` from ``start`` to ``cap`` are still to
@@ -419,6 +454,10 @@ def _scans(spec: _ScanSpec, gpu: str, tp: int, live: list[Any]) -> list[_Scan]:
         r_min = unoverloaded_replicas(c, spec.demand.rate,
                                       min_replicas(load, c.mu, opts.max_utilisation),
                                       opts.max_replicas)
+        slo = opts.slos.get(spec.demand.llm)
+        if slo is not None and r_min <= opts.max_replicas:
+            r_min = fewest_replicas(slo, c, spec.demand.rate, r_min, opts.max_replicas,
+                                    call_delay_s(spec.problem.latency))
         s_cap = min(spec.caps.get(gpu, 0) // per, opts.max_replicas // k)
         if not tied and not spec.blocks:  # memory units within the budget too
             s_cap = min(s_cap, spec.caps.get(gpu, 0) // gpu_units(tp, c.memory_share))

@@ -71,6 +71,7 @@ from scepsy_opt.candidates import (
     fitting_curves,
     generate_candidates,
     price,
+    slo_floors,
 )
 from scepsy_opt.pipeline import min_replicas, replicas_needed
 from scepsy_opt.plans import Infeasibility, Plan, headroom, plan_from_choice, time_limit_plan
@@ -996,6 +997,9 @@ def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
                              "and share of the grid", 0.0, {w: 0.0 for w in problem.targets},
                              cset.unfit[0], tuple(cset.unfit))
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
+    slo_missed = [m for m in problem.options.slos if not cset.by_llm.get(m)]
+    if slo_missed:
+        return _slo_diagnosis(problem, slo_missed, name, stats)
     shp = shapes_ if shapes_ is not None else capacity_shapes(problem, deadline)
     scale, choice, st = max_scale(problem, shp, deadline=deadline)
     if st == "time_limit_no_solution":
@@ -1021,6 +1025,27 @@ def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
     info = Infeasibility("gpus", detail, scale, tput, bottleneck, binding,
                          MappingProxyType(dict(sorted(gains.items()))))
     return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, scale)
+
+
+def _slo_diagnosis(problem: PlanningProblem, llms: list[str], name: str,
+                   stats: Mapping[str, Any]) -> Plan:
+    """An infeasible plan for LLMs whose SLO no candidate meets: beyond every shape even at
+    zero load (with the best zero-load figures), or needing more replicas than the GPUs give."""
+    parts = []
+    for m in llms:
+        slo = problem.options.slos[m]
+        ttft, tpot = slo_floors(problem, m)
+        floor_ok = ((slo.ttft_s is None or ttft <= slo.ttft_s * (1 + 1e-9))
+                    and (slo.tpot_s is None or tpot <= slo.tpot_s * (1 + 1e-9)))
+        if floor_ok:
+            parts.append(f"{m}'s SLO ({slo.describe()}) needs more GPUs than the cluster has at "
+                         "the targets")
+        else:
+            parts.append(f"{m}'s SLO ({slo.describe()}) is beyond every instance shape even at "
+                         f"zero load (best: ttft {ttft:.4g} s, tpot {tpot:.4g} s)")
+    info = Infeasibility("latency", "; ".join(parts), 0.0, {w: 0.0 for w in problem.targets},
+                         llms[0], tuple(llms))
+    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
 
 
 def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,

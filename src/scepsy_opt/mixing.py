@@ -313,6 +313,10 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         raise InputError("mixed plan", "latency_bounds",
                          "mean latency bounds only (a percentile of a split LLM's calls is not "
                          "planned)", ", ".join(sorted(problem.options.latency_bounds)))
+    if problem.options.slos:
+        raise InputError("mixed plan", "slos", "no per-LLM SLOs (the calls of an LLM split "
+                         "over GPU types are not checked against one)",
+                         ", ".join(problem.options.slos))
     t0 = time.perf_counter()
     left = Deadline.of(problem, deadline)
     prices = dict(gpu_prices(problem) if prices is None else prices)

@@ -10,6 +10,11 @@ know of them, so the registry checks their answers (:func:`bound_checked`): a pl
 predicted percentile misses a bound becomes ``infeasible`` with the figures (the ``user``
 optimiser, an evaluation, keeps its allocation and reports the miss), and every plan's
 ``stats["latency_bounds"]`` gives each bound, the predicted percentile and whether it is met.
+
+Per-LLM SLOs (``PlanOptions.slos``, :mod:`scepsy_opt.slo`): the MILP's candidates meet them by
+construction; every optimiser's answer is checked the same way (:func:`check_slos`) and a miss
+makes the plan ``infeasible`` (``user`` keeps its allocation); ``stats["slos"]`` gives each
+LLM's bounds, its predicted TTFT and TPOT, its predicted attainment and whether it is met.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from scepsy_opt.baselines import (
     MuxServeGreedy,
     UserAllocation,
 )
-from scepsy_opt.candidates import price
+from scepsy_opt.candidates import price, slo_checks
 from scepsy_opt.milp import MILPOptimiser, percentile_latencies
 from scepsy_opt.mincost import solve_min_cost
 from scepsy_opt.plans import Infeasibility, Optimiser, Plan
@@ -70,13 +75,37 @@ def check_latency_bounds(problem: PlanningProblem, plan: Plan, *, keep: bool = F
                 MappingProxyType(stats), info, 0.0)
 
 
-def bound_checked(cls: type, *, keep: bool = False) -> type:
-    """A subclass of the optimiser class ``cls`` whose plans are checked against the percentile
-    bounds (:func:`check_latency_bounds`); instances are still instances of ``cls``."""
+def check_slos(problem: PlanningProblem, plan: Plan, *, keep: bool = False) -> Plan:
+    """``plan`` with its LLMs' SLOs checked at its scale (module docstring); ``keep``: report
+    a miss without dropping the allocation."""
+    if not problem.options.slos or plan.allocation is None:
+        return plan
+    at = problem.scaled(plan.scale) if plan.scale != 1.0 else problem
+    checks = slo_checks(at, plan.allocation)
+    stats = dict(plan.stats, slos={m: c.to_dict() for m, c in checks.items()})
+    missed = {m: c for m, c in checks.items() if not c.met}
+    if not missed or keep:
+        return replace(plan, stats=MappingProxyType(stats))
+    miss = "; ".join(f"{m}: {c.slo.describe()}, predicted ttft {c.ttft_s:.4g} s, tpot "
+                     f"{c.tpot_s:.4g} s" for m, c in missed.items())
+    info = Infeasibility("latency", f"{plan.optimiser} found no allocation within the LLMs' SLOs "
+                         f"(its answer misses {miss})", 0.0,
+                         {w: 0.0 for w in problem.targets}, None, ())
+    return Plan(plan.optimiser, "infeasible", None, math.inf, math.inf, math.inf, {},
+                MappingProxyType(stats), info, 0.0)
+
+
+def bound_checked(cls: type, *, keep: bool = False, percentiles: bool = True) -> type:
+    """A subclass of the optimiser class ``cls`` whose plans are checked against the LLMs'
+    SLOs (:func:`check_slos`) and, with ``percentiles``, the percentile bounds
+    (:func:`check_latency_bounds`); instances are still instances of ``cls``."""
 
     class Checked(cls):  # type: ignore[valid-type,misc]
         def solve(self, problem: PlanningProblem, **kwargs: Any) -> Plan:
-            return check_latency_bounds(problem, super().solve(problem, **kwargs), keep=keep)
+            plan = super().solve(problem, **kwargs)
+            if percentiles:
+                plan = check_latency_bounds(problem, plan, keep=keep)
+            return check_slos(problem, plan, keep=keep)
 
     Checked.__name__ = Checked.__qualname__ = cls.__name__
     Checked.__doc__ = cls.__doc__
@@ -84,7 +113,7 @@ def bound_checked(cls: type, *, keep: bool = False) -> type:
 
 
 OPTIMISERS: Mapping[str, Callable[[], Optimiser]] = MappingProxyType({
-    "milp": ExactOptimiser,  # enforces the bounds itself
+    "milp": bound_checked(ExactOptimiser, percentiles=False),  # enforces the bounds itself
     "brute-force": bound_checked(BruteForce),
     "heuristic": bound_checked(Hierarchical),
     "muxserve": bound_checked(MuxServeGreedy),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from scepsy_common.files import atomic_write_text
+from scepsy_opt.candidates import slo_checks
 from scepsy_opt.cluster import cluster_to_dict
 from scepsy_opt.coverage import extrapolated_shares
 from scepsy_opt.pipeline import Prediction, predict
@@ -158,6 +159,9 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
     (``scepsy plan`` adds the placement)."""
     cat = problem.catalog or default_catalog()
     stats = {k: v for k, v in plan.stats.items() if k not in TIMING_KEYS}
+    if problem.options.slos and plan.allocation is not None and not plan.allocation.splits:
+        at = problem.scaled(plan.scale) if plan.scale != 1.0 else problem
+        stats["slos"] = {m: c.to_dict() for m, c in slo_checks(at, plan.allocation).items()}
     doc: dict[str, Any] = {
         "version": PLAN_VERSION,
         "optimiser": plan.optimiser,

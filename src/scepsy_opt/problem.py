@@ -21,6 +21,7 @@ from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.cluster import Cluster
 from scepsy_opt.pipeline import LLMDemand, llm_demand, llm_load
+from scepsy_opt.slo import CallSLO
 from scepsy_opt.stats import WorkflowStats
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
@@ -54,6 +55,9 @@ class PlanOptions:
     # per workflow: (percentile in (0, 100), seconds): the predicted request-latency percentile
     # (scepsy_opt.tails) must not exceed the seconds; both objectives (docs/optimiser.md)
     latency_bounds: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # per LLM: bounds on its calls' TTFT (mean or percentile) and mean TPOT (scepsy_opt.slo):
+    # every candidate meets them at its rate per replica; every objective (docs/slo.md)
+    slos: Mapping[str, CallSLO] = field(default_factory=dict)
     current: Allocation | None = None
     change_penalty_s: float = 0.0
     prune_rel: float = 1e-9
@@ -103,6 +107,9 @@ class PlanOptions:
             if not (math.isfinite(x) and x > 0):
                 raise InputError(src, field_, "a latency bound > 0 s", x)
             bounds[w] = (q, x)
+        for m, slo in self.slos.items():
+            if not isinstance(slo, CallSLO):
+                raise InputError(src, f"slos.{m}", "a CallSLO (scepsy_opt.slo)", slo)
         if not (math.isfinite(self.change_penalty_s) and self.change_penalty_s >= 0):
             raise InputError(src, "change_penalty_s", "a penalty >= 0 s per changed replica",
                              self.change_penalty_s)
@@ -117,6 +124,7 @@ class PlanOptions:
         object.__setattr__(self, "weights", MappingProxyType(dict(self.weights)))
         object.__setattr__(self, "latency_bound_s", MappingProxyType(dict(self.latency_bound_s)))
         object.__setattr__(self, "latency_bounds", MappingProxyType(dict(sorted(bounds.items()))))
+        object.__setattr__(self, "slos", MappingProxyType(dict(sorted(self.slos.items()))))
 
 
 class TimeLimitReached(Exception):
@@ -211,6 +219,10 @@ class PlanningProblem:
             if w not in self.targets:
                 raise InputError("plan options", f"latency_bounds.{w}",
                                  f"a workflow with a target ({', '.join(sorted(self.targets))})", w)
+        for m in self.options.slos:
+            if m not in self.llms:
+                raise InputError("plan options", f"slos.{m}",
+                                 f"an LLM the targeted workflows call ({', '.join(self.llms)})", m)
         object.__setattr__(self, "targets", MappingProxyType(dict(sorted(self.targets.items()))))
 
     @property

@@ -410,10 +410,11 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
 
 def mixing_applies(problem: PlanningProblem) -> bool:
     """Whether min-cost also plans LLMs split over GPU types (:mod:`scepsy_opt.mixing`): the
-    cluster offers two or more GPU types, every bound is a mean bound and no current
-    allocation is kept."""
+    cluster offers two or more GPU types, every bound is a mean bound, no LLM has an SLO and
+    no current allocation is kept."""
     return (len({p.gpu for p in problem.cluster.pools}) > 1
-            and not problem.options.latency_bounds and problem.options.current is None)
+            and not problem.options.latency_bounds and not problem.options.slos
+            and problem.options.current is None)
 
 
 def _whole_free(topology: Topology) -> dict[str, int]:

@@ -36,10 +36,12 @@ from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.colocation import contend, phase_model
 from scepsy_opt.pipeline import instance_curve, llm_demand
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
-from scepsy_opt.simulate import simulate
+from scepsy_opt.simulate import SimulationResult, simulate
+from scepsy_opt.slo import CallSLO
 from scepsy_opt.stats import WorkflowStats
+from scepsy_opt.traces import Trace
 from scepsy_opt.validate.finite import FiniteRun, finite_run
-from scepsy_opt.validate.muxserve import GPU, Mesh, MeshLLM, MuxRun
+from scepsy_opt.validate.muxserve import GPU, MeasuredLLM, Mesh, MeshLLM, MuxRun
 from scepsy_opt.workflows import Distribution
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
@@ -76,6 +78,8 @@ class Figures:
     mean_ttft_s: float
     mean_tpot_s: float
     overloaded: tuple[str, ...] = ()
+    attainment: float | None = None  # share of requests within the LLM's SLO (None: no SLO)
+    attainment_high: float | None = None  # measured: what the percentiles allow at most
 
 
 @dataclass(frozen=True)
@@ -105,10 +109,15 @@ class _LLM:
 
 def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = True,
                  seed: int = 0, interference: Mapping[str, float] | None = None,
-                 queued: float | None = None) -> RunValidation:
+                 queued: float | None = None,
+                 slos: Mapping[str, CallSLO] | None = None) -> RunValidation:
     """Measured vs predicted (and simulated) for ``run`` with ``latency`` (the module
     docstring); ``queued``: the part of an overload's backlog that waits before its first
-    token (None: the engine's, :func:`scepsy_profile.overheads.overload_queued`)."""
+    token (None: the engine's, :func:`scepsy_profile.overheads.overload_queued`); ``slos``:
+    per LLM, the SLO whose attainment each source reports (predicted: the finite run's TTFT
+    distribution, :meth:`FiniteRun.ttft_within`; simulated: its requests; measured: the range
+    its percentiles allow, :func:`attainment_measured`)."""
+    slos = slos or {}
     if queued is None:
         queued = overload_queued(latency)
     alpha = (interference or {}).get(run.strategy, INTERFERENCE)
@@ -133,10 +142,10 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
                              f"a part of the GPUs' memory that holds {x.model}'s weights and "
                              f"one call (its KV cache holds {curve.memory.kv_tokens} tokens)")
         fin = finite_run(curve, x.rate, x.requests, queued, call_delay_s(latency))
-        predicted[m] = _of_finite(m, fin)
+        predicted[m] = _of_finite(m, fin, slos.get(m))
         if simulate_runs:
-            simulated[m] = _simulated(workload, m, x, lat, curve, seed)
-    measured = {m: _of_measured(run, m) for m in llms}
+            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m))
+    measured = {m: _of_measured(run, m, slos.get(m)) for m in llms}
     for m in llms:
         per[m] = {"measured": measured[m], "predicted": predicted[m]}
         if simulate_runs:
@@ -157,11 +166,17 @@ def combine(per: Mapping[str, Figures], weights: Mapping[str, float]) -> Figures
 
     def mean(key: str) -> float:
         return sum(weights[m] * getattr(f, key) for m, f in per.items()) / total
+
+    def share(key: str) -> float | None:  # over the LLMs with an SLO
+        some = {m: getattr(f, key) for m, f in per.items() if getattr(f, key) is not None}
+        w = sum(weights[m] for m in some)
+        return sum(weights[m] * a for m, a in some.items()) / w if some and w > 0 else None
     return Figures(throughput=sum(f.throughput for f in per.values()),
                    mean_latency_s=mean("mean_latency_s"), p90_ttft_s=mean("p90_ttft_s"),
                    mean_ttft_s=mean("mean_ttft_s"), mean_tpot_s=mean("mean_tpot_s"),
                    overloaded=tuple(sorted((m for m, f in per.items() if f.overloaded),
-                                           key=_natural)))
+                                           key=_natural)),
+                   attainment=share("attainment"), attainment_high=share("attainment_high"))
 
 
 def _natural(name: str) -> tuple[str, int]:
@@ -207,9 +222,31 @@ def _curve(x: _LLM, demand: object, lat: LatencyModel) -> ServingCurve:
                           x.instance.share, policy=x.policy, memory_share=x.instance.memory)
 
 
-def _of_finite(m: str, f: FiniteRun) -> Figures:
+def _of_finite(m: str, f: FiniteRun, slo: CallSLO | None) -> Figures:
+    share = None
+    if slo is not None:
+        share = f.ttft_within(slo.ttft_s) if slo.ttft_s is not None else 1.0
+        if slo.tpot_s is not None and f.mean_tpot_s > slo.tpot_s * (1.0 + 1e-9):
+            share = 0.0
     return Figures(f.throughput, f.mean_latency_s, f.p90_ttft_s, f.mean_ttft_s, f.mean_tpot_s,
-                   (m,) if f.overloaded else ())
+                   (m,) if f.overloaded else (), share, share)
+
+
+def attainment_measured(slo: CallSLO, x: MeasuredLLM) -> tuple[float, float]:
+    """The share of a measured LLM's requests within ``slo``, as far as its percentiles tell:
+    ``(at least, at most)``. A bound between two known percentiles (TTFT: p90, p99; TPOT: p90)
+    puts that share between them; both bounds hold together for at least the sum of the two
+    shares less one (and at most the smaller)."""
+    lo, hi = 1.0, 1.0
+    for bound, points in ((slo.ttft_s, ((0.9, x.p90_ttft_s), (0.99, x.p99_ttft_s))),
+                          (slo.tpot_s, ((0.9, x.p90_tpot_s),))):
+        if bound is None:
+            continue
+        below = [q for q, v in points if v <= bound]
+        above = [q for q, v in points if v > bound]
+        one_lo, one_hi = (max(below) if below else 0.0), (min(above) if above else 1.0)
+        lo, hi = max(0.0, lo + one_lo - 1.0), min(hi, one_hi)
+    return lo, hi
 
 
 MEASURED_OVERLOAD = 0.9
@@ -220,18 +257,19 @@ engine: a mean TTFT above :data:`MEASURED_QUEUE` of its mean latency. Both are h
 MEASURED_QUEUE = 0.25
 
 
-def _of_measured(run: MuxRun, m: str) -> Figures:
+def _of_measured(run: MuxRun, m: str, slo: CallSLO | None) -> Figures:
     x = run.measured[m]
+    lo, hi = attainment_measured(slo, x) if slo is not None else (None, None)
     latency = x.mean_latency_s(run.lengths(m)[1])
     short = x.throughput < MEASURED_OVERLOAD * x.requests / (x.requests / run.rates[m]
                                                              + x.p90_latency_s)
     queued = x.ttft_mean_s > MEASURED_QUEUE * latency
     return Figures(x.throughput, latency, x.p90_ttft_s, x.ttft_mean_s, x.tpot_mean_s,
-                   (m,) if short or queued else ())
+                   (m,) if short or queued else (), lo, hi)
 
 
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
-               curve: ServingCurve, seed: int) -> Figures:
+               curve: ServingCurve, seed: int, slo: CallSLO | None) -> Figures:
     one = RateWorkload(workload.name, {m: workload.llms[m]}, reference_gpu=GPU)
     trace = rate_trace(one, min(x.requests, STATS_REQUESTS), seed)
     res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
@@ -252,8 +290,27 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
     ttft = waits + prefill
     tpot = (lat_s.mean() - ttft.mean()) / max(curve.output_tokens - 1.0, 1.0)
     thr = len(reqs) / (last - first) if last > first else 0.0
+    share = None if slo is None else _simulated_attainment(slo, res, trace, prefill)
     return Figures(thr, float(lat_s.mean()), float(np.percentile(ttft, 90)), float(ttft.mean()),
-                   float(tpot), (m,) if res.unfinished > 0 or grew(lat_s) else ())
+                   float(tpot), (m,) if res.unfinished > 0 or grew(lat_s) else (), share, share)
+
+
+def _simulated_attainment(slo: CallSLO, res: SimulationResult, trace: Trace,
+                          prefill_s: float) -> float:
+    """The share of the simulated requests within ``slo``: each call's TTFT (its admission
+    less its arrival, plus its group's prefill) and TPOT (the rest of its latency over its
+    output tokens less one); unfinished requests miss it."""
+    ok = 0
+    for e in res.call_log or ():
+        req = res.requests[e.arrival]
+        if e.start_s is None or req.end_s is None:
+            continue
+        ttft = e.start_s - req.arrival_s + prefill_s
+        out = trace.requests[(req.workflow, req.request_id)][0].output_tokens
+        tpot = max(req.end_s - req.arrival_s - ttft, 0.0) / max(out - 1.0, 1.0)
+        ok += ((slo.ttft_s is None or ttft <= slo.ttft_s)
+               and (slo.tpot_s is None or tpot <= slo.tpot_s))
+    return ok / len(res.requests) if res.requests else 0.0
 
 
 GROWTH = 2.0

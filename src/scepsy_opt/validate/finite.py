@@ -20,7 +20,8 @@ completion, ``max(N/λ, N/μ) + L + D`` with ``L`` the last request's service an
 delay per call. TTFT is the wait plus the prefill of its group plus ``D``; TPOT the rest of the
 latency over ``O − 1`` tokens. A wait's
 90th percentile is ``ln 10`` times its mean (exponential) without overload, and 1.8 times the
-backlog's mean (uniform over ``[0, max]``) with it.
+backlog's mean (uniform over ``[0, max]``) with it; the share of calls within a TTFT bound
+(:meth:`FiniteRun.ttft_within`) follows the same distribution, matched to the p90.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 
 from scepsy_common.errors import InputError
 from scepsy_opt.colocation import operating_point
+from scepsy_opt.slo import ttft_attainment
 from scepsy_profile.serving import ServingCurve
 
 WALK = 0.75
@@ -50,6 +52,14 @@ class FiniteRun:
     p90_ttft_s: float
     mean_tpot_s: float
     overloaded: bool
+    ttft_floor_s: float = 0.0  # the TTFT without waiting: the group's prefill and the delay
+    wait_shape: str = "exponential"  # the wait's distribution (scepsy_opt.slo.WAIT_SHAPES)
+    wait_mean_s: float = 0.0  # its mean: the p90 TTFT less the floor, over the shape's p90
+
+    def ttft_within(self, bound_s: float) -> float:
+        """The share of the run's calls whose TTFT is at most ``bound_s`` under the wait's
+        distribution (:func:`scepsy_opt.slo.ttft_attainment`)."""
+        return ttft_attainment(bound_s, self.ttft_floor_s, self.wait_mean_s, self.wait_shape)
 
 
 def walk_wait(requests: int, mu: float) -> float:
@@ -91,10 +101,13 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
     prefill = curve.group_prefill_s(batch)
     latency = wait + in_service
     tpot = max(latency - first - prefill, 0.0) / max(o - 1.0, 1.0)
+    shape = "exponential" if rate < mu else "uniform"
     return FiniteRun(throughput=n / (span + in_service + delay_s),
                      mean_latency_s=latency + delay_s, mean_ttft_s=first + prefill + delay_s,
                      p90_ttft_s=p90_first + prefill + delay_s,
-                     mean_tpot_s=tpot, overloaded=rate >= mu)
+                     mean_tpot_s=tpot, overloaded=rate >= mu, ttft_floor_s=prefill + delay_s,
+                     wait_shape=shape,
+                     wait_mean_s=p90_first / (P90_EXP if rate < mu else P90_UNIFORM))
 
 
 def _admission_wait(n: int, rate: float, mu: float, admitted: float) -> tuple[float, float]:

@@ -4,10 +4,12 @@ and simulated, and the JSON document (docs/validate.md)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from scepsy_opt.slo import parse_slos
 from scepsy_opt.validate.evaluate import Figures, RunValidation, validate_run
 from scepsy_opt.validate.muxserve import load_muxserve_dir
 from scepsy_profile.latency import LatencyModel
@@ -26,12 +28,17 @@ class ValidationReport:
 
 
 def validate_muxserve(folder: str | Path, latency: LatencyModel, *, model: str = "",
-                      simulate: bool = True, seed: int = 0) -> ValidationReport:
+                      simulate: bool = True, seed: int = 0,
+                      slos: Mapping[str, Any] | None = None) -> ValidationReport:
     """Read every run in ``folder`` (:func:`~scepsy_opt.validate.muxserve.load_muxserve_dir`)
-    and validate each with ``latency`` (:func:`~scepsy_opt.validate.evaluate.validate_run`)."""
+    and validate each with ``latency`` (:func:`~scepsy_opt.validate.evaluate.validate_run`);
+    ``slos``: per LLM (``"*"``: every LLM), the SLO whose attainment is reported
+    (:func:`scepsy_opt.slo.parse_slos`, against each run's LLMs)."""
     runs = load_muxserve_dir(folder)
     return ValidationReport(str(folder), model, tuple(
-        validate_run(r, latency, simulate_runs=simulate, seed=seed) for r in runs))
+        validate_run(r, latency, simulate_runs=simulate, seed=seed,
+                     slos=parse_slos(slos, sorted(r.rates)) if slos else None)
+        for r in runs))
 
 
 def error(predicted: float, measured: float) -> float:
@@ -60,7 +67,8 @@ def document(report: ValidationReport) -> dict[str, Any]:
     """The ``--json`` document: ``{"format", "folder", "model", "runs": [{"workload",
     "strategy", "measured", "predicted", "simulated", "errors", "llms", "shares"}]}``; figures
     ``{"throughput", "mean_latency_s", "p90_ttft_s", "mean_ttft_s", "mean_tpot_s",
-    "overloaded"}``, errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
+    "overloaded", "attainment", "attainment_high"}`` (the attainments null without SLOs;
+    measured: the range its percentiles allow), errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
     runs = []
     for v in report.runs:
         errs = {src: {k: _finite(error(getattr(getattr(v, src), k), getattr(v.measured, k)))
@@ -99,8 +107,23 @@ def run_rows(report: ValidationReport) -> list[dict[str, Any]]:
                 row[f"{k} err"] = ("" if src == "measured" else
                                    _pct(error(val, getattr(v.measured, k))))
             row["overloaded"] = len(f.overloaded)
+            if f.attainment is not None:
+                row["attainment"] = _share(f.attainment, f.attainment_high)
             rows.append(row)
     return rows
+
+
+def run_columns(report: ValidationReport) -> tuple[str, ...]:
+    """:data:`RUN_COLUMNS`, with ``attainment`` where SLOs were given."""
+    slo = any(v.measured.attainment is not None for v in report.runs)
+    return (*RUN_COLUMNS, "attainment") if slo else RUN_COLUMNS
+
+
+def _share(low: float, high: float | None) -> str:
+    """``93.1%``, or ``90.0-99.0%`` for a range."""
+    if high is None or abs(high - low) < 5e-4:
+        return f"{100 * low:.1f}%"
+    return f"{100 * low:.1f}-{100 * high:.1f}%"
 
 
 RUN_COLUMNS = ("workload", "strategy", "source", "throughput", "throughput err",
@@ -122,16 +145,18 @@ def llm_rows(v: RunValidation) -> list[dict[str, Any]]:
             row[f"lat {tag}"] = f[src].mean_latency_s
             row[f"ttft90 {tag}"] = f[src].p90_ttft_s
             row[f"tpot {tag}"] = f[src].mean_tpot_s
+            if f[src].attainment is not None:
+                row[f"slo {tag}"] = _share(f[src].attainment, f[src].attainment_high)
         row["overloaded m/p"] = ("y" if f["measured"].overloaded else "n") + "/" + (
             "y" if f["predicted"].overloaded else "n")
         rows.append(row)
     return rows
 
 
-def llm_columns(simulated: bool) -> tuple[str, ...]:
+def llm_columns(simulated: bool, slo: bool = False) -> tuple[str, ...]:
     tags = ("meas", "pred", "simu") if simulated else ("meas", "pred")
-    return ("llm", "shares", *(f"{k} {t}" for k in ("thr", "lat", "ttft90", "tpot")
-                               for t in tags), "overloaded m/p")
+    keys = ("thr", "lat", "ttft90", "tpot", "slo") if slo else ("thr", "lat", "ttft90", "tpot")
+    return ("llm", "shares", *(f"{k} {t}" for k in keys for t in tags), "overloaded m/p")
 
 
 def _short(workload: str) -> str:
