@@ -70,6 +70,7 @@ class PlanResult:
     placed: PlacedPlan
     placer: str  # the placement policy asked for
     topology: Topology | None = None  # the cluster placed on (its node names go to plan.json)
+    peak: Any = None  # the PeakTarget the targets came from (arrivals=), plan.json solver.arrivals
 
     @property
     def plan(self) -> Plan:
@@ -107,8 +108,11 @@ class PlanResult:
         from scepsy_profile.catalog import catalog_in_force
 
         with catalog_in_force(self.problem.catalog):
-            return plan_document(self.problem, self.placed, policy=self.placer, timings=timings,
-                                 topology=self.topology)
+            doc = plan_document(self.problem, self.placed, policy=self.placer, timings=timings,
+                                topology=self.topology)
+        if self.peak is not None:
+            doc["solver"]["arrivals"] = self.peak.to_dict()
+        return doc
 
     def write(self, path: PathLike, *, timings: bool = True) -> None:
         """Write :meth:`to_dict` to ``path`` atomically (nothing half-written)."""
@@ -468,6 +472,8 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
          placer: str = DEFAULT_PLACER, spread_replicas: bool = False,
          max_rounds: int = DEFAULT_MAX_ROUNDS, progress: Progress | None = None,
          catalog: PathLike | Catalog | None = None, improve: bool = True, repack: int = 0,
+         arrivals: PathLike | Any = None, peak_window_s: float | None = None,
+         peak_quantile: float = 1.0, time_scale: float = 1.0,
          **options: Any) -> PlanResult:
     """The placed plan serving ``workflows`` at ``targets`` on ``cluster``.
 
@@ -500,7 +506,12 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     The objective minimised is the weighted sum of the workflows' predicted mean latencies
     (``objective="min-cost"``: the price per hour of the GPUs, within ``latency_bound_s`` and
     ``latency_bounds``, docs/min-cost.md).
+    ``arrivals``: recorded arrival times (a file or :class:`~scepsy_opt.arrivals.Arrivals`,
+    ``time_scale`` times as fast) in place of ``targets``: the plan carries the rate of their
+    window of ``peak_window_s`` (default 60 s) at ``peak_quantile`` of the windows (default
+    1: the busiest), split over the workflows as a total target is (docs/arrivals.md).
     """
+    from scepsy_opt.arrivals import PEAK_WINDOW_S, Arrivals, load_arrivals, peak_target
     from scepsy_place.loop import FORMULATIONS, plan_and_place
     from scepsy_place.placement import PLACERS
     from scepsy_profile.catalog import catalog_in_force
@@ -510,6 +521,18 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     if placer not in PLACERS:
         raise InputError("placer", "", f"one of {', '.join(PLACERS)}", placer)
     _count(max_rounds, "max_rounds", 1)
+    peak = None
+    if arrivals is not None:
+        if targets is not None:
+            raise InputError("targets", "", "no targets with arrivals= (the arrivals' peak "
+                             "window sets them)", targets)
+        arr = arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
+        peak = peak_target(arr.scaled(time_scale), peak_window_s or PEAK_WINDOW_S,
+                           peak_quantile)
+        targets = peak.rate
+    elif peak_window_s is not None or peak_quantile != 1.0 or time_scale != 1.0:
+        raise InputError("arrivals", "", "recorded arrival times (arrivals=) for "
+                         "peak_window_s, peak_quantile and time_scale")
     problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
                                      progress=progress, catalog=catalog, **options)
     with catalog_in_force(problem.catalog):  # already merged with the bundled one
@@ -522,7 +545,7 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
                              max_rounds=max_rounds, placer_options=placer_options,
                              formulation=formulation)  # type: ignore[arg-type]
     # a plan of LLMs split over GPU types answers the problem of their replica groups
-    return PlanResult(res.problem or problem, res, placer, topology)
+    return PlanResult(res.problem or problem, res, placer, topology, peak)
 
 
 def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates,
@@ -556,20 +579,38 @@ def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRat
 
 
 def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None, *,
-             requests: int = DEFAULT_TRACE_REQUESTS, routing: str = "round_robin",
+             requests: int | None = DEFAULT_TRACE_REQUESTS, routing: str = "round_robin",
              trace: PathLike | Trace | None = None,
              trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
              curves: PathLike | None = None, latency: LatencyModel | None = None,
              overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
-             progress: bool = False, catalog: PathLike | Catalog | None = None
+             progress: bool = False, catalog: PathLike | Catalog | None = None,
+             arrivals: PathLike | Any = None, time_scale: float = 1.0,
              ) -> SimulationResult:
     """Simulated throughput and latency of ``requests`` Poisson arrivals at ``rate`` on
     ``allocation`` (the discrete-event simulator, docs/simulator.md); arguments as :func:`plan`
-    (``rate`` optional for a rate workload)."""
+    (``rate`` optional for a rate workload). ``arrivals``: recorded arrival times (a file
+    :func:`scepsy_opt.arrivals.load_arrivals` reads, or :class:`~scepsy_opt.arrivals.Arrivals`),
+    ``time_scale`` times as fast, replayed in place of the Poisson process (the first
+    ``requests`` of them; ``None``: all); each draws a workflow in proportion to the rates
+    (``rate`` defaults to their mean rate, split as for :func:`plan`) (docs/arrivals.md)."""
+    from scepsy_opt.arrivals import Arrivals, load_arrivals
     from scepsy_opt.simulate import simulate as _simulate
-    from scepsy_opt.workload import models_of
+    from scepsy_opt.workload import models_of, specs_and_rates
 
-    _count(requests, "requests", 1)
+    times = None
+    if arrivals is not None:
+        arr = arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
+        arr = arr.scaled(time_scale)
+        times = arr.times_s
+        if rate is None and specs_and_rates(workflows)[1] is None:  # not a rate workload
+            rate = arr.mean_rate if math.isfinite(arr.mean_rate) else float(arr.count)
+    elif time_scale != 1.0:
+        raise InputError("time_scale", "", "arrivals to scale (arrivals=)", time_scale)
+    if requests is not None:
+        _count(requests, "requests", 1)
+    elif times is None:
+        requests = DEFAULT_TRACE_REQUESTS
     with using_catalog(catalog) as cat:
         specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
                                                   trace_requests, seed)
@@ -584,6 +625,8 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
             stats, served_models = served(_stats(specs, tr, seed), models, alloc)
             more["latencies"] = phase_latencies(stats, served_models, alloc, lat, rates,
                                                 catalog=own, policy=policy)
+        if times is not None:
+            more["arrival_times_s"] = times
         return _simulate(tr, models, alloc, lat, rates, requests=requests, seed=seed,
                          routing=routing, progress=progress, **more)  # type: ignore[arg-type]
 

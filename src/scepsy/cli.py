@@ -225,8 +225,15 @@ def _simulate_args(cmd: argparse.ArgumentParser) -> None:
     from scepsy_opt.simulate import ROUTINGS
 
     _evaluate_args(cmd)
-    cmd.add_argument("--requests", type=COUNT, default=DEFAULT_TRACE_REQUESTS,
-                     help="simulated arrivals (default %(default)s)")
+    cmd.add_argument("--requests", type=COUNT, default=None,
+                     help=f"simulated arrivals (default {DEFAULT_TRACE_REQUESTS}; with "
+                          "--arrivals: all of them)")
+    cmd.add_argument("--arrivals", type=Path, metavar="FILE",
+                     help="replay these recorded arrival times instead of Poisson arrivals: "
+                          "JSON lines with a timestamp in ms (Mooncake) or one time in seconds "
+                          "per line (docs/arrivals.md)")
+    cmd.add_argument("--time-scale", type=POSITIVE, default=1.0, metavar="X",
+                     help="replay --arrivals X times as fast (default 1)")
     cmd.add_argument("--routing", choices=ROUTINGS, default=ROUTINGS[0])
     cmd.add_argument("--progress", action="store_true")
     cmd.set_defaults(func=_cmd_simulate)
@@ -343,6 +350,17 @@ def _plan_args(plan: argparse.ArgumentParser) -> None:
                            "PCT:SECONDS: bound on its PCT-th percentile latency, e.g. rag=90:2 "
                            "(repeatable)")
     add_slo_flags(plan, "every objective")
+    plan.add_argument("--arrivals", type=Path, metavar="FILE",
+                      help="recorded arrival times instead of --target: the plan carries their "
+                           "peak window's rate (JSON lines with a timestamp in ms, or one time "
+                           "in seconds per line; docs/arrivals.md)")
+    plan.add_argument("--peak-window", type=POSITIVE, default=None, metavar="S",
+                      help="the window of --arrivals' peak rate (default 60 s)")
+    plan.add_argument("--peak-quantile", type=POSITIVE, default=1.0, metavar="Q",
+                      help="carry the window rate at this quantile of the windows, in (0, 1] "
+                           "(default 1: the busiest window)")
+    plan.add_argument("--time-scale", type=POSITIVE, default=1.0, metavar="X",
+                      help="replay --arrivals X times as fast (default 1)")
     plan.add_argument("--current", type=Path, help="current allocation (or plan.json) to re-plan from")
     plan.add_argument("--change-penalty", type=NONNEGATIVE, default=d.change_penalty_s,
                       help="objective seconds per replica started or stopped (needs --current)")
@@ -520,7 +538,9 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "max_utilisation": "--max-utilisation", "gap_rel": "--gap",
                "time_limit_s": "--time-limit", "seed": "--seed",
                "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
-               "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo"}
+               "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo",
+               "arrivals": "--arrivals", "peak_window_s": "--peak-window",
+               "peak_quantile": "--peak-quantile", "time_scale": "--time-scale"}
 
 
 _LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}
@@ -566,6 +586,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.memory_shares is not None:
         options["memory_shares"] = _memory_shares(args.memory_shares)
     targets = _per_workflow(args.target, "--target")
+    if args.arrivals is not None and targets is not None:
+        raise UsageError("--arrivals: expected no --target with it (the arrivals' peak window "
+                         "sets the target)")
+    for flag, given in (("--peak-window", args.peak_window is not None),
+                        ("--peak-quantile", args.peak_quantile != 1.0),
+                        ("--time-scale", args.time_scale != 1.0)):
+        if given and args.arrivals is None:
+            raise UsageError(f"{flag}: expected together with --arrivals FILE")
+    if not args.peak_quantile <= 1:
+        raise UsageError(f"--peak-quantile: expected a quantile in (0, 1] (got "
+                         f"{args.peak_quantile:g})")
+    if args.arrivals is not None:
+        options.update(arrivals=args.arrivals, peak_window_s=args.peak_window,
+                       peak_quantile=args.peak_quantile, time_scale=args.time_scale)
     bounds, pct_bounds = _latency_bounds(args.latency_bound)
     if pct_bounds is not None:
         options["latency_bounds"] = pct_bounds
@@ -651,6 +685,8 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
     targets = ", ".join(f"{w} {t:g}" for w, t in problem.targets.items())
     gpus = ", ".join(f"{n} × {g}" for g, n in problem.cluster.budgets().items())
     lines.append(f"targets (req/s): {targets}; cluster {problem.cluster.name}: {gpus}")
+    if res.peak is not None:
+        lines.append(f"targets from {res.peak.describe()}")
     st = plan.stats
     priced = st.get("placed_costs_per_hour", {}) if opts.objective == "min-cost" else {}
     tried = ", ".join(f"{k} {priced[k]:.6g} USD/h" if k in priced else
@@ -848,7 +884,8 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 _EVAL_FLAGS = {"seed": "--seed", "trace_requests": "--trace-requests", "rate": "--rate",
-               "requests": "--requests", "overheads": "--overheads"}
+               "requests": "--requests", "overheads": "--overheads", "arrivals": "--arrivals",
+               "time_scale": "--time-scale"}
 
 
 def _cmd_predict(args: argparse.Namespace) -> int:
@@ -878,7 +915,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     from scepsy import api
 
     with _naming(_EVAL_FLAGS):
+        if args.time_scale != 1.0 and args.arrivals is None:
+            raise UsageError(f"--time-scale: expected together with --arrivals FILE (got "
+                             f"{args.time_scale:g})")
         res = api.simulate(args.workflow, args.allocation, args.rate, requests=args.requests,
+                           arrivals=args.arrivals, time_scale=args.time_scale,
                            routing=args.routing, trace=args.trace,
                            trace_requests=args.trace_requests, seed=args.seed,
                            curves=args.curves, overheads=args.overheads,

@@ -87,6 +87,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, check_allocation
@@ -835,12 +836,19 @@ def _check_rates(rates: Mapping[str, float]) -> dict[str, float]:
 
 
 def _poisson_arrivals(prep: _Prepared, rates: dict[str, float], requests: int | None,
-                      duration_s: float | None, seed: int) -> list[tuple[float, int]]:
-    """Merged Poisson arrivals; the draws do not depend on the rates' scale (common numbers)."""
+                      duration_s: float | None, seed: int,
+                      given: Sequence[float] | None = None) -> list[tuple[float, int]]:
+    """Merged Poisson arrivals; the draws do not depend on the rates' scale (common numbers).
+    ``given``: these arrival times instead (sorted, from 0; the first ``requests`` of them, or
+    those before ``duration_s``), each with a workflow drawn in proportion to ``rates``."""
     rng = np.random.default_rng(seed)
     names = list(rates)
     total = sum(rates.values())
-    if requests is not None:
+    if given is not None:
+        t = np.asarray(given, dtype=float)
+        t = t[t < duration_s] if duration_s is not None else t[:requests]
+        unit = t * total
+    elif requests is not None:
         unit = np.cumsum(rng.exponential(size=requests))
     else:
         assert duration_s is not None
@@ -861,6 +869,20 @@ def _poisson_arrivals(prep: _Prepared, rates: dict[str, float], requests: int | 
         pool = prep.by_workflow[names[w]]
         out.append((t, pool[min(int(u * len(pool)), len(pool) - 1)]))
     return out
+
+
+def _given_times(times: Sequence[float] | None) -> NDArray[np.float64] | None:
+    """Recorded arrival times, checked: finite, >= 0, sorted, at most :data:`MAX_REQUESTS`."""
+    if times is None:
+        return None
+    t = np.asarray(times, dtype=float)
+    if t.ndim != 1 or len(t) < 1 or not np.all(np.isfinite(t)) or np.any(t < 0) or np.any(
+            np.diff(t) < 0):
+        raise InputError("simulate", "arrival_times_s", "sorted arrival times >= 0 (s)")
+    if len(t) > MAX_REQUESTS:
+        raise InputError("simulate", "arrival_times_s", f"at most {MAX_REQUESTS} arrivals",
+                         len(t))
+    return t
 
 
 def _trace_arrivals(trace: Trace, requests: int | None,
@@ -889,7 +911,8 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
          rates: Mapping[str, float] | None, requests: int | None, duration_s: float | None,
          seed: int, routing: str, policy: MemoryPolicy, catalog: Catalog | None,
          warmup_fraction: float, drain_s: float | None, max_prefill_tokens: int | None,
-         record: bool, progress: bool, latencies: Mapping[str, LatencyModel] | None = None):
+         record: bool, progress: bool, latencies: Mapping[str, LatencyModel] | None = None,
+         arrival_times_s: Sequence[float] | None = None):
     if routing not in ROUTINGS:
         raise InputError("simulate", "routing", f"one of {', '.join(ROUTINGS)}", routing)
     if requests is not None and duration_s is not None:
@@ -919,6 +942,9 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
     own = dict(latencies or {})
     trace = _as_trace(trace)
     if rates is None:
+        if arrival_times_s is not None:
+            raise InputError("simulate", "arrival_times_s", "rates too (the mix of workflows "
+                             "the arrival times draw from)")
         workflows = trace.workflows()
         prep = _prepare(trace, workflows, models, allocation, latency, policy, cat, own)
         arrivals = _trace_arrivals(trace, requests, duration_s)
@@ -929,9 +955,10 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
                              f"{MAX_REQUESTS} expected arrivals at the total rate "
                              f"{sum(checked.values()):g} req/s", duration_s)
         prep = _prepare(trace, list(checked), models, allocation, latency, policy, cat, own)
-        if requests is None and duration_s is None:
+        given = _given_times(arrival_times_s)
+        if requests is None and duration_s is None and given is None:
             requests = DEFAULT_REQUESTS
-        arrivals = _poisson_arrivals(prep, checked, requests, duration_s, seed)
+        arrivals = _poisson_arrivals(prep, checked, requests, duration_s, seed, given)
         workflows = list(checked)
     if not arrivals:
         raise InputError("simulate", "duration_s", "a duration that holds at least one arrival",
@@ -974,6 +1001,7 @@ def simulate(
     record_events: bool = False,
     progress: bool = False,
     latencies: Mapping[str, LatencyModel] | None = None,
+    arrival_times_s: Sequence[float] | None = None,
 ) -> SimulationResult:
     """Replay workflow requests on ``allocation`` and measure latency, throughput and use.
 
@@ -993,12 +1021,16 @@ def simulate(
     own prefill limit or on a shared mesh, at the shares it gets there
     (:func:`scepsy_opt.pipeline.phase_latencies`). Deterministic for a given ``seed``.
     ``trace`` may also be a sequence of call records (validated here).
+    ``arrival_times_s``: recorded arrival times (sorted, seconds from 0; :mod:`scepsy_opt.arrivals`)
+    in place of the Poisson process, each arrival a workflow drawn in proportion to ``rates``
+    (their scale does not matter then); the run is the first ``requests`` of them, those
+    before ``duration_s``, or all.
     See the module docstring for the serving model and the statistics.
     """
     prep, arrivals, warm, workflows, eng, wall = _run(
         trace, models, allocation, latency, rates, requests, duration_s, seed, routing, policy,
         catalog, warmup_fraction, drain_s, max_prefill_tokens, record_events, progress,
-        latencies)
+        latencies, arrival_times_s)
     w0, w1 = eng.w0, eng.w1
     end_t = eng.now
     if w1 == math.inf:  # one measured arrival: measured until the run stopped

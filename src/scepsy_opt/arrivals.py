@@ -1,0 +1,178 @@
+"""Recorded arrival times: replayed by the simulator, and the rate profile a plan must carry
+(docs/arrivals.md).
+
+A mean rate hides the bursts of a real load. A recorded trace of arrival times keeps them:
+
+* :func:`load_arrivals` reads one from a JSON-lines file of objects with a ``timestamp`` in
+  milliseconds (Mooncake's traces: ``{"timestamp": 0, "input_length": ..., ...}``; other fields
+  are ignored) or from a text file with one time in seconds per line (``#`` comments and blank
+  lines skipped). Times are shifted to start at 0 and sorted.
+* :meth:`Arrivals.scaled` condenses (or stretches) time by a factor, as MuxServe condenses a
+  day of ChatLMSYS arrivals into minutes: ``time_scale = 2`` replays twice as fast.
+* :meth:`Arrivals.window_rates` is the rate profile: arrivals per consecutive window of
+  ``window_s`` seconds, over the whole windows the trace spans (at least one).
+  :meth:`Arrivals.peak_rate` is its largest window rate, or the window rate at a quantile of
+  the windows (``0.95``: the rate 95% of the windows stay within).
+
+``scepsy simulate --arrivals FILE`` replays the times (each arrival picks a workflow in
+proportion to the rates and a request of it, :func:`scepsy_opt.simulate.simulate`'s
+``arrival_times_s``); ``scepsy plan --arrivals FILE --peak-window S`` plans for the peak
+window's rate instead of the mean.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
+
+from scepsy_common.errors import InputError
+from scepsy_common.files import read_jsonl_objects, read_text
+
+MAX_ARRIVALS = 10_000_000
+"""The most arrival times one file may hold."""
+
+
+@dataclass(frozen=True, eq=False)
+class Arrivals:
+    """Sorted arrival times from 0 (seconds), read-only; ``source``: where they came from."""
+
+    times_s: NDArray[np.float64]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        t = np.asarray(self.times_s, dtype=float)
+        if t.ndim != 1 or len(t) < 1:
+            raise InputError(self.source or "arrivals", "times_s", "one or more arrival times")
+        if not np.all(np.isfinite(t)) or np.any(t < 0):
+            raise InputError(self.source or "arrivals", "times_s", "arrival times >= 0 (s)")
+        t = np.sort(t) - float(np.min(t))
+        t.setflags(write=False)
+        object.__setattr__(self, "times_s", t)
+
+    @property
+    def count(self) -> int:
+        return len(self.times_s)
+
+    @property
+    def span_s(self) -> float:
+        """From the first arrival to the last."""
+        return float(self.times_s[-1])
+
+    @property
+    def mean_rate(self) -> float:
+        """Arrivals per second over the span (``count / span``; inf for one instant)."""
+        return self.count / self.span_s if self.span_s > 0 else math.inf
+
+    def scaled(self, time_scale: float) -> Arrivals:
+        """The same arrivals ``time_scale`` times as fast (times divided by it)."""
+        if not (math.isfinite(time_scale) and time_scale > 0):
+            raise InputError(self.source or "arrivals", "time_scale", "a factor > 0",
+                             time_scale)
+        return Arrivals(self.times_s / time_scale, self.source)
+
+    def window_rates(self, window_s: float) -> NDArray[np.float64]:
+        """Arrivals per second in each consecutive window of ``window_s`` from 0, over the
+        whole windows the span holds (at least one; arrivals after the last whole window are
+        left out unless the span is shorter than one window)."""
+        if not (math.isfinite(window_s) and window_s > 0):
+            raise InputError(self.source or "arrivals", "window_s", "a window > 0 s", window_s)
+        k = max(1, int(self.span_s // window_s))
+        idx = np.minimum((self.times_s // window_s).astype(np.int64), k)
+        counts = np.bincount(idx, minlength=k + 1)[:k]
+        if self.span_s < window_s:
+            counts = np.array([self.count])
+        return counts.astype(float) / window_s
+
+    def peak_rate(self, window_s: float, quantile: float = 1.0) -> float:
+        """The window rate at ``quantile`` (in (0, 1]) of the windows: the largest at 1, else
+        the smallest rate that at least that share of the windows stay within."""
+        if not (0 < quantile <= 1):
+            raise InputError(self.source or "arrivals", "quantile", "a quantile in (0, 1]",
+                             quantile)
+        rates = np.sort(self.window_rates(window_s))
+        return float(rates[max(0, math.ceil(quantile * len(rates)) - 1)])
+
+
+def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
+    """The arrival times in ``path`` (module docstring); an :class:`InputError` naming the file
+    and the line for anything else."""
+    p = Path(path)
+    src = str(p)
+    times: list[float] = []
+    if p.suffix.lower() in (".jsonl", ".ndjson"):
+        for lineno, obj in read_jsonl_objects(p, "arrival times (JSON lines with a "
+                                              "timestamp in ms)", "arrival"):
+            ts = obj.get("timestamp")
+            if isinstance(ts, bool) or not isinstance(ts, int | float) or not (
+                    math.isfinite(ts) and ts >= 0):
+                raise InputError(src, f"line {lineno}: timestamp",
+                                 "a time >= 0 in milliseconds", ts)
+            times.append(float(ts) / 1e3)
+            _check_count(times, src)
+    else:
+        text = read_text(p, "arrival times (one time in seconds per line)")
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            s = line.split("#", 1)[0].strip()
+            if not s:
+                continue
+            try:
+                v = float(s)
+            except ValueError:
+                v = math.nan
+            if not (math.isfinite(v) and v >= 0):
+                raise InputError(src, f"line {lineno}", "a time >= 0 in seconds", s)
+            times.append(v)
+            _check_count(times, src)
+    if not times:
+        raise InputError(src, "", "one or more arrival times")
+    return Arrivals(np.array(times, dtype=float), src)
+
+
+def _check_count(times: list[float], src: str) -> None:
+    if len(times) > MAX_ARRIVALS:
+        raise InputError(src, "", f"at most {MAX_ARRIVALS} arrival times")
+
+
+PEAK_WINDOW_S = 60.0
+"""The default window of a peak rate (s)."""
+
+
+@dataclass(frozen=True)
+class PeakTarget:
+    """The rate a plan carries for recorded arrivals: the window rate at ``quantile`` of the
+    windows of ``window_s`` (req/s, all workflows together), beside the mean rate."""
+
+    rate: float
+    mean_rate: float
+    window_s: float
+    quantile: float
+    arrivals: int
+    source: str
+
+    @property
+    def peak_factor(self) -> float:
+        """``rate / mean_rate``: how much more than the mean the plan carries."""
+        return self.rate / self.mean_rate if self.mean_rate > 0 else math.inf
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {"source": self.source, "arrivals": self.arrivals, "window_s": self.window_s,
+                "quantile": self.quantile, "rate": self.rate, "mean_rate": self.mean_rate}
+
+    def describe(self) -> str:
+        which = "peak" if self.quantile == 1 else f"p{100 * self.quantile:g}"
+        return (f"the {which} {self.window_s:g} s window of {self.source}: {self.rate:.4g} "
+                f"req/s ({self.peak_factor:.3g}x the mean {self.mean_rate:.4g} req/s)")
+
+
+def peak_target(arrivals: Arrivals, window_s: float = PEAK_WINDOW_S,
+                quantile: float = 1.0) -> PeakTarget:
+    """The :class:`PeakTarget` of ``arrivals`` (:meth:`Arrivals.peak_rate`); the mean is over
+    the same whole windows."""
+    rates = arrivals.window_rates(window_s)
+    return PeakTarget(arrivals.peak_rate(window_s, quantile), float(np.mean(rates)), window_s,
+                      quantile, arrivals.count, arrivals.source)
