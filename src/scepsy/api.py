@@ -698,7 +698,25 @@ def bench_loop(options: Any = None, *, say: Callable[[str], None] | None = None,
                     say=say)
 
 
-__all__ = ["PlanResult", "bench_loop", "check_grid", "check_launch",
+def bench_gpu(options: Any = None, *, say: Callable[[str], None] | None = None,
+              **fields_: Any) -> Any:
+    """The GPU kit (``scepsy bench gpu``, docs/bench-gpu.md): two small LLMs profiled under
+    MPS shares, planned onto one GPU, launched, driven and compared, as :func:`bench_loop` does
+    on a CPU (:func:`scepsy_place.launch.bench_gpu.run_kit`); ``options``: a
+    :class:`~scepsy_place.launch.bench_gpu.KitOptions`, or its fields as keywords."""
+    from scepsy_place.launch.bench_gpu import KitOptions, run_kit
+    from scepsy_place.launch.bench_loop import Planning
+
+    if options is None:
+        options = KitOptions(**fields_)
+    elif fields_:
+        raise InputError("bench_gpu", "options", "either a KitOptions or its fields",
+                         sorted(fields_))
+    return run_kit(options, Planning(plan=plan, predict=predict, using_catalog=using_catalog),
+                   say=say)
+
+
+__all__ = ["PlanResult", "bench_gpu", "bench_loop", "check_grid", "check_launch",
            "load_catalog", "load_overheads", "plan", "plan_problem", "predict",
            "prediction_document", "render", "simulate", "simulation_document",
            "using_catalog"]

@@ -256,6 +256,37 @@ def _bench_args(bench: argparse.ArgumentParser) -> None:
     loop = bsub.add_parser("loop", help="the whole loop on this CPU with vLLM: profile, plan, launch, "
                            "drive, stop; predicted vs measured (a test target)")
     _bench_loop_args(loop)
+    gpu = bsub.add_parser("gpu", help="the GPU kit: two small LLMs under MPS shares on one GPU: "
+                          "profile, plan, launch, drive, stop; predicted vs measured")
+    _bench_gpu_args(gpu)
+
+
+def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
+    from scepsy_place.launch import bench_gpu as bg
+
+    d = bg.KitOptions()
+    gpu.add_argument("--cpu", action="store_true",
+                     help="run the same kit on this CPU (both LLMs on one core) instead of a GPU")
+    gpu.add_argument("--requests", type=COUNT, default=d.requests,
+                     help="requests to drive (default %(default)s)")
+    gpu.add_argument("--rate", type=POSITIVE, help="arrival rate, req/s (default: --load times "
+                     "the largest throughput the plan predicts)")
+    gpu.add_argument("--load", type=POSITIVE, default=d.load,
+                     help="the target as a fraction of the largest predicted throughput "
+                     "(default %(default)s)")
+    gpu.add_argument("--curves", type=Path, help="latency curves to plan with (default: profile "
+                     "both models here)")
+    gpu.add_argument("--profile-budget", type=POSITIVE, default=d.profile_budget_s, metavar="S",
+                     help="seconds the profiling stage may take (default %(default)s)")
+    gpu.add_argument("--engine-python", help="interpreter of vLLM's environment (default: as "
+                     "scepsy profile run finds it)")
+    gpu.add_argument("--seed", type=SEED, default=d.seed)
+    gpu.add_argument("--out", type=Path, default=Path(d.out),
+                     help="folder of the results (default %(default)s)")
+    gpu.add_argument("--keep", action="store_true", help="keep the plan, the launch folder and "
+                     "the servers' logs under --out")
+    gpu.add_argument("--json", action="store_true", help="print the results JSON")
+    gpu.set_defaults(func=_cmd_bench_gpu)
 
 
 def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
@@ -750,6 +781,37 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
         with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
             result = api.bench_loop(options, say=_say)
     except InputError as exc:
+        if exc.source == bl.SOURCE and exc.field in bl.FLAGS:
+            got = f" (got {exc.got!r})" if exc.got is not None else ""
+            raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None
+        raise
+    except KeyboardInterrupt:
+        print(f"scepsy: interrupted; every server was stopped (results in {args.out})",
+              file=sys.stderr)
+        return 130
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=_json_float))
+    else:
+        print("\n".join(bl.report_lines(result)))
+    return 0 if result.clean else 1
+
+
+def _cmd_bench_gpu(args: argparse.Namespace) -> int:
+    from scepsy import api
+    from scepsy_common.errors import InputError
+    from scepsy_place.launch import bench_gpu as bg
+    from scepsy_place.launch import bench_loop as bl
+
+    options = bg.KitOptions(
+        device="cpu" if args.cpu else "auto", out=str(args.out), requests=args.requests,
+        rate=args.rate, load=args.load, profile_budget_s=args.profile_budget,
+        engine_python=args.engine_python, curves=None if args.curves is None else str(args.curves),
+        seed=args.seed, keep=args.keep)
+    try:
+        result = api.bench_gpu(options, say=_say)
+    except InputError as exc:
+        if exc.source == bg.SOURCE and exc.field == "device":
+            raise UsageError(f"bench gpu: expected {exc.expected}") from None
         if exc.source == bl.SOURCE and exc.field in bl.FLAGS:
             got = f" (got {exc.got!r})" if exc.got is not None else ""
             raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None

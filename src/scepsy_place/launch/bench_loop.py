@@ -89,12 +89,13 @@ from scepsy_profile.profiling.sweep import run_sweep
 from scepsy_profile.serving import MemoryPolicy
 
 __all__ = [
-    "BUNDLED_CURVES", "FLAGS", "MARKER", "CurvesUsed", "Leftovers", "LoopOptions", "LoopResult",
-    "Planning", "comparison", "cpu_engine_args", "cpu_launch_section", "curves_line", "fit_store",
-    "free_port_range", "given_curves", "host_cpu", "leftovers", "loop_models", "marked_processes",
-    "port_free", "prediction_dict", "profile_backend_options", "profile_here",
-    "profile_spec", "read_results", "report_lines", "run_loop", "server_metrics",
-    "server_terms", "with_default_files",
+    "BUNDLED_CURVES", "CHECKOUT", "FLAGS", "MARKER", "CurvesUsed", "Leftovers", "LoopOptions",
+    "LoopResult", "Planning", "comparison", "cpu_engine_args", "cpu_launch_section",
+    "curves_line", "fit_store", "free_port_range", "given_curves", "gpu_engine_args",
+    "gpu_memory_args", "host_cpu", "leftovers", "loop_models", "marked_processes", "port_free",
+    "prediction_dict", "profile_backend_options", "profile_here", "profile_spec",
+    "read_results", "report_lines", "run_loop", "server_metrics", "server_terms",
+    "with_default_files",
 ]
 
 SOURCE = "bench loop"
@@ -103,7 +104,7 @@ MARKER = "SCEPSY_LOOP_RUN"
 the stop script missed, and what proves none is left."""
 SERVER_MODULE = ("-m", "vllm.entrypoints.openai.api_server", "--model")
 TARGET = "shell"
-_CHECKOUT = Path(__file__).resolve().parents[3]
+CHECKOUT = Path(__file__).resolve().parents[3]
 """The checkout this module runs from: where the default files live when the current directory
 is elsewhere."""
 BUNDLED_CURVES = "datasets/profiles/vllm-cpu-llama-3-8b-x0.0625-curves.json"
@@ -159,7 +160,7 @@ class LoopOptions:
     load: float = 0.05
     workflow: str = "datasets/workflows/cpu-rag-beam.yaml"
     cluster: str = "datasets/clusters/cpu-host.yaml"
-    catalog: str = "datasets/catalogs/cpu-host.yaml"
+    catalog: str | None = "datasets/catalogs/cpu-host.yaml"  # None: the bundled catalog
     curves: str | None = None
     profile_budget_s: float = 150.0
     profile_backend: str = "vllm"
@@ -177,6 +178,12 @@ class LoopOptions:
     max_in_flight: int = 64
     engine_command: tuple[str, ...] | None = None
     engine_args: tuple[str, ...] | None = None
+    device: str = "cpu"
+    """The engines' device kind: ``cpu`` (a core is the unit shared) or ``cuda`` (a GPU shared
+    under MPS; the servers get :func:`gpu_engine_args` and a ``--gpu-memory-utilization`` of
+    their share)."""
+    profile_shares: tuple[float, ...] = (1.0,)
+    """The shares the profiling stage measures at (on a GPU: MPS thread percentages)."""
 
     def __post_init__(self) -> None:
         if not (_is_int(self.requests) and self.requests >= 1):
@@ -198,6 +205,17 @@ class LoopOptions:
                              self.curves)
         if not str(self.out).strip():
             raise InputError(SOURCE, "out", "a folder path", self.out)
+        if self.device not in DEVICES:
+            raise InputError(SOURCE, "device", f"one of {list(DEVICES)}", self.device)
+        if not self.profile_shares or any(not (_is_number(x) and 0 < x <= 1)
+                                          for x in self.profile_shares):
+            raise InputError(SOURCE, "profile_shares", "shares in (0, 1]", self.profile_shares)
+
+
+DEVICES = ("cpu", "cuda")
+GPU_MEMORY_FRACTION = 0.9
+"""vLLM's default ``gpu_memory_utilization``: a server on a share of a GPU gets this fraction of
+its memory share."""
 
 
 @dataclass(frozen=True)
@@ -339,15 +357,39 @@ def cpu_engine_args(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat1
             "--max-num-seqs", str(max_num_seqs), "--disable-uvicorn-access-log")
 
 
+def gpu_engine_args(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat16"
+                    ) -> tuple[str, ...]:
+    """The arguments of vLLM's OpenAI server on a GPU with random weights and token-id prompts
+    (as :func:`cpu_engine_args`, with CUDA graphs: no ``--enforce-eager``); each server's
+    memory is its own argument (:func:`gpu_memory_args`)."""
+    return ("--load-format", "dummy", "--skip-tokenizer-init", "--dtype", dtype,
+            "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+            "--disable-uvicorn-access-log")
+
+
+def gpu_memory_args(allocation: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Per LLM of plan.json's ``allocation.llms``, ``--gpu-memory-utilization`` of its memory
+    share (its compute share unless ``memory`` is planned): :data:`GPU_MEMORY_FRACTION` of
+    it, so that servers sharing a GPU together stay within it."""
+    out = {}
+    for m, inst in sorted(allocation.items()):
+        share = float(inst.get("memory") or inst["share"])
+        out[m] = ["--gpu-memory-utilization", f"{GPU_MEMORY_FRACTION * share:.4g}"]
+    return out
+
+
 def cpu_launch_section(command: Sequence[str], args: Sequence[str], model_dirs: Mapping[str, str],
                        nodes: Sequence[str], *, base_port: int, health_timeout_s: float,
-                       env: Mapping[str, str]) -> dict[str, Any]:
+                       env: Mapping[str, str],
+                       model_args: Mapping[str, Sequence[str]] | None = None) -> dict[str, Any]:
     """plan.json's ``launch`` section for servers on this host: ``command`` then each LLM's
-    model folder (``model_dirs``: LLM -> folder) and ``args``; every node at 127.0.0.1."""
+    model folder (``model_dirs``: LLM -> folder), ``args`` and its ``model_args``; every node
+    at 127.0.0.1."""
+    extra = model_args or {}
     return {"command": list(command), "args": list(args), "env": dict(sorted(env.items())),
             "base_port": int(base_port), "health_timeout_s": float(health_timeout_s),
             "addresses": dict.fromkeys(sorted(nodes), "127.0.0.1"),
-            "models": {m: {"serve": d, "args": [], "env": {}}
+            "models": {m: {"serve": d, "args": list(extra.get(m, ())), "env": {}}
                        for m, d in sorted(model_dirs.items())}}
 
 
@@ -703,7 +745,7 @@ def _model_dirs(plan_doc: Mapping[str, Any], folder: Path, catalog: Any) -> dict
     return out
 
 
-def with_default_files(options: LoopOptions, checkout: Path = _CHECKOUT) -> LoopOptions:
+def with_default_files(options: LoopOptions, checkout: Path = CHECKOUT) -> LoopOptions:
     """``options`` with each input file left at its default (``datasets/...``, relative) and
     missing from the current directory taken from the checkout instead, so that ``scepsy bench
     loop`` runs from any directory of a source checkout; so is ``curves`` when it is
@@ -751,10 +793,12 @@ def _profile_max_tokens(options: LoopOptions) -> int:
 
 
 def profile_spec(tp: int, options: LoopOptions) -> SweepSpec:
-    """The compact sweep of one TP degree at share 1: batches 1 .. ``max_num_seqs``, tokens
+    """The compact sweep of one TP degree at ``options.profile_shares`` (share 1 unless the
+    options say otherwise): batches 1 .. ``max_num_seqs``, tokens
     :data:`PROFILE_MIN_TOKENS` .. the servers' longest context, at most
     :data:`PROFILE_POINTS_PER_TP` points, chosen by the sweep planner."""
-    return SweepSpec(tps=(tp,), shares=(1.0,), max_batch=options.max_num_seqs,
+    return SweepSpec(tps=(tp,), shares=tuple(options.profile_shares),
+                     max_batch=options.max_num_seqs,
                      min_tokens=PROFILE_MIN_TOKENS,
                      max_tokens=_profile_max_tokens(options),
                      max_points=PROFILE_POINTS_PER_TP,
@@ -959,18 +1003,21 @@ def run_loop(options: LoopOptions, planning: Planning,
             else:
                 python = vllm_python(BackendOptions(engine_python=options.engine_python))
                 command = (str(python.path), *SERVER_MODULE)
-            args = options.engine_args if options.engine_args is not None else cpu_engine_args(
+            cuda = options.device == "cuda"
+            make_args = gpu_engine_args if cuda else cpu_engine_args
+            args = options.engine_args if options.engine_args is not None else make_args(
                 options.max_model_len, options.max_num_seqs)
             nodes = sorted({i["node"] for i in doc["placement"]["instances"]})
             n_servers = len(doc["placement"]["instances"])
             env = {k: v for k, v in engine_environment(
-                1, 1.0, "cpu", None, work / "tmp").items()
+                1, 1.0, "cuda" if cuda else "cpu", None, work / "tmp").items()
                 if k not in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CPU_KVCACHE_SPACE",
                              "VLLM_CPU_OMP_THREADS_BIND")}
             env[MARKER] = run_id
             doc["launch"] = cpu_launch_section(
                 command, args, model_dirs, nodes, base_port=free_port_range(n_servers),
-                health_timeout_s=options.health_timeout_s, env=env)
+                health_timeout_s=options.health_timeout_s, env=env,
+                model_args=gpu_memory_args(doc["allocation"]["llms"]) if cuda else None)
             plan_path = work / "plan.json"
             write_plan(plan_path, doc)
             files["plan"] = str(plan_path)
