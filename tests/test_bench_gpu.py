@@ -110,9 +110,9 @@ def test_the_mps_daemon_is_started_for_the_block_and_told_to_quit(tmp_path, monk
     with bg.mps_daemon(tmp_path / "mps", run, running=lambda: True) as started:
         assert not started
     assert calls == []  # one runs already: used as it is
-    with pytest.raises(InputError, match="no permission"):
-        with bg.mps_daemon(tmp_path / "mps", _ran(code=1)[0], running=lambda: False):
-            pass
+    failing = bg.mps_daemon(tmp_path / "mps", _ran(code=1)[0], running=lambda: False)
+    with pytest.raises(InputError, match="no permission"), failing:
+        pass
 
 
 def test_on_a_gpu_the_loop_runs_inside_the_mps_daemon(tmp_path):
