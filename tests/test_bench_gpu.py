@@ -180,3 +180,25 @@ def test_the_kit_on_this_cpu_with_vllm(tmp_path):
     assert res.drive["completed"] + res.drive["failed"] == res.drive["sent"] == 20
     _assert_nothing_left(res)
     assert (tmp_path / "kit" / "results.json").is_file()
+
+
+# ------------------------------------------------------------------ the rates the drive sent
+
+
+def test_offered_rates_split_the_merged_rate_by_each_workflows_arrivals():
+    """Oracle: the merged process's (N - 1) / span, shared by arrival counts."""
+    from scepsy_place.launch.drive import offered_rates
+
+    arrivals = [("a", 0.0), ("b", 1.0), ("a", 2.0), ("a", 4.0), ("b", 5.0)]
+    got = offered_rates(arrivals)
+    assert got == pytest.approx({"a": 3 / 5 * 4 / 5, "b": 2 / 5 * 4 / 5}, rel=1e-12)
+    assert sum(got.values()) == pytest.approx(4 / 5, rel=1e-12)
+    assert offered_rates([("a", 1.0)]) == {} and offered_rates([("a", 1.0), ("a", 1.0)]) == {}
+
+
+def test_the_loop_predicts_at_the_sent_rates_where_every_workflow_has_one():
+    drive = {"workflows": {"rag": {"offered_rps": 0.5}, "beam": {"offered_rps": 0.25}}}
+    assert bl.sent_rates(drive, 1.0) == {"beam": 0.25, "rag": 0.5}
+    drive["workflows"]["beam"]["offered_rps"] = None
+    assert bl.sent_rates(drive, 1.0) == 1.0
+    assert bl.sent_rates({"workflows": {}}, 2.0) == 2.0

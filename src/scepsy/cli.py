@@ -280,6 +280,8 @@ def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
                      help="seconds the profiling stage may take (default %(default)s)")
     gpu.add_argument("--engine-python", help="interpreter of vLLM's environment (default: as "
                      "scepsy profile run finds it)")
+    gpu.add_argument("--overheads", type=Path, metavar="FILE",
+                     help="engine overheads the plan and the predictions add (default: none)")
     gpu.add_argument("--seed", type=SEED, default=d.seed)
     gpu.add_argument("--out", type=Path, default=Path(d.out),
                      help="folder of the results (default %(default)s)")
@@ -317,6 +319,9 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
                       help="share grid of a core (default %(default)s)")
     loop.add_argument("--engine-python", help="interpreter of vLLM's environment (default: "
                       "as scepsy profile run finds it)")
+    loop.add_argument("--overheads", type=Path, metavar="FILE",
+                      help="engine overheads (scepsy profile calibrate) the plan and the "
+                      "predictions add to the curves (default: none)")
     loop.add_argument("--max-model-len", type=COUNT, default=d.max_model_len,
                       help="default %(default)s")
     loop.add_argument("--timeout-s", type=POSITIVE, default=d.call_timeout_s,
@@ -777,7 +782,8 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
             profile_budget_s=args.profile_budget,
             tps=tuple(_ints(args.tp, "--tp")), shares=tuple(_floats(args.shares, "--shares")),
             engine_python=args.engine_python, max_model_len=args.max_model_len,
-            call_timeout_s=args.timeout_s, seed=args.seed, out=str(args.out), keep=args.keep)
+            call_timeout_s=args.timeout_s, seed=args.seed, out=str(args.out), keep=args.keep,
+            overheads=None if args.overheads is None else str(args.overheads))
         with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
             result = api.bench_loop(options, say=_say)
     except InputError as exc:
@@ -806,7 +812,8 @@ def _cmd_bench_gpu(args: argparse.Namespace) -> int:
         device="cpu" if args.cpu else "auto", out=str(args.out), requests=args.requests,
         rate=args.rate, load=args.load, profile_budget_s=args.profile_budget,
         engine_python=args.engine_python, curves=None if args.curves is None else str(args.curves),
-        seed=args.seed, keep=args.keep)
+        seed=args.seed, keep=args.keep,
+        overheads=None if args.overheads is None else str(args.overheads))
     try:
         result = api.bench_gpu(options, say=_say)
     except InputError as exc:

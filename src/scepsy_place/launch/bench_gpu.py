@@ -127,6 +127,7 @@ class KitOptions:
     curves: str | None = None
     seed: int = 0
     keep: bool = False
+    overheads: str | None = None
 
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cuda", "cpu"):
@@ -163,6 +164,7 @@ def loop_options(options: KitOptions, device: str, gpu: str, out: Path) -> LoopO
                    curves=options.curves, profile_budget_s=options.profile_budget_s,
                    tps=(1,), shares=kit.shares, engine_python=options.engine_python,
                    seed=options.seed, out=str(out), keep=options.keep, device=device,
+                   overheads=options.overheads,
                    profile_shares=kit.shares if device == "cuda" else (1.0,))
 
 

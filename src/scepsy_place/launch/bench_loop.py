@@ -94,7 +94,7 @@ __all__ = [
     "curves_line", "fit_store", "free_port_range", "given_curves", "gpu_engine_args",
     "gpu_memory_args", "host_cpu", "leftovers", "loop_models", "marked_processes", "port_free",
     "prediction_dict", "profile_backend_options", "profile_here", "profile_spec",
-    "read_results", "report_lines", "run_loop", "server_metrics", "server_terms",
+    "read_results", "report_lines", "run_loop", "sent_rates", "server_metrics", "server_terms",
     "with_default_files",
 ]
 
@@ -128,7 +128,8 @@ FLAGS = {"requests": "--requests", "rate": "--rate", "load": "--load", "tps": "-
          "shares": "--shares", "max_model_len": "--max-model-len", "seed": "--seed",
          "call_timeout_s": "--timeout-s", "out": "--out", "targets": "--rate",
          "engine_python": "--engine-python", "trace_requests": "--requests",
-         "curves": "--curves", "profile_budget_s": "--profile-budget"}
+         "curves": "--curves", "profile_budget_s": "--profile-budget",
+         "overheads": "--overheads"}
 """Library fields and sources of the loop's errors, and the options of ``scepsy bench loop``
 that set them."""
 
@@ -184,6 +185,9 @@ class LoopOptions:
     their share)."""
     profile_shares: tuple[float, ...] = (1.0,)
     """The shares the profiling stage measures at (on a GPU: MPS thread percentages)."""
+    overheads: str | None = None
+    """An engine-overheads calibration (``scepsy profile calibrate``) the plan and the
+    predictions add to the curves (None: none, the optimistic default)."""
 
     def __post_init__(self) -> None:
         if not (_is_int(self.requests) and self.requests >= 1):
@@ -971,7 +975,8 @@ def run_loop(options: LoopOptions, planning: Planning,
             # plan and predict for the engines the loop starts (their max_num_seqs)
             common = {"catalog": options.catalog, "curves": used.path,
                       "seed": options.seed, "trace_requests": options.trace_requests,
-                      "engine": MemoryPolicy(max_batch=options.max_num_seqs)}
+                      "engine": MemoryPolicy(max_batch=options.max_num_seqs),
+                      "overheads": options.overheads}
             t0 = time.monotonic()
             if options.rate is None:
                 _say(say, "planning: the largest throughput the cluster carries")
@@ -1068,13 +1073,14 @@ def run_loop(options: LoopOptions, planning: Planning,
                 lo = leftovers(run_id, state["ports"])
                 timings["stop_s"] = time.monotonic() - t0
         if raised is None and state["drive"] is not None:
-            _say(say, "predicting at the driven rate")
+            _say(say, "predicting at the rates the drive sent")
             t0 = time.monotonic()
             try:
-                pred = planning.predict(specs, files["plan"], state["rate"], **common)
+                at = sent_rates(state["drive"], state["rate"])
+                pred = planning.predict(specs, files["plan"], at, **common)
                 state["pred"] = prediction_dict(pred)
                 if "trace" in files:
-                    pm = planning.predict(specs, files["plan"], state["rate"],
+                    pm = planning.predict(specs, files["plan"], at,
                                           trace=files["trace"],
                                           **{k: v for k, v in common.items()
                                              if k != "trace_requests"})
@@ -1102,6 +1108,16 @@ def run_loop(options: LoopOptions, planning: Planning,
     if raised is not None:
         raise raised
     return loop
+
+
+def sent_rates(drive: Mapping[str, Any], target: float) -> dict[str, float] | float:
+    """The per-workflow rates the drive sent at (its workflows' ``offered_rps``: a Poisson
+    stream's realised rate differs from its target by about ``1/√N``), or the ``target`` total
+    where a workflow has none (fewer than two arrivals)."""
+    got = {w: r.get("offered_rps") for w, r in drive.get("workflows", {}).items()}
+    if got and all(isinstance(v, int | float) and v > 0 for v in got.values()):
+        return {w: float(v) for w, v in sorted(got.items())}  # type: ignore[arg-type]
+    return target
 
 
 def read_results(path: str | os.PathLike[str]) -> dict[str, Any]:

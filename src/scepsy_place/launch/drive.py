@@ -340,12 +340,15 @@ class WorkflowResult:
     latency: LatencySummary
     wait_mean_s: float | None
     """Mean wait of a sent request for an in-flight slot (part of its latency)."""
+    offered_rps: float | None = None
+    """The rate its requests were sent at (:func:`offered_rates`; None below two arrivals)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"workflow": self.workflow, "sent": self.sent, "completed": self.completed,
                 "failed": self.failed, "failures": dict(self.failures),
                 "window_s": self.window_s, "throughput_rps": self.throughput_rps,
-                "latency": self.latency.to_dict(), "wait_mean_s": self.wait_mean_s}
+                "latency": self.latency.to_dict(), "wait_mean_s": self.wait_mean_s,
+                "offered_rps": self.offered_rps}
 
 
 @dataclass(frozen=True)
@@ -564,12 +567,29 @@ def _window(outcomes: Sequence[RequestOutcome]) -> tuple[float, float]:
     return window, (len(ends) / window if window > 0 else 0.0)
 
 
+def offered_rates(arrivals: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """The rate each workflow's requests were sent at, from ``(workflow, arrival_s)`` of every
+    sent request: the merged process's ``(N − 1) / span`` (unbiased for Poisson arrivals, span
+    from the first arrival to the last) split by each workflow's share of the ``N`` arrivals;
+    empty below two arrivals or a span of 0."""
+    n = len(arrivals)
+    times = [t for _, t in arrivals]
+    span = max(times) - min(times) if n else 0.0
+    if n < 2 or span <= 0:
+        return {}
+    counts: dict[str, int] = {}
+    for w, _ in arrivals:
+        counts[w] = counts.get(w, 0) + 1
+    return {w: k / n * (n - 1) / span for w, k in sorted(counts.items())}
+
+
 def _result(plan: DrivePlan, run: _Run, wall: float, deadline_hit: bool) -> DriveResult:
     outcomes = [run.outcomes.get(r.index) or RequestOutcome(r.index, r.workflow, r.request_id,
                                                             r.arrival_s)
                 for r in plan.requests]
     sent = [o for o in outcomes if o.sent]
     failed = [o for o in sent if not o.ok]
+    offered = offered_rates([(o.workflow, o.arrival_s) for o in sent])
     workflows: dict[str, WorkflowResult] = {}
     for w in plan.mix:
         mine = [o for o in sent if o.workflow == w]
@@ -579,7 +599,7 @@ def _result(plan: DrivePlan, run: _Run, wall: float, deadline_hit: bool) -> Driv
             w, len(mine), sum(1 for o in mine if o.ok), sum(1 for o in mine if not o.ok),
             MappingProxyType(_counts([str(o.failure) for o in mine if not o.ok])), window, tput,
             summarize_latency([o.latency_s for o in mine if o.latency_s is not None]),
-            float(np.mean(waits)) if waits else None)
+            float(np.mean(waits)) if waits else None, offered.get(w))
     calls: list[CallRecord] = []
     per_llm: dict[str, list[tuple[CallRecord, _CallDone]]] = {}
     for req in plan.requests:
