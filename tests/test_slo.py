@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
 from scepsy_common.errors import InputError
+from scepsy_common.search import first_true
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import generate_candidates, slo_checks
 from scepsy_opt.cluster import uniform_cluster
@@ -255,3 +256,17 @@ def test_bad_slo_flags_exit_2_and_write_nothing(tmp_path, argv, message):
     code, _, stderr, out = _plan(tmp_path, *argv)
     assert code == 2 and message in stderr and "Traceback" not in stderr
     assert not out.exists()
+
+
+@given(threshold=st.integers(0, 300), start=st.integers(1, 100), limit=st.integers(0, 250))
+def test_first_true_is_the_first_count_a_monotone_predicate_holds(threshold, start, limit):
+    """Oracle: a linear scan (the search behind fewest_replicas and unoverloaded_replicas)."""
+    calls = []
+
+    def ok(n: int) -> bool:
+        calls.append(n)
+        return n >= threshold
+    want = next((n for n in range(start, limit + 1) if ok(n)), limit + 1)
+    calls.clear()
+    assert first_true(ok, start, limit) == want
+    assert len(calls) <= 2 * max(1, limit - start + 1).bit_length() + 2

@@ -687,15 +687,10 @@ def bench_loop(options: Any = None, *, say: Callable[[str], None] | None = None,
     (:func:`scepsy_place.launch.bench_loop.run_loop` with this module's :func:`plan`,
     :func:`predict` and :func:`using_catalog`). ``options``: a
     :class:`~scepsy_place.launch.bench_loop.LoopOptions`, or its fields as keywords."""
-    from scepsy_place.launch.bench_loop import LoopOptions, Planning, run_loop
+    from scepsy_place.launch.bench_loop import LoopOptions, run_loop
 
-    if options is None:
-        options = LoopOptions(**fields_)
-    elif fields_:
-        raise InputError("bench_loop", "options", "either a LoopOptions or its fields",
-                         sorted(fields_))
-    return run_loop(options, Planning(plan=plan, predict=predict, using_catalog=using_catalog),
-                    say=say)
+    return run_loop(_options_or_fields(LoopOptions, options, fields_, "bench_loop"),
+                    _planning(), say=say)
 
 
 def bench_gpu(options: Any = None, *, say: Callable[[str], None] | None = None,
@@ -705,15 +700,26 @@ def bench_gpu(options: Any = None, *, say: Callable[[str], None] | None = None,
     on a CPU (:func:`scepsy_place.launch.bench_gpu.run_kit`); ``options``: a
     :class:`~scepsy_place.launch.bench_gpu.KitOptions`, or its fields as keywords."""
     from scepsy_place.launch.bench_gpu import KitOptions, run_kit
+
+    return run_kit(_options_or_fields(KitOptions, options, fields_, "bench_gpu"), _planning(),
+                   say=say)
+
+
+def _options_or_fields(cls: type, options: Any, fields_: Mapping[str, Any], where: str) -> Any:
+    """``options`` (a ``cls``), or a ``cls`` of ``fields_``; not both."""
+    if options is None:
+        return cls(**fields_)
+    if fields_:
+        raise InputError(where, "options", f"either a {cls.__name__} or its fields",
+                         sorted(fields_))
+    return options
+
+
+def _planning() -> Any:
+    """The planning functions the loops below this package call."""
     from scepsy_place.launch.bench_loop import Planning
 
-    if options is None:
-        options = KitOptions(**fields_)
-    elif fields_:
-        raise InputError("bench_gpu", "options", "either a KitOptions or its fields",
-                         sorted(fields_))
-    return run_kit(options, Planning(plan=plan, predict=predict, using_catalog=using_catalog),
-                   say=say)
+    return Planning(plan=plan, predict=predict, using_catalog=using_catalog)
 
 
 __all__ = ["PlanResult", "bench_gpu", "bench_loop", "check_grid", "check_launch",

@@ -784,13 +784,33 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
             engine_python=args.engine_python, max_model_len=args.max_model_len,
             call_timeout_s=args.timeout_s, seed=args.seed, out=str(args.out), keep=args.keep,
             overheads=None if args.overheads is None else str(args.overheads))
-        with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
-            result = api.bench_loop(options, say=_say)
     except InputError as exc:
-        if exc.source == bl.SOURCE and exc.field in bl.FLAGS:
-            got = f" (got {exc.got!r})" if exc.got is not None else ""
-            raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None
-        raise
+        _loop_usage(exc)
+    with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
+        return _loop_report(lambda: api.bench_loop(options, say=_say), args)
+
+
+def _loop_usage(exc: Exception) -> None:
+    """Raise a loop option's error as a usage error naming its flag; others unchanged."""
+    from scepsy_common.errors import InputError
+    from scepsy_place.launch import bench_loop as bl
+
+    if isinstance(exc, InputError) and exc.source == bl.SOURCE and exc.field in bl.FLAGS:
+        got = f" (got {exc.got!r})" if exc.got is not None else ""
+        raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None
+    raise exc
+
+
+def _loop_report(run: Callable[[], Any], args: argparse.Namespace) -> int:
+    """Run a loop (``bench loop``, ``bench gpu``), print its report or JSON; its exit status
+    (0 clean, 1 not, 130 interrupted after stopping every server)."""
+    from scepsy_common.errors import InputError
+    from scepsy_place.launch import bench_loop as bl
+
+    try:
+        result = run()
+    except InputError as exc:
+        _loop_usage(exc)
     except KeyboardInterrupt:
         print(f"scepsy: interrupted; every server was stopped (results in {args.out})",
               file=sys.stderr)
@@ -806,7 +826,6 @@ def _cmd_bench_gpu(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy_common.errors import InputError
     from scepsy_place.launch import bench_gpu as bg
-    from scepsy_place.launch import bench_loop as bl
 
     options = bg.KitOptions(
         device="cpu" if args.cpu else "auto", out=str(args.out), requests=args.requests,
@@ -814,24 +833,15 @@ def _cmd_bench_gpu(args: argparse.Namespace) -> int:
         engine_python=args.engine_python, curves=None if args.curves is None else str(args.curves),
         seed=args.seed, keep=args.keep,
         overheads=None if args.overheads is None else str(args.overheads))
-    try:
-        result = api.bench_gpu(options, say=_say)
-    except InputError as exc:
-        if exc.source == bg.SOURCE and exc.field == "device":
-            raise UsageError(f"bench gpu: expected {exc.expected}") from None
-        if exc.source == bl.SOURCE and exc.field in bl.FLAGS:
-            got = f" (got {exc.got!r})" if exc.got is not None else ""
-            raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None
-        raise
-    except KeyboardInterrupt:
-        print(f"scepsy: interrupted; every server was stopped (results in {args.out})",
-              file=sys.stderr)
-        return 130
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2, sort_keys=True, default=_json_float))
-    else:
-        print("\n".join(bl.report_lines(result)))
-    return 0 if result.clean else 1
+
+    def run() -> Any:
+        try:
+            return api.bench_gpu(options, say=_say)
+        except InputError as exc:
+            if exc.source == bg.SOURCE and exc.field == "device":
+                raise UsageError(f"bench gpu: expected {exc.expected}") from None
+            raise
+    return _loop_report(run, args)
 
 
 def _say(line: str) -> None:

@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 
 from scepsy_common.errors import InputError
+from scepsy_common.search import first_true
 from scepsy_common.units import UNITS, gpu_units, replicas_per_gpu
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.coverage import profiled_shares
@@ -420,22 +421,7 @@ def unoverloaded_replicas(curve: Any, rate: float, start: int, limit: int) -> in
     Preemption grows with the rate, so the answer is found by doubling and bisection."""
     if rate <= 0 or not curve_preemptions(curve, rate / start)[1]:
         return start
-
-    def ok(r: int) -> bool:
-        return not curve_preemptions(curve, rate / r)[1]
-
-    lo, hi = start, start + 1  # lo overloaded, hi to test
-    while hi <= limit and not ok(hi):
-        lo, hi = hi, start + 2 * (hi - start)
-    if hi > limit:
-        if ok(limit) and limit > lo:
-            hi = limit
-        else:
-            return limit + 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    return first_true(lambda r: not curve_preemptions(curve, rate / r)[1], start, limit)
 
 
 def _scans(spec: _ScanSpec, gpu: str, tp: int, live: list[Any]) -> list[_Scan]:

@@ -32,6 +32,7 @@ from types import MappingProxyType
 from typing import Any
 
 from scepsy_common.errors import InputError
+from scepsy_common.search import first_true
 from scepsy_profile.serving import ServingCurve
 
 WAIT_SHAPES = ("exponential", "uniform")
@@ -168,24 +169,9 @@ def fewest_replicas(slo: CallSLO, curve: ServingCurve, rate: float, start: int, 
     def ok(r: int) -> bool:
         return check(slo, curve, rate / r, delay_s).met
 
-    if start > limit:
-        return limit + 1
-    if ok(start):
-        return start
-    if not check(slo, curve, 0.0, delay_s).met:  # the floor misses: no count meets it
-        return limit + 1
-    lo, hi = start, start + 1
-    while hi <= limit and not ok(hi):
-        lo, hi = hi, start + 2 * (hi - start)
-    if hi > limit:
-        if limit > lo and ok(limit):
-            hi = limit
-        else:
-            return limit + 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi
+    if start <= limit and not ok(start) and not check(slo, curve, 0.0, delay_s).met:
+        return limit + 1  # the zero-load floor misses: no count meets it
+    return first_true(ok, start, limit)
 
 
 def parse_slos(raw: Mapping[str, Any], llms: list[str], source: str = "slos",
