@@ -57,15 +57,15 @@ times = st.lists(st.floats(0, 1000, allow_nan=False), min_size=1, max_size=300)
 def test_window_rates_count_every_arrival_of_the_whole_windows(ts, window, q):
     """Oracle: counting arrivals window by window."""
     a = Arrivals(np.array(ts))
-    rates = a.window_rates(window)
     t = a.times_s
-    if a.span_s < window:
-        assert rates.tolist() == [len(t) / window]
-    else:
-        k = int(a.span_s // window)
-        want = [sum(1 for x in t if i * window <= x < (i + 1) * window) / window
-                for i in range(k)]
-        assert rates == pytest.approx(want, rel=1e-12)
+    if a.span_s < window:  # a window longer than the span would count time without arrivals
+        with pytest.raises(InputError, match="within the arrivals' span"):
+            a.window_rates(window)
+        return
+    rates = a.window_rates(window)
+    k = int(a.span_s // window)
+    want = [sum(1 for x in t if i * window <= x < (i + 1) * window) / window for i in range(k)]
+    assert rates == pytest.approx(want, rel=1e-12)
     assert a.peak_rate(window) == max(rates)
     assert min(rates) <= a.peak_rate(window, q) <= a.peak_rate(window)
     share = np.mean(rates <= a.peak_rate(window, q) + 1e-12)
@@ -184,6 +184,10 @@ def test_plan_carries_the_peak_window_of_the_arrivals(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (("--target", "1"), "--arrivals: expected no --target"),
+    (("--peak-window", "100"), "--peak-window: expected a window > 0 s within the arrivals' "
+                               "span of 2 s"),
+    (("--time-scale", "100"), "--peak-window: expected a window > 0 s within the arrivals' "
+                              "span of 0.02 s"),
     (("--peak-quantile", "1.5"), "--peak-quantile: expected a quantile in (0, 1]"),
     (("--peak-window", "0"), "--peak-window")])
 def test_plan_refuses_arrivals_flags_that_conflict(tmp_path, argv, message):

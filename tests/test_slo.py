@@ -251,6 +251,7 @@ def test_an_slo_below_every_shape_is_infeasible_and_says_so(tmp_path):
     (("--tpot-slo", "generator=0"), "--tpot-slo: expected [LLM=]SECONDS with seconds > 0"),
     (("--ttft-slo", "120:1"), "--ttft-slo: expected PCT:SECONDS"),
     (("--tpot-slo", "g=0.1", "--tpot-slo", "g=0.2"), "one bound for LLM g"),
+    (("--ttft-slo", "=1"), "--ttft-slo: expected an LLM name before '='"),
     (("--tpot-slo", "nobody=0.1"), "nobody")])
 def test_bad_slo_flags_exit_2_and_write_nothing(tmp_path, argv, message):
     code, _, stderr, out = _plan(tmp_path, *argv)
@@ -270,3 +271,12 @@ def test_first_true_is_the_first_count_a_monotone_predicate_holds(threshold, sta
     calls.clear()
     assert first_true(ok, start, limit) == want
     assert len(calls) <= 2 * max(1, limit - start + 1).bit_length() + 2
+
+
+@pytest.mark.parametrize("objective", ["max-throughput", "min-cost", "min-latency"])
+def test_every_objective_keeps_the_slos(tmp_path, objective):
+    """Whatever formulation wins (auto compares them), the placed plan meets every SLO."""
+    code, _, err, out = _plan(tmp_path, "--ttft-slo", "90:0.2", "--objective", objective)
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["solver"]["slos"] and all(c["met"] for c in doc["solver"]["slos"].values())

@@ -526,9 +526,15 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
         if targets is not None:
             raise InputError("targets", "", "no targets with arrivals= (the arrivals' peak "
                              "window sets them)", targets)
-        arr = arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
-        peak = peak_target(arr.scaled(time_scale), peak_window_s or PEAK_WINDOW_S,
-                           peak_quantile)
+        arr = (arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
+               ).scaled(time_scale)
+        window = PEAK_WINDOW_S if peak_window_s is None else peak_window_s
+        if not 0 < window <= arr.span_s:
+            raise InputError("peak_window_s", "", f"a window > 0 s within the arrivals' span "
+                             f"of {arr.span_s:.6g} s ({arr.source})", window)
+        if not 0 < peak_quantile <= 1:
+            raise InputError("peak_quantile", "", "a quantile in (0, 1]", peak_quantile)
+        peak = peak_target(arr, window, peak_quantile)
         targets = peak.rate
     elif peak_window_s is not None or peak_quantile != 1.0 or time_scale != 1.0:
         raise InputError("arrivals", "", "recorded arrival times (arrivals=) for "

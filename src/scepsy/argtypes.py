@@ -66,7 +66,9 @@ def slo_flags(ttft: Sequence[str], tpot: Sequence[str]) -> dict[str, dict[str, f
     out: dict[str, dict[str, float]] = {}
     for flag, values in (("--ttft-slo", ttft), ("--tpot-slo", tpot)):
         for v in values:
-            name, _, text = v.rpartition("=")
+            name, eq, text = v.rpartition("=")
+            if eq and not name.strip():
+                raise UsageError(f"{flag}: expected an LLM name before '=' (got {v!r})")
             key = name or "*"
             entry = out.setdefault(key, {})
             if ("tpot_s" if flag == "--tpot-slo" else "ttft_s") in entry:

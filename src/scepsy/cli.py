@@ -576,6 +576,7 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
                "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo",
                "arrivals": "--arrivals", "peak_window_s": "--peak-window",
+               "window_s": "--peak-window", "quantile": "--peak-quantile",
                "peak_quantile": "--peak-quantile", "time_scale": "--time-scale"}
 
 

@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     """Run ``scepsy validate muxserve``."""
-    from scepsy.cli_util import print_rows
+    from scepsy.cli_util import naming, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text
     from scepsy_opt.validate.report import (
@@ -96,8 +96,9 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
         path = args.overheads or MUXSERVE_A100
         latency = with_overheads(base, load_overheads(path))
         model = f"{shown} + overheads {path.name}"
-    report = validate_muxserve(args.folder, latency, model=model,
-                               simulate=not args.no_simulate, seed=args.seed, slos=slos)
+    with naming({"slos": "--ttft-slo/--tpot-slo"}):
+        report = validate_muxserve(args.folder, latency, model=model,
+                                   simulate=not args.no_simulate, seed=args.seed, slos=slos)
     print(f"{args.folder}: {len(report.runs)} run(s); latency model {model}")
     print_rows(run_rows(report), run_columns(report))
     if args.llms:

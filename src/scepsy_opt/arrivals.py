@@ -10,7 +10,8 @@ A mean rate hides the bursts of a real load. A recorded trace of arrival times k
 * :meth:`Arrivals.scaled` condenses (or stretches) time by a factor, as MuxServe condenses a
   day of ChatLMSYS arrivals into minutes: ``time_scale = 2`` replays twice as fast.
 * :meth:`Arrivals.window_rates` is the rate profile: arrivals per consecutive window of
-  ``window_s`` seconds, over the whole windows the trace spans (at least one).
+  ``window_s`` seconds, over the whole windows the trace spans (a window longer than the span
+  is refused).
   :meth:`Arrivals.peak_rate` is its largest window rate, or the window rate at a quantile of
   the windows (``0.95``: the rate 95% of the windows stay within).
 
@@ -77,16 +78,15 @@ class Arrivals:
 
     def window_rates(self, window_s: float) -> NDArray[np.float64]:
         """Arrivals per second in each consecutive window of ``window_s`` from 0, over the
-        whole windows the span holds (at least one; arrivals after the last whole window are
-        left out unless the span is shorter than one window)."""
-        if not (math.isfinite(window_s) and window_s > 0):
-            raise InputError(self.source or "arrivals", "window_s", "a window > 0 s", window_s)
-        k = max(1, int(self.span_s // window_s))
+        whole windows the span holds (arrivals after the last whole window are left out); a
+        window longer than the span is refused."""
+        if not (math.isfinite(window_s) and 0 < window_s <= self.span_s):
+            raise InputError(self.source or "arrivals", "window_s", f"a window > 0 s within "
+                             f"the arrivals' span of {self.span_s:.6g} s (a longer one would "
+                             "count time without arrivals)", window_s)
+        k = int(self.span_s // window_s)
         idx = np.minimum((self.times_s // window_s).astype(np.int64), k)
-        counts = np.bincount(idx, minlength=k + 1)[:k]
-        if self.span_s < window_s:
-            counts = np.array([self.count])
-        return counts.astype(float) / window_s
+        return np.bincount(idx, minlength=k + 1)[:k].astype(float) / window_s
 
     def peak_rate(self, window_s: float, quantile: float = 1.0) -> float:
         """The window rate at ``quantile`` (in (0, 1]) of the windows: the largest at 1, else
@@ -105,7 +105,7 @@ def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
     src = str(p)
     times: list[float] = []
     if p.suffix.lower() in (".jsonl", ".ndjson"):
-        for lineno, obj in read_jsonl_objects(p, "arrival times (JSON lines with a "
+        for lineno, obj in read_jsonl_objects(p, "arrival-times file (JSON lines with a "
                                               "timestamp in ms)", "arrival"):
             ts = obj.get("timestamp")
             if isinstance(ts, bool) or not isinstance(ts, int | float) or not (
@@ -115,7 +115,7 @@ def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
             times.append(float(ts) / 1e3)
             _check_count(times, src)
     else:
-        text = read_text(p, "arrival times (one time in seconds per line)")
+        text = read_text(p, "arrival-times file (one time in seconds per line)")
         for lineno, line in enumerate(text.splitlines(), start=1):
             s = line.split("#", 1)[0].strip()
             if not s:

@@ -1050,7 +1050,8 @@ def _slo_diagnosis(problem: PlanningProblem, llms: list[str], name: str,
 
 def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
                          deadline: Deadline | None = None) -> Plan:
-    """The largest scale of the targets the cluster carries, within the latency bounds if set.
+    """The largest scale of the targets the cluster carries, within the latency bounds and the
+    LLMs' SLOs if set.
 
     Within ``deadline`` (default: the problem's time limit from now): a bisection it cuts short
     returns the largest scale found so far with status ``time_limit``; without any, the status
@@ -1068,12 +1069,13 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
     if not choice or scale <= 0:
         cset = generate_candidates(problem, deadline=left)
         return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left, shp)
-    if not bounds:  # the capacity optimum; price its latency at that load
+    if not bounds and not problem.options.slos:  # the capacity optimum; priced at that load
         scaled = problem.scaled(scale * (1 - 1e-9))
         priced = price(scaled, plan_from_choice(scaled, name, "optimal", choice, {}).allocation)  # type: ignore[arg-type]
         return plan_from_choice(scaled, name, status, priced,  # type: ignore[arg-type]
                                 {"total_s": time.perf_counter() - t0}, scale=scale)
-    # bisection on the scale with latency-bounded min-latency solves, full capacity first
+    # bisection on the scale with latency-bounded min-latency solves, full capacity first (the
+    # SLOs too: their candidates thin out as the rate per replica grows)
 
     def probe(x: float) -> Probe[Plan]:
         plan = _bounded(problem.scaled(x), name, left)

@@ -989,12 +989,14 @@ def _no_allocation(plan: Plan, cuts: Mapping[str, int], *, proven: bool,
 
 def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: Formulation,
                     **kw: Any) -> PlacedPlan:
-    """Max-throughput with placement. ``auto`` (without latency bounds, where slot groups
-    apply): :func:`_max_throughput_auto`. Otherwise the capacity optimum when it places, else
-    the largest placeable scale found by bisection (:func:`_placeable_scale`)."""
+    """Max-throughput with placement. ``auto`` (without latency bounds or SLOs, where slot
+    groups apply: their scale search prices shapes, not the candidates that keep the bounds):
+    :func:`_max_throughput_auto`. Otherwise the capacity optimum when it places, else the
+    largest placeable scale found by bisection (:func:`_placeable_scale`)."""
     deadline: Deadline = kw["deadline"]
     if (formulation in ("auto", "slots") and slots.applicable(problem) is None
-            and not problem.options.latency_bound_s and not problem.options.latency_bounds):
+            and not problem.options.latency_bound_s and not problem.options.latency_bounds
+            and not problem.options.slos):
         if formulation == "slots":
             return slots.plan_slot_scale(problem, topology, deadline=deadline)
         return _max_throughput_auto(problem, topology, **kw)
