@@ -6,11 +6,11 @@ proportion to the ``max_num_seqs`` of its LLMs), the KV cache as the batch limit
 mesh's ``max_num_seqs`` where plain vLLM serves it, :data:`ENFORCES_MAX_NUM_SEQS`), and
 prefill and decode shares from its MPS limits contended by the busy co-runners of its mesh
 (:func:`scepsy_profile.mps.contended_shares`, iterated to a fixed point with the busy
-fractions the instances predict). Its requests are one-call requests with the workload's mean
-prompt and output lengths (log-normal prompts and exponential outputs, both with a coefficient
-of variation of 1, each clipped to :data:`MAX_TOKENS`), arriving as a Poisson stream at the
-LLM's rate, as many as the run measured; each LLM's mean lengths are its requests'
-(:meth:`~scepsy_opt.validate.muxserve.MuxRun.lengths`).
+fractions the instances predict). Its requests are one-call requests with the LLM's own mean
+prompt and output lengths (:meth:`~scepsy_opt.validate.muxserve.MuxRun.lengths`; log-normal
+prompts and exponential outputs, both with a coefficient of variation of 1, each clipped to
+:data:`MAX_TOKENS`), arriving as a Poisson stream at the LLM's rate, as many as the run
+measured.
 
 * **predicted**: the finite-run model on the instance's serving curve
   (:func:`scepsy_opt.validate.finite.finite_run`);
