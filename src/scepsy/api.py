@@ -511,7 +511,7 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     window of ``peak_window_s`` (default 60 s) at ``peak_quantile`` of the windows (default
     1: the busiest), split over the workflows as a total target is (docs/arrivals.md).
     """
-    from scepsy_opt.arrivals import PEAK_WINDOW_S, Arrivals, load_arrivals, peak_target
+    from scepsy_opt.arrivals import PEAK_WINDOW_S, peak_target
     from scepsy_place.loop import FORMULATIONS, plan_and_place
     from scepsy_place.placement import PLACERS
     from scepsy_profile.catalog import catalog_in_force
@@ -526,15 +526,9 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
         if targets is not None:
             raise InputError("targets", "", "no targets with arrivals= (the arrivals' peak "
                              "window sets them)", targets)
-        arr = (arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
-               ).scaled(time_scale)
-        window = PEAK_WINDOW_S if peak_window_s is None else peak_window_s
-        if not 0 < window <= arr.span_s:
-            raise InputError("peak_window_s", "", f"a window > 0 s within the arrivals' span "
-                             f"of {arr.span_s:.6g} s ({arr.source})", window)
-        if not 0 < peak_quantile <= 1:
-            raise InputError("peak_quantile", "", "a quantile in (0, 1]", peak_quantile)
-        peak = peak_target(arr, window, peak_quantile)
+        peak = peak_target(_arrivals(arrivals, time_scale),
+                           PEAK_WINDOW_S if peak_window_s is None else peak_window_s,
+                           peak_quantile)
         targets = peak.rate
     elif peak_window_s is not None or peak_quantile != 1.0 or time_scale != 1.0:
         raise InputError("arrivals", "", "recorded arrival times (arrivals=) for "
@@ -552,6 +546,15 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
                              formulation=formulation)  # type: ignore[arg-type]
     # a plan of LLMs split over GPU types answers the problem of their replica groups
     return PlanResult(res.problem or problem, res, placer, topology, peak)
+
+
+def _arrivals(arrivals: Any, time_scale: float) -> Any:
+    """Recorded arrival times (a file or :class:`~scepsy_opt.arrivals.Arrivals`),
+    ``time_scale`` times as fast."""
+    from scepsy_opt.arrivals import Arrivals, load_arrivals
+
+    arr = arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
+    return arr.scaled(time_scale)
 
 
 def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates,
@@ -600,14 +603,12 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
     ``time_scale`` times as fast, replayed in place of the Poisson process (the first
     ``requests`` of them; ``None``: all); each draws a workflow in proportion to the rates
     (``rate`` defaults to their mean rate, split as for :func:`plan`) (docs/arrivals.md)."""
-    from scepsy_opt.arrivals import Arrivals, load_arrivals
     from scepsy_opt.simulate import simulate as _simulate
     from scepsy_opt.workload import models_of, specs_and_rates
 
     times = None
     if arrivals is not None:
-        arr = arrivals if isinstance(arrivals, Arrivals) else load_arrivals(arrivals)
-        arr = arr.scaled(time_scale)
+        arr = _arrivals(arrivals, time_scale)
         times = arr.times_s
         if rate is None and specs_and_rates(workflows)[1] is None:  # not a rate workload
             rate = arr.mean_rate if math.isfinite(arr.mean_rate) else float(arr.count)

@@ -575,9 +575,8 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "time_limit_s": "--time-limit", "seed": "--seed",
                "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
                "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo",
-               "arrivals": "--arrivals", "peak_window_s": "--peak-window",
-               "window_s": "--peak-window", "quantile": "--peak-quantile",
-               "peak_quantile": "--peak-quantile", "time_scale": "--time-scale"}
+               "arrivals": "--arrivals", "window_s": "--peak-window",
+               "quantile": "--peak-quantile", "time_scale": "--time-scale"}
 
 
 _LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}
@@ -631,9 +630,6 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                         ("--time-scale", args.time_scale != 1.0)):
         if given and args.arrivals is None:
             raise UsageError(f"{flag}: expected together with --arrivals FILE")
-    if not args.peak_quantile <= 1:
-        raise UsageError(f"--peak-quantile: expected a quantile in (0, 1] (got "
-                         f"{args.peak_quantile:g})")
     if args.arrivals is not None:
         options.update(arrivals=args.arrivals, peak_window_s=args.peak_window,
                        peak_quantile=args.peak_quantile, time_scale=args.time_scale)

@@ -72,7 +72,7 @@ class Arrivals:
     def scaled(self, time_scale: float) -> Arrivals:
         """The same arrivals ``time_scale`` times as fast (times divided by it)."""
         if not (math.isfinite(time_scale) and time_scale > 0):
-            raise InputError(self.source or "arrivals", "time_scale", "a factor > 0",
+            raise InputError("time_scale", "", f"a factor > 0 ({self.source or 'arrivals'})",
                              time_scale)
         return Arrivals(self.times_s / time_scale, self.source)
 
@@ -81,9 +81,9 @@ class Arrivals:
         whole windows the span holds (arrivals after the last whole window are left out); a
         window longer than the span is refused."""
         if not (math.isfinite(window_s) and 0 < window_s <= self.span_s):
-            raise InputError(self.source or "arrivals", "window_s", f"a window > 0 s within "
-                             f"the arrivals' span of {self.span_s:.6g} s (a longer one would "
-                             "count time without arrivals)", window_s)
+            raise InputError("window_s", "", f"a window > 0 s within the arrivals' span of "
+                             f"{self.span_s:.6g} s ({self.source or 'arrivals'}; a longer one "
+                             "would count time without arrivals)", window_s)
         k = int(self.span_s // window_s)
         idx = np.minimum((self.times_s // window_s).astype(np.int64), k)
         return np.bincount(idx, minlength=k + 1)[:k].astype(float) / window_s
@@ -91,11 +91,20 @@ class Arrivals:
     def peak_rate(self, window_s: float, quantile: float = 1.0) -> float:
         """The window rate at ``quantile`` (in (0, 1]) of the windows: the largest at 1, else
         the smallest rate that at least that share of the windows stay within."""
-        if not (0 < quantile <= 1):
-            raise InputError(self.source or "arrivals", "quantile", "a quantile in (0, 1]",
-                             quantile)
-        rates = np.sort(self.window_rates(window_s))
-        return float(rates[max(0, math.ceil(quantile * len(rates)) - 1)])
+        _quantile(quantile)
+        return _at_quantile(self.window_rates(window_s), quantile)
+
+
+def _quantile(quantile: float) -> None:
+    """Refuse a quantile outside (0, 1]."""
+    if not (0 < quantile <= 1):
+        raise InputError("quantile", "", "a quantile in (0, 1]", quantile)
+
+
+def _at_quantile(rates: NDArray[np.float64], quantile: float) -> float:
+    """The smallest of ``rates`` that at least ``quantile`` (in (0, 1]) of them stay within."""
+    ordered = np.sort(rates)
+    return float(ordered[max(0, math.ceil(quantile * len(ordered)) - 1)])
 
 
 def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
@@ -173,6 +182,7 @@ def peak_target(arrivals: Arrivals, window_s: float = PEAK_WINDOW_S,
                 quantile: float = 1.0) -> PeakTarget:
     """The :class:`PeakTarget` of ``arrivals`` (:meth:`Arrivals.peak_rate`); the mean is over
     the same whole windows."""
+    _quantile(quantile)
     rates = arrivals.window_rates(window_s)
-    return PeakTarget(arrivals.peak_rate(window_s, quantile), float(np.mean(rates)), window_s,
+    return PeakTarget(_at_quantile(rates, quantile), float(np.mean(rates)), window_s,
                       quantile, arrivals.count, arrivals.source)
