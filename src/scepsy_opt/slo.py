@@ -26,7 +26,7 @@ of one shape that meet an SLO are found by doubling and bisection (:func:`fewest
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -35,6 +35,8 @@ from scepsy_common.errors import InputError
 from scepsy_common.search import first_true
 from scepsy_profile.serving import ServingCurve
 
+REL = 1e-9
+"""The relative tolerance of a bound (a figure computed to be at the bound meets it)."""
 WAIT_SHAPES = ("exponential", "uniform")
 """The wait distributions :func:`ttft_attainment` knows: the steady state's (exponential) and
 an overload's backlog (uniform over ``[0, 2·mean]``)."""
@@ -104,12 +106,8 @@ class SLOCheck:
 
     @property
     def met(self) -> bool:
-        ok = True
-        if self.slo.ttft_s is not None:
-            ok &= self.ttft_s <= self.slo.ttft_s * (1.0 + 1e-9)
-        if self.slo.tpot_s is not None:
-            ok &= self.tpot_s <= self.slo.tpot_s * (1.0 + 1e-9)
-        return bool(ok)
+        return all(got <= bound * (1.0 + REL) for got, bound in (
+            (self.ttft_s, self.slo.ttft_s), (self.tpot_s, self.slo.tpot_s)) if bound is not None)
 
     def to_dict(self) -> dict[str, Any]:
         def num(x: float) -> float | None:
@@ -146,16 +144,19 @@ def check(slo: CallSLO, curve: ServingCurve, rate: float, delay_s: float = 0.0) 
     if saturated:
         return SLOCheck(slo, math.inf, math.inf, 0.0)
     tpot = curve.tpot_s(rate)
-    mean = curve.ttft_s(rate) + delay_s
-    ttft = mean if slo.quantile is None else curve.ttft_s(rate, slo.quantile) + delay_s
-    share = 1.0
-    if slo.ttft_s is not None:  # the floor as ServingCurve.ttft_s adds it (no cancellation)
-        wait = curve.wait_s(rate) if rate > 0 else 0.0
-        floor = curve.group_prefill_s(float(curve.batch_at_rate(rate)) if rate > 0 else 1.0)
-        share = ttft_attainment(slo.ttft_s, floor + delay_s, wait)
-    if slo.tpot_s is not None and tpot > slo.tpot_s * (1.0 + 1e-9):
-        share = 0.0
-    return SLOCheck(slo, ttft, tpot, share)
+    ttft = curve.ttft_s(rate, slo.quantile) + delay_s
+    wait = curve.wait_s(rate) if rate > 0 else 0.0
+    floor = curve.prefill_at_s(rate) + delay_s
+    return SLOCheck(slo, ttft, tpot,
+                    attained(slo, lambda b: ttft_attainment(b, floor, wait), tpot))
+
+
+def attained(slo: CallSLO, ttft_within: Callable[[float], float], tpot_s: float) -> float:
+    """The share of calls within ``slo``: ``ttft_within(bound)`` (the share whose TTFT is within
+    a bound) where the mean TPOT ``tpot_s`` is within its bound, else 0 (module docstring)."""
+    if slo.tpot_s is not None and not tpot_s <= slo.tpot_s * (1.0 + REL):
+        return 0.0
+    return ttft_within(slo.ttft_s) if slo.ttft_s is not None else 1.0
 
 
 def fewest_replicas(slo: CallSLO, curve: ServingCurve, rate: float, start: int, limit: int,

@@ -340,9 +340,14 @@ class ServingCurve:
         if not self.feasible or rate >= self.mu:
             return math.inf
         if rate <= 0:
-            return self.group_prefill_s(1.0)
+            return self.prefill_at_s(rate)
         wait = self.wait_s(rate) * (1.0 if quantile is None else -math.log1p(-quantile))
-        return wait + self.group_prefill_s(float(self.batch_at_rate(rate)))
+        return wait + self.prefill_at_s(rate)
+
+    def prefill_at_s(self, rate: float) -> float:
+        """The prefill (s) of the group a call joins at ``rate`` calls/s per replica (alone at
+        rate 0): the part of :meth:`ttft_s` that is not waiting."""
+        return self.group_prefill_s(float(self.batch_at_rate(rate)) if rate > 0 else 1.0)
 
     def tpot_s(self, rate: float) -> float:
         """Mean time per output token after the first (s) at ``rate`` calls/s per replica: the

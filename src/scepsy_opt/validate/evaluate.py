@@ -37,7 +37,7 @@ from scepsy_opt.colocation import contend, phase_model
 from scepsy_opt.pipeline import instance_curve, llm_demand
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.simulate import SimulationResult, simulate
-from scepsy_opt.slo import CallSLO
+from scepsy_opt.slo import CallSLO, attained
 from scepsy_opt.stats import WorkflowStats
 from scepsy_opt.traces import Trace
 from scepsy_opt.validate.finite import FiniteRun, finite_run
@@ -223,11 +223,7 @@ def _curve(x: _LLM, demand: object, lat: LatencyModel) -> ServingCurve:
 
 
 def _of_finite(m: str, f: FiniteRun, slo: CallSLO | None) -> Figures:
-    share = None
-    if slo is not None:
-        share = f.ttft_within(slo.ttft_s) if slo.ttft_s is not None else 1.0
-        if slo.tpot_s is not None and f.mean_tpot_s > slo.tpot_s * (1.0 + 1e-9):
-            share = 0.0
+    share = None if slo is None else attained(slo, f.ttft_within, f.mean_tpot_s)
     return Figures(f.throughput, f.mean_latency_s, f.p90_ttft_s, f.mean_ttft_s, f.mean_tpot_s,
                    (m,) if f.overloaded else (), share, share)
 
