@@ -64,18 +64,19 @@ def slo_flags(ttft: Sequence[str], tpot: Sequence[str]) -> dict[str, dict[str, f
     from scepsy.cli_util import UsageError
 
     out: dict[str, dict[str, float]] = {}
-    for flag, values in (("--ttft-slo", ttft), ("--tpot-slo", tpot)):
+    for flag, values, field, form in (
+            ("--ttft-slo", ttft, "ttft_s", "[LLM=]SECONDS or [LLM=]PCT:SECONDS"),
+            ("--tpot-slo", tpot, "tpot_s", "[LLM=]SECONDS")):
         for v in values:
             name, eq, text = v.rpartition("=")
             if eq and not name.strip():
                 raise UsageError(f"{flag}: expected an LLM name before '=' (got {v!r})")
-            key = name or "*"
-            entry = out.setdefault(key, {})
-            if ("tpot_s" if flag == "--tpot-slo" else "ttft_s") in entry:
+            entry = out.setdefault(name or "*", {})
+            if field in entry:
                 who = f"LLM {name}" if name else "every LLM"
                 raise UsageError(f"{flag}: expected one bound for {who} (got {v!r} after "
                                  "another)")
-            if flag == "--ttft-slo" and ":" in text:
+            if field == "ttft_s" and ":" in text:
                 entry["ttft_percentile"], entry["ttft_s"] = percentile_bound(text, flag, v)
                 continue
             try:
@@ -83,8 +84,6 @@ def slo_flags(ttft: Sequence[str], tpot: Sequence[str]) -> dict[str, dict[str, f
             except ValueError:
                 sec = math.nan
             if not (math.isfinite(sec) and sec > 0):
-                form = "[LLM=]SECONDS or [LLM=]PCT:SECONDS" if flag == "--ttft-slo" else \
-                    "[LLM=]SECONDS"
                 raise UsageError(f"{flag}: expected {form} with seconds > 0 (got {v!r})")
-            entry["tpot_s" if flag == "--tpot-slo" else "ttft_s"] = sec
+            entry[field] = sec
     return out or None

@@ -844,12 +844,11 @@ def _poisson_arrivals(prep: _Prepared, rates: dict[str, float], requests: int | 
     rng = np.random.default_rng(seed)
     names = list(rates)
     total = sum(rates.values())
-    if given is not None:
+    if given is not None:  # the recorded times as they are
         t = np.asarray(given, dtype=float)
-        t = t[t < duration_s] if duration_s is not None else t[:requests]
-        unit = t * total
+        arrival = t[t < duration_s] if duration_s is not None else t[:requests]
     elif requests is not None:
-        unit = np.cumsum(rng.exponential(size=requests))
+        arrival = np.cumsum(rng.exponential(size=requests)) / total
     else:
         assert duration_s is not None
         chunks, reach, need = [], 0.0, duration_s * total
@@ -858,12 +857,12 @@ def _poisson_arrivals(prep: _Prepared, rates: dict[str, float], requests: int | 
             chunks.append(c)
             reach = float(c[-1])
         unit = np.concatenate(chunks)
-        unit = unit[unit < need]
-    n = len(unit)
+        arrival = unit[unit < need] / total
+    n = len(arrival)
     probs = np.array([rates[w] for w in names]) / total
     wf = rng.choice(len(names), size=n, p=probs) if len(names) > 1 else np.zeros(n, int)
     pick = rng.random(n)
-    times = (unit / total).tolist()
+    times = arrival.tolist()
     out = []
     for t, w, u in zip(times, wf.tolist(), pick.tolist(), strict=True):
         pool = prep.by_workflow[names[w]]

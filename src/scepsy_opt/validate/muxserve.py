@@ -283,9 +283,10 @@ def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
         def f(key: str, low: float = 0.0, e: Mapping[str, Any] = e, name: str = name) -> float:
             return _num(e.get(key), src, f"{name}.{key}", f"a number >= {low:g}", low)
         requests = _int(e.get("request_num"), src, f"{name}.request_num")
-        tokens, output = _length_counts(e, src, name, requests, f)
+        throughput = f("throughput")
+        tokens, output = _length_counts(e, src, name, requests, throughput, f)
         out[name] = MeasuredLLM(
-            throughput=f("throughput"), requests=requests,
+            throughput=throughput, requests=requests,
             ttft_mean_s=f("first_token_latency"), tpot_mean_s=f("output_per_token_latency"),
             p90_ttft_s=f("p90[TTFT]"), p99_ttft_s=f("p99[TTFT]"),
             p90_latency_s=f("p90[avg_latency]"), p99_latency_s=f("p99[avg_latency]"),
@@ -297,17 +298,16 @@ def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
 LENGTH_KEYS = ("tokens_throughput", "decoding_avg_batches", "decoding_batch_times")
 
 
-def _length_counts(e: Mapping[str, Any], src: str, name: str, requests: int,
+def _length_counts(e: Mapping[str, Any], src: str, name: str, requests: int, throughput: float,
                    f: Callable[[str], float]) -> tuple[float | None, float | None]:
     """Tokens per request and output tokens per request from one LLM's results entry (None,
     None where any of :data:`LENGTH_KEYS` is missing or the LLM served nothing)."""
     if any(e.get(k) is None for k in LENGTH_KEYS):
         return None, None
-    thr, tokens = f("throughput"), f("tokens_throughput")
-    steps = f("decoding_avg_batches") * f("decoding_batch_times")
-    if thr <= 0 or requests < 1:
+    tokens, steps = f("tokens_throughput"), f("decoding_avg_batches") * f("decoding_batch_times")
+    if throughput <= 0 or requests < 1:
         return None, None
-    per, output = tokens / thr, steps / requests
+    per, output = tokens / throughput, steps / requests
     if not (output >= 1.0 and per - output >= 1.0):
         raise InputError(src, f"{name}.tokens_throughput", "token counts with at least one "
                          "prompt and one output token per request (tokens_throughput / "

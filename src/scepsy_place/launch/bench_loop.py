@@ -86,6 +86,7 @@ from scepsy_profile.profiling.server import (
 from scepsy_profile.profiling.store import checked_store, read_store
 from scepsy_profile.profiling.store import fit_store as fit_profile_store
 from scepsy_profile.profiling.sweep import run_sweep
+from scepsy_profile.profiling.vllm_backend import GPU_MEMORY_FRACTION
 from scepsy_profile.serving import MemoryPolicy
 
 __all__ = [
@@ -217,9 +218,6 @@ class LoopOptions:
 
 
 DEVICES = ("cpu", "cuda")
-GPU_MEMORY_FRACTION = 0.9
-"""vLLM's default ``gpu_memory_utilization``: a server on a share of a GPU gets this fraction of
-its memory share."""
 
 
 @dataclass(frozen=True)
@@ -356,9 +354,7 @@ def cpu_engine_args(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat1
     """The arguments of vLLM's OpenAI server on a CPU with random weights and token-id
     prompts (DESIGN: the server dies without ``--skip-tokenizer-init`` when there is no
     tokenizer; ``--enforce-eager`` starts 20 s sooner and runs tiny models faster)."""
-    return ("--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
-            "--dtype", dtype, "--max-model-len", str(max_model_len),
-            "--max-num-seqs", str(max_num_seqs), "--disable-uvicorn-access-log")
+    return _server_args(max_model_len, max_num_seqs, dtype, "--enforce-eager")
 
 
 def gpu_engine_args(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat16"
@@ -366,15 +362,21 @@ def gpu_engine_args(max_model_len: int, max_num_seqs: int, dtype: str = "bfloat1
     """The arguments of vLLM's OpenAI server on a GPU with random weights and token-id prompts
     (as :func:`cpu_engine_args`, with CUDA graphs: no ``--enforce-eager``); each server's
     memory is its own argument (:func:`gpu_memory_args`)."""
-    return ("--load-format", "dummy", "--skip-tokenizer-init", "--dtype", dtype,
+    return _server_args(max_model_len, max_num_seqs, dtype)
+
+
+def _server_args(max_model_len: int, max_num_seqs: int, dtype: str, *extra: str
+                 ) -> tuple[str, ...]:
+    return ("--load-format", "dummy", "--skip-tokenizer-init", *extra, "--dtype", dtype,
             "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
             "--disable-uvicorn-access-log")
 
 
 def gpu_memory_args(allocation: Mapping[str, Mapping[str, Any]]) -> dict[str, list[str]]:
     """Per LLM of plan.json's ``allocation.llms``, ``--gpu-memory-utilization`` of its memory
-    share (its compute share unless ``memory`` is planned): :data:`GPU_MEMORY_FRACTION` of
-    it, so that servers sharing a GPU together stay within it."""
+    share (its compute share unless ``memory`` is planned): vLLM's default fraction of it
+    (:data:`~scepsy_profile.profiling.vllm_backend.GPU_MEMORY_FRACTION`, as the profile's
+    engines get), so that servers sharing a GPU together stay within it."""
     out = {}
     for m, inst in sorted(allocation.items()):
         share = float(inst.get("memory") or inst["share"])
