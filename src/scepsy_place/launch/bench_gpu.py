@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import subprocess
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -95,8 +94,6 @@ def parse_nvidia_smi(text: str) -> tuple[SeenGPU, ...]:
 
 def nvidia_gpus(run: Runner = subprocess.run) -> tuple[SeenGPU, ...]:
     """The NVIDIA GPUs of this machine (none when ``nvidia-smi`` is missing or fails)."""
-    if shutil.which("nvidia-smi") is None and run is subprocess.run:
-        return ()
     try:
         done = run(["nvidia-smi", "--query-gpu=name,memory.total",
                     "--format=csv,noheader,nounits"], capture_output=True, text=True,
