@@ -377,14 +377,45 @@ def test_real_vllm_serve_through_start_and_stop(tmp_path):
         answer = httpx.post(f"{server.url}/completions", timeout=120, json={
             "model": "rewriter", "prompt": [1, 2, 3, 4], "max_tokens": 4,
             "return_token_ids": True})
+        time.sleep(0.2)
+        idle_cpu_s = _cpu_seconds(members, 1.0)
+        confined = {m: _allowed_cores(m) for m in members}
     assert answer.status_code == 200, answer.text
     assert len(members) >= 2  # the API server and its engine core, one group
+    # one process engine on its cores: no worker process polling its queue after the call
+    # (it took its core for a second after every message, docs/launch.md "CPU servers")
+    assert environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert set(confined.values()) == {"0"}, confined
+    assert idle_cpu_s < 0.3, f"the idle server used {idle_cpu_s:.2f} CPU-s in 1 s"
     assert environ["VLLM_CPU_KVCACHE_SPACE"] == "1"  # floor(2 − 0.02 − 1) = 0, at least 1
     assert environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     assert len(environ["TMPDIR"]) + 60 <= 107  # room for vLLM's socket names
     assert_nothing_left(plan, members, folder)
     tmp = Path(environ["TMPDIR"])
     assert tmp.is_relative_to(folder) or not tmp.exists()  # a /tmp fallback is removed
+
+
+def _allowed_cores(pid: int) -> str:
+    """Every thread's Cpus_allowed_list of process ``pid``, joined when they differ."""
+    lists = set()
+    for t in Path(f"/proc/{pid}/task").iterdir():
+        for line in (t / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                lists.add(line.split()[1])
+    return ",".join(sorted(lists))
+
+
+def _cpu_seconds(pids, window_s: float) -> float:
+    """CPU seconds the processes ``pids`` used over the next ``window_s`` seconds."""
+    def ticks() -> int:
+        total = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total
+    before = ticks()
+    time.sleep(window_s)
+    return (ticks() - before) / os.sysconf("SC_CLK_TCK")
 
 
 def test_port_ranges_lie_outside_the_ephemeral_ports():

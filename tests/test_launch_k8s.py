@@ -164,7 +164,8 @@ def test_cpu_plans_request_cores_and_memory_and_no_gpus() -> None:
         assert c["resources"] == {"requests": {"cpu": "1", "memory": "4096Mi"},
                                   "limits": {"cpu": "1", "memory": "4096Mi"}}
         env = {e["name"]: e["value"] for e in c["env"]}
-        assert env == {"VLLM_CPU_KVCACHE_SPACE": "2"}  # 4 GiB - 0.02 weights - 1 reserve
+        # 4 GiB - 0.02 weights - 1 reserve; one rank: the engine in one process
+        assert env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         assert "--gpu-memory-utilization" not in c["args"]
     half = replace(cpu_plan(), replicas=tuple(replace(r, share=0.5) for r in cpu_plan().replicas))
     c = docs(dict(K8S.render(half)), "manifests/deployments.yaml")[0]

@@ -138,6 +138,19 @@ def test_parse_refuses_an_edited_script(old, new, field):
         SHELL.parse(_edit(files, old, new))
 
 
+@pytest.mark.parametrize(("old", "new", "field"), [
+    ("taskset -c 1 vllm serve", "vllm serve", "command"),  # the server left unpinned
+    ("taskset -c 1 vllm serve", "taskset -c 0-1 vllm serve", "command"),
+    ("VLLM_ENABLE_V1_MULTIPROCESSING=0", "VLLM_ENABLE_V1_MULTIPROCESSING=1",
+     "VLLM_ENABLE_V1_MULTIPROCESSING"),
+])
+def test_parse_refuses_a_cpu_server_off_its_cores(old, new, field):
+    files = SHELL.render(cpu_plan())
+    assert SHELL.parse(files) == cpu_plan().assignments()
+    with pytest.raises(InputError, match=field):
+        SHELL.parse(_edit(files, old, new))
+
+
 def test_parse_refuses_files_without_replicas():
     with pytest.raises(InputError, match="no replica"):
         SHELL.parse({"routes.json": "{}"})

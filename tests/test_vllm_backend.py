@@ -38,6 +38,7 @@ from scepsy_profile.profiling.engine_env import (
     cpu_binding,
     engine_environment,
     mps_daemon_running,
+    pinned,
     python_candidates,
     share_cores,
     vllm_python,
@@ -135,6 +136,28 @@ def test_engine_environment_cpu(tmp_path: Path) -> None:
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env
     small = engine_environment(1, 0.5, "cpu", None, tmp_path, cores=range(6))
     assert small["VLLM_CPU_KVCACHE_SPACE"] == "1" and small["VLLM_CPU_OMP_THREADS_BIND"] == "0-1"
+    # one rank: the model in the engine process (no worker polling its queue); several: a
+    # worker process per rank, as vLLM needs
+    assert small["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_environment(1, 1.0, "cuda", None,
+                                                                      tmp_path)
+
+
+@given(cores=st.sets(st.integers(0, 63), min_size=1, max_size=32),
+       tp=st.sampled_from([1, 2, 4]), share=st.floats(0.01, 1.0))
+def test_one_rank_servers_are_confined_to_their_rank_cores(cores: set[int], tp: int,
+                                                          share: float) -> None:
+    if tp > len(cores):
+        return
+    binding = cpu_binding(tp, share, sorted(cores))
+    cmd = ("vllm", "serve", "m")
+    out = pinned(cmd, binding)
+    if tp > 1:
+        assert out == cmd  # each rank pinned by vLLM; the processes around them are not
+        return
+    assert out[:2] == ("taskset", "-c") and out[3:] == cmd
+    assert bound_cores(out[2]) == bound_cores(binding)  # the rank's cores, in taskset's syntax
 
 
 def test_engine_environment_gpu_share_is_an_mps_percentage(tmp_path: Path) -> None:

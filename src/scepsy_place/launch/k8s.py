@@ -59,7 +59,7 @@ from scepsy_place.launch.shell import (
     plan_env,
     replica_command,
 )
-from scepsy_profile.profiling.engine_env import mps_percentage
+from scepsy_profile.profiling.engine_env import ONE_PROCESS_ENV, cpu_one_process, mps_percentage
 
 POD_PORT = 8000
 """The port every server listens on inside its pod (and each Service's port)."""
@@ -132,13 +132,17 @@ def server_argv(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
 
 def server_env(plan: LaunchPlan, r: ReplicaLaunch, mps: bool) -> dict[str, str]:
     """The replica's environment by the shell target's rules: the engine's, then the model's
-    (:func:`~scepsy_place.launch.shell.plan_env`), then on a CPU the KV-cache size, on a GPU with ``mps`` (a share below 1 or
+    (:func:`~scepsy_place.launch.shell.plan_env`), then on a CPU the KV-cache size (and, with
+    one rank, the engine in one process:
+    :data:`~scepsy_profile.profiling.engine_env.ONE_PROCESS_ENV`), on a GPU with ``mps`` (a share below 1 or
     a shared GPU) the MPS client limits. No ``CUDA_VISIBLE_DEVICES``: the claims or the device
     plugin choose the devices a container sees."""
     env = plan_env(plan, r.llm)
     if plan.device_of(r.node).kind == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib(r.memory_gib, r.tp,
                                                              plan.models[r.llm].weights_gib))
+        if cpu_one_process(r.tp):  # the container's CPU limit confines it (no taskset)
+            env.update(ONE_PROCESS_ENV)
     elif mps:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_percentage(r.share))
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = mps_memory_limit(r.memory_gib, r.tp)

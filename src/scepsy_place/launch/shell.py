@@ -50,7 +50,13 @@ from scepsy_common.errors import InputError
 from scepsy_place.launch.model import ENV_NAME_PATTERN, Assignment, LaunchPlan, ReplicaLaunch
 from scepsy_place.launch.renderers import register_renderer
 from scepsy_place.launch.routes import ROUTES_FILE, plan_routes
-from scepsy_profile.profiling.engine_env import cpu_binding, mps_percentage
+from scepsy_profile.profiling.engine_env import (
+    ONE_PROCESS_ENV,
+    cpu_binding,
+    cpu_one_process,
+    mps_percentage,
+    pinned,
+)
 from scepsy_profile.profiling.server import IPC_PATH_ROOM
 
 NAME = "shell"
@@ -165,6 +171,8 @@ def _replica_env(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[dict[str, str], fr
             ours["CUDA_MPS_PIPE_DIRECTORY"] = RUNTIME_VALUES["CUDA_MPS_PIPE_DIRECTORY"]
     else:
         ours["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(r.tp, r.share, r.gpus)
+        if cpu_one_process(r.tp):
+            ours.update(ONE_PROCESS_ENV)
         ours["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib(r.memory_gib, r.tp,
                                                               model.weights_gib))
         ours["TMPDIR"] = RUNTIME_VALUES["TMPDIR"]
@@ -194,6 +202,17 @@ def replica_command(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
     for i, a in enumerate(argv):
         _check_value(a, f"command argument {i}")
     return argv
+
+
+def start_command(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
+    """What start.sh runs for ``r``: :func:`replica_command`, on a CPU with one rank confined
+    to the replica's cores (``taskset -c``:
+    :func:`~scepsy_profile.profiling.engine_env.pinned`), so that the server's processes share
+    only the cores the plan gives it."""
+    argv = replica_command(plan, r)
+    if plan.device_of(r.node).kind != "cpu":
+        return argv
+    return pinned(argv, cpu_binding(r.tp, r.share, r.gpus))
 
 
 def _word(value: str) -> str:
@@ -243,7 +262,8 @@ def _replica_block(plan: LaunchPlan, r: ReplicaLaunch, env: Mapping[str, str],
              REPLICA_TAG + _replica_record(plan, r),
              "cmd=(", "  env"]
     lines += [f"  {_env_word(k, v, k in runtime)}" for k, v in env.items()]
-    lines += [f"  {ln}" for ln in _arg_lines(argv, len(plan.engine.command) + 1)]
+    head = len(argv) - len(replica_command(plan, r)) + len(plan.engine.command) + 1
+    lines += [f"  {ln}" for ln in _arg_lines(argv, head)]
     lines += [")", f'start_server {_word(r.name)} "${{cmd[@]}}"']
     return "\n".join(lines)
 
@@ -545,7 +565,7 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
     blocks, words = [], []
     for r in reps:
         env, runtime = _replica_env(plan, r)
-        argv = replica_command(plan, r)
+        argv = start_command(plan, r)
         blocks.append(_replica_block(plan, r, env, runtime, argv))
         words += [*argv, *(v for k, v in env.items() if k not in runtime)]
     if any("$" in w or "`" in w for w in words):
@@ -568,6 +588,10 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
              "",
              "# refuse before anything starts",
              *(f"check_free {_word(r.name)} {r.port}" for r in reps), ""]
+    if any(start_command(plan, r)[:1] == ("taskset",) for r in reps):
+        parts += ['if ! command -v taskset >/dev/null; then\n'
+                  '  echo "start.sh ($node): taskset (util-linux) is needed to keep each CPU '
+                  'server on its cores; nothing started" >&2\n  exit 1\nfi', ""]
     if shared:
         parts += [_MPS, ""]
     if device.kind == "cpu":
@@ -812,6 +836,14 @@ def _check_replica(rec: dict[str, object], words: list[str], start: list[str], f
         want_b = cpu_binding(len(gpus), share, gpus)
         if binding != want_b:
             raise bad("VLLM_CPU_OMP_THREADS_BIND", want_b, binding)
+        pin = pinned((), want_b)
+        if argv[:len(pin)] != pin:
+            raise bad("command", " ".join(pin) + " first (the replica's cores)", argv[:len(pin)])
+        argv = argv[len(pin):]
+        for k, v in ONE_PROCESS_ENV.items():
+            want_v = v if cpu_one_process(len(gpus)) else None
+            if env.get(k) != want_v:
+                raise bad(k, want_v or "absent (TP > 1)", env.get(k))
     else:
         raise bad("device", "cuda or cpu", device)
     return ShellReplica(name, llm, replica, node, device, gpus, share, len(gpus), port, env,

@@ -154,7 +154,10 @@ class Engine:
             max_num_batched_tokens=setup["max_num_batched_tokens"],
             enable_prefix_caching=False, disable_log_stats=False, seed=setup["seed"],
         )
-        if device_type == "cpu":  # OMP pinning of the ranks needs them in their own processes
+        if device_type == "cpu" and setup["tp"] > 1:
+            # OMP pinning of several ranks needs them in their own processes; one rank runs in
+            # this process, which its start confined to the rank's cores (``taskset``), as a
+            # launched server's (engine_env.cpu_one_process)
             kwargs["distributed_executor_backend"] = "mp"
         if setup.get("gpu_memory_utilization"):
             kwargs["gpu_memory_utilization"] = float(setup["gpu_memory_utilization"])

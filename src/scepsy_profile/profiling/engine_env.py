@@ -29,6 +29,14 @@ every such start needs, whether it is the offline engine of the ``vllm`` profile
   :func:`mps_daemon_running`; nothing here starts one or changes a device setting); everywhere
   ``TMPDIR`` and ``VLLM_CACHE_ROOT`` in a folder of the caller's (each start leaves socket files)
   and no usage reporting or hub access.
+* :func:`cpu_one_process` and :func:`pinned`: a TP=1 engine on a CPU runs as one process
+  confined to its cores (docs/launch.md, "CPU servers"). vLLM's CPU build otherwise runs the
+  model in a worker process that, after every message, polls its queue without sleeping for one
+  second (``shm_broadcast``'s ``busy_loop_s``): an idle server sharing a core with a busy one
+  took that core from it, and a 30-token call ran 10x slower than alone. With the engine in
+  one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the uniprocess executor) and the server's
+  processes pinned (``taskset -c``), servers sharing a core take turns: 1.4-2.1x slower while
+  both run, as the time-sliced share assumes.
 """
 
 from __future__ import annotations
@@ -48,6 +56,9 @@ from scepsy_profile.profiling.models import EngineModel
 from scepsy_profile.profiling.vllm_install import default_venv, venv_python
 
 DeviceKind = Literal["cpu", "cuda"]
+
+ONE_PROCESS_ENV: Mapping[str, str] = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+"""What runs a TP=1 CPU engine's model in its engine process (:func:`cpu_one_process`)."""
 
 VENV_NAME = ".venv-vllm"
 """The folder name looked for in the current directory and around the checkout."""
@@ -163,6 +174,24 @@ def cpu_binding(tp: int, share: float, cores: Sequence[int], threads: int | None
     return "|".join(_core_list(r) for r in ranks)
 
 
+def cpu_one_process(tp: int) -> bool:
+    """Whether a CPU engine of ``tp`` ranks runs as one process pinned to its cores (TP 1): its
+    model runs in the engine process (:data:`ONE_PROCESS_ENV`) and every process of it is
+    confined to the rank's cores (:func:`pinned`). With more ranks vLLM needs a worker process
+    per rank, each pinned by ``VLLM_CPU_OMP_THREADS_BIND``."""
+    return tp == 1
+
+
+def pinned(command: Sequence[str], binding: str) -> tuple[str, ...]:
+    """``command`` confined to the cores of a one-rank ``binding`` (``taskset -c CORES``, so
+    that the server's HTTP process and engine process stay on them too); ``command`` unchanged
+    for a binding of several ranks (:func:`cpu_one_process`)."""
+    ranks = bound_cores(binding)
+    if not cpu_one_process(len(ranks)):
+        return tuple(command)
+    return ("taskset", "-c", _core_list(list(ranks[0])), *command)
+
+
 def bound_cores(binding: str) -> tuple[tuple[int, ...], ...]:
     """The core ids of each rank in a ``VLLM_CPU_OMP_THREADS_BIND`` value (``"0-1|2,4"`` →
     ``((0, 1), (2, 4))``); the inverse of :func:`cpu_binding`."""
@@ -216,6 +245,8 @@ def engine_environment(tp: int, share: float, device_kind: DeviceKind, kv_gib: f
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_gib or 1.0)))
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(
             tp, share, usable_cores() if cores is None else cores, threads)
+        if cpu_one_process(tp):
+            env.update(ONE_PROCESS_ENV)
     elif share < 1.0:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_percentage(share))
     return env

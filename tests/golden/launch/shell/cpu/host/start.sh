@@ -168,6 +168,11 @@ wait_healthy() {  # NAME PORT...: poll each server's /health until all answer or
 check_free generator-0 8000
 check_free rewriter-0 8001
 
+if ! command -v taskset >/dev/null; then
+  echo "start.sh ($node): taskset (util-linux) is needed to keep each CPU server on its cores; nothing started" >&2
+  exit 1
+fi
+
 # vLLM on a CPU: its temporary files (ZMQ sockets) and caches under the run folder
 engine_tmp=$(short_dir "$run_dir/tmp/$node_folder")
 mkdir -p -- "$run_dir/vllm-cache"
@@ -177,10 +182,11 @@ mkdir -p -- "$run_dir/vllm-cache"
 cmd=(
   env
   VLLM_CPU_OMP_THREADS_BIND=1
+  VLLM_ENABLE_V1_MULTIPROCESSING=0
   VLLM_CPU_KVCACHE_SPACE=2
   "TMPDIR=$engine_tmp"
   "VLLM_CACHE_ROOT=$run_dir/vllm-cache"
-  vllm serve /models/tiny
+  taskset -c 1 vllm serve /models/tiny
   --load-format dummy
   --enforce-eager
   --served-model-name generator
@@ -195,10 +201,11 @@ start_server generator-0 "${cmd[@]}"
 cmd=(
   env
   VLLM_CPU_OMP_THREADS_BIND=0
+  VLLM_ENABLE_V1_MULTIPROCESSING=0
   VLLM_CPU_KVCACHE_SPACE=2
   "TMPDIR=$engine_tmp"
   "VLLM_CACHE_ROOT=$run_dir/vllm-cache"
-  vllm serve /models/tiny
+  taskset -c 0 vllm serve /models/tiny
   --load-format dummy
   --enforce-eager
   --served-model-name rewriter
