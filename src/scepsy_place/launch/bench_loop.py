@@ -67,12 +67,18 @@ from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.planfile import load_plan
 from scepsy_place.launch.renderers import get_renderer, write_rendered
 from scepsy_place.launch.routes import ROUTES_FILE, load_routes
+from scepsy_place.launch.time_sliced import running_allocation
 from scepsy_place.topology import load_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.fitted import FittedLatencyModel, save_curves
 from scepsy_profile.profiling import planner
 from scepsy_profile.profiling.backend import BackendOptions
-from scepsy_profile.profiling.engine_env import engine_environment, vllm_python, write_model_dir
+from scepsy_profile.profiling.engine_env import (
+    ONE_PROCESS_ENV,
+    engine_environment,
+    vllm_python,
+    write_model_dir,
+)
 from scepsy_profile.profiling.models import EngineModel, engine_model, parse_scaled
 from scepsy_profile.profiling.planner import SweepSpec
 from scepsy_profile.profiling.records import ProfileRecord
@@ -296,7 +302,8 @@ class LoopResult:
     timings: Mapping[str, float]
     drive: Mapping[str, Any] | None
     predicted: Mapping[str, Any] | None
-    """The prediction from a generated trace's statistics (what the planner used)."""
+    """The prediction from a generated trace's statistics (what the planner used), of the
+    plan as it runs (:attr:`predicted_as`)."""
     predicted_measured: Mapping[str, Any] | None
     """The prediction from the measured trace's statistics."""
     comparison: Mapping[str, Any] | None
@@ -307,6 +314,10 @@ class LoopResult:
     files: Mapping[str, str] = field(default_factory=dict)
     curves: CurvesUsed | None = None
     """The curves the plan and the prediction used (None when the loop stopped before)."""
+    predicted_as: Mapping[str, Any] | None = None
+    """The allocation the predictions are of when it is not the plan's: on a CPU, the
+    servers as they run, taking turns on shared cores
+    (:func:`~scepsy_place.launch.time_sliced.running_allocation`); None: the plan's."""
 
     @property
     def clean(self) -> bool:
@@ -328,7 +339,8 @@ class LoopResult:
                               "killed": list(self.leftovers.killed)},
                 "clean": self.clean, "error": self.error, "interrupted": self.interrupted,
                 "out": self.out, "files": dict(self.files),
-                "curves": None if self.curves is None else self.curves.to_dict()}
+                "curves": None if self.curves is None else self.curves.to_dict(),
+                "predicted_as": None if self.predicted_as is None else dict(self.predicted_as)}
 
 
 # ---------------------------------------------------------------------------------- pieces
@@ -714,6 +726,11 @@ def report_lines(result: LoopResult) -> list[str]:
           if result.max_throughput is not None and result.options.rate is None else "")
     lines.append(f"rate {result.rate:.3g} req/s{mx}; allocation: {alloc or '-'}; "
                  f"{result.servers} server(s)")
+    if result.predicted_as is not None:
+        shared = sorted({i["mesh"] for i in result.predicted_as.values() if i.get("mesh")})
+        lines.append("predicted as the servers run on the CPU: every LLM at the speed of its "
+                     "cores, " + (f"taking turns on {', '.join(shared)}" if shared
+                                  else "none sharing cores"))
     lines.append("wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in t.items()))
     if result.curves is not None:
         lines.append(curves_line(result.curves))
@@ -953,7 +970,7 @@ def run_loop(options: LoopOptions, planning: Planning,
     files: dict[str, str] = {}
     state: dict[str, Any] = {"rate": 0.0, "max": None, "alloc": {}, "servers": 0, "drive": None,
                              "pred": None, "pred_m": None, "cmp": None, "ports": (),
-                             "server": None, "curves": None}
+                             "server": None, "curves": None, "as": None}
     launch_dir = work / "launch"
     started = False
     error: str | None = None
@@ -1019,7 +1036,7 @@ def run_loop(options: LoopOptions, planning: Planning,
             env = {k: v for k, v in engine_environment(
                 1, 1.0, "cuda" if cuda else "cpu", None, work / "tmp").items()
                 if k not in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CPU_KVCACHE_SPACE",
-                             "VLLM_CPU_OMP_THREADS_BIND")}
+                             "VLLM_CPU_OMP_THREADS_BIND", *ONE_PROCESS_ENV)}
             env[MARKER] = run_id
             doc["launch"] = cpu_launch_section(
                 command, args, model_dirs, nodes, base_port=free_port_range(n_servers),
@@ -1079,10 +1096,14 @@ def run_loop(options: LoopOptions, planning: Planning,
             t0 = time.monotonic()
             try:
                 at = sent_rates(state["drive"], state["rate"])
-                pred = planning.predict(specs, files["plan"], at, **common)
+                with open(files["plan"], encoding="utf-8") as f:
+                    running = running_allocation(json.load(f), options.device)
+                state["as"] = None if running is None else running.to_dict()["llms"]
+                what = files["plan"] if running is None else running
+                pred = planning.predict(specs, what, at, **common)
                 state["pred"] = prediction_dict(pred)
                 if "trace" in files:
-                    pm = planning.predict(specs, files["plan"], at,
+                    pm = planning.predict(specs, what, at,
                                           trace=files["trace"],
                                           **{k: v for k, v in common.items()
                                              if k != "trace_requests"})
@@ -1099,7 +1120,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                       predicted=state["pred"], predicted_measured=state["pred_m"],
                       comparison=state["cmp"], leftovers=lo, error=error,
                       interrupted=interrupted, out=str(out), files=files,
-                      curves=state["curves"])
+                      curves=state["curves"], predicted_as=state["as"])
     results = out / "results.json"
     loop = replace(loop, files={**files, "results": str(results)})
     if not options.keep and raised is None and error is None:
