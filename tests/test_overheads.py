@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from conftest import run_cli
 from scepsy_common.errors import InputError
@@ -24,6 +26,7 @@ from scepsy_profile.overheads import (
     call_delay_s,
     check_curve,
     fit_overheads,
+    front_delay_s,
     load_overheads,
     save_overheads,
     with_overheads,
@@ -306,3 +309,20 @@ def test_cli_needs_exactly_one_step_profile(tmp_path) -> None:
                                "--out", str(out))
         assert code == 2 and "--curves" in err
     assert not out.exists()
+
+
+@given(delay=st.floats(0.0, 1.0), k=st.integers(1, 40), r=st.integers(1, 8))
+def test_a_fan_out_waits_for_the_delays_ahead_of_it(delay, k, r):
+    """Brute force: ``k`` calls that arrive together, dealt round robin over ``r`` replicas
+    whose front ends take ``delay`` per call one at a time; the mean call waits the mean of
+    its position times the delay. ``front_delay_s`` is that mean where ``k/r`` is whole, and
+    never below one delay."""
+    on = [sum(1 for i in range(k) if i % r == j) for j in range(r)]
+    brute = sum(delay * (pos + 1) for n in on for pos in range(n)) / k
+    got = front_delay_s(delay, k, r)
+    if k % r == 0:
+        assert got == pytest.approx(brute, rel=1e-12, abs=1e-15)
+    assert got >= delay * (1 - 1e-12)
+    assert front_delay_s(delay, 1.0) == pytest.approx(delay, abs=1e-15)
+    many = front_delay_s(np.full(3, delay), np.array([1.0, k, 2.0 * k]), r)
+    assert many.shape == (3,) and np.all(np.diff(many) >= -1e-15)  # more together: longer

@@ -178,12 +178,16 @@ def test_candidates_price_the_call_delay_like_the_predictor():
     lat = workflow_latencies(p, plan)
     assert plan.objective_s == pytest.approx(math.fsum(p.weight(w) * v for w, v in lat.items()),
                                              rel=1e-9)
-    # each LLM's term is its no-delay term plus delay x its weighted critical-path calls
+    # each LLM's term is its no-delay term plus, per weighted critical-path call, the delay as
+    # the calls of its groups wait for it in turn at a replica (front_delay_s)
     plain = dataclasses.replace(p, latency=ROOF)
     with_d, without = price(p, plan.allocation), price(plain, plan.allocation)
+    assert any(p.demands[m].group > 1 for m in with_d)  # the instance has fan-outs
     for m, c in with_d.items():
         k = sum(p.weight(w) * k for w, k, _, _ in p.demands[m].terms)
-        assert c.latency_s - without[m].latency_s == pytest.approx(0.25 * k, rel=1e-9)
+        g = max(1.0, max(p.demands[m].group, 1.0) / plan.allocation.llms[m].replicas)
+        assert c.latency_s - without[m].latency_s == pytest.approx(0.25 * k * (g + 1) / 2,
+                                                                   rel=1e-9)
 
 
 # --------------------------------------------------------------------------- length moments

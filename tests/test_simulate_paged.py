@@ -22,7 +22,7 @@ from scepsy_opt.simulate import simulate
 from scepsy_opt.traces import CallRecord, Trace
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GIB, GPUSpec
-from scepsy_profile.overheads import EngineOverheads, with_overheads
+from scepsy_profile.overheads import EngineOverheads, front_delay_s, with_overheads
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import MemoryPolicy, memory_fit
 
@@ -412,14 +412,31 @@ def test_call_delay_is_a_pure_delay_per_llm_call():
 
 
 def test_least_loaded_counts_calls_in_flight_to_a_replica():
-    """Four calls sent together during a delay of 0.1 s: routed at once, two per replica."""
+    """Four calls sent together during a delay of 0.1 s: routed at once, two per replica,
+    each replica's front end passing them on one after the other."""
     trace = together({f"c{i}": (10, 5) for i in range(4)})
     alloc = Allocation({"m": Instance("A100-80GB", 1, 0.5, 2)})
     res = simulate(trace, MODELS, alloc, Toy(5.0, 1.0, delay=0.1), routing="least_loaded",
                    record_events=True)
     assert sorted(e.replica for e in res.call_log) == [0, 0, 1, 1]
-    assert [e.start_s for e in res.call_log] == pytest.approx([0.1] * 4)
-    assert res.llms["m"].mean_prefill_batch == 2
+    assert sorted(e.start_s for e in res.call_log) == pytest.approx([0.1, 0.1, 0.2, 0.2])
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 5])
+def test_a_fan_out_waits_in_turn_at_the_front_end(k):
+    """``k`` calls ready together on one replica: its front end passes them on ``delay`` apart,
+    so the mean call latency is the engine's time plus ``front_delay_s(delay, k)``: the
+    predictor's mean wait, checked here call by call (each call's engine time, 9 ms, is
+    shorter than the delay, so the engine serves them one by one)."""
+    trace = together({f"c{i}": (10, 5) for i in range(k)})
+    delay = 0.05
+    res = simulate(trace, MODELS, Allocation({"m": Instance("A100-80GB", 1, 0.5)}),
+                   Toy(5.0, 1.0, delay=delay), record_events=True)
+    starts = sorted(e.start_s for e in res.call_log)
+    assert starts == pytest.approx([delay * (j + 1) for j in range(k)])
+    engine = 0.005 + 4 * 0.001
+    mean_call = sum(e.end_s - e.ready_s for e in res.call_log) / k
+    assert mean_call == pytest.approx(engine + front_delay_s(delay, k), rel=1e-9)
 
 
 def test_engine_overheads_reach_the_simulator():

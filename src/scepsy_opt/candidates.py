@@ -368,7 +368,8 @@ def slo_checks(problem: PlanningProblem, allocation: Allocation) -> dict[str, SL
         curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
                                catalog=problem.catalog, policy=problem.policy,
                                memory_share=inst.memory)
-        out[m] = check(slo, curve, dem.rate / inst.replicas, call_delay_s(problem.latency))
+        out[m] = check(slo, curve, dem.rate / inst.replicas, call_delay_s(problem.latency),
+                       inst.replicas)
     return out
 
 
@@ -379,7 +380,7 @@ def slo_floors(problem: PlanningProblem, llm: str) -> tuple[float, float]:
     delay = call_delay_s(problem.latency)
     best = (math.inf, math.inf)
     for _, _, curve in fitting_curves(problem, llm, dem):
-        c = check(slo, curve, 0.0, delay)
+        c = check(slo, curve, 0.0, delay, math.inf)  # single calls: the least delay
         best = (min(best[0], c.ttft_s), min(best[1], c.tpot_s))
     return best
 

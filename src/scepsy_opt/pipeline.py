@@ -48,7 +48,8 @@ replaces the per-call M/M/c wait, which saw a Poisson stream of calls and missed
 each iteration prefills every queued call and all finish together, so
 :func:`batch_prefill_latency` (an M/G/1 queue served in gated batches, with the prompts'
 variability) replaces the station for them. **Per-call delay**: every call's latency gains the
-engine's pure delay ``call_delay_s(latency)`` (calibrated overheads; 0 without). **Percentiles**
+engine's pure delay ``call_delay_s(latency)`` (calibrated overheads; 0 without), waited in turn
+by the calls of a fan-out that reach one replica (``front_delay_s``: ``delay·(g + 1)/2``). **Percentiles**
 of the request latency come from the trace's critical paths (``scepsy_opt.tails``).
 
 Per-class latency on a shared
@@ -77,7 +78,7 @@ from scepsy_opt.stats import WorkflowStats, split_stats
 from scepsy_opt.tails import QUANTILES, latency_quantiles
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.overheads import call_delay_s
+from scepsy_profile.overheads import call_delay_s, front_delay_s
 from scepsy_profile.serving import MemoryPolicy, ServingCurve, kv_demand, serving_curves
 
 Form = Literal["paper", "critical-path"]
@@ -580,9 +581,12 @@ def class_latencies_many(demand: LLMDemand, curves: Sequence[ServingCurve], late
                          float) * np.ones(b.shape)
         per_class[(i, o)] = mix_all * (p_c + (max(o, 1.0) - 1.0) * d) / mix_work
     delay = call_delay_s(latency)
-    if delay:  # a pure delay per call, outside the engine (inf stays inf)
-        mixes = [m + delay for m in mixes]
-        per_class = {key: v + delay for key, v in per_class.items()}
+    if delay:  # a pure delay per call, outside the engine (inf stays inf), waited in turn by
+        # the calls of a group (front_delay_s)
+        waits = [front_delay_s(delay, curves[j].prefill_batch, rs[j]) for j in live]
+        mixes = [m + w for m, w in zip(mixes, waits, strict=True)]
+        wait_all = np.concatenate(waits)
+        per_class = {key: v + wait_all for key, v in per_class.items()}
     bounds = np.cumsum([0] + [len(rs[j]) for j in live])
     for n, j in enumerate(live):
         lo, hi = bounds[n], bounds[n + 1]
@@ -687,13 +691,14 @@ def predict(
         mix, per_class = class_latencies(dem, curve, lat, [inst.replicas])
         load = llm_load(dem, form)
         util = utilisation(load, curve.mu, inst.replicas)
-        paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) + call_delay_s(latency)
+        wait = float(front_delay_s(call_delay_s(lat), curve.prefill_batch, inst.replicas))
+        paper_call[m] = (float(curve.latency_s(dem.rate / inst.replicas)) + wait
                          if curve.feasible else math.inf)
         per_replica = dem.rate / inst.replicas
         pre, over = curve_preemptions(curve, per_replica)
         loads[m] = LLMLoad(m, models[m], dem.rate, inst.replicas, dem.input_mean,
                            dem.output_mean, curve.mu, util, float(mix[0]), pre, over,
-                           curve.ttft_s(per_replica) + call_delay_s(lat),
+                           curve.ttft_s(per_replica) + wait,
                            curve.tpot_s(per_replica))
         headroom[m] = carried_scale(load, curve.mu, inst.replicas)
         for (i, o), v in per_class.items():

@@ -17,9 +17,10 @@ Call graph
     duration (tools have unlimited concurrency). An LLM call goes to one replica of its LLM:
     ``round_robin`` cycles through the replicas, ``least_loaded`` picks the replica with the
     fewest calls queued, running or on their way to it (lowest index on ties). Every LLM call
-    reaches its replica ``call_delay_s(latency)`` after it is ready (the engine overheads' pure
-    delay per call, :mod:`scepsy_profile.overheads`; 0 for a plain latency model), the replica
-    not busy meanwhile. A request completes when its last call does; its latency is completion
+    passes its replica's front end first, which takes ``call_delay_s(latency)`` per call (the
+    engine overheads' pure delay, :mod:`scepsy_profile.overheads`; 0 for a plain latency model)
+    and handles one call at a time, first come first served (calls that are ready together, a
+    fan-out, wait for each other's delays); the replica is not busy meanwhile. A request completes when its last call does; its latency is completion
     minus arrival.
 
 Replica (continuous batching, vLLM-style, prefill first)
@@ -311,6 +312,7 @@ class _Replica:
 
     __slots__ = (
         "admitted", "bs", "busy", "calls", "ctx_base", "decode_batch", "decode_steps", "eng",
+        "front_free",
         "hist", "idx", "inflight", "jump_n", "jump_t0", "jump_tau", "kv_cap", "kv_used", "llm",
         "max_batch", "n_prefill", "paged", "preemptions", "prefill_calls", "queue", "running",
         "state", "steps", "version",
@@ -324,6 +326,7 @@ class _Replica:
         self.bs = block_size
         self.hist = [0] * block_size
         self.kv_used = 0
+        self.front_free = 0.0  # when the front end (the per-call delay) is next free
         self.queue: deque = deque()
         self.running: list = []  # heap of (finish step, seq, call)
         self.admitted: list = []
@@ -637,9 +640,10 @@ class _Engine:
             self.rr[m] = (r + 1) % len(reps)
         if self.log is not None:
             self.log[(aid, i)] = [rep.idx, t, None, None, [], [], m]
-        if self.delay > 0:  # routed now, seen by the replica after the delay
+        if self.delay > 0:  # routed now, seen by the replica after its front end's delay
             rep.inflight += 1
-            self.push(t + self.delay, _SUBMIT, rep, (aid, i, tm.inp[i], tm.out[i]))
+            rep.front_free = max(t, rep.front_free) + self.delay
+            self.push(rep.front_free, _SUBMIT, rep, (aid, i, tm.inp[i], tm.out[i]))
         else:
             rep.submit((aid, i, tm.inp[i], tm.out[i]), t)
 
@@ -1013,7 +1017,8 @@ def simulate(
     ``max_num_batched_tokens``; a longer prompt still goes alone); ``None``: the policy's
     ``max_num_batched_tokens`` (``None`` there too: no cap). ``policy`` also sets the batch
     limit and the KV management (``paged`` blocks with preemption, or ``reserve``); a
-    latency model with a ``call_delay_s`` (engine overheads) delays every LLM call by it.
+    latency model with a ``call_delay_s`` (engine overheads) delays every LLM call by it, in
+    turn at each replica's front end.
     ``record_events`` keeps every call's ready, start and end time in ``call_log``;
     ``progress`` prints a progress line on stderr. ``latencies``: the latency model of some
     deployments (LLM name -> model), in place of ``latency``; required for every LLM with its

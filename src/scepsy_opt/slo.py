@@ -4,7 +4,8 @@ A :class:`CallSLO` bounds one LLM's calls: its time to first token (TTFT: the me
 percentile) and its mean time per output token after the first (TPOT). The predictor answers
 both from the instance's serving curve (:class:`~scepsy_profile.serving.ServingCurve`) at the
 call rate one replica carries, with the engine's per-call delay in the TTFT
-(:func:`scepsy_profile.overheads.call_delay_s`):
+(:func:`scepsy_profile.overheads.call_delay_s`, waited in turn by the calls of a fan-out that
+reach one replica: :func:`scepsy_profile.overheads.front_delay_s`):
 
 * **TTFT** = the queueing wait ``W`` + the prefill of the call's group + the delay; ``W`` is
   exponential around the steady state's mean wait, so its ``q``-quantile is ``−ln(1 − q)``
@@ -33,6 +34,7 @@ from typing import Any
 
 from scepsy_common.errors import InputError
 from scepsy_common.search import first_true
+from scepsy_profile.overheads import front_delay_s
 from scepsy_profile.serving import ServingCurve
 
 REL = 1e-9
@@ -135,18 +137,22 @@ def ttft_attainment(bound_s: float, floor_s: float, wait_mean_s: float,
     return -math.expm1(-slack / wait_mean_s)
 
 
-def check(slo: CallSLO, curve: ServingCurve, rate: float, delay_s: float = 0.0) -> SLOCheck:
-    """``curve``'s figures at ``rate`` calls/s per replica against ``slo`` (module docstring);
-    ``delay_s``: the engine's pure delay per call before its first token."""
+def check(slo: CallSLO, curve: ServingCurve, rate: float, delay_s: float = 0.0,
+          replicas: float = 1.0) -> SLOCheck:
+    """``curve``'s figures at ``rate`` calls/s per replica of ``replicas`` against ``slo``
+    (module docstring); ``delay_s``: the engine's pure delay per call before its first token,
+    waited in turn by the calls of a group that reach one replica
+    (:func:`~scepsy_profile.overheads.front_delay_s`; ``replicas=math.inf``: single calls)."""
     if not (math.isfinite(rate) and rate >= 0):
         raise InputError("SLO", "rate", "a call rate >= 0 per replica", rate)
     saturated = not curve.feasible or rate >= curve.mu
     if saturated:
         return SLOCheck(slo, math.inf, math.inf, 0.0)
+    delay = float(front_delay_s(delay_s, curve.prefill_batch, replicas))
     tpot = curve.tpot_s(rate)
-    ttft = curve.ttft_s(rate, slo.quantile) + delay_s
+    ttft = curve.ttft_s(rate, slo.quantile) + delay
     wait = curve.wait_s(rate) if rate > 0 else 0.0
-    floor = curve.prefill_at_s(rate) + delay_s
+    floor = curve.prefill_at_s(rate) + delay
     return SLOCheck(slo, ttft, tpot,
                     attained(slo, lambda b: ttft_attainment(b, floor, wait), tpot))
 
@@ -168,9 +174,9 @@ def fewest_replicas(slo: CallSLO, curve: ServingCurve, rate: float, start: int, 
         raise InputError("SLO", "start", "a replica count >= 1", start)
 
     def ok(r: int) -> bool:
-        return check(slo, curve, rate / r, delay_s).met
+        return check(slo, curve, rate / r, delay_s, r).met
 
-    if start <= limit and not ok(start) and not check(slo, curve, 0.0, delay_s).met:
+    if start <= limit and not ok(start) and not check(slo, curve, 0.0, delay_s, math.inf).met:
         return limit + 1  # the zero-load floor misses: no count meets it
     return first_true(ok, start, limit)
 

@@ -15,8 +15,12 @@ profile does not see, in four calibrated terms (:class:`EngineOverheads`, millis
 :func:`with_overheads` wraps a latency model so that its steps include the first two (an
 :class:`OverheadLatencyModel`, which keeps the latency-model contract); the serving curve, the
 predictor and the simulator then see them through the model. The two delays are
-:func:`call_delay_s` per call: the predictor adds it to every LLM call's latency, the simulator
-delays every call's submission by it.
+:func:`call_delay_s` per call, spent in the server's front end (its API server process) and
+the client, which handle one call at a time: calls that arrive together (a fan-out of ``k``
+calls of one request) wait for each other's delays. The simulator runs each replica's front end
+as a first-come-first-served server of that delay before the replica sees the call; the
+predictor adds the mean of that wait, :func:`front_delay_s`: ``delay·(g + 1)/2`` for groups of
+``g`` calls per replica.
 
 Without a calibration the overheads are :data:`NO_OVERHEADS`, all zero: predictions are then
 optimistic (higher throughput, lower latency than a real engine gives).
@@ -241,6 +245,17 @@ def with_overheads(latency: LatencyModel, overheads: EngineOverheads) -> Latency
 def call_delay_s(latency: LatencyModel) -> float:
     """The pure delay per LLM call (s) a latency model carries (0 without overheads)."""
     return float(getattr(latency, "call_delay_s", 0.0))
+
+
+def front_delay_s(delay_s: ArrayLike, group: ArrayLike, replicas: ArrayLike = 1.0) -> Number:
+    """The mean pure delay of a call (s) of an LLM whose calls arrive in groups of ``group``
+    (its mean concurrency within a request, >= 1) spread over ``replicas`` replicas: each
+    replica's front end handles the ``g = max(1, group / replicas)`` calls that reach it
+    together one at a time, so the mean call waits for ``(g − 1)/2`` delays of the others
+    besides its own: ``delay_s·(g + 1)/2`` (``delay_s`` for single calls). Vectorised."""
+    g = np.maximum(1.0, np.asarray(group, dtype=float) / np.asarray(replicas, dtype=float))
+    out = np.asarray(delay_s, dtype=float) * (g + 1.0) / 2.0
+    return float(out) if out.ndim == 0 else out
 
 
 def overload_queued(latency: LatencyModel) -> float:
