@@ -32,8 +32,10 @@ import pytest
 from scepsy import api
 from scepsy.cli import main
 from scepsy_common.errors import InputError
+from scepsy_opt.allocation import parse_allocation
 from scepsy_opt.workload import load_specs
 from scepsy_place.launch import bench_loop as bl
+from scepsy_profile.catalog import load_catalog
 from scepsy_profile.fitted import load_curves
 from scepsy_profile.profiling.backend import (
     BackendOptions,
@@ -256,6 +258,18 @@ def test_loop_with_fake_engine_accounts_for_every_request(tmp_path: Path,
     assert doc["curves"]["measured_here"] is False and doc["curves"]["measured"] == 0
     assert not (tmp_path / "loop" / "profile").exists()
     assert "curves: " in text and "(given; not measured by this run" in text
+    # predicted as the servers run on the CPU: an allocation file, its LLMs at the cores'
+    # speed, those sharing a core in one mesh, as the placement put them
+    as_run = parse_allocation(doc["predicted_as"], "predicted_as",
+                              catalog=load_catalog(str(REPO / "datasets/catalogs/cpu-host.yaml")))
+    plan_doc = json.loads(Path(res.files["plan"]).read_text())
+    cores: dict[str, tuple] = {i["llm"]: (i["node"], tuple(i["gpus"]))
+                               for i in plan_doc["placement"]["instances"]}
+    for m, inst in as_run.llms.items():
+        assert inst.share == 1.0 and inst.memory == res.allocation[m]["share"]
+        together = [o for o in cores if cores[o] == cores[m]]
+        assert (inst.mesh is None) == (len(together) == 1), (m, together)
+    assert "predicted as the servers run on the CPU" in text
 
 
 def test_loop_profiles_here_fits_like_profile_fit_and_resumes(

@@ -577,7 +577,7 @@ def test_real_killed_parent_leaves_no_engine(tmp_path: Path) -> None:
         pgid = int(pid)
         assert Path(folder, "model", "config.json").exists()
         time.sleep(3)  # in the middle of a measurement
-        assert len(group_members(pgid)) >= 2
+        assert group_members(pgid)  # TP 1: the engine runs in the worker process itself
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         assert _wait_until(lambda: not group_members(pgid), 60), group_members(pgid)

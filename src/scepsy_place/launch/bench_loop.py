@@ -315,9 +315,10 @@ class LoopResult:
     curves: CurvesUsed | None = None
     """The curves the plan and the prediction used (None when the loop stopped before)."""
     predicted_as: Mapping[str, Any] | None = None
-    """The allocation the predictions are of when it is not the plan's: on a CPU, the
-    servers as they run, taking turns on shared cores
-    (:func:`~scepsy_place.launch.time_sliced.running_allocation`); None: the plan's."""
+    """The allocation the predictions are of when it is not the plan's (an allocation file's
+    ``{"llms": ...}``, which ``scepsy predict`` reads): on a CPU, the servers as they run,
+    taking turns on shared cores (:func:`~scepsy_place.launch.time_sliced.running_allocation`);
+    None: the plan's."""
 
     @property
     def clean(self) -> bool:
@@ -727,7 +728,8 @@ def report_lines(result: LoopResult) -> list[str]:
     lines.append(f"rate {result.rate:.3g} req/s{mx}; allocation: {alloc or '-'}; "
                  f"{result.servers} server(s)")
     if result.predicted_as is not None:
-        shared = sorted({i["mesh"] for i in result.predicted_as.values() if i.get("mesh")})
+        shared = sorted({i["mesh"] for i in result.predicted_as["llms"].values()
+                         if i.get("mesh")})
         lines.append("predicted as the servers run on the CPU: every LLM at the speed of its "
                      "cores, " + (f"taking turns on {', '.join(shared)}" if shared
                                   else "none sharing cores"))
@@ -1098,7 +1100,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                 at = sent_rates(state["drive"], state["rate"])
                 with open(files["plan"], encoding="utf-8") as f:
                     running = running_allocation(json.load(f), options.device)
-                state["as"] = None if running is None else running.to_dict()["llms"]
+                state["as"] = None if running is None else running.to_dict()
                 what = files["plan"] if running is None else running
                 pred = planning.predict(specs, what, at, **common)
                 state["pred"] = prediction_dict(pred)
