@@ -39,6 +39,7 @@ from scepsy_profile.profiling.engine_env import (
     engine_environment,
     mps_daemon_running,
     pinned,
+    pinned_by,
     python_candidates,
     share_cores,
     vllm_python,
@@ -142,6 +143,10 @@ def test_engine_environment_cpu(tmp_path: Path) -> None:
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in engine_environment(1, 1.0, "cuda", None,
                                                                       tmp_path)
+    # started as the launched servers: one rank confined to its cores, else as it is
+    assert pinned_by(("vllm",), small) == ("taskset", "-c", "0-1", "vllm")
+    assert pinned_by(("vllm",), env) == ("vllm",)
+    assert pinned_by(("vllm",), engine_environment(1, 0.5, "cuda", None, tmp_path)) == ("vllm",)
 
 
 @given(cores=st.sets(st.integers(0, 63), min_size=1, max_size=32),

@@ -49,8 +49,9 @@ each iteration prefills every queued call and all finish together, so
 :func:`batch_prefill_latency` (an M/G/1 queue served in gated batches, with the prompts'
 variability) replaces the station for them. **Per-call delay**: every call's latency gains the
 engine's pure delay ``call_delay_s(latency)`` (calibrated overheads; 0 without), waited in turn
-by the calls of a fan-out that reach one replica (``front_delay_s``: ``delay·(g + 1)/2``). **Percentiles**
-of the request latency come from the trace's critical paths (``scepsy_opt.tails``).
+by the calls of a fan-out that reach one replica (``front_delay_s``: ``delay·(g + 1)/2``).
+**Percentiles** of the request latency come from the trace's critical paths
+(``scepsy_opt.tails``).
 
 Per-class latency on a shared
 instance: the mixture's latency scaled by the class's own work,

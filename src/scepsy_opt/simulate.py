@@ -20,8 +20,8 @@ Call graph
     passes its replica's front end first, which takes ``call_delay_s(latency)`` per call (the
     engine overheads' pure delay, :mod:`scepsy_profile.overheads`; 0 for a plain latency model)
     and handles one call at a time, first come first served (calls that are ready together, a
-    fan-out, wait for each other's delays); the replica is not busy meanwhile. A request completes when its last call does; its latency is completion
-    minus arrival.
+    fan-out, wait for each other's delays); the replica is not busy meanwhile. A request
+    completes when its last call does; its latency is completion minus arrival.
 
 Replica (continuous batching, vLLM-style, prefill first)
     A replica keeps a FCFS queue and a running set of sequences. A call is admitted when the head

@@ -134,8 +134,8 @@ def server_env(plan: LaunchPlan, r: ReplicaLaunch, mps: bool) -> dict[str, str]:
     """The replica's environment by the shell target's rules: the engine's, then the model's
     (:func:`~scepsy_place.launch.shell.plan_env`), then on a CPU the KV-cache size (and, with
     one rank, the engine in one process:
-    :data:`~scepsy_profile.profiling.engine_env.ONE_PROCESS_ENV`), on a GPU with ``mps`` (a share below 1 or
-    a shared GPU) the MPS client limits. No ``CUDA_VISIBLE_DEVICES``: the claims or the device
+    :data:`~scepsy_profile.profiling.engine_env.ONE_PROCESS_ENV`), on a GPU with ``mps`` (a
+    share below 1 or a shared GPU) the MPS client limits. No ``CUDA_VISIBLE_DEVICES``: the claims or the device
     plugin choose the devices a container sees."""
     env = plan_env(plan, r.llm)
     if plan.device_of(r.node).kind == "cpu":

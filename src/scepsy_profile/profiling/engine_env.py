@@ -30,7 +30,7 @@ every such start needs, whether it is the offline engine of the ``vllm`` profile
   ``TMPDIR`` and ``VLLM_CACHE_ROOT`` in a folder of the caller's (each start leaves socket files)
   and no usage reporting or hub access.
 * :func:`cpu_one_process` and :func:`pinned`: a TP=1 engine on a CPU runs as one process
-  confined to its cores (docs/launch.md, "CPU servers"). vLLM's CPU build otherwise runs the
+  confined to its cores (docs/launch.md, "A CPU as the device"). vLLM's CPU build otherwise runs the
   model in a worker process that, after every message, polls its queue without sleeping for one
   second (``shm_broadcast``'s ``busy_loop_s``): an idle server sharing a core with a busy one
   took that core from it, and a 30-token call ran 10x slower than alone. With the engine in
@@ -190,6 +190,14 @@ def pinned(command: Sequence[str], binding: str) -> tuple[str, ...]:
     if not cpu_one_process(len(ranks)):
         return tuple(command)
     return ("taskset", "-c", _core_list(list(ranks[0])), *command)
+
+
+def pinned_by(command: Sequence[str], env: Mapping[str, str]) -> tuple[str, ...]:
+    """``command`` :func:`pinned` to the CPU binding of an engine environment
+    (:func:`engine_environment`'s ``VLLM_CPU_OMP_THREADS_BIND``); unchanged without one (a
+    GPU)."""
+    binding = env.get("VLLM_CPU_OMP_THREADS_BIND")
+    return tuple(command) if binding is None else pinned(command, binding)
 
 
 def bound_cores(binding: str) -> tuple[tuple[int, ...], ...]:

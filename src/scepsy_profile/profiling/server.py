@@ -39,7 +39,7 @@ from scepsy_profile.profiling.backend import BackendOptions
 from scepsy_profile.profiling.engine_env import (
     DeviceKind,
     engine_environment,
-    pinned,
+    pinned_by,
     vllm_python,
     write_model_dir,
 )
@@ -207,8 +207,7 @@ def vllm_server(config: ServerConfig, workdir: Path, *,
                                    tmp, threads=config.threads)
     port = free_port()
     cmd = server_command(python, model_dir, config, port)
-    if "VLLM_CPU_OMP_THREADS_BIND" in extra_env:  # TP 1: one process on its cores
-        cmd = list(pinned(cmd, extra_env["VLLM_CPU_OMP_THREADS_BIND"]))
+    cmd = list(pinned_by(cmd, extra_env))  # on a CPU with TP 1: one process on its cores
     log_path = workdir / f"vllm-serve-{port}.log"
     env = {**(os.environ if environ is None else environ), **extra_env}
     with open(log_path, "ab") as log:

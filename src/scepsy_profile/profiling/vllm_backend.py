@@ -78,7 +78,7 @@ from scepsy_profile.profiling.engine_env import (
     bound_cores,
     engine_environment,
     mps_daemon_running,
-    pinned,
+    pinned_by,
     share_cores,
     usable_cores,
     vllm_python,
@@ -404,7 +404,7 @@ class VllmSession:
         log: IO[str] = self.log_path.open("a", encoding="utf-8")
         try:
             self.proc = subprocess.Popen(
-                _pinned_here([str(self.python.path), str(self.worker)], self.env),
+                pinned_by([str(self.python.path), str(self.worker)], self.env),  # as a server
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=log, text=True, bufsize=1, cwd=self.tmp,
                 env={**os.environ, **self.env}, start_new_session=True)
@@ -544,11 +544,3 @@ def _device_info(p: Probe, env: Mapping[str, str], tp: int, share: float,
                       detail={"model": cpu.get("model", ""), "cores": cpu.get("cores"),
                               "bind": binding, "kv_cache_gib": env.get("VLLM_CPU_KVCACHE_SPACE"),
                               "vllm": p.info.get("vllm_version"), "engine": engine})
-
-
-def _pinned_here(command: list[str], env: Mapping[str, str]) -> tuple[str, ...]:
-    """``command`` confined to the cores of the engine's CPU binding (TP 1: one process,
-    :func:`~scepsy_profile.profiling.engine_env.pinned`), as the launched servers are; unchanged
-    on a GPU."""
-    binding = env.get("VLLM_CPU_OMP_THREADS_BIND")
-    return tuple(command) if binding is None else pinned(command, binding)
