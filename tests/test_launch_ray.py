@@ -95,7 +95,9 @@ def test_cpu_configs_bundle_cores() -> None:
     assert cfg["engine_kwargs"] == {"tensor_parallel_size": 1, "load_format": "dummy",
                                     "enforce_eager": True}
     assert "accelerator_type" not in cfg
-    assert cfg["runtime_env"] == {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+    # one rank: the engine in one process, as the shell target runs it (docs/launch.md)
+    assert cfg["runtime_env"] == {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2",
+                                               "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
 
 
 def test_exact_fields_and_parse_checks_bundles() -> None:
