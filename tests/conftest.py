@@ -1,9 +1,20 @@
-"""Shared fixtures: a small synthetic profile fitted once per session, paths to repo data."""
+"""Shared fixtures: a small synthetic profile fitted once per session, paths to repo data; and
+the test tiers (docs/testing.md):
+
+* ``slow``: long tests (full-size benchmarks, whole loops) are deselected unless ``CI`` or
+  ``SCEPSY_ALL_TESTS`` is set (CI sets ``CI``), so ``python -m pytest`` stays the fast tier;
+* ``vllm``: skipped unless a vLLM environment is found *and imports* (the vLLM backend's probe
+  imports it);
+* ``torch``: skipped unless torch and transformers import.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -17,6 +28,65 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 BUNDLED_CURVES = REPO / "datasets" / "profiles" / "muxserve-a100-curves.json"
 MODEL, GPU = "llama-2-7b", "A100-80GB"
+
+ALL_TESTS_ENV = ("CI", "SCEPSY_ALL_TESTS")
+"""Variables any of which (set, not empty, not ``0``/``false``) selects the ``slow`` tests."""
+
+
+def all_tests() -> bool:
+    """Whether the ``slow`` tier runs (:data:`ALL_TESTS_ENV`)."""
+    return any(os.environ.get(v, "").strip().lower() not in ("", "0", "false", "no")
+               for v in ALL_TESTS_ENV)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if all_tests():
+        return
+    slow = [it for it in items if it.get_closest_marker("slow") is not None]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [it for it in items if it.get_closest_marker("slow") is None]
+        config.stash[_SLOW] = len(slow)
+
+
+_SLOW = pytest.StashKey[int]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return ("tiers: every test (CI or SCEPSY_ALL_TESTS set)" if all_tests() else
+            "tiers: the fast tier; long tests (marker slow) run in CI, or here with "
+            "SCEPSY_ALL_TESTS=1")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    n = config.stash.get(_SLOW, 0)
+    if n:
+        terminalreporter.write_line(f"{n} long tests (marker slow) not run: they run in CI, or "
+                                    "here with SCEPSY_ALL_TESTS=1")
+
+
+@functools.cache
+def _vllm_missing() -> str | None:
+    """Why the vLLM tests cannot run here (None: a vLLM environment that imports)."""
+    from scepsy_profile.profiling.vllm_backend import VllmBackend
+
+    reason = VllmBackend().unavailable()
+    return None if reason is None else f"vLLM unavailable: {reason}"
+
+
+@functools.cache
+def _torch_missing() -> str | None:
+    for mod in ("torch", "transformers"):
+        if importlib.util.find_spec(mod) is None:
+            return f"{mod} is not installed"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("vllm") is not None and (why := _vllm_missing()):
+        pytest.skip(why)
+    if item.get_closest_marker("torch") is not None and (why := _torch_missing()):
+        pytest.skip(why)
 
 
 @pytest.fixture(scope="session")

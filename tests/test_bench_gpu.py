@@ -170,6 +170,7 @@ def test_bench_gpu_without_a_gpu_says_to_use_cpu(tmp_path):
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_the_kit_on_this_cpu_with_vllm(tmp_path):
     """The CPU kit end to end with vLLM's CPU servers (the bundled curves; the profiling stage
     has its own test in test_bench_loop.py)."""

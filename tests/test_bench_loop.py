@@ -492,6 +492,7 @@ def _vllm() -> str:
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_profile_stage_measures_this_machine_with_vllm(tmp_path: Path) -> None:
     """The profiling stage with the vllm backend at TP 1 (a small budget): records of device
     ``cpu`` naming this machine's CPU, curves covering TP 1; a rerun starts no engine."""
@@ -515,6 +516,7 @@ def test_profile_stage_measures_this_machine_with_vllm(tmp_path: Path) -> None:
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_real_loop_on_cpu(tmp_path: Path) -> None:
     """vLLM's CPU servers for the plan's replicas, 30 requests, everything stopped (with the
     bundled curves: the profiling stage has its own test above)."""

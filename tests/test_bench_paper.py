@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.slow  # every section of the paper benchmark, quick: 85-110 s
+
 REPO = Path(__file__).resolve().parents[1]
 TOL = 1e-9  # absolute slack of the objective comparison (s)
 PNG = b"\x89PNG\r\n\x1a\n"

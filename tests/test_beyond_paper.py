@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the beyond-the-paper section, quick: about 40 s
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 REL = 1e-6  # relative slack for float comparisons of objectives and bounds
 

@@ -10,7 +10,6 @@ import re
 from dataclasses import replace
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -26,6 +25,9 @@ from scepsy_place.launch.k8s import (
 )
 from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
 from test_render_conformance import launch_plans
+
+kubernetes_validate = pytest.importorskip("kubernetes_validate",
+                                          reason="the k8s extra is not installed")
 
 K8S_VERSION = "1.37.0"
 """A Kubernetes release whose schemas kubernetes-validate 1.37 ships, with resource.k8s.io/v1

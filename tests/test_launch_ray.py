@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
-from ray.serve.schema import ServeDeploySchema
 
 from fakes.launch_plans import cpu_plan, gpu_plan
 from scepsy_common.errors import InputError
 from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.ray import RAY_ACCELERATORS, RayRenderer, engine_kwargs, ray_accelerator
 from test_render_conformance import launch_plans
+
+ServeDeploySchema = pytest.importorskip("ray.serve.schema",
+                                        reason="the ray extra is not installed").ServeDeploySchema
 
 RAY = RayRenderer()
 CHECK = Path(__file__).with_name("_ray_llmconfig_check.py")

@@ -547,6 +547,7 @@ def test_real_refused_point_is_an_error_and_the_session_goes_on(tp1: VllmSession
 
 
 @pytest.mark.vllm
+@pytest.mark.slow
 def test_real_tp2_session() -> None:
     _skip_without_vllm()
     reason = REAL.unsupported(SMALL, 2, 1.0, REAL_OPTS)
