@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 BLOCK = re.compile(r"^```(\w+)\n(.*?)^```", re.S | re.M)
 FILE_BLOCK = re.compile(r"^<!-- file: (\S+) -->\n```\w+\n(.*?)^```", re.S | re.M)
-REQUIRES = re.compile(r"^<!-- requires: ([\w ]+) -->$", re.M)
+REQUIRES = re.compile(r"^<!-- requires: ([\w. ]+) -->$", re.M)
 
 
 def _requirements(path: Path) -> None:

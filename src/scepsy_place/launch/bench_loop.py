@@ -521,7 +521,11 @@ def _terminate_as_interrupt() -> Iterator[None]:
         return
 
     def on_term(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            raise KeyboardInterrupt(f"signal {signum}")
+        # handled as Ctrl-C is: inside asyncio.run its handler cancels the running task, so the
+        # interrupt never lands in a finaliser that would swallow it (an async generator's)
+        signal.raise_signal(signal.SIGINT)
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
