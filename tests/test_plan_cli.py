@@ -201,3 +201,24 @@ def test_bench_openb_bad_file_is_exit_2(capsys, tmp_path):
     code, _, err = run(capsys, "bench", "openb", "--nodes", str(tmp_path / "missing.csv"),
                        "--pods", str(tmp_path / "missing.csv"))
     assert code == 2 and "missing.csv" in err
+
+
+@pytest.mark.parametrize(("extra", "flag"), [
+    # the formulations other than the aggregate loop are MILPs of their own
+    (("--optimiser", "heuristic", "--formulation", "blocks"), "--formulation"),
+    (("--optimiser", "independent", "--formulation", "patterns"), "--formulation"),
+    # the improvement phase and its repackings are the hierarchical placer's
+    (("--placer", "ffd", "--repack", "2"), "--repack"),
+    (("--placer", "best-fit", "--no-improve"), "--no-improve"),
+])
+def test_options_another_choice_would_ignore_are_refused(capsys, tmp_path, extra, flag):
+    out = tmp_path / "plan.json"
+    code, _, err = run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "1",
+                       "--trace-requests", "50", "--out", str(out), *extra)
+    assert code == 2 and err.count(flag) >= 1 and "Traceback" not in err, err
+    assert not out.exists()  # refused before anything is written
+    # the same choices without the option they cannot use plan
+    kept = [a for a in extra if a not in (flag, "2", "blocks", "patterns")]
+    code, _, err = run(capsys, "plan", "--workflow", RAG, "--cluster", A4, "--target", "1",
+                       "--trace-requests", "50", "--out", str(out), *kept)
+    assert code == 0, err

@@ -520,6 +520,10 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
         raise InputError("formulation", "", f"one of {', '.join(FORMULATIONS)}", formulation)
     if placer not in PLACERS:
         raise InputError("placer", "", f"one of {', '.join(PLACERS)}", placer)
+    if placer != "hierarchical" and (not improve or repack):
+        # the improvement phase and the repackings are the hierarchical placer's own
+        raise InputError("repack" if repack else "improve", "",
+                         f"the hierarchical placer (placer {placer!r} has no improvement phase)")
     _count(max_rounds, "max_rounds", 1)
     peak = None
     if arrivals is not None:

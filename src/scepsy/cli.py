@@ -576,7 +576,9 @@ _PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
                "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
                "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo",
                "arrivals": "--arrivals", "window_s": "--peak-window",
-               "quantile": "--peak-quantile", "time_scale": "--time-scale"}
+               "quantile": "--peak-quantile", "time_scale": "--time-scale",
+               "formulation": "--formulation", "repack": "--repack",
+               "improve": "--no-improve"}
 
 
 _LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}

@@ -199,6 +199,10 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
     deadline = Deadline.of(problem, deadline)
     if formulation not in FORMULATIONS:
         raise InputError("plan", "formulation", f"one of {', '.join(FORMULATIONS)}", formulation)
+    if name != "milp" and formulation not in ("auto", "aggregate"):
+        # the other formulations are MILPs of their own: another optimiser has none of them
+        raise InputError("plan", "formulation", f"auto or aggregate with optimiser {name!r} "
+                         "(the other formulations are the MILP's)", formulation)
     kw: dict[str, Any] = {"name": name, "policy": policy, "max_rounds": max_rounds,
                           "placer_options": placer_options, "deadline": deadline}
     if problem.options.objective == "max-throughput" and name == "milp":
