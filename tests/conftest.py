@@ -46,10 +46,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [it for it in items if it.get_closest_marker("slow") is None]
-        config.stash[_SLOW] = len(slow)
-
-
-_SLOW = pytest.StashKey[int]()
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -59,10 +55,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    n = config.stash.get(_SLOW, 0)
-    if n:
-        terminalreporter.write_line(f"{n} long tests (marker slow) not run: they run in CI, or "
-                                    "here with SCEPSY_ALL_TESTS=1")
+    if not all_tests():
+        terminalreporter.write_line("long tests (marker slow) were left out: they run in CI, "
+                                    "or here with SCEPSY_ALL_TESTS=1")
 
 
 @functools.cache
