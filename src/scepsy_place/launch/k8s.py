@@ -59,7 +59,7 @@ from scepsy_place.launch.shell import (
     plan_env,
     replica_command,
 )
-from scepsy_profile.profiling.engine_env import ONE_PROCESS_ENV, cpu_one_process, mps_percentage
+from scepsy_profile.profiling.engine_env import mps_percentage, one_process_env
 
 POD_PORT = 8000
 """The port every server listens on inside its pod (and each Service's port)."""
@@ -141,8 +141,7 @@ def server_env(plan: LaunchPlan, r: ReplicaLaunch, mps: bool) -> dict[str, str]:
     if plan.device_of(r.node).kind == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib(r.memory_gib, r.tp,
                                                              plan.models[r.llm].weights_gib))
-        if cpu_one_process(r.tp):  # the container's CPU limit confines it (no taskset)
-            env.update(ONE_PROCESS_ENV)
+        env.update(one_process_env(r.tp))  # the container's CPU limit confines it (no taskset)
     elif mps:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_percentage(r.share))
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = mps_memory_limit(r.memory_gib, r.tp)

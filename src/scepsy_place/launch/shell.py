@@ -53,8 +53,8 @@ from scepsy_place.launch.routes import ROUTES_FILE, plan_routes
 from scepsy_profile.profiling.engine_env import (
     ONE_PROCESS_ENV,
     cpu_binding,
-    cpu_one_process,
     mps_percentage,
+    one_process_env,
     pinned,
 )
 from scepsy_profile.profiling.server import IPC_PATH_ROOM
@@ -171,8 +171,7 @@ def _replica_env(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[dict[str, str], fr
             ours["CUDA_MPS_PIPE_DIRECTORY"] = RUNTIME_VALUES["CUDA_MPS_PIPE_DIRECTORY"]
     else:
         ours["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(r.tp, r.share, r.gpus)
-        if cpu_one_process(r.tp):
-            ours.update(ONE_PROCESS_ENV)
+        ours.update(one_process_env(r.tp))
         ours["VLLM_CPU_KVCACHE_SPACE"] = str(cpu_kv_cache_gib(r.memory_gib, r.tp,
                                                               model.weights_gib))
         ours["TMPDIR"] = RUNTIME_VALUES["TMPDIR"]
@@ -262,7 +261,8 @@ def _replica_block(plan: LaunchPlan, r: ReplicaLaunch, env: Mapping[str, str],
              REPLICA_TAG + _replica_record(plan, r),
              "cmd=(", "  env"]
     lines += [f"  {_env_word(k, v, k in runtime)}" for k, v in env.items()]
-    head = len(argv) - len(replica_command(plan, r)) + len(plan.engine.command) + 1
+    # program and model on one line, after any pin prefix (start_command)
+    head = argv.index(plan.models[r.llm].serve, len(plan.engine.command)) + 1
     lines += [f"  {ln}" for ln in _arg_lines(argv, head)]
     lines += [")", f'start_server {_word(r.name)} "${{cmd[@]}}"']
     return "\n".join(lines)
@@ -562,10 +562,11 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
         f"${HEALTH_TIMEOUT_ENV}, default {timeout} s);",
         "on a failure or a timeout it stops what it started and exits 1. Stop with stop.sh.",
     ])
-    blocks, words = [], []
+    blocks, words, pinned_any = [], [], False
     for r in reps:
         env, runtime = _replica_env(plan, r)
         argv = start_command(plan, r)
+        pinned_any |= argv[:1] == ("taskset",)
         blocks.append(_replica_block(plan, r, env, runtime, argv))
         words += [*argv, *(v for k, v in env.items() if k not in runtime)]
     if any("$" in w or "`" in w for w in words):
@@ -588,7 +589,7 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
              "",
              "# refuse before anything starts",
              *(f"check_free {_word(r.name)} {r.port}" for r in reps), ""]
-    if any(start_command(plan, r)[:1] == ("taskset",) for r in reps):
+    if pinned_any:
         parts += ['if ! command -v taskset >/dev/null; then\n'
                   '  echo "start.sh ($node): taskset (util-linux) is needed to keep each CPU '
                   'server on its cores; nothing started" >&2\n  exit 1\nfi', ""]
@@ -840,10 +841,10 @@ def _check_replica(rec: dict[str, object], words: list[str], start: list[str], f
         if argv[:len(pin)] != pin:
             raise bad("command", " ".join(pin) + " first (the replica's cores)", argv[:len(pin)])
         argv = argv[len(pin):]
-        for k, v in ONE_PROCESS_ENV.items():
-            want_v = v if cpu_one_process(len(gpus)) else None
-            if env.get(k) != want_v:
-                raise bad(k, want_v or "absent (TP > 1)", env.get(k))
+        want_env = one_process_env(len(gpus))
+        for k in ONE_PROCESS_ENV:
+            if env.get(k) != want_env.get(k):
+                raise bad(k, want_env.get(k) or "absent (TP > 1)", env.get(k))
     else:
         raise bad("device", "cuda or cpu", device)
     return ShellReplica(name, llm, replica, node, device, gpus, share, len(gpus), port, env,

@@ -182,6 +182,12 @@ def cpu_one_process(tp: int) -> bool:
     return tp == 1
 
 
+def one_process_env(tp: int) -> dict[str, str]:
+    """The variables that run a CPU engine of ``tp`` ranks as one process
+    (:data:`ONE_PROCESS_ENV` for one rank, none for more: :func:`cpu_one_process`)."""
+    return dict(ONE_PROCESS_ENV) if cpu_one_process(tp) else {}
+
+
 def pinned(command: Sequence[str], binding: str) -> tuple[str, ...]:
     """``command`` confined to the cores of a one-rank ``binding`` (``taskset -c CORES``, so
     that the server's HTTP process and engine process stay on them too); ``command`` unchanged
@@ -253,8 +259,7 @@ def engine_environment(tp: int, share: float, device_kind: DeviceKind, kv_gib: f
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(kv_gib or 1.0)))
         env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(
             tp, share, usable_cores() if cores is None else cores, threads)
-        if cpu_one_process(tp):
-            env.update(ONE_PROCESS_ENV)
+        env.update(one_process_env(tp))
     elif share < 1.0:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_percentage(share))
     return env
