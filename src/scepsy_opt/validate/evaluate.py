@@ -47,7 +47,7 @@ from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.mps import INTERFERENCE, Contended
-from scepsy_profile.overheads import call_delay_s, overload_queued
+from scepsy_profile.overheads import call_delay_s, front_delay_s, overload_queued
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
 MAX_TOKENS = 1024
@@ -141,7 +141,8 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
             raise InputError(run.mesh_of(m).source, f"gpu_memory_utilization (of {m})",
                              f"a part of the GPUs' memory that holds {x.model}'s weights and "
                              f"one call (its KV cache holds {curve.memory.kv_tokens} tokens)")
-        fin = finite_run(curve, x.rate, x.requests, queued, call_delay_s(latency))
+        fin = finite_run(curve, x.rate, x.requests, queued, front_delay_s(call_delay_s(latency),
+                                                                  curve.prefill_batch))
         predicted[m] = _of_finite(m, fin, slos.get(m))
         if simulate_runs:
             simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m))
