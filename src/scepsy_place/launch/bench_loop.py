@@ -58,6 +58,7 @@ import httpx
 
 from scepsy_common.errors import InputError
 from scepsy_common.files import atomic_write_text, read_json
+from scepsy_opt.allocation import Allocation
 from scepsy_opt.planfile import write_plan
 from scepsy_opt.traces import write_trace
 from scepsy_opt.workload import load_specs
@@ -974,6 +975,7 @@ def run_loop(options: LoopOptions, planning: Planning,
     timings: dict[str, float] = {}
     t_start = time.monotonic()
     files: dict[str, str] = {}
+    running: Allocation | None = None
     state: dict[str, Any] = {"rate": 0.0, "max": None, "alloc": {}, "servers": 0, "drive": None,
                              "pred": None, "pred_m": None, "cmp": None, "ports": (),
                              "server": None, "curves": None, "as": None}
@@ -1024,6 +1026,8 @@ def run_loop(options: LoopOptions, planning: Planning,
                                  f"(status {res.plan.status}); lower --rate or --load")
             doc = res.to_dict(timings=False)
             state["alloc"] = doc["allocation"]["llms"]
+            running = running_allocation(doc, options.device)  # what the predictions are of
+            state["as"] = None if running is None else running.to_dict()
             timings["plan_s"] = time.monotonic() - t0
 
             t0 = time.monotonic()
@@ -1102,9 +1106,6 @@ def run_loop(options: LoopOptions, planning: Planning,
             t0 = time.monotonic()
             try:
                 at = sent_rates(state["drive"], state["rate"])
-                with open(files["plan"], encoding="utf-8") as f:
-                    running = running_allocation(json.load(f), options.device)
-                state["as"] = None if running is None else running.to_dict()
                 what = files["plan"] if running is None else running
                 pred = planning.predict(specs, what, at, **common)
                 state["pred"] = prediction_dict(pred)
