@@ -71,9 +71,12 @@ def _vllm_missing() -> str | None:
 
 @functools.cache
 def _torch_missing() -> str | None:
+    """Why the torch tests cannot run here: torch or transformers absent (an installed one that
+    fails to import is an error, not a skip)."""
     for mod in ("torch", "transformers"):
         if importlib.util.find_spec(mod) is None:
             return f"{mod} is not installed"
+        importlib.import_module(mod)
     return None
 
 

@@ -27,7 +27,8 @@ from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
 from test_render_conformance import launch_plans
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate",
-                                          reason="the k8s extra is not installed")
+                                          reason="the k8s extra is not installed",
+                                          exc_type=ModuleNotFoundError)
 
 K8S_VERSION = "1.37.0"
 """A Kubernetes release whose schemas kubernetes-validate 1.37 ships, with resource.k8s.io/v1

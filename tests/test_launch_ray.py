@@ -23,7 +23,8 @@ from scepsy_place.launch.ray import RAY_ACCELERATORS, RayRenderer, engine_kwargs
 from test_render_conformance import launch_plans
 
 ServeDeploySchema = pytest.importorskip("ray.serve.schema",
-                                        reason="the ray extra is not installed").ServeDeploySchema
+                                        reason="the ray extra is not installed",
+                                        exc_type=ModuleNotFoundError).ServeDeploySchema
 
 RAY = RayRenderer()
 CHECK = Path(__file__).with_name("_ray_llmconfig_check.py")
