@@ -20,12 +20,12 @@ LLM's bounds, its predicted TTFT and TPOT, its predicted attainment and whether 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
-from scepsy_common.errors import InputError
+from scepsy_common.registry import Registry
 from scepsy_opt.baselines import (
     BruteForce,
     EqualSplit,
@@ -38,7 +38,7 @@ from scepsy_opt.candidates import price, slo_checks
 from scepsy_opt.milp import MILPOptimiser, percentile_latencies
 from scepsy_opt.mincost import solve_min_cost
 from scepsy_opt.plans import Infeasibility, Optimiser, Plan
-from scepsy_opt.problem import Deadline, PlanningProblem
+from scepsy_opt.problem import OBJECTIVES, Deadline, PlanningProblem
 
 
 class ExactOptimiser(MILPOptimiser):
@@ -112,19 +112,23 @@ def bound_checked(cls: type, *, keep: bool = False, percentiles: bool = True) ->
     return Checked
 
 
-OPTIMISERS: Mapping[str, Callable[[], Optimiser]] = MappingProxyType({
-    "milp": bound_checked(ExactOptimiser, percentiles=False),  # enforces the bounds itself
-    "brute-force": bound_checked(BruteForce),
-    "heuristic": bound_checked(Hierarchical),
-    "muxserve": bound_checked(MuxServeGreedy),
-    "independent": bound_checked(Independent),
-    "equal-split": bound_checked(EqualSplit),
-    "user": bound_checked(UserAllocation, keep=True),
-})
+OPTIMISERS: Registry[Callable[[], Optimiser]] = Registry("optimiser", source="plan",
+                                                      field="optimiser")
+"""Every optimiser by name (:class:`~scepsy_common.registry.Registry`); each supports every
+objective of :data:`~scepsy_opt.problem.OBJECTIVES` (the baselines price their allocations as
+the MILP does, so their objective compares with its)."""
+for _name, _cls, _summary in (
+        ("milp", bound_checked(ExactOptimiser, percentiles=False),  # enforces the bounds itself
+         "the exact MILP"),
+        ("brute-force", bound_checked(BruteForce), "the exact oracle: exhaustive search with pruning"),
+        ("heuristic", bound_checked(Hierarchical), "the paper's hierarchical heuristic search"),
+        ("muxserve", bound_checked(MuxServeGreedy), "MuxServe's greedy co-location with MPS shares"),
+        ("independent", bound_checked(Independent), "every LLM sized alone within its slice of the budget"),
+        ("equal-split", bound_checked(EqualSplit), "every LLM an equal slice of every GPU type"),
+        ("user", bound_checked(UserAllocation, keep=True), "evaluates the current allocation as it is")):
+    OPTIMISERS.register(_name, _cls, summary=_summary, supports={"objective": OBJECTIVES})
 
 
 def optimiser(name: str) -> Optimiser:
     """The registered optimiser called ``name``."""
-    if name not in OPTIMISERS:
-        raise InputError("plan", "optimiser", f"one of {', '.join(sorted(OPTIMISERS))}", name)
-    return OPTIMISERS[name]()
+    return OPTIMISERS.require(name)()

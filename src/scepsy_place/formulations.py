@@ -25,14 +25,15 @@ allocation of its candidates (``gap``: ``objective / bound_s - 1``):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any, Protocol
 
-from scepsy_common.errors import InputError
 from scepsy_opt.problem import Deadline, PlanningProblem
-from scepsy_place.loop import FORMULATIONS, PlacedPlan, plan_and_place
+from scepsy_place.loop import (  # the registry lives beside plan_and_place
+    FORMULATIONS_REGISTRY,
+    LoopFormulation,
+    PlacedPlan,
+    formulation,
+)
 from scepsy_place.topology import Topology
 
 
@@ -44,28 +45,4 @@ class Formulation(Protocol):
     def solve(self, problem: PlanningProblem, topology: Topology, *,
               deadline: Deadline | None = None, **kw: Any) -> PlacedPlan: ...
 
-
-@dataclass(frozen=True)
-class LoopFormulation:
-    """The formulation ``name`` of :func:`scepsy_place.loop.plan_and_place` (min-latency or
-    max-throughput, as the problem says; ``kw``: its placer options, ``max_rounds``, ...)."""
-
-    name: str
-
-    def solve(self, problem: PlanningProblem, topology: Topology, *,
-              deadline: Deadline | None = None, **kw: Any) -> PlacedPlan:
-        """The placed plan of this formulation within ``deadline``."""
-        return plan_and_place(problem, topology, formulation=self.name,  # type: ignore[arg-type]
-                              deadline=deadline, **kw)
-
-
-FORMULATIONS_REGISTRY: Mapping[str, Formulation] = MappingProxyType(
-    {name: LoopFormulation(name) for name in FORMULATIONS})
-
-
-def formulation(name: str) -> Formulation:
-    """The registered formulation ``name`` (an input error naming the choices otherwise)."""
-    if name not in FORMULATIONS_REGISTRY:
-        raise InputError("plan", "formulation", f"one of {', '.join(FORMULATIONS_REGISTRY)}",
-                         name)
-    return FORMULATIONS_REGISTRY[name]
+__all__ = ["FORMULATIONS_REGISTRY", "Formulation", "LoopFormulation", "formulation"]

@@ -84,12 +84,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
 from scepsy_common.bisection import Probe, largest_accepted
-from scepsy_common.errors import InputError
+from scepsy_common.registry import Registry
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price
 from scepsy_opt.cluster import Cluster, GPUPool
@@ -100,7 +100,13 @@ from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
 from scepsy_opt.plans import Plan, headroom, plan_from_choice, time_limit_plan
-from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
+from scepsy_opt.problem import (
+    OBJECTIVES,
+    Deadline,
+    PlanningProblem,
+    TimeLimitReached,
+    time_limit_detail,
+)
 from scepsy_place import slots
 from scepsy_place.cuts import (
     configuration_cut,
@@ -197,12 +203,9 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
     starts, and without a placed plan the status is ``time_limit``.
     """
     deadline = Deadline.of(problem, deadline)
-    if formulation not in FORMULATIONS:
-        raise InputError("plan", "formulation", f"one of {', '.join(FORMULATIONS)}", formulation)
-    if name != "milp" and formulation not in ("auto", "aggregate"):
-        # the other formulations are MILPs of their own: another optimiser has none of them
-        raise InputError("plan", "formulation", f"auto or aggregate with optimiser {name!r} "
-                         "(the other formulations are the MILP's)", formulation)
+    # the registry says which optimisers a formulation works with (blocks, patterns and slots
+    # are MILPs of their own: another optimiser has none of them)
+    FORMULATIONS_REGISTRY.check(formulation, "optimiser", name)
     kw: dict[str, Any] = {"name": name, "policy": policy, "max_rounds": max_rounds,
                           "placer_options": placer_options, "deadline": deadline}
     if problem.options.objective == "max-throughput" and name == "milp":
@@ -211,6 +214,44 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
         return _min_cost(problem, topology, **kw)
     return keep_current(problem, topology, _min_latency(problem, topology, formulation, **kw),
                         policy=policy, placer_options=placer_options, deadline=deadline)
+
+
+@dataclass(frozen=True)
+class LoopFormulation:
+    """The formulation ``name`` of :func:`scepsy_place.loop.plan_and_place` (min-latency or
+    max-throughput, as the problem says; ``kw``: its placer options, ``max_rounds``, ...)."""
+
+    name: str
+
+    def solve(self, problem: PlanningProblem, topology: Topology, *,
+              deadline: Deadline | None = None, **kw: Any) -> PlacedPlan:
+        """The placed plan of this formulation within ``deadline``."""
+        return plan_and_place(problem, topology, formulation=self.name,  # type: ignore[arg-type]
+                              deadline=deadline, **kw)
+
+
+FORMULATIONS_REGISTRY: Registry[LoopFormulation] = Registry("formulation", source="plan",
+                                                        field="formulation")
+"""Every formulation by name (:class:`~scepsy_common.registry.Registry`), with the optimisers
+it works with: ``aggregate`` and ``auto`` place any optimiser's allocation; ``blocks``,
+``patterns`` and ``slots`` are MILPs of their own, so only the MILP has them."""
+_SUMMARIES = {
+    "aggregate": "the aggregate MILP, placed, cut and re-solved",
+    "blocks": "whole-GPU blocks of one LLM each, placeable by construction",
+    "patterns": "GPU patterns of co-located replicas by column generation, with an LP bound",
+    "slots": "slot groups of LLMs sharing GPUs, placeable by construction",
+    "auto": "the best placed plan of the others, optimal only where a bound proves it",
+}
+for _name in FORMULATIONS:
+    FORMULATIONS_REGISTRY.register(
+        _name, LoopFormulation(_name), summary=_SUMMARIES[_name],
+        supports={"objective": OBJECTIVES,
+                  **({} if _name in ("aggregate", "auto") else {"optimiser": ("milp",)})})
+
+
+def formulation(name: str) -> Formulation:
+    """The registered formulation ``name`` (an input error naming the choices otherwise)."""
+    return FORMULATIONS_REGISTRY.require(name)
 
 
 OPEN_RACK = "open-"

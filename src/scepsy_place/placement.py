@@ -50,6 +50,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from scepsy_common.errors import InputError
+from scepsy_common.registry import Registry
 from scepsy_common.units import UNITS, replicas_per_gpu, share_units
 from scepsy_opt.allocation import Allocation
 from scepsy_place.bounds import l2_bound
@@ -654,20 +655,26 @@ class Blocks(_Strategy):
 _SIMPLER: Mapping[str, Callable[[], _Strategy]] = MappingProxyType({
     "ffd": FirstFitDecreasing, "best-fit": BestFit, "blocks": Blocks})
 
-PLACERS: dict[str, Callable[..., Placer]] = {
-    "hierarchical": Hierarchical,
-    "ffd": FirstFitDecreasing,
-    "best-fit": BestFit,
-    "blocks": Blocks,
-}
+PLACERS: Registry[Callable[..., Placer]] = Registry("placer", source="placement",
+                                                    field="policy")
+"""Every placer by name (:class:`~scepsy_common.registry.Registry`); ``supports["option"]``:
+the options its constructor takes beyond ``spread_replicas`` (the hierarchical placer's
+improvement phase: ``improve``, ``repack``)."""
+PLACERS.register("hierarchical", Hierarchical, summary="the paper's placer with a "
+                 "fragmentation-aware score, local search and exact repacking", supports={"option": ("improve", "repack")})
+PLACERS.register("ffd", FirstFitDecreasing, summary="by GPU capacity descending, the first node and domain that fit",
+                 supports={"option": ()})
+PLACERS.register("best-fit", BestFit, summary="by GPU capacity descending, the position leaving the least free share",
+                 supports={"option": ()})
+PLACERS.register("blocks", Blocks, summary="GPU blocks, one LLM shape per GPU",
+                 supports={"option": ()})
 
 
 def placer(name: str, **options: Any) -> Placer:
     """The registered placer ``name`` built with ``options`` (e.g. ``spread_replicas=True``)."""
-    if name not in PLACERS:
-        raise InputError("placement", "policy", f"one of {', '.join(sorted(PLACERS))}", name)
+    build = PLACERS.require(name)
     try:
-        return PLACERS[name](**options)
+        return build(**options)
     except TypeError:
         raise InputError("placement", "options", f"options that the {name} placer takes",
                          sorted(options)) from None

@@ -18,6 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from scepsy_common.errors import InputError
 from scepsy_common.files import replace_folder
+from scepsy_common.registry import Registry
 from scepsy_place.launch.model import Assignment, LaunchPlan
 
 MANIFEST = ".scepsy-launch"
@@ -42,25 +43,18 @@ class Renderer(Protocol):
         ...
 
 
-RENDERERS: dict[str, Renderer] = {}
-
-
 def register_renderer(renderer: Renderer) -> Renderer:
-    RENDERERS[renderer.name] = renderer
-    return renderer
+    """Add ``renderer`` to :data:`RENDERERS` under its name (a name registered again is
+    replaced: a test's fake stands in for a built-in)."""
+    return RENDERERS.register(renderer.name, renderer, summary=renderer.description,
+                              replace=True)
 
 
 def get_renderer(name: str) -> Renderer:
-    _load_builtin()
-    try:
-        return RENDERERS[name]
-    except KeyError:
-        raise InputError("launch", "target", f"one of {', '.join(sorted(RENDERERS))}",
-                         name) from None
+    return RENDERERS.require(name)
 
 
 def renderer_names() -> tuple[str, ...]:
-    _load_builtin()
     return tuple(sorted(RENDERERS))
 
 
@@ -69,6 +63,9 @@ BUILTIN = ("k8s", "ray", "routes_target", "shell")
 
 
 def _load_builtin() -> None:
+    if _LOADED:
+        return
+    _LOADED.append(True)
     # the built-in renderers register themselves on import; imported by name (they import this
     # module, so a static import here would be a cycle). A built-in module that is not there
     # (a partial checkout) is skipped; any other import error is raised.
@@ -79,6 +76,13 @@ def _load_builtin() -> None:
         except ModuleNotFoundError as exc:
             if exc.name != full:
                 raise
+
+
+_LOADED: list[bool] = []  # the built-in modules are imported once
+RENDERERS: Registry[Renderer] = Registry("launch target", source="launch", field="target",
+                                         load=_load_builtin)
+"""Every renderer by target name (:class:`~scepsy_common.registry.Registry`); the built-in
+ones register themselves when their module is imported, on the first lookup."""
 
 
 def _check_path(rel: str) -> PurePosixPath:
