@@ -63,7 +63,15 @@ def test_plan_accepts_loaded_objects_and_per_workflow_targets():
     by_path = scepsy.plan(RAG, A4, 2.0, trace_requests=N, formulation="blocks")
     loaded = scepsy.plan(load_workflow(RAG), load_topology(A4), {"rag": 2.0}, trace_requests=N,
                          formulation="blocks")
-    assert by_path.to_dict(timings=False) == loaded.to_dict(timings=False)
+    a, b = by_path.to_dict(timings=False), loaded.to_dict(timings=False)
+    # the request records each input as given: a path, or the type of the object given
+    ra, rb = a.pop("request"), b.pop("request")
+    assert a == b
+    assert ra["inputs"]["workflow"] == RAG and ra["inputs"]["targets"] == 2.0
+    assert rb["inputs"]["workflow"].startswith("<") and rb["inputs"]["targets"] == {"rag": 2.0}
+    assert rb["inputs"]["cluster"] == "<Topology>"
+    assert {k: v for k, v in ra.items() if k != "inputs"} == {
+        k: v for k, v in rb.items() if k != "inputs"}
 
 
 def test_plan_splits_a_total_target_over_the_workload_weights():

@@ -183,7 +183,7 @@ def test_plan_carries_the_peak_window_of_the_arrivals(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (("--target", "1"), "--arrivals: expected no --target"),
+    (("--target", "1"), "--arrivals: expected no targets"),
     (("--peak-window", "100"), "--peak-window: expected a window > 0 s within the arrivals' "
                                "span of 2 s"),
     (("--time-scale", "100"), "--peak-window: expected a window > 0 s within the arrivals' "
@@ -198,7 +198,7 @@ def test_plan_refuses_arrivals_flags_that_conflict(tmp_path, argv, message):
     assert code == 2 and message in err and not out.exists()
     code, _, err = run_cli("plan", "--workflow", WORKFLOW, "--cluster", CLUSTER, "--target",
                            "1", "--peak-window", "60", "--quiet", "--out", str(out))
-    assert code == 2 and "--peak-window: expected together with --arrivals" in err
+    assert code == 2 and "--peak-window: expected together with arrivals" in err
 
 
 def test_a_span_of_one_instant_has_an_infinite_mean_rate():

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from scepsy_opt.traces import Trace
     from scepsy_opt.workflows import WorkflowSpec
     from scepsy_place.loop import PlacedPlan
+    from scepsy_place.request import PlanRequest
     from scepsy_place.topology import Topology
     from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
@@ -71,6 +72,7 @@ class PlanResult:
     placer: str  # the placement policy asked for
     topology: Topology | None = None  # the cluster placed on (its node names go to plan.json)
     peak: Any = None  # the PeakTarget the targets came from (arrivals=), plan.json solver.arrivals
+    request: PlanRequest | None = None  # the request that produced it, plan.json ``request``
 
     @property
     def plan(self) -> Plan:
@@ -112,6 +114,8 @@ class PlanResult:
                                 topology=self.topology)
         if self.peak is not None:
             doc["solver"]["arrivals"] = self.peak.to_dict()
+        if self.request is not None:
+            doc["request"] = self.request.record()
         return doc
 
     def write(self, path: PathLike, *, timings: bool = True) -> None:
@@ -511,45 +515,95 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     window of ``peak_window_s`` (default 60 s) at ``peak_quantile`` of the windows (default
     1: the busiest), split over the workflows as a total target is (docs/arrivals.md).
     """
+    return run_plan(plan_request(
+        workflows, cluster, targets, optimiser=optimiser, formulation=formulation,
+        placer=placer, spread_replicas=spread_replicas, max_rounds=max_rounds,
+        catalog=catalog, improve=improve, repack=repack, arrivals=arrivals,
+        peak_window_s=peak_window_s, peak_quantile=peak_quantile, time_scale=time_scale,
+        **options), progress=progress)
+
+
+_INPUTS = ("trace", "trace_requests", "seed", "curves", "latency", "overheads", "current")
+_SEARCH = ("tps", "shares", "shares_within_profile", "memory_shares", "max_utilisation",
+           "time_limit_s", "gap_rel", "change_penalty_s")
+
+
+def plan_request(workflows: Any, cluster: PathLike | Topology | Cluster,
+                 targets: OptionalRates = None, **kwargs: Any) -> PlanRequest:
+    """The :class:`~scepsy_place.request.PlanRequest` of :func:`plan`'s arguments (the same
+    names), validated: a combination that cannot work raises :class:`InputError` naming the
+    argument."""
+    from scepsy_place.request import PlanRequest
+
+    kw = dict(kwargs)
+    inputs = {"workflow": workflows, "cluster": cluster, "targets": targets,
+              "catalog": kw.pop("catalog", None),
+              **{k: kw.pop(k) for k in _INPUTS if k in kw}}
+    for k in ("arrivals", "peak_window_s"):
+        if kw.get(k) is not None:
+            inputs[k] = kw.pop(k)
+        kw.pop(k, None)
+    for k in ("peak_quantile", "time_scale"):
+        if k in kw:
+            inputs[k] = kw.pop(k)
+    objective = {"kind": kw.pop("objective", "min-latency")}
+    for k in ("latency_bound_s", "prices"):
+        if kw.get(k) is not None:
+            objective[k] = kw.pop(k)
+        kw.pop(k, None)
+    constraints = {k: kw.pop(k) for k in ("latency_bounds", "slos") if k in kw}
+    search = {k: kw.pop(k) for k in ("optimiser", "formulation", "max_rounds", *_SEARCH)
+              if k in kw}
+    placement: dict[str, Any] = {"placer": kw.pop("placer", DEFAULT_PLACER)}
+    if kw.pop("spread_replicas", False):
+        placement["spread_replicas"] = True
+    improve, repack = kw.pop("improve", True), kw.pop("repack", 0)
+    if not improve:
+        placement["improve"] = improve
+    if repack:
+        placement["repack"] = repack
+    engine = {"policy": kw.pop("engine")} if kw.get("engine") is not None else {}
+    kw.pop("engine", None)
+    search["options"] = kw  # the other fields of PlanOptions, checked by the request
+    return PlanRequest.of({"inputs": inputs, "objective": objective,
+                           "constraints": constraints, "search": search,
+                           "placement": placement, "engine": engine})
+
+
+def run_plan(request: PlanRequest, *, progress: Progress | None = None) -> PlanResult:
+    """:func:`plan` of a :class:`~scepsy_place.request.PlanRequest` (``scepsy plan`` builds one
+    from its options); the result records the request (plan.json ``request``)."""
     from scepsy_opt.arrivals import PEAK_WINDOW_S, peak_target
-    from scepsy_place.loop import FORMULATIONS, plan_and_place
-    from scepsy_place.placement import PLACERS
+    from scepsy_place.loop import plan_and_place
     from scepsy_profile.catalog import catalog_in_force
 
-    if formulation not in FORMULATIONS:
-        raise InputError("formulation", "", f"one of {', '.join(FORMULATIONS)}", formulation)
-    if placer not in PLACERS:
-        raise InputError("placer", "", f"one of {', '.join(PLACERS)}", placer)
-    if placer != "hierarchical" and (not improve or repack):
-        # the improvement phase and the repackings are the hierarchical placer's own
-        raise InputError("repack" if repack else "improve", "",
-                         f"the hierarchical placer (placer {placer!r} has no improvement phase)")
-    _count(max_rounds, "max_rounds", 1)
+    inp, search = request.inputs, request.search
+    _count(search.max_rounds, "max_rounds", 1)
     peak = None
-    if arrivals is not None:
-        if targets is not None:
-            raise InputError("targets", "", "no targets with arrivals= (the arrivals' peak "
-                             "window sets them)", targets)
-        peak = peak_target(_arrivals(arrivals, time_scale),
-                           PEAK_WINDOW_S if peak_window_s is None else peak_window_s,
-                           peak_quantile)
+    targets = inp.targets
+    if inp.arrivals is not None:
+        peak = peak_target(_arrivals(inp.arrivals, inp.time_scale),
+                           PEAK_WINDOW_S if inp.peak_window_s is None else inp.peak_window_s,
+                           inp.peak_quantile)
         targets = peak.rate
-    elif peak_window_s is not None or peak_quantile != 1.0 or time_scale != 1.0:
-        raise InputError("arrivals", "", "recorded arrival times (arrivals=) for "
-                         "peak_window_s, peak_quantile and time_scale")
-    problem, topology = plan_problem(workflows, cluster, targets, optimiser=optimiser,
-                                     progress=progress, catalog=catalog, **options)
+    obj = request.objective
+    problem, topology = plan_problem(
+        inp.workflow, inp.cluster, targets, trace=inp.trace,
+        trace_requests=inp.trace_requests, seed=inp.seed, curves=inp.curves,
+        latency=inp.latency, overheads=inp.overheads, engine=request.engine.memory_policy(),
+        current=inp.current, latency_bound_s=getattr(obj, "latency_bound_s", None),
+        optimiser=search.optimiser, progress=progress, catalog=inp.catalog,
+        prices=getattr(obj, "prices", None), **request.plan_options())
     with catalog_in_force(problem.catalog):  # already merged with the bundled one
         if progress is not None:
-            progress(f"optimising and placing ({formulation} formulation)")
-        placer_options: dict[str, Any] = {"spread_replicas": True} if spread_replicas else {}
-        if placer == "hierarchical" and (not improve or repack):
-            placer_options.update(improve=improve, repack=repack)
-        res = plan_and_place(problem, topology, name=optimiser, policy=placer,
-                             max_rounds=max_rounds, placer_options=placer_options,
-                             formulation=formulation)  # type: ignore[arg-type]
+            progress(f"optimising and placing ({search.formulation} formulation)")
+        res = plan_and_place(problem, topology, name=search.optimiser,
+                             policy=request.placement.placer, max_rounds=search.max_rounds,
+                             placer_options=request.placer_options(),
+                             formulation=search.formulation)  # type: ignore[arg-type]
     # a plan of LLMs split over GPU types answers the problem of their replica groups
-    return PlanResult(res.problem or problem, res, placer, topology, peak)
+    return PlanResult(res.problem or problem, res, request.placement.placer, topology, peak,
+                      request)
 
 
 def _arrivals(arrivals: Any, time_scale: float) -> Any:

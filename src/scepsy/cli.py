@@ -19,12 +19,9 @@ from typing import Any, NoReturn
 
 from scepsy.argtypes import (
     COUNT,
-    NONNEGATIVE,
     POSITIVE,
     SEED,
-    add_slo_flags,
     percentile_bound,
-    slo_flags,
 )
 from scepsy.cli_util import UsageError, check_out
 from scepsy.cli_util import floats as _floats
@@ -156,38 +153,28 @@ def _trace_args(trace: argparse.ArgumentParser) -> None:
     cli_trace_receive.add_receive(tsub)
 
 
-_ENGINE_FLAGS = {"max_batch": "--max-num-seqs", "block_size": "--block-size",
-                 "max_num_batched_tokens": "--max-num-batched-tokens", "kv_management": "--kv"}
+def _engine_fields() -> tuple[Any, ...]:
+    from scepsy_place.request import flag_fields
+
+    return tuple(f for f in flag_fields() if f.path[0] == "engine")
 
 
 def _engine_args(cmd: argparse.ArgumentParser) -> None:
-    """The serving engine's settings, as vLLM names them (predict, simulate, plan)."""
-    g = cmd.add_argument_group("engine settings (default: vLLM's)")
-    g.add_argument("--max-num-seqs", type=COUNT, help="calls a replica runs at once "
-                   "(vLLM --max-num-seqs; default 256)")
-    g.add_argument("--block-size", type=COUNT, help="tokens per KV block (default 16)")
-    g.add_argument("--max-num-batched-tokens", type=COUNT,
-                   help="prompt tokens one iteration takes (default: unlimited)")
-    g.add_argument("--kv", choices=("paged", "reserve"),
-                   help="KV cache: paged blocks with preemption (vLLM, the default) or a call's "
-                   "whole length reserved at admission")
+    """The serving engine's settings, as vLLM names them (predict, simulate): the engine
+    fields of the plan request (:class:`scepsy_place.request.Engine`)."""
+    from scepsy.cli_fields import add_request_flags
+
+    add_request_flags(cmd, _engine_fields())
 
 
 def _engine(args: argparse.Namespace) -> Any:
     """The MemoryPolicy of the engine flags, or None when none is given."""
-    from scepsy_common.errors import InputError
-    from scepsy_profile.serving import MemoryPolicy
+    from scepsy.cli_fields import given_fields
+    from scepsy_place.request import Engine, flag_names
 
-    given = {field: getattr(args, flag[2:].replace("-", "_"))
-             for field, flag in _ENGINE_FLAGS.items()}
-    given = {k: v for k, v in given.items() if v is not None}
-    if not given:
-        return None
-    try:
-        return MemoryPolicy(**given)
-    except InputError as exc:
-        raise UsageError(f"{_ENGINE_FLAGS.get(exc.field, exc.field)}: expected {exc.expected} "
-                         f"(got {exc.got!r})") from None
+    given = {path[-1]: v for path, v in given_fields(args, _engine_fields(), {}).items()}
+    with _naming(flag_names()):
+        return Engine.model_validate(given).memory_policy()
 
 
 def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
@@ -337,93 +324,12 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
 
 
 def _plan_args(plan: argparse.ArgumentParser) -> None:
-    from scepsy import api
-    from scepsy_opt.optimisers import OPTIMISERS
-    from scepsy_opt.problem import OBJECTIVES, PlanOptions
-    from scepsy_place.loop import FORMULATIONS, UNPRUNED_MAX_GPUS
-    from scepsy_place.placement import PLACERS
+    """The options of ``scepsy plan``: one per field of the plan request
+    (:mod:`scepsy_place.request`, its docstrings the help), then the output's."""
+    from scepsy.cli_fields import add_request_flags
+    from scepsy_place.request import flag_fields
 
-    d = PlanOptions()
-    plan.add_argument("--workflow", type=Path, required=True,
-                      help="workflow, workload or rate workload (kind: rates) YAML")
-    plan.add_argument("--cluster", type=Path, required=True, help="cluster YAML/JSON")
-    plan.add_argument("--target", action="append", default=[], metavar="RATE|WORKFLOW=RATE",
-                      help="target throughput, req/s: a total split over a workload's weights, "
-                           "or per workflow (repeat the flag); optional for a rate workload "
-                           "(its rates; a total rescales them)")
-    plan.add_argument("--optimiser", choices=list(OPTIMISERS), default=api.DEFAULT_OPTIMISER,
-                      help="default %(default)s; user: evaluate --current as it is")
-    plan.add_argument("--formulation", choices=FORMULATIONS, default=api.DEFAULT_FORMULATION,
-                      help="aggregate: MILP then place, cut and re-solve; blocks: whole-GPU blocks "
-                           "of one LLM each, placeable by construction; patterns: column "
-                           "generation over GPU/NVLink-domain patterns, LLMs sharing GPUs, with "
-                           "a proven gap; auto (default): blocks, up to "
-                           f"{UNPRUNED_MAX_GPUS} GPUs the exact aggregate loop, patterns unless "
-                           "already proven optimal; the best placed plan wins")
-    plan.add_argument("--placer", choices=list(PLACERS), default=api.DEFAULT_PLACER,
-                      help="placement policy of the aggregate formulation (default %(default)s)")
-    plan.add_argument("--spread-replicas", action="store_true",
-                      help="place replicas of one LLM on different nodes when possible")
-    plan.add_argument("--no-improve", action="store_true",
-                      help="skip the hierarchical placer's improvement phase (local search)")
-    plan.add_argument("--repack", type=SEED, default=0, metavar="N",
-                      help="exact repackings of node pairs after the local search (default 0)")
-    plan.add_argument("--max-rounds", type=COUNT, default=api.DEFAULT_MAX_ROUNDS,
-                      help="the aggregate loop's round cap, a safety net: it stops when a plan "
-                           "places, is proven infeasible or at --time-limit (default %(default)s)")
-    plan.add_argument("--objective", choices=OBJECTIVES, default=d.objective,
-                      help="min-latency (default): the weighted sum of the workflows' mean "
-                           "predicted latencies; max-throughput: the largest fraction of the "
-                           "targets carried; min-cost: the cheapest GPUs per hour meeting the "
-                           "targets and the latency bounds")
-    plan.add_argument("--price", action="append", default=[], metavar="GPU=USD",
-                      help="price per GPU-hour of a GPU type (min-cost; overrides the cluster "
-                           "file's and the catalog's; repeatable)")
-    plan.add_argument("--latency-bound", action="append", default=[],
-                      metavar="[WORKFLOW=]SECONDS|[WORKFLOW=]PCT:SECONDS",
-                      help="SECONDS: bound on a workflow's mean latency (max-throughput and "
-                           "min-cost); "
-                           "PCT:SECONDS: bound on its PCT-th percentile latency, e.g. rag=90:2 "
-                           "(repeatable)")
-    add_slo_flags(plan, "every objective")
-    plan.add_argument("--arrivals", type=Path, metavar="FILE",
-                      help="recorded arrival times instead of --target: the plan carries their "
-                           "peak window's rate (JSON lines with a timestamp in ms, or one time "
-                           "in seconds per line; docs/arrivals.md)")
-    plan.add_argument("--peak-window", type=POSITIVE, default=None, metavar="S",
-                      help="the window of --arrivals' peak rate (default 60 s)")
-    plan.add_argument("--peak-quantile", type=POSITIVE, default=1.0, metavar="Q",
-                      help="carry the window rate at this quantile of the windows, in (0, 1] "
-                           "(default 1: the busiest window)")
-    plan.add_argument("--time-scale", type=POSITIVE, default=1.0, metavar="X",
-                      help="replay --arrivals X times as fast (default 1)")
-    plan.add_argument("--current", type=Path, help="current allocation (or plan.json) to re-plan from")
-    plan.add_argument("--change-penalty", type=NONNEGATIVE, default=d.change_penalty_s,
-                      help="objective seconds per replica started or stopped (needs --current)")
-    plan.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
-    plan.add_argument("--shares-within-profile", action="store_true",
-                      help="per model, GPU and TP degree only the shares of the grid within the "
-                           "latency curves' measured shares (no extrapolated latencies; "
-                           "roofline-priced instances keep the whole grid)")
-    plan.add_argument("--memory-shares", default=None, metavar="tied|tenths|F,F,...",
-                      help="memory as a second resource: the grid of memory fractions per GPU "
-                           "an instance may take whatever its compute share (tenths, or a "
-                           "comma-separated list); tied (default): memory follows the share")
-    plan.add_argument("--tp", default=",".join(map(str, d.tps)), help="comma-separated TP degrees")
-    plan.add_argument("--max-utilisation", type=float, default=d.max_utilisation)
-    plan.add_argument("--time-limit", type=POSITIVE, default=d.time_limit_s,
-                      help="time limit of the whole plan, s (default %(default)s; exit 3 when it "
-                           "runs out before any allocation is found)")
-    plan.add_argument("--gap", type=float, default=d.gap_rel, help="relative optimality gap to stop at")
-    plan.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
-    plan.add_argument("--trace-requests", type=COUNT, default=api.DEFAULT_TRACE_REQUESTS)
-    plan.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
-    plan.add_argument("--overheads", type=Path, help="engine overheads calibration YAML/JSON "
-                      "(scepsy profile calibrate; default: none, optimistic)")
-    plan.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one "
-                      "(devices and models it lacks, e.g. datasets/catalogs/cpu-host.yaml)")
-    plan.add_argument("--seed", type=SEED, default=0)
-    _engine_args(plan)
+    add_request_flags(plan, flag_fields())
     plan.add_argument("--out", type=Path, default=Path("plan.json"), help="default %(default)s")
     plan.add_argument("--launch", metavar="TARGET[,TARGET...]",
                       help="also render the written plan for launch targets (shell, k8s, ray, "
@@ -555,32 +461,6 @@ def _prices(values: Sequence[str]) -> dict[str, float] | None:
     return out or None
 
 
-def _memory_shares(text: str) -> tuple[float, ...] | None:
-    """``--memory-shares``: ``tied`` (None), ``tenths`` or a comma-separated grid."""
-    from scepsy_opt.problem import TENTHS
-
-    if text.strip() == "tied":
-        return None
-    if text.strip() == "tenths":
-        return TENTHS
-    return tuple(_floats(text, "--memory-shares"))
-
-
-_PLAN_FLAGS = {"tps": "--tp", "shares": "--shares", "current": "--current",
-               "shares_within_profile": "--shares-within-profile",
-               "memory_shares": "--memory-shares",
-               "optimiser": "--optimiser", "change_penalty_s": "--change-penalty",
-               "latency_bound_s": "--latency-bound", "targets": "--target",
-               "max_utilisation": "--max-utilisation", "gap_rel": "--gap",
-               "time_limit_s": "--time-limit", "seed": "--seed",
-               "trace_requests": "--trace-requests", "latency_bounds": "--latency-bound",
-               "overheads": "--overheads", "slos": "--ttft-slo/--tpot-slo",
-               "arrivals": "--arrivals", "window_s": "--peak-window",
-               "quantile": "--peak-quantile", "time_scale": "--time-scale",
-               "formulation": "--formulation", "repack": "--repack",
-               "improve": "--no-improve"}
-
-
 _LAUNCH_FLAGS = {"launch": "--launch", "launch-out": "--launch-out"}
 
 
@@ -603,54 +483,33 @@ def _launch_folders(args: argparse.Namespace) -> dict[str, Path]:
     return {t: args.launch_out / t for t in targets}
 
 
+def plan_request(args: argparse.Namespace) -> Any:
+    """The :class:`~scepsy_place.request.PlanRequest` of ``scepsy plan``'s options."""
+    from scepsy.cli_fields import given_fields
+    from scepsy_place.request import PlanRequest, flag_fields, request_data
+
+    given = given_fields(args, flag_fields(), {"rates": lambda v: _per_workflow(v, "--target"),
+                                               "prices": _prices,
+                                               "latency-bounds": _latency_bounds})
+    return PlanRequest.of(request_data(given))
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy.tables import progress
     from scepsy_opt.planfile import dumps, write_plan
+    from scepsy_place.request import flag_names
 
     check_out(args.out)
     launches = _launch_folders(args)
     for target, folder in launches.items():
         with _naming(_LAUNCH_FLAGS):
             api.check_launch(target, folder)
-    options: dict[str, Any] = {"tps": tuple(_ints(args.tp, "--tp")),
-                               "max_utilisation": args.max_utilisation,
-                               "objective": args.objective, "time_limit_s": args.time_limit,
-                               "gap_rel": args.gap, "change_penalty_s": args.change_penalty}
-    if args.shares:
-        options["shares"] = tuple(_floats(args.shares, "--shares"))
-    if args.shares_within_profile:
-        options["shares_within_profile"] = True
-    if args.memory_shares is not None:
-        options["memory_shares"] = _memory_shares(args.memory_shares)
-    targets = _per_workflow(args.target, "--target")
-    if args.arrivals is not None and targets is not None:
-        raise UsageError("--arrivals: expected no --target with it (the arrivals' peak window "
-                         "sets the target)")
-    for flag, given in (("--peak-window", args.peak_window is not None),
-                        ("--peak-quantile", args.peak_quantile != 1.0),
-                        ("--time-scale", args.time_scale != 1.0)):
-        if given and args.arrivals is None:
-            raise UsageError(f"{flag}: expected together with --arrivals FILE")
-    if args.arrivals is not None:
-        options.update(arrivals=args.arrivals, peak_window_s=args.peak_window,
-                       peak_quantile=args.peak_quantile, time_scale=args.time_scale)
-    bounds, pct_bounds = _latency_bounds(args.latency_bound)
-    if pct_bounds is not None:
-        options["latency_bounds"] = pct_bounds
-    slos = slo_flags(args.ttft_slo, args.tpot_slo)
-    if slos is not None:
-        options["slos"] = slos
-    with progress("planning", quiet=args.quiet or args.json) as bar, _naming(_PLAN_FLAGS):
-        res = api.plan(args.workflow, args.cluster, targets, optimiser=args.optimiser,
-                       formulation=args.formulation, placer=args.placer,
-                       spread_replicas=args.spread_replicas, max_rounds=args.max_rounds,
-                       trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                       curves=args.curves, overheads=args.overheads, engine=_engine(args),
-                       current=args.current, latency_bound_s=bounds, catalog=args.catalog,
-                       improve=not args.no_improve, repack=args.repack,
-                       prices=_prices(args.price),
-                       progress=lambda stage: bar.update(description=stage), **options)
+    flags = flag_names()
+    with _naming(flags):
+        request = plan_request(args)
+    with progress("planning", quiet=args.quiet or args.json) as bar, _naming(flags):
+        res = api.run_plan(request, progress=lambda stage: bar.update(description=stage))
     doc = res.to_dict(timings=not args.no_timings)
     write_plan(args.out, doc)  # the document printed below, built once
     plan = res.plan
@@ -666,7 +525,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if plan.status == "time_limit_no_solution":
         from scepsy_opt.problem import time_limit_detail
 
-        print(f"scepsy: {plan.status}: {time_limit_detail(args.time_limit)} (wrote {args.out})",
+        print(f"scepsy: {plan.status}: {time_limit_detail(request.search.time_limit_s)} (wrote {args.out})",
               file=sys.stderr)
         return EXIT_TIME_LIMIT
     if plan.allocation is None:

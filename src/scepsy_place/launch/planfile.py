@@ -50,6 +50,7 @@ from scepsy_place.launch.model import (
     assign_ports,
 )
 from scepsy_place.loop import LoopStatus
+from scepsy_place.request import PlanRequest
 from scepsy_place.topology import Topology, TopologyRecord, from_cluster, parse_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.hardware import GPUSpec
@@ -286,6 +287,9 @@ class PlanDoc(BaseModel):
     infeasible: InfeasibleSection | None = None
     placement: PlacementSection | None = None
     timings: TimingsSection | None = None
+    request: dict[str, Any] | None = None
+    """the plan request that produced the plan (scepsy_place.request.PlanRequest.record): a
+    valid request, read back by the same model"""
 
 
 def _allowed(loc: tuple[Any, ...]) -> list[str]:
@@ -345,6 +349,12 @@ def parse_plan(raw: Any, source: str) -> PlanDoc:
     the field."""
     check_version(raw, source)
     doc = validated(PlanDoc, raw, source, allowed=_allowed)
+    if doc.request is not None:  # a request the request model reads
+        try:
+            PlanRequest.of(doc.request)
+        except InputError as exc:
+            raise InputError(source, f"request.{exc.field}" if exc.field else "request",
+                             exc.expected, exc.got) from None
     _check_consistent(doc, source)
     return doc
 
