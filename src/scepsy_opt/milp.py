@@ -37,13 +37,14 @@ Before the min-latency MILP, :func:`reduced_candidates` applies exact Lagrangian
 fixing (prices from the LP relaxation of a coarse candidate sample; docs/optimiser.md), so large
 clusters solve over a few percent of the candidates with the same optimum.
 
-HiGHS runs in-process through PuLP's ``HiGHS`` interface, single-threaded with a fixed seed
-(deterministic), with the relative gap of :class:`~scepsy_opt.problem.PlanOptions`. Its time
-limit bounds the whole plan (a :class:`~scepsy_opt.problem.Deadline`): candidate generation,
-the reduction, every solver call (each gets the time that remains), the bisection and the
-diagnosis. The status comes from HiGHS itself (``optimal``, ``time_limit`` with the gap of its
-best bound, ``infeasible``), or is ``time_limit_no_solution`` when the time ran out before any
-allocation was found. When the targets cannot be met the plan says why (:func:`diagnose`).
+HiGHS runs in-process through PuLP's ``HiGHS`` interface (set up by :mod:`scepsy_opt.solver`),
+single-threaded with a fixed seed (deterministic), with the relative gap of
+:class:`~scepsy_opt.problem.PlanOptions`. Its time limit bounds the whole plan (a
+:class:`~scepsy_opt.problem.Deadline`): candidate generation, the reduction, every solver call
+(each gets the time that remains), the bisection and the diagnosis. The status comes from HiGHS
+itself (``optimal``, ``time_limit`` with the gap of its best bound, ``infeasible``), or is
+``time_limit_no_solution`` when the time ran out before any allocation was found. When the
+targets cannot be met the plan says why (:func:`diagnose`).
 """
 
 from __future__ import annotations
@@ -76,10 +77,11 @@ from scepsy_opt.candidates import (
 from scepsy_opt.pipeline import min_replicas, replicas_needed
 from scepsy_opt.plans import Infeasibility, Plan, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.solver import SEED as SEED  # re-exported: the seed of every solve
+from scepsy_opt.solver import SOLVER, highs_status, pulp_highs
 from scepsy_opt.stats import LLMStats
 from scepsy_opt.tails import floor_cut, latency_quantiles, linearise
 
-SEED = 0
 BISECT_REL = 1e-4  # max-throughput within latency bounds: the scale's relative bracket
 BISECT_STEPS = 40
 ONE_TYPE_REL = 1e-13  # the max scale on one GPU type: bisected to float precision
@@ -110,28 +112,6 @@ LINEARISE_ITERS = 6  # percentile bounds: solves with linearised rows before the
 EXACT_ITERS = 40  # ... and solves of the exact check (valid cuts only)
 
 
-def _quiet_banner() -> None:
-    """HiGHS prints a banner to stdout when the process creates its first solver: swallow it
-    once here, so ``--json`` output stays clean."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-
-
-_quiet_banner()
-SOLVER = (f"HiGHS {highspy.HIGHS_VERSION_MAJOR}.{highspy.HIGHS_VERSION_MINOR}."
-          f"{highspy.HIGHS_VERSION_PATCH}")
-
-
 def _solver(problem: PlanningProblem, deadline: Deadline | None = None, *,
             time_limit_s: float | None = None, gap_rel: float | None = None,
             mip: bool = True) -> pulp.HiGHS:
@@ -143,10 +123,8 @@ def _solver(problem: PlanningProblem, deadline: Deadline | None = None, *,
     left = Deadline.of(problem, deadline)
     left.check()
     limit = left.remaining() if time_limit_s is None else min(left.remaining(), time_limit_s)
-    return pulp.HiGHS(mip=mip, msg=False, threads=1,
-                      timeLimit=limit,
-                      gapRel=opts.gap_rel if gap_rel is None else gap_rel, gapAbs=0.0,
-                      random_seed=SEED,
+    return pulp_highs(limit, mip=mip, gap_rel=opts.gap_rel if gap_rel is None else gap_rel,
+                      gap_abs=0.0,
                       # at HiGHS's default 1e-6 a share-1.0 column can stand in for share 0.9
                       # and the plan be called optimal 2e-8 above the optimum (found by the
                       # brute-force oracle); tighter integrality makes it exact
@@ -157,21 +135,8 @@ def _solver(problem: PlanningProblem, deadline: Deadline | None = None, *,
 
 
 def _status(prob: pulp.LpProblem) -> tuple[str, float, float]:
-    """(status, objective, dual bound) as HiGHS reports them: a limit reached with an incumbent
-    is ``time_limit``, without one ``time_limit_no_solution`` (nothing known: not infeasible)."""
-    h: highspy.Highs = prob.solverModel
-    st = h.getModelStatus()
-    info = h.getInfo()
-    has_solution = info.primal_solution_status == 2  # kSolutionStatusFeasible
-    if st == highspy.HighsModelStatus.kOptimal:
-        return "optimal", info.objective_function_value, info.mip_dual_bound
-    if st == highspy.HighsModelStatus.kInfeasible:
-        return "infeasible", math.inf, math.inf
-    if st in (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit,
-              highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kInterrupt):
-        return ("time_limit" if has_solution else "time_limit_no_solution",
-                info.objective_function_value if has_solution else math.inf, info.mip_dual_bound)
-    return h.modelStatusToString(st).lower().replace(" ", "_"), math.inf, math.inf
+    """(status, objective, dual bound) of a solved PuLP problem (:func:`highs_status`)."""
+    return highs_status(prob.solverModel)
 
 
 def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],

@@ -62,10 +62,11 @@ from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, replica_gpus, replicas_per_gpu
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, generate_candidates, price
-from scepsy_opt.milp import SOLVER, _solver, _status, choice_variables
+from scepsy_opt.milp import _solver, _status, choice_variables
 from scepsy_opt.mincost import gpu_prices, prune_for_cost
 from scepsy_opt.plans import Plan, Status, plan_from_choice
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.solver import SOLVER, pulp_highs
 from scepsy_opt.stats import split_stats
 
 SLICES = 8  # fractions of an LLM's load are multiples of 1/SLICES
@@ -124,8 +125,7 @@ def melange_min_cost(rates: Sequence[float], tputs: Mapping[str, Sequence[float]
         load = [(x[i, g], r / tputs[g][b]) for i, (b, r) in enumerate(slices)
                 if (i, g) in x and r > 0]
         prob += pulp.LpAffineExpression([*load, (n[g], -1)]) <= 0, f"load_{k}"
-    prob.solve(pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s, random_seed=0,
-                          gapRel=0.0))
+    prob.solve(pulp_highs(time_limit_s, gap_rel=0.0))  # HiGHS's defaults otherwise (presolve on)
     status, _, _ = _status(prob)
     if status not in ("optimal", "time_limit"):
         return MelangeAnswer(status, {}, math.inf, ())

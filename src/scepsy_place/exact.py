@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import highspy
 import pulp
 
-import scepsy_opt.milp  # noqa: F401  (swallows the HiGHS banner once per process)
+from scepsy_opt.solver import highs_status, pulp_highs
 from scepsy_place.replicas import Demand, Slot
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology
 
@@ -133,12 +132,11 @@ def place_exactly(topology: Topology, demands: Sequence[Demand], *,
     for k in range(1, len(domains)):  # identical domains: total loads non-increasing
         if _domain_key(*domains[k - 1]) == _domain_key(*domains[k]):
             prob += totals[k - 1] - totals[k] >= 0, f"domain_order{k}"
-    prob.solve(pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s, random_seed=0,
-                          mip_feasibility_tolerance=1e-9))
-    status = prob.solverModel.getModelStatus()
-    if status == highspy.HighsModelStatus.kInfeasible:
+    prob.solve(pulp_highs(time_limit_s, mip_feasibility_tolerance=1e-9))  # HiGHS's gaps
+    status, _, _ = highs_status(prob.solverModel)
+    if status == "infeasible":
         return ExactPlacement("infeasible")
-    if status != highspy.HighsModelStatus.kOptimal:
+    if status != "optimal":
         return ExactPlacement("unknown")
     return ExactPlacement("placed", _slots(demands, shapes, domains, y, u))
 

@@ -47,15 +47,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-import highspy
 import pulp
 
-import scepsy_opt.milp  # noqa: F401  (swallows the HiGHS banner once per process)
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, parse_allocation
 from scepsy_opt.candidates import CandidateSet, generate_candidates
 from scepsy_opt.milp import Row, solve_min_latency
 from scepsy_opt.problem import Deadline, PlanningProblem
+from scepsy_opt.solver import has_solution, highs_status, pulp_highs
 from scepsy_place.check import violations
 from scepsy_place.loop import (
     UNPRUNED_MAX_GPUS,
@@ -461,15 +460,14 @@ def fewest_moves(free: Topology, kept: Sequence[Slot], new: Sequence[Demand], *,
                      <= n.free_memory(j) + MEMORY_TOL_GIB), f"memory{a}_{j}"
     if time_limit_s <= 0:
         return "unknown", None, frozenset()
-    prob.solve(pulp.HiGHS(msg=False, threads=1, timeLimit=time_limit_s, random_seed=0,
-                          mip_feasibility_tolerance=1e-9))
+    prob.solve(pulp_highs(time_limit_s, mip_feasibility_tolerance=1e-9))  # HiGHS's gaps
     h = prob.solverModel
-    st = h.getModelStatus()
-    if st == highspy.HighsModelStatus.kInfeasible:
+    st, _, _ = highs_status(h)
+    if st == "infeasible":
         return "infeasible", None, frozenset()
-    if st == highspy.HighsModelStatus.kOptimal:
+    if st == "optimal":
         status = "optimal"
-    elif h.getInfo().primal_solution_status == 2:  # a feasible incumbent
+    elif has_solution(h):  # a feasible incumbent
         status = "time_limit"
     else:
         return "unknown", None, frozenset()

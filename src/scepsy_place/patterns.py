@@ -52,9 +52,11 @@ import numpy as np
 
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates
-from scepsy_opt.milp import SOLVER, Row, reduced_candidates, solve_min_latency
+from scepsy_opt.milp import Row, reduced_candidates, solve_min_latency
 from scepsy_opt.plans import Plan, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
+from scepsy_opt.solver import SEED as SEED  # re-exported: the seed of every solve
+from scepsy_opt.solver import SOLVER, has_solution, highs, highs_status
 from scepsy_place.check import violations
 from scepsy_place.exact import EXACT_TIME_S, place_exactly
 from scepsy_place.placed import PlacedPlan, plan_blocks
@@ -66,7 +68,6 @@ from scepsy_place.topology import MEMORY_TOL_GIB, Topology
 UNPRUNED_MAX_GPUS = 64  # up to this many GPUs: every candidate (exact); above: reduced ones
 PLACER_MAX_GPUS = 1024  # up to this many GPUs the placer tries the aggregate allocation
 AGGREGATE_ROUNDS = 25  # aggregate allocations tried in cost order before column generation
-SEED = 0
 OPT_REL = 1e-9  # optimal: objective − bound ≤ OPT_REL·|objective| + OPT_ABS
 OPT_ABS = 1e-12
 RC_TOL = 1e-9  # a column enters when its reduced cost is below −RC_TOL·max(1, |LP|)
@@ -157,14 +158,10 @@ class PatternResult:
 
 
 def _highs(time_limit_s: float, mip_gap: float = 1e-9) -> highspy.Highs:
-    """A quiet single-threaded HiGHS with a fixed seed and tight tolerances."""
-    h = highspy.Highs()
-    for k, v in (("output_flag", False), ("threads", 1), ("random_seed", SEED),
-                 ("time_limit", max(float(time_limit_s), 1e-3)), ("mip_rel_gap", mip_gap),
-                 ("mip_abs_gap", 0.0), ("mip_feasibility_tolerance", 1e-9),
-                 ("primal_feasibility_tolerance", 1e-9), ("dual_feasibility_tolerance", 1e-9)):
-        h.setOptionValue(k, v)
-    return h
+    """A quiet single-threaded HiGHS with a fixed seed and tight tolerances (at least 1 ms)."""
+    return highs(max(float(time_limit_s), 1e-3), gap_rel=mip_gap, gap_abs=0.0,
+                 mip_feasibility_tolerance=1e-9, primal_feasibility_tolerance=1e-9,
+                 dual_feasibility_tolerance=1e-9)
 
 
 @dataclass
@@ -226,14 +223,15 @@ def _run_mip(model: _Model, time_limit_s: float, mip_gap: float = 1e-9,
     h = _highs(time_limit_s, mip_gap)
     h.passModel(model.lp(mip=True))
     h.run()
-    st = h.getModelStatus()
+    status, _, _ = highs_status(h)
     info = h.getInfo()
-    has = info.primal_solution_status == 2
+    has = has_solution(h)
     vals = list(h.getSolution().col_value) if has else []
-    if st == highspy.HighsModelStatus.kOptimal:
+    if status == "optimal":
         return "optimal", vals, info.objective_function_value, info.mip_dual_bound
-    if st == highspy.HighsModelStatus.kInfeasible:
+    if status == "infeasible":
         return "infeasible", [], math.inf, math.inf
+    # any other end (a limit, with or without an incumbent) counts as the time limit here
     return ("time_limit", vals, info.objective_function_value if has else math.inf,
             info.mip_dual_bound)
 

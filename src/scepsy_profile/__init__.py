@@ -2,7 +2,8 @@
 
 The public API the later stages use:
 
-* catalog: :class:`GPUSpec`, :class:`ModelSpec`, :class:`Catalog`, :func:`default_catalog`;
+* catalog: :class:`GPUSpec`, :class:`ModelSpec` (its architecture fields: :class:`TransformerShape`),
+  :class:`Catalog`, :func:`default_catalog`;
 * measurements: :class:`Measurement`, :func:`read_measurements`, :func:`write_measurements` and the
   importers :func:`load_muxserve_grid`, :func:`load_vidur_mlp`, :func:`load_vidur_all_reduce`,
   :func:`load_distserve_profile`;
@@ -47,7 +48,7 @@ from scepsy_profile.importers import (
 )
 from scepsy_profile.latency import CompositeLatencyModel, LatencyModel, measured_shares
 from scepsy_profile.measurements import Measurement, read_measurements, write_measurements
-from scepsy_profile.models import ModelSpec
+from scepsy_profile.models import ModelSpec, TransformerShape
 from scepsy_profile.overheads import (
     NO_OVERHEADS,
     EngineOverheads,
@@ -86,6 +87,7 @@ __all__ = [
     "RooflineCalibration",
     "RooflineModel",
     "ServingCurve",
+    "TransformerShape",
     "UncoveredInstanceError",
     "UnknownEntryError",
     "calibrate_roofline",

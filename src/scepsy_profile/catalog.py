@@ -35,15 +35,15 @@ from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from scepsy_common.errors import InputError, UnknownEntryError, validated
 from scepsy_common.files import atomic_write_text, parse_yaml, read_text
 from scepsy_profile.hardware import GPUSpec
-from scepsy_profile.models import ModelSpec
+from scepsy_profile.models import ModelKind, ModelSpec, OutputHead, shape_record_fields
 
 BUNDLED_CATALOG = "data/catalog.yaml"
 """Path of the bundled catalog inside the ``scepsy_profile`` package."""
@@ -286,29 +286,24 @@ class _GPURecord(BaseModel):
     price_per_hour: float | None = Field(default=None, ge=0, allow_inf_nan=False)
 
 
-class _ModelRecord(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    family: str = Field(min_length=1)
-    layers: int = Field(ge=1)
-    hidden: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int = Field(ge=1)
-    intermediate: int = Field(ge=1)
-    vocab: int = Field(ge=1)
-    max_context: int = Field(ge=1)
-    dtype_bytes: int = Field(default=2, ge=1)
-    gated_mlp: bool = True
-    tied_embeddings: bool = False
-    kind: Literal["decoder", "encoder"] = "decoder"
-    output_head: Literal["lm", "score"] = "lm"
+_ModelRecord = create_model(  # a ModelSpec less its name: the shape's fields from models.py
+    "_ModelRecord",
+    __config__=ConfigDict(extra="forbid", frozen=True, strict=True),
+    family=(str, Field(min_length=1)),
+    **shape_record_fields(),
+    dtype_bytes=(int, Field(default=2, ge=1)),
+    gated_mlp=(bool, True),
+    tied_embeddings=(bool, False),
+    kind=(ModelKind, "decoder"),
+    output_head=(OutputHead, "lm"),
+)
 
 
 class _CatalogFile(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     gpus: dict[str, _GPURecord] | None = None
-    models: dict[str, _ModelRecord] | None = None
+    models: dict[str, _ModelRecord] | None = None  # type: ignore[valid-type]
     aliases: dict[str, str] | None = None
 
 

@@ -21,8 +21,12 @@ without their ``lm_head``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from types import MappingProxyType
+from typing import Any, Literal
+
+from pydantic import Field
 
 from scepsy_common.errors import InputError
 from scepsy_profile.hardware import _check_name, _check_positive_int
@@ -35,16 +39,23 @@ SCORE_LABELS = 2
 """Outputs of a score head (a PRM's two classes; a reranker's single logit is rounded up)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ModelSpec:
-    """Architecture of one transformer, as in its Hugging Face ``config.json``.
+DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"bfloat16": 2, "float16": 2, "float32": 4})
+"""The dtypes a profiler builds a model in (``EngineModel.dtype``, a profile record's ``config``)
+and the bytes per value of each (``ModelSpec.dtype_bytes``)."""
 
-    ``kind="encoder"`` is a bidirectional encoder (a cross-encoder reranker): it keeps no KV cache
-    between requests and its attention is not causal.
+
+@dataclass(frozen=True, slots=True)
+class TransformerShape:
+    """The shape of a transformer: the architecture fields every model record shares, and their
+    rules (each an integer >= 1; ``heads`` divides ``hidden``, ``kv_heads`` divides ``heads``).
+
+    The one definition: :class:`ModelSpec` (a catalog model) and
+    :class:`~scepsy_profile.profiling.models.EngineModel` (a profiler's build of one) inherit the
+    fields, and the file formats (the catalog's model entries, a profile record's ``config``)
+    build their validators from :data:`SHAPE_FIELDS` and :func:`shape_record_fields`, so a new
+    field is added here.
     """
 
-    name: str
-    family: str
     layers: int
     hidden: int
     heads: int
@@ -52,6 +63,63 @@ class ModelSpec:
     intermediate: int
     vocab: int
     max_context: int
+
+    def __post_init__(self) -> None:
+        self._check_shape("model shape")
+
+    def _check_shape(self, source: str) -> None:
+        """Raise :class:`InputError` (``source``, the field) unless the shape's rules hold."""
+        for name in SHAPE_FIELDS:
+            _check_positive_int(getattr(self, name), source, name)
+        if self.hidden % self.heads:
+            raise InputError(source, "heads", f"a divisor of hidden ({self.hidden})", self.heads)
+        if self.heads % self.kv_heads:
+            raise InputError(source, "kv_heads", f"a divisor of heads ({self.heads})",
+                             self.kv_heads)
+
+    def shape_values(self) -> dict[str, Any]:
+        """The shape fields and their values (in :data:`SHAPE_FIELDS` order)."""
+        return {name: getattr(self, name) for name in SHAPE_FIELDS}
+
+    @property
+    def head_dim(self) -> int:
+        """Per-head dimension ``h = d / H``."""
+        return self.hidden // self.heads
+
+
+SHAPE_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(TransformerShape))
+"""The names of :class:`TransformerShape`'s fields, in order."""
+
+
+def shape_record_fields() -> dict[str, Any]:
+    """The shape fields as a strict pydantic model declares them (``pydantic.create_model``
+    keyword arguments): each a required integer >= 1, the rule :class:`TransformerShape` checks
+    (its cross-field rules are left to the record built from the file)."""
+    return {name: (int, Field(ge=1)) for name in SHAPE_FIELDS}
+
+
+@dataclass(frozen=True)
+class _CatalogName:
+    """The fields of a :class:`ModelSpec` before its shape (a base only to place them first,
+    where its positional arguments have them)."""
+
+    __slots__ = ()
+    name: str
+    family: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec(TransformerShape, _CatalogName):
+    """Architecture of one transformer, as in its Hugging Face ``config.json``.
+
+    Fields, in order: ``name``, ``family``, the :class:`TransformerShape` fields (``layers``,
+    ``hidden``, ``heads``, ``kv_heads``, ``intermediate``, ``vocab``, ``max_context``), then
+    ``dtype_bytes``, ``gated_mlp``, ``tied_embeddings``, ``kind`` and ``output_head``.
+
+    ``kind="encoder"`` is a bidirectional encoder (a cross-encoder reranker): it keeps no KV cache
+    between requests and its attention is not causal.
+    """
+
     dtype_bytes: int = 2
     gated_mlp: bool = True
     tied_embeddings: bool = False
@@ -63,9 +131,8 @@ class ModelSpec:
         _check_name(self.name, "model")
         if not isinstance(self.family, str) or not self.family.strip():
             raise InputError(source, "family", "a non-empty string", self.family)
-        for field in ("layers", "hidden", "heads", "kv_heads", "intermediate", "vocab",
-                      "max_context", "dtype_bytes"):
-            _check_positive_int(getattr(self, field), source, field)
+        self._check_shape(source)
+        _check_positive_int(self.dtype_bytes, source, "dtype_bytes")
         for field in ("gated_mlp", "tied_embeddings"):
             if not isinstance(getattr(self, field), bool):
                 raise InputError(source, field, "true or false", getattr(self, field))
@@ -74,18 +141,8 @@ class ModelSpec:
         if self.output_head not in OUTPUT_HEADS:
             raise InputError(source, "output_head", f"one of {', '.join(OUTPUT_HEADS)}",
                              self.output_head)
-        if self.hidden % self.heads:
-            raise InputError(source, "heads", f"a divisor of hidden ({self.hidden})", self.heads)
-        if self.heads % self.kv_heads:
-            raise InputError(source, "kv_heads", f"a divisor of heads ({self.heads})",
-                             self.kv_heads)
 
     # -- shapes -------------------------------------------------------------------------------
-
-    @property
-    def head_dim(self) -> int:
-        """Per-head dimension ``h = d / H``."""
-        return self.hidden // self.heads
 
     @property
     def embedding_params(self) -> int:

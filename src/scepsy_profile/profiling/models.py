@@ -17,7 +17,7 @@ from typing import Any
 
 from scepsy_common.errors import InputError, UnknownEntryError
 from scepsy_profile.catalog import Catalog, default_catalog
-from scepsy_profile.models import ModelSpec
+from scepsy_profile.models import DTYPE_BYTES, ModelSpec, TransformerShape
 
 ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
@@ -36,41 +36,31 @@ _MODEL_TYPE = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 
 
 @dataclass(frozen=True, slots=True)
-class EngineModel:
-    """A decoder-only causal LM as a profiler builds it (random weights)."""
+class EngineModel(TransformerShape):
+    """A decoder-only causal LM as a profiler builds it (random weights): a
+    :class:`~scepsy_profile.models.TransformerShape` (its fields and rules) and what an engine
+    needs besides (the transformers class, the dtype) and the shrink it stands for."""
 
     name: str
     """The catalog model it stands for (canonical name)."""
     scale: float
     """The shrink applied to the catalog model (1.0: the model itself)."""
     architecture: str
-    layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    vocab: int
-    max_context: int
     tied_embeddings: bool = False
     dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        self._check_shape(f"model {self.profiled_name!r}")
 
     @property
     def profiled_name(self) -> str:
         """The name measurements of this model carry (see :func:`profiled_name`)."""
         return profiled_name(self.name, self.scale)
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
     def config(self) -> dict[str, Any]:
         """The architecture as recorded in every measurement (sorted keys, JSON-ready)."""
-        return {
-            "architecture": self.architecture, "layers": self.layers, "hidden": self.hidden,
-            "heads": self.heads, "kv_heads": self.kv_heads, "intermediate": self.intermediate,
-            "vocab": self.vocab, "max_context": self.max_context,
-            "tied_embeddings": self.tied_embeddings, "dtype": self.dtype,
-        }
+        return {"architecture": self.architecture, **self.shape_values(),
+                "tied_embeddings": self.tied_embeddings, "dtype": self.dtype}
 
     def hf_config(self) -> dict[str, Any]:
         """A transformers ``config.json`` for this architecture (what vLLM and transformers load)."""
@@ -99,11 +89,8 @@ class EngineModel:
     def model_spec(self) -> ModelSpec:
         """The catalog entry of this (possibly shrunk) model, named :attr:`profiled_name`."""
         return ModelSpec(
-            name=self.profiled_name, family=_family(self.architecture), layers=self.layers,
-            hidden=self.hidden, heads=self.heads, kv_heads=self.kv_heads,
-            intermediate=self.intermediate, vocab=self.vocab, max_context=self.max_context,
-            dtype_bytes=2 if self.dtype in ("bfloat16", "float16") else 4,
-            tied_embeddings=self.tied_embeddings,
+            name=self.profiled_name, family=_family(self.architecture), **self.shape_values(),
+            dtype_bytes=DTYPE_BYTES[self.dtype], tied_embeddings=self.tied_embeddings,
         )
 
 
@@ -149,8 +136,9 @@ def engine_model(model: str | ModelSpec, scale: float = 1.0, *, dtype: str = "bf
         known = ", ".join(sorted(ARCHITECTURES))
         raise InputError(source, "model", f"a decoder LLM of a family the profilers build "
                          f"({known}); {spec.name} is family {spec.family!r}", spec.name)
-    if dtype not in ("bfloat16", "float16", "float32"):
-        raise InputError(source, "dtype", "bfloat16, float16 or float32", dtype)
+    if dtype not in DTYPE_BYTES:
+        *most, last = DTYPE_BYTES
+        raise InputError(source, "dtype", f"{', '.join(most)} or {last}", dtype)
     s = float(scale)
     if s == 1.0:
         layers, heads, kv, inter, vocab = (spec.layers, spec.heads, spec.kv_heads,

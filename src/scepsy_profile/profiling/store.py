@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import parse_json
@@ -36,7 +36,7 @@ from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.fitted import FittedLatencyModel, fit_latency_model
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.measurements import MAX_BATCH, MAX_TOKENS, Measurement, Phase
-from scepsy_profile.models import ModelSpec
+from scepsy_profile.models import DTYPE_BYTES, ModelSpec, shape_record_fields
 from scepsy_profile.profiling.devices import RATE_FIELDS, host_device_spec
 from scepsy_profile.profiling.models import EngineModel, profiled_name
 from scepsy_profile.profiling.records import PointKey, ProfileRecord, Status
@@ -59,21 +59,14 @@ class StoreLockedError(InputError):
         self.holder = holder
 
 
-class _ConfigLine(BaseModel):
-    """The architecture a record was measured with (:meth:`EngineModel.config`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-    architecture: Name
-    layers: int = Field(ge=1)
-    hidden: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int = Field(ge=1)
-    intermediate: int = Field(ge=1)
-    vocab: int = Field(ge=1)
-    max_context: int = Field(ge=1)
-    tied_embeddings: bool
-    dtype: Literal["bfloat16", "float16", "float32"]
+_ConfigLine = create_model(  # the architecture a record was measured with (EngineModel.config)
+    "_ConfigLine",
+    __config__=ConfigDict(extra="forbid", frozen=True, strict=True),
+    architecture=(Name, ...),
+    **shape_record_fields(),
+    tied_embeddings=(bool, ...),
+    dtype=(Literal[tuple(DTYPE_BYTES)], ...),  # type: ignore[misc]
+)
 
 
 class _RecordLine(BaseModel):
@@ -85,7 +78,7 @@ class _RecordLine(BaseModel):
     engine_version: str
     model: Name
     scale: float = Field(gt=0.0, le=1.0)
-    config: _ConfigLine
+    config: _ConfigLine  # type: ignore[valid-type]
     device: Name
     tp: int = Field(ge=1, le=1024)
     share: float = Field(gt=0.0, le=1.0)

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scepsy_common.errors import InputError
+from scepsy_profile.models import DTYPE_BYTES
 from scepsy_profile.profiling import devices
 from scepsy_profile.profiling.backend import (
     BackendOptions,
@@ -68,10 +69,9 @@ MEMORY_HEADROOM = 0.8
 refused before it is tried (an allocation that large would take the machine down, not raise)."""
 
 _EXTRA_CHOICES = {"device": ("auto", "cpu", "cuda"),
-                  "dtype": ("auto", "bfloat16", "float16", "float32"),
+                  "dtype": ("auto", *DTYPE_BYTES),
                   "decode_cache": ("random", "prefill"),
                   "clock": ("wall", "cpu")}
-_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 _MPS_PERCENT_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
@@ -122,14 +122,14 @@ def weight_bytes(model: EngineModel, dtype: str) -> int:
     h, kv = model.hidden, model.kv_heads * model.head_dim
     per_layer = h * h * 2 + h * kv * 2 + 3 * h * model.intermediate + 2 * h
     heads = model.vocab * h * (1 if model.tied_embeddings else 2)
-    return (model.layers * per_layer + heads + h) * _DTYPE_BYTES[dtype]
+    return (model.layers * per_layer + heads + h) * DTYPE_BYTES[dtype]
 
 
 def point_bytes(model: EngineModel, point: StepPoint, dtype: str) -> int:
     """An upper estimate of the memory one point needs besides the weights: its KV cache, one
     layer's activations, the attention scores of one layer as if materialised, the logits."""
     b, t = point.batch, point.tokens
-    size = _DTYPE_BYTES[dtype]
+    size = DTYPE_BYTES[dtype]
     kv = 2 * model.layers * b * t * model.kv_heads * model.head_dim * size
     new = t if point.phase == "prefill" else 1
     acts = b * new * (4 * model.hidden + 3 * model.intermediate) * size
