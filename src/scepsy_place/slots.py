@@ -138,9 +138,9 @@ def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
                 by_type.setdefault((gpu, tp), []).append(
                     SlotShape(gpu, tp, curve.share, share_units(curve.share), curve.mu))
         kept: list[SlotShape] = []
-        for key in sorted(by_type):
+        for gpu_tp in sorted(by_type):
             best_mu = -math.inf
-            for sh in sorted(by_type[key], key=lambda s: (s.units, -s.mu)):
+            for sh in sorted(by_type[gpu_tp], key=lambda s: (s.units, -s.mu)):
                 if sh.mu > best_mu:
                     kept.append(sh)
                     best_mu = sh.mu
