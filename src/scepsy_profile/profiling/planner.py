@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise, product
+from typing import TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
@@ -95,14 +96,14 @@ class SweepPoint:
     step: StepPoint
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _int_in(name: str, v: object, lo: int, hi: int) -> int:
-    if not (_is_int(v) and lo <= v <= hi):  # type: ignore[operator]
+    if not (_is_int(v) and lo <= v <= hi):
         raise InputError(SOURCE, name, f"an integer in [{lo}, {hi}]", v)
-    return int(v)  # type: ignore[arg-type]
+    return int(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +325,8 @@ def _loo_errors(spec: SweepSpec, curve: _Curve) -> tuple[list[Cell], NDArray[np.
         a = np.column_stack([np.ones(len(nb)), x[nb] - x[i]])
         coef = np.linalg.lstsq(a, y[nb], rcond=None)[0]
         resid[i] = y[i] - coef[0]
-    return cells, np.round(np.abs(np.expm1(-resid)), 12)
+    # (ignore: numpy's stubs read np.round of an array of unknown dtype as float16)
+    return cells, np.round(np.abs(np.expm1(-resid)), 12)  # type: ignore[return-value]
 
 
 def _curve_error(spec: SweepSpec, curve: _Curve) -> float | None:
