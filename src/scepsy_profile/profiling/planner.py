@@ -237,7 +237,9 @@ def _coarse_order(spec: SweepSpec) -> tuple[Cell, ...]:
         if not order:  # the corners: the cells nearest to the unit square's corners
             for corner in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0)):
                 d = np.hypot(pts[left, 0] - corner[0], pts[left, 1] - corner[1])
-                i = left[min(range(len(left)), key=lambda j: (round(d[j], 12), group[left[j]]))]
+                # (ignore: mypy checks the key before it infers j: int, and numpy's overloads
+                # then read d[j] as an array)
+                i = left[min(range(len(left)), key=lambda j: (round(d[j], 12), group[left[j]]))]  # type: ignore[call-overload]
                 if group[i] not in order:
                     order.append(group[i])
                     left.remove(i)
@@ -250,8 +252,8 @@ def _coarse_order(spec: SweepSpec) -> tuple[Cell, ...]:
             else:
                 gap = np.zeros(len(left))
             centre = np.hypot(sub[:, 0] - 0.5, sub[:, 1] - 0.5)
-            j = min(range(len(left)),
-                    key=lambda k: (-round(gap[k], 12), round(centre[k], 12), group[left[k]]))
+            j = min(range(len(left)),  # (ignore: as for the corners above)
+                    key=lambda k: (-round(gap[k], 12), round(centre[k], 12), group[left[k]]))  # type: ignore[call-overload]
             order.append(group[left[j]])
             chosen = np.vstack([chosen, sub[j : j + 1]])
             left.pop(j)
