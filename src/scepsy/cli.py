@@ -293,7 +293,9 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
     loop.add_argument("--workflow", type=Path, default=Path(d.workflow),
                       help="workflow or workload YAML (default %(default)s)")
     loop.add_argument("--cluster", type=Path, default=Path(d.cluster), help="default %(default)s")
-    loop.add_argument("--catalog", type=Path, default=Path(d.catalog), help="default %(default)s")
+    loop.add_argument("--catalog", type=Path,
+                      default=None if d.catalog is None else Path(d.catalog),
+                      help="default %(default)s")
     loop.add_argument("--curves", type=Path,
                       help="latency curves to plan with, e.g. the bundled "
                       f"{bl.BUNDLED_CURVES} (default: measure the step profile on this machine "

@@ -96,7 +96,7 @@ def given_fields(args: argparse.Namespace, fields: Iterable[Any],
         dests = [_dest(n) for n in (flag.name, *flag.also)]
         if not any(hasattr(args, d) for d in dests):
             continue
-        value = getattr(args, dests[0], None)
+        value: Any = getattr(args, dests[0], None)
         form = flag.form
         if form == "csv-ints":
             value = tuple(ints(value, flag.name))

@@ -11,8 +11,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scepsy.argtypes import COUNT, POSITIVE, SEED
+
+if TYPE_CHECKING:
+    from scepsy_profile.fitted import FittedLatencyModel
+    from scepsy_profile.profiling.replay import LengthDist
 
 
 def add_run(psub: argparse._SubParsersAction) -> None:
@@ -182,7 +187,7 @@ def add_serve_curve(psub: argparse._SubParsersAction) -> None:
     add_calibrate(psub)  # the serving curve's companion: fits engine overheads to one
 
 
-def parse_length(text: str, flag: str) -> object:
+def parse_length(text: str, flag: str) -> LengthDist:
     """``N`` (constant), ``exp:MEAN`` or ``lognormal:MEAN:SIGMA`` as a length distribution."""
     from scepsy.cli_util import UsageError
     from scepsy_common.errors import InputError
@@ -267,7 +272,7 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _step_curves(path: Path) -> object:
+def _step_curves(path: Path) -> FittedLatencyModel:
     """Curves fitted to the ok points of a profile store."""
     from scepsy_profile.profiling.store import fit_store
 

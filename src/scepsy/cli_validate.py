@@ -8,8 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from scepsy.argtypes import add_slo_flags, slo_flags
+
+if TYPE_CHECKING:
+    from scepsy_profile.latency import LatencyModel
 
 HELP = "compare measured serving runs with scepsy's predictions and simulations"
 
@@ -90,6 +94,7 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     base = CompositeLatencyModel(load_curves(args.curves), roofline_model())
     if args.fit_overheads is not None:
         return _fit(args, base)
+    latency: LatencyModel
     if args.no_overheads:
         latency, model = base, f"{shown} (no overheads)"
     else:
@@ -113,7 +118,7 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fit(args: argparse.Namespace, base: object) -> int:
+def _fit(args: argparse.Namespace, base: LatencyModel) -> int:
     from scepsy_opt.validate.fit import fit_overheads
     from scepsy_opt.validate.muxserve import load_muxserve_dir
     from scepsy_profile.overheads import save_overheads

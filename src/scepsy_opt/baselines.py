@@ -274,7 +274,7 @@ def capacity_scale(problem: PlanningProblem, max_product: int = DEFAULT_MAX_PROD
     lists = {m: sorted(opts[m], key=lambda o: (-o.scale, o.units)) for m in order}
     min_u = [min(o.units for o in lists[m]) for m in order]
     rem_u = [sum(min_u[d:]) for d in range(len(order) + 1)]
-    best = [0.0, {}]
+    best: list[Any] = [0.0, {}]  # the scale and the pick that reaches it
     used = dict.fromkeys(budgets, 0)
     used_m = dict.fromkeys(budgets, 0)
     pick: dict[str, _CapOption] = {}
@@ -303,7 +303,7 @@ def capacity_scale(problem: PlanningProblem, max_product: int = DEFAULT_MAX_PROD
             del pick[m]
 
     rec(0, math.inf)
-    return float(best[0]), best[1]  # type: ignore[return-value]
+    return float(best[0]), best[1]
 
 
 def _check_product(lists: Mapping[str, Sequence[Any]], max_product: int) -> None:

@@ -199,7 +199,7 @@ def shapes(problem: PlanningProblem, llm: str) -> list[tuple[str, int, float]]:
     of each (gpu, tp) (:func:`scepsy_opt.coverage.profiled_shares`)."""
     cat = problem.catalog or default_catalog()
     spec = cat.model(problem.models[llm])
-    out = []
+    out: list[tuple[str, int, float]] = []
     for gpu in problem.cluster.budgets():
         top = problem.cluster.max_tp(gpu, cat)
         for tp in problem.options.tps:

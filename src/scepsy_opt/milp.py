@@ -88,7 +88,7 @@ ONE_TYPE_REL = 1e-13  # the max scale on one GPU type: bisected to float precisi
 Row = tuple[Mapping[Candidate, float], float]  # an extra MILP row: Σ coeff·x_c ≤ rhs
 
 
-class Shape(tuple):  # type: ignore[type-arg]
+class Shape(tuple):
     """A capacity shape ``(gpu, tp, share, units per replica, μ per replica)`` (a 5-tuple), with
     the memory units per replica (:attr:`mem_units`, = units when tied) and the memory share
     (:attr:`memory_share`, None when tied) as attributes."""
@@ -150,7 +150,8 @@ def _knapsack(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]]
         prob += pulp.LpAffineExpression([(v, 1) for _, v in xs[m]]) == 1, f"one_{j}"
     two = _two_resources(cands)
     for i, (gpu, g) in enumerate(problem.cluster.budgets().items()):
-        terms = [(v, c.units) for m in xs for c, v in xs[m] if c.gpu == gpu]
+        terms: list[tuple[Any, float]] = [(v, c.units) for m in xs for c, v in xs[m]
+                                          if c.gpu == gpu]
         if terms:
             prob += pulp.LpAffineExpression(terms) <= g * UNITS, f"budget_{i}"
         if two:
@@ -563,10 +564,10 @@ def _percentile_bounded(problem: PlanningProblem, cset: CandidateSet, extra: lis
     for w, (q, b) in bounds.items():
         llms = problem.stats[w].llms
         fastest = {m: min(unit[w][c] for c in cands[m]) for m in llms}
-        best = latency_quantiles(problem.stats[w].paths, fastest, (q,))[0]
-        if not _meets(best, b):
+        least = latency_quantiles(problem.stats[w].paths, fastest, (q,))[0]
+        if not _meets(least, b):
             return _bound_infeasible(problem, name, stats, t0, (
-                f"{w}'s predicted p{q:g} latency is at least {best:.4g} s (every LLM on its "
+                f"{w}'s predicted p{q:g} latency is at least {least:.4g} s (every LLM on its "
                 f"fastest candidate at the targets), above the bound of {b:g} s"), proven=True)
 
     def violated(choice: Mapping[str, Candidate]) -> list[str]:
@@ -1069,11 +1070,11 @@ def _bounded(problem: PlanningProblem, name: str, deadline: Deadline) -> Plan:
         return time_limit_plan(name)
     if cset.unfit or any(not c for c in cset.by_llm.values()):
         return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, {})
-    extra = []
+    extra: list[Row] = []
     for w, bound in problem.options.latency_bound_s.items():
         if w not in problem.targets:
             continue
-        coeffs = {}
+        coeffs: dict[Candidate, float] = {}
         for cands in cset.by_llm.values():
             for c in cands:
                 v = dict(c.workflow_latency_s).get(w)

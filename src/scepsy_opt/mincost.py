@@ -90,6 +90,7 @@ def gpu_prices(problem: PlanningProblem) -> dict[str, float]:
     cat = problem.catalog or default_catalog()
     own: dict[str, tuple[int, float]] = {}
     first: dict[str, int] = {}
+    usd: float | None
     for i, p in enumerate(problem.cluster.pools):
         first.setdefault(p.gpu, i)
         if p.price_per_hour is None:

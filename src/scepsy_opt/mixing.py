@@ -322,7 +322,7 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     prices = dict(gpu_prices(problem) if prices is None else prices)
     caps = dict(problem.cluster.budgets() if caps is None else caps)
     stats: dict[str, Any] = {"solver": SOLVER, "slices": slices}
-    empty = MappingProxyType({})
+    empty: Mapping[str, Any] = MappingProxyType({})
     try:
         options, generated = _portions(problem, slices, left)
         stats.update(candidates_generated=generated,

@@ -100,7 +100,7 @@ def bound_checked(cls: type, *, keep: bool = False, percentiles: bool = True) ->
     SLOs (:func:`check_slos`) and, with ``percentiles``, the percentile bounds
     (:func:`check_latency_bounds`); instances are still instances of ``cls``."""
 
-    class Checked(cls):  # type: ignore[valid-type,misc]
+    class Checked(cls):
         def solve(self, problem: PlanningProblem, **kwargs: Any) -> Plan:
             plan = super().solve(problem, **kwargs)
             if percentiles:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
+import os
 from typing import Any
 
 from scepsy_common.files import atomic_write_text
@@ -208,6 +208,6 @@ def dumps(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"
 
 
-def write_plan(path: str | Path, doc: dict[str, Any]) -> None:
+def write_plan(path: str | os.PathLike[str], doc: dict[str, Any]) -> None:
     """Write a plan.json document (:func:`plan_to_dict`) atomically: nothing half-written."""
     atomic_write_text(path, dumps(doc))

@@ -587,7 +587,8 @@ class _Engine:
         self.seq += 1
         heapq.heappush(self.heap, (t, self.seq, kind, a, b))
 
-    def account(self, rep: _Replica, a: float, b: float, steps: int, batch: int, k: int) -> None:
+    def account(self, rep: _Replica, a: float, b: float, steps: int, batch: float, k: int,
+                ) -> None:
         """Busy time and batch sizes of one iteration (or jump) [a, b] inside the window."""
         lo, hi = max(a, self.w0), min(b, self.w1)
         if hi <= lo:
@@ -841,7 +842,8 @@ def _check_rates(rates: Mapping[str, float]) -> dict[str, float]:
 
 def _poisson_arrivals(prep: _Prepared, rates: dict[str, float], requests: int | None,
                       duration_s: float | None, seed: int,
-                      given: Sequence[float] | None = None) -> list[tuple[float, int]]:
+                      given: Sequence[float] | NDArray[np.float64] | None = None,
+                      ) -> list[tuple[float, int]]:
     """Merged Poisson arrivals; the draws do not depend on the rates' scale (common numbers).
     ``given``: these arrival times instead (sorted, from 0; the first ``requests`` of them, or
     those before ``duration_s``), each with a workflow drawn in proportion to ``rates``."""

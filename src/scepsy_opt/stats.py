@@ -227,7 +227,7 @@ class _Request:
 
 
 def _request(calls: Sequence[CallRecord], llms: Sequence[str]) -> _Request:
-    index = {m: i for i, m in enumerate(llms)}
+    index: dict[str | None, int] = {m: i for i, m in enumerate(llms)}  # looked up with c.llm
     k = len(llms)
     llm_calls = [c for c in calls if c.llm is not None]
     count = np.zeros(k)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -46,7 +47,9 @@ WINDOW_PCT = 2.5  # linearisation: requests within ± this many percentile point
 def _unit_vector(paths: RequestPaths, unit_latency_s: Mapping[str, float]) -> np.ndarray:
     """The unit latencies in ``paths.llms`` order (an LLM without critical-path time may be left
     out); InputError for a negative or NaN value or a missing LLM that is on some path."""
-    used = paths.weights.any(axis=0) if paths.weights.size else np.zeros(len(paths.llms), bool)
+    # weights is 2-D: any over axis 0 is an array
+    used = (cast(np.ndarray, paths.weights.any(axis=0)) if paths.weights.size
+            else np.zeros(len(paths.llms), bool))
     out = np.zeros(len(paths.llms))
     for j, m in enumerate(paths.llms):
         if m not in unit_latency_s:

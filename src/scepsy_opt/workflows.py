@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeGuard, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -446,12 +446,12 @@ def parse_distribution(raw: object, source: str = "distribution", where: str = "
     params = {k: v for k, v in rec.model_dump(exclude={"kind", "min", "max"}).items()
               if v is not None}
     try:
-        return Distribution(kind, params, rec.min, rec.max)
+        return Distribution(cast(DistKind, kind), params, rec.min, rec.max)  # one of KINDS
     except InputError as exc:
         raise InputError(source, f"{prefix}{exc.field}", exc.expected, exc.got) from None
 
 
-def _is_number(v: object) -> bool:
+def _is_number(v: object) -> TypeGuard[float]:
     return isinstance(v, int | float) and not isinstance(v, bool)
 
 
@@ -465,9 +465,15 @@ Timer = Callable[[str, int, int, np.random.Generator], float]
 class Program(Protocol):
     """The shape of one agentic workflow: which LLMs, tools and params it needs, and one run."""
 
-    required_params: tuple[str, ...]
-    required_llms: tuple[str, ...]
-    required_tools: tuple[str, ...]
+    # read-only members: the programs are frozen dataclasses
+    @property
+    def required_params(self) -> tuple[str, ...]: ...
+
+    @property
+    def required_llms(self) -> tuple[str, ...]: ...
+
+    @property
+    def required_tools(self) -> tuple[str, ...]: ...
 
     def run(self, spec: WorkflowSpec, rng: np.random.Generator, request_id: str, t0: float,
             timer: Timer) -> list[CallRecord]:
@@ -733,6 +739,7 @@ class ReferenceTimer:
         prefill, decode = self._table(llm)
         n = len(prefill)
         scalars = (int, float, np.integer, np.floating)
+        i: Any  # an int for scalars, else an array
         if isinstance(input_tokens, scalars) and isinstance(output_tokens, scalars):
             i = min(max(int(input_tokens), 1), n)
             o = max(float(output_tokens), 1.0)
@@ -857,7 +864,9 @@ class _Request:
         pre = np.zeros_like(i) if prefix_tokens is None else np.minimum(
             np.maximum(np.asarray(prefix_tokens, dtype=np.int64).ravel(), 0), i)
         if getattr(self.timer, "accepts_arrays", False):
-            durations = np.asarray(self.timer(llm, i, o, self.rng), dtype=float).tolist()
+            # a timer that accepts_arrays times the arrays at once (Timer types one call)
+            durations = np.asarray(cast(Any, self.timer)(llm, i, o, self.rng),
+                                   dtype=float).tolist()
         else:
             durations = [float(self.timer(llm, int(a), int(b), self.rng))
                          for a, b in zip(i, o, strict=True)]
@@ -945,8 +954,10 @@ class BeamSearchProgram:
         seen = ctx.copy()
         seen[0] = 0
         # durations do not depend on start times: time every call at once, then lay them out
-        gen = r.prepare("generator", ctx, new, seen)
-        prm = r.prepare("prm", ctx + new, np.ones_like(new), seen)
+        # the prepared lists, each sliced per step below
+        gen: tuple[Any, ...] = r.prepare("generator", ctx, new, seen)
+        prm: tuple[Any, ...] = r.prepare("prm", ctx + new, np.ones_like(new), seen)
+        parents: tuple[str, ...]
         t, parents = t0, ()
         for s in range(steps):
             part = slice(s * width, (s + 1) * width)

@@ -38,6 +38,7 @@ row valid); what they exclude the loop learns from its placer.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 from scipy.optimize import linprog
@@ -76,7 +77,7 @@ def free_memory_rows(topology: Topology, cands: Mapping[str, Sequence[Candidate]
     for gpu in sorted({c.gpu for c in flat if c.memory_share is not None}):
         mine = [c for c in flat if c.gpu == gpu]
         ref = next(c for c in mine if c.memory_share is not None and c.memory_gib > 0)
-        device = ref.memory_gib / ref.memory_share
+        device = ref.memory_gib / cast(float, ref.memory_share)  # not None: picked so
         free = sum(int((n.free_memory(i) + MEMORY_TOL_GIB) * UNITS / device + 1e-9)
                    for n in topology.nodes if n.gpu == gpu for i in range(n.gpus))
         rows.append(({c: float(c.mem_units) for c in mine}, float(free)))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,10 +63,10 @@ def fragmentation_batch(free: np.ndarray, num_gpu: np.ndarray, gpu_milli: np.nda
         small = np.where(enough, 0, free).sum(axis=1, dtype=np.float64)
         for m in idx:
             fits = count >= num_gpu[m]
-            if check_cpu:
-                fits &= np.asarray(cpu_free) >= cpu_req[m]
+            if check_cpu:  # so cpu_req is not None, mem_req below likewise
+                fits &= np.asarray(cpu_free) >= cast(np.ndarray, cpu_req)[m]
             if check_mem:
-                fits &= np.asarray(mem_free) >= mem_req[m]
+                fits &= np.asarray(mem_free) >= cast(np.ndarray, mem_req)[m]
             out += prob[m] * np.where(fits, small, total)
     return out
 

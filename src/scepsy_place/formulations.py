@@ -40,7 +40,8 @@ from scepsy_place.topology import Topology
 class Formulation(Protocol):
     """A way to a placed plan: ``solve`` returns a :class:`~scepsy_place.loop.PlacedPlan`."""
 
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: a frozen dataclass's field satisfies it
 
     def solve(self, problem: PlanningProblem, topology: Topology, *,
               deadline: Deadline | None = None, **kw: Any) -> PlacedPlan: ...

@@ -335,6 +335,7 @@ def _fewest(topology: Topology, base: Topology, kept: Placement, mine: list[Slot
     :data:`MOVE_MILP_MAX_GPUS` GPUs, kept replicas are freed greedily by node (least used first)
     and those not needed put back (at most ``max_tests`` placements)."""
     tests = 0
+    found: Placement | None
 
     def attempt(free: Sequence[Slot]) -> Placement | None:
         nonlocal tests
@@ -362,7 +363,7 @@ def _fewest(topology: Topology, base: Topology, kept: Placement, mine: list[Slot
         by_node.setdefault(s.node, []).append(s)
     nodes = sorted(by_node, key=lambda n: (sum(len(s.gpus) * s.units for s in by_node[n]), n))
     free: list[Slot] = []
-    found: Placement | None = None
+    found = None
     for n in nodes:
         if deadline.remaining() <= 0:
             return None, False, tests
@@ -438,7 +439,7 @@ def fewest_moves(free: Topology, kept: Sequence[Slot], new: Sequence[Demand], *,
         by_gpu.setdefault((a, j), []).append((b, w))
     for (a, b), v in y.items():
         tp = shapes[b][0]
-        slices = [(w, 1) for _, w in by_group.get((a, b), ())]
+        slices: list[Any] = [(w, 1) for _, w in by_group.get((a, b), ())]
         prob += pulp.LpAffineExpression([*slices, (v, -tp)]) == 0, f"group{a}_{b}"
         if tp > 1:
             for j, w in by_group.get((a, b), ()):
@@ -756,6 +757,9 @@ def _realise(problem: PlanningProblem, top: Topology, run: Running, surviving: l
             f"{len(final.unplaced)} replica(s) could not be placed around the kept ones"))
     where = {s.key: s for s in around.placement.slots}
     moved_keys = set(around.moved)
+    kept_rows: list[ReplicaRow]
+    moved_rows: list[ReplicaRow]
+    started_rows: list[ReplicaRow]
     kept_rows, moved_rows, started_rows = [], [], []
     for s in keep:
         now = where.get(s.key)

@@ -86,7 +86,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from scepsy_common.bisection import Probe, largest_accepted
 from scepsy_common.registry import Registry
@@ -99,7 +99,7 @@ from scepsy_opt.mixing import domains, group_gpus, mixed_plan, solve_mixed
 from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import Plan, headroom, plan_from_choice, time_limit_plan
+from scepsy_opt.plans import Plan, Status, headroom, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import (
     OBJECTIVES,
     Deadline,
@@ -249,7 +249,7 @@ for _name in FORMULATIONS:
                   **({} if _name in ("aggregate", "auto") else {"optimiser": ("milp",)})})
 
 
-def formulation(name: str) -> Formulation:
+def formulation(name: str) -> LoopFormulation:
     """The registered formulation ``name`` (an input error naming the choices otherwise)."""
     return FORMULATIONS_REGISTRY.require(name)
 
@@ -343,7 +343,7 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
                                           or not _is_open(problem.cluster, n.rack)))
     dem = demands(best.plan.allocation, problem.catalog)
     # the status of the price: proven optimal when the placed price meets the bound
-    status = ("optimal" if cost <= bound * (1 + 1e-9) + 1e-12 else
+    status: Status = ("optimal" if cost <= bound * (1 + 1e-9) + 1e-12 else
               "time_limit" if deadline.remaining() <= 0 else "heuristic")
     return replace(best, plan=replace(best.plan, stats=MappingProxyType(stats), status=status),
                    quality=quality(top, best.placement, dem), compared=compared,
@@ -400,7 +400,8 @@ def _min_cost_slots(problem: PlanningProblem, topology: Topology,
                                None, 0.0), None, 1, (), None,
                           "no slot groups meet the targets within the GPUs offered", False,
                           "slots", status=status, seconds=time.perf_counter() - t0)
-    plan = plan_from_choice(problem, "milp", sol.status, dict(sol.choice),
+    # the slot model's statuses (optimal, time_limit, infeasible) are plan statuses
+    plan = plan_from_choice(problem, "milp", cast(Status, sol.status), dict(sol.choice),
                             {"candidates_generated": cs.generated,
                              "candidates_kept": sum(map(len, cands.values()))})
     assert plan.allocation is not None
@@ -582,6 +583,7 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     large = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
     tried: dict[str, PlacedPlan] = {}
     bounds: list[float] = []
+    pat: PlacedPlan | None
 
     def run(step: str, share: float, **extra: Any) -> PlacedPlan:
         left = _share(deadline, share)
@@ -667,7 +669,7 @@ def _labelled(best: PlacedPlan, bound: float | None, ran_out: bool) -> PlacedPla
     res = replace(best, bound_s=bound)
     proven = bound is not None and bound > 0 and best.plan.objective_s <= bound * (1 + PROVEN_GAP)
     gap = res.gap
-    status = "optimal" if proven else "time_limit" if ran_out else "heuristic"
+    status: Status = "optimal" if proven else "time_limit" if ran_out else "heuristic"
     # the formulation's own gap (patterns: over its own bound) would stand in for the solver's
     stats = {k: v for k, v in best.plan.stats.items() if k != "gap"}
     plan = replace(best.plan, status=status, stats=MappingProxyType(stats),

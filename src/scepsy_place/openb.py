@@ -179,7 +179,7 @@ class ClusterState:
         self.name_rank[sorted(range(n), key=lambda i: self.nodes[i].name)] = np.arange(n)
         self._spec_cache: dict[str, np.ndarray] = {}
 
-    def free_for_frag(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+    def free_for_frag(self, rows: np.ndarray | slice | list[int] = slice(None)) -> np.ndarray:
         """Free milli per GPU with padding as 0 (what the fragmentation measure sees)."""
         return np.maximum(self.gpu_free[rows], 0)
 

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import highspy
 import numpy as np
@@ -430,7 +430,8 @@ def _greedy_price(kind: int, dt: DomainType, shapes: Sequence[Shape], pi: np.nda
     seen: set[tuple[tuple[int, int], ...]] = set()
     G = len(dt.free)
     density = sorted(live, key=lambda s: (keys[2](s), s))
-    orders = [sorted(live, key=lambda s, key=key: (key(s), s)) for key in keys]
+    # (ignore: mypy cannot infer the type of a lambda with a default argument)
+    orders = [sorted(live, key=lambda s, key=key: (key(s), s)) for key in keys]  # type: ignore[misc]
     # each of the densest shapes first, then the rest by density: more columns per round
     orders += [[s] + [t for t in density if t != s] for s in density[:GREEDY_SEEDS]]
     for order in orders:
@@ -705,6 +706,7 @@ def _generate(master: _Master, left: Deadline, max_iterations: int, max_columns:
             return rc < -tol and len(master.patterns) < max_columns and master.add(p)
 
         added = 0
+        p: Pattern | None
         for k, dt in enumerate(master.types):
             gc = 0.0 if master.phase1 else master.gpu_cost.get(dt.gpu, 0.0)
             for p in _greedy_price(k, dt, master.shapes, pi, master.most, gc):
@@ -850,6 +852,7 @@ def _dive(master: _Master, topology: Topology, left: Deadline, max_iterations: i
         iterations += cur.iterations
     stack: list[tuple[Change, Callable[[], Change] | None]] = []
     picks: tuple[int, ...] | None = None
+    sol: _Integer | None
     while left.remaining() > 0:
         if not cur.ok or cur.artificial > 1e-6:
             while stack:
@@ -1024,8 +1027,8 @@ def _from_placement(master: _Master, picks: tuple[int, ...], placement: Placemen
                 s, [0] * len(master.types[k].free))
             w[pos] += 1
     counts: dict[int, int] = {}
-    for (k, _), w in sorted(per_domain.items()):
-        p = _make_pattern(k, master.types[k], master.shapes, w)
+    for (k, _), ws in sorted(per_domain.items()):
+        p = _make_pattern(k, master.types[k], master.shapes, ws)
         if p is None:
             return None
         master.add(p)
@@ -1318,13 +1321,13 @@ def solve_patterns(problem: PlanningProblem, topology: Topology, *,
                 and left.remaining() > 0):
             # nothing found with these candidates: again with the blocks plan's added
             # (a start that columns and dives can improve on)
-            again = solve_patterns(problem, topology, deadline=left, cset=cset,
+            retry = solve_patterns(problem, topology, deadline=left, cset=cset,
                                    gpu_cost=gpu_cost, extra=extra, max_columns=max_columns,
                                    max_iterations=max_iterations, mip_time_s=mip_time_s,
                                    dive=dive, aggregate=aggregate,
                                    exact_candidates=exact_candidates, blocks_start=blocks)
-            if again.plan.allocation is not None and again.objective < fallback.objective:
-                return replace(again, seconds=time.perf_counter() - t0)
+            if retry.plan.allocation is not None and retry.objective < fallback.objective:
+                return replace(retry, seconds=time.perf_counter() - t0)
         if fallback is not None:
             return fallback
     if best is None:
@@ -1374,6 +1377,7 @@ def _result(problem: PlanningProblem, topology: Topology, master: _Master, best:
         return _no_plan(problem, "no_solution", t0, f"internal: placement invalid ({bad[0]})",
                         exact=exact, bound=lb, iterations=iterations,
                         columns=len(master.patterns), stats=stats)
+    placement = cast(Placement, placement)  # bad says "not placed" when it is None
     used = sorted({(s.node, g) for s in placement.slots for g in s.gpus})
     gpu_of = {n.name: n.gpu for n in topology.nodes}
     obj = math.fsum([choice[m].cost for m in sorted(choice)]

@@ -236,7 +236,9 @@ def _shift(topology: Topology, slots: Iterable[Slot], sign: int) -> Topology:
 class Placer(Protocol):
     """Anything that places demands on a topology (respecting the use already there)."""
 
-    name: str
+    @property
+    def name(self) -> str:  # read-only: the placers are frozen dataclasses
+        ...
 
     def place(self, topology: Topology, demands: Sequence[Demand], *, seed: int = 0) -> Placement:
         ...
@@ -364,6 +366,7 @@ def _greedy(topology: Topology, ds: Sequence[Demand], order: Callable[[Demand], 
     for d in sorted(ds, key=lambda d: (order(d), rank[d.key])):
         cands: list[tuple[Node, tuple[int, ...]]] = []
         seen: set[tuple[Any, ...]] = set()
+        key: tuple[Any, ...]
         for n in st.nodes:
             if n.gpu != d.gpu or d.tp > n.nvlink_domain:
                 continue

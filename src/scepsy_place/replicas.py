@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, share_units
@@ -19,15 +19,15 @@ from scepsy_common.units import UNITS, share_units
 Key = tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
 class _Replica:
-    """What a replica's demand and its slot share: the (llm, replica) key and the share (a
-    field of each, declared after their own fields)."""
+    """What a replica's demand and its slot share: the (llm, replica) key and the share. A plain
+    base with no fields of its own: each dataclass below declares all its fields, in order (the
+    share after their own fields)."""
 
+    __slots__ = ()
     llm: str
     replica: int
-    if TYPE_CHECKING:
-        share: float
+    share: float
 
     @property
     def key(self) -> Key:
@@ -43,6 +43,8 @@ class _Replica:
 class Demand(_Replica):
     """One replica to place: ``tp`` GPUs of type ``gpu``, ``share`` and ``memory_gib`` of each."""
 
+    llm: str
+    replica: int
     gpu: str
     tp: int
     share: float
@@ -78,6 +80,8 @@ class Slot(_Replica):
     """Where one replica runs: ``gpus`` (indices on ``node``), each giving ``share`` and
     ``memory_gib``."""
 
+    llm: str
+    replica: int
     node: str
     gpus: tuple[int, ...]
     share: float

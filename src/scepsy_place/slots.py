@@ -55,14 +55,14 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, fitting_curves, generate_candidates, price
 from scepsy_opt.milp import Shape, scale_upper_bound
 from scepsy_opt.pipeline import min_replicas
-from scepsy_opt.plans import Plan, headroom, plan_from_choice
+from scepsy_opt.plans import Plan, Status, headroom, plan_from_choice
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_place.patterns import _Model, _run_mip
 from scepsy_place.placed import PlacedPlan, timed_out
@@ -138,9 +138,9 @@ def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
                 by_type.setdefault((gpu, tp), []).append(
                     SlotShape(gpu, tp, curve.share, share_units(curve.share), curve.mu))
         kept: list[SlotShape] = []
-        for key in sorted(by_type):
+        for gpu_tp in sorted(by_type):
             best_mu = -math.inf
-            for sh in sorted(by_type[key], key=lambda s: (s.units, -s.mu)):
+            for sh in sorted(by_type[gpu_tp], key=lambda s: (s.units, -s.mu)):
                 if sh.mu > best_mu:
                     kept.append(sh)
                     best_mu = sh.mu
@@ -744,7 +744,8 @@ def _highest_averages(weights: Sequence[float], n: int, *, least: Sequence[int] 
     part is full."""
     k = len(weights)
     cls = list(classes) if classes is not None else [None] * k
-    cap = dict(most or {})
+    # keyed by class, looked up by a part's class or None (a part of no class: never a key)
+    cap = cast(dict[str | None, int], dict(most or {}))
     got = [0] * k
     used = dict.fromkeys(cap, 0)
     for j, want in enumerate(least if least is not None else [1] * k):  # within the classes
@@ -877,7 +878,7 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     solution (unproven). The parts' solutions at the final level are joined (their groups lie
     on disjoint nodes). No solution when the level falls to ``floor`` (a scale already
     carried)."""
-    solved: dict[tuple[Any, ...], tuple[float, SlotSolution]] = {}
+    solved: dict[tuple[Any, ...], tuple[float, _Solved]] = {}
     found: list[tuple[Part, SlotSolution]] = []
     probes = reused = 0
     timed = False
@@ -1050,7 +1051,7 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     assert alloc is not None
     placement = layout(topology, sol, demands(alloc, problem.catalog))
     gap = bound / sol.scale - 1 if math.isfinite(bound) else None
-    status = "optimal" if gap is not None and gap <= PROVEN_SCALE_GAP else (
+    status: Status = "optimal" if gap is not None and gap <= PROVEN_SCALE_GAP else (
         "time_limit" if found.timed_out else "heuristic")
     stats = {"scale_bound": bound, "scale_gap": gap, "parts": len(parts),
              "probes": found.probes, "reused": found.reused, "total_s": time.perf_counter() - t0}
@@ -1075,7 +1076,8 @@ def _demand_signature(problem: PlanningProblem, topology: Topology, part: Part,
     order, and its nodes."""
     def key(m: str) -> tuple[Any, ...]:
         d = problem.demands[m]
-        terms = tuple((problem.weight(w), *rest) for w, *rest in d.terms)
+        # the workflows' weights in place of their names: a signature, not a demand to solve
+        terms: Any = tuple((problem.weight(w), *rest) for w, *rest in d.terms)
         blank = replace(d, llm="", terms=terms)
         return (problem.models[m], blank)
     return tuple(key(m) for m in _ordered(problem, part)), _node_signature(topology, part)
@@ -1197,7 +1199,7 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     stats = {"parts": len(parts), "reused": reused, "fallback_parts": fallback,
              "candidates_kept": kept,
              "candidates_generated": generated, "total_s": time.perf_counter() - t0}
-    status = "optimal" if all(s == "optimal" for s in statuses) and len(parts) == 1 else (
+    status: Status = "optimal" if all(s == "optimal" for s in statuses) and len(parts) == 1 else (
         "time_limit" if "time_limit" in statuses else "heuristic")
     plan = plan_from_choice(problem, "milp", status, dict(joined.choice), stats)
     assert plan.allocation is not None

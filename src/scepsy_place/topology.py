@@ -29,10 +29,10 @@ the next 0.001, float noise forgiven), the rule the optimiser, every placer and 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -295,7 +295,8 @@ class TopologyRecord(BaseModel):
 
 
 def _allowed(loc: tuple[Any, ...]) -> list[str]:
-    models = {0: TopologyRecord, 2: RackRecord, 4: NodeRecord, 6: InUseRecord}
+    models: dict[int, type[BaseModel]] = {0: TopologyRecord, 2: RackRecord, 4: NodeRecord,
+                                          6: InUseRecord}
     m = models.get(len(loc) - 1)
     return list(m.model_fields) if m else []
 
@@ -361,7 +362,7 @@ def parse_topology(data: Any, source: str, catalog: Catalog | None = None) -> To
     return Topology(rec.name, tuple(nodes))
 
 
-def load_topology(path: str | Path, catalog: Catalog | None = None) -> Topology:
+def load_topology(path: str | os.PathLike[str], catalog: Catalog | None = None) -> Topology:
     """Read a topology YAML/JSON file (racks or pools format, see the module docstring)."""
     raw = read_yaml(path, "topology or cluster file (YAML or JSON)")
     return parse_topology(raw, str(path), catalog)

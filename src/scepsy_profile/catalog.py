@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model
@@ -234,7 +234,12 @@ def _check_price(value: object, source: str, field_: str) -> None:
         raise InputError(source, field_, "a price >= 0 USD per GPU-hour", value)
 
 
-def _check_entries(entries: object, cls: type, section: str) -> dict[str, str]:
+class _Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+def _check_entries(entries: object, cls: type[_Named], section: str) -> dict[str, str]:
     """Check ``name -> spec`` entries and return the case-folded index ``key -> name``."""
     if not isinstance(entries, Mapping):
         raise InputError("catalog", section, f"a mapping of name -> {cls.__name__}")
@@ -333,8 +338,8 @@ def parse_catalog(text: str, source: str = "<catalog>", base: Catalog | None = N
     prices: dict[str, float] = {}
     for name, grec in (doc.gpus or {}).items():
         gpus[name] = _build(GPUSpec, name, grec, source, "gpus", exclude={"price_per_hour"})
-        if grec.price_per_hour is not None:  # type: ignore[attr-defined]
-            prices[name] = grec.price_per_hour  # type: ignore[attr-defined]
+        if grec.price_per_hour is not None:
+            prices[name] = grec.price_per_hour
     for name, mrec in (doc.models or {}).items():
         models[name] = _build(ModelSpec, name, mrec, source, "models")
     try:

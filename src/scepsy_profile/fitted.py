@@ -51,7 +51,13 @@ from threadpoolctl import threadpool_limits
 from scepsy_common.errors import InputError, UncoveredInstanceError, validated
 from scepsy_common.files import atomic_write_text, read_json
 from scepsy_profile.latency import Number, as_output, check_point
-from scepsy_profile.measurements import Measurement, Phase, check_curve_points, group_by_curve
+from scepsy_profile.measurements import (
+    PHASES,
+    Measurement,
+    Phase,
+    check_curve_points,
+    group_by_curve,
+)
 
 if TYPE_CHECKING:  # scikit-learn is imported where a curve is fitted, not by every command
     from sklearn.gaussian_process import GaussianProcessRegressor
@@ -477,7 +483,7 @@ class FittedLatencyModel:
     def covers(self, model: str, gpu: str, tp: int) -> bool:
         """Whether both phases have curves at ``tp`` or at measured degrees either side of it."""
         return all(self._tp_bracket(model, gpu, tp, phase) is not None
-                   for phase in ("prefill", "decode"))
+                   for phase in PHASES)
 
     def measured_shares(self, model: str, gpu: str, tp: int) -> tuple[float, float]:
         """The shares every curve the instance uses was measured over: the largest of their

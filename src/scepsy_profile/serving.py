@@ -75,7 +75,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -428,7 +428,7 @@ def group_cap(policy: MemoryPolicy, input_tokens: float) -> float:
     return math.inf if t is None else float(max(1, math.floor(t / input_tokens)))
 
 
-def batch_preemptions(batch: ArrayLike, kv_tokens: float, per_seq: float, var: float,
+def batch_preemptions(batch: ArrayLike, kv_tokens: ArrayLike, per_seq: float, var: float,
                          victim_tokens: float, policy: MemoryPolicy) -> Any:
     """``π(B) = E[(S_B − kv_tokens)⁺] / (B · victim_tokens)`` with ``S_B`` normal of mean
     ``B·per_seq`` and variance ``B·var`` (paged KV; 0 with ``"reserve"``, module doc)."""
@@ -519,5 +519,6 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
         best = int(np.flatnonzero(r >= r.max() * (1.0 - 1e-9))[-1]) + 1
         table = service[row, :best].copy()
         table.setflags(write=False)
-        curves[j] = make(j, best, float(r[best - 1]), table)
+        # j: a numpy integer, an index all the same
+        curves[j] = make(cast(int, j), best, float(r[best - 1]), table)
     return curves

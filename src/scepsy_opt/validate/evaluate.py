@@ -28,6 +28,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import cast
 
 import numpy as np
 
@@ -141,8 +142,9 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
             raise InputError(run.mesh_of(m).source, f"gpu_memory_utilization (of {m})",
                              f"a part of the GPUs' memory that holds {x.model}'s weights and "
                              f"one call (its KV cache holds {curve.memory.kv_tokens} tokens)")
-        fin = finite_run(curve, x.rate, x.requests, queued, front_delay_s(call_delay_s(latency),
-                                                                  curve.prefill_batch))
+        # a float: front_delay_s of scalars
+        fin = finite_run(curve, x.rate, x.requests, queued,
+                         cast(float, front_delay_s(call_delay_s(latency), curve.prefill_batch)))
         predicted[m] = _of_finite(m, fin, slos.get(m))
         if simulate_runs:
             simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m))

@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, cast
 
 from scepsy_common.errors import InputError
 from scepsy_common.files import read_json, read_yaml
@@ -220,7 +220,7 @@ def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any],
         llms: list[MeshLLM] = []
         for i, entry in enumerate(entries):
             e = _mapping(entry, src, f"models[{i}]")
-            name = e.get("name")
+            name: Any = e.get("name")  # the YAML's value, checked below
             where = f"models[{i}]"
             if name not in w["rates"]:
                 raise InputError(src, f"{where}.name", f"an LLM of the workload "
@@ -256,6 +256,9 @@ def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any],
     return tuple(meshes)
 
 
+_Mps = tuple[float, float]  # a MeasuredLLM's mps where it is not None
+
+
 def _recorded_mps(meshes: tuple[Mesh, ...], measured: Mapping[str, MeasuredLLM]
                   ) -> tuple[Mesh, ...]:
     """The meshes with each LLM's MPS limits as the run recorded them (``mps`` of the results,
@@ -263,8 +266,8 @@ def _recorded_mps(meshes: tuple[Mesh, ...], measured: Mapping[str, MeasuredLLM]
     flexsm LLMs of the ChatLMSYS runs recorded other limits than their YAML's."""
     out = []
     for mesh in meshes:
-        llms = tuple(replace(x, prefill_pct=measured[x.name].mps[0],
-                             decode_pct=measured[x.name].mps[1])
+        llms = tuple(replace(x, prefill_pct=cast(_Mps, measured[x.name].mps)[0],
+                             decode_pct=cast(_Mps, measured[x.name].mps)[1])
                      if measured[x.name].mps is not None else x for x in mesh.llms)
         out.append(replace(mesh, llms=llms))
     return tuple(out)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from scepsy_opt.slo import parse_slos
 from scepsy_opt.validate.evaluate import Figures, RunValidation, validate_run
@@ -146,7 +146,7 @@ def llm_rows(v: RunValidation) -> list[dict[str, Any]]:
             row[f"ttft90 {tag}"] = f[src].p90_ttft_s
             row[f"tpot {tag}"] = f[src].mean_tpot_s
             if f[src].attainment is not None:
-                row[f"slo {tag}"] = _share(f[src].attainment, f[src].attainment_high)
+                row[f"slo {tag}"] = _share(cast(float, f[src].attainment), f[src].attainment_high)
         row["overloaded m/p"] = ("y" if f["measured"].overloaded else "n") + "/" + (
             "y" if f["predicted"].overloaded else "n")
         rows.append(row)

@@ -780,7 +780,7 @@ def with_default_files(options: LoopOptions, checkout: Path = CHECKOUT) -> LoopO
     missing from the current directory taken from the checkout instead, so that ``scepsy bench
     loop`` runs from any directory of a source checkout; so is ``curves`` when it is
     :data:`BUNDLED_CURVES`. Other files the user named are kept."""
-    changes = {}
+    changes: dict[str, Any] = {}
     for name, default in (("workflow", LoopOptions.workflow), ("cluster", LoopOptions.cluster),
                           ("catalog", LoopOptions.catalog), ("curves", BUNDLED_CURVES)):
         value = getattr(options, name)
@@ -1146,7 +1146,7 @@ def sent_rates(drive: Mapping[str, Any], target: float) -> dict[str, float] | fl
     where a workflow has none (fewer than two arrivals)."""
     got = {w: r.get("offered_rps") for w, r in drive.get("workflows", {}).items()}
     if got and all(isinstance(v, int | float) and v > 0 for v in got.values()):
-        return {w: float(v) for w, v in sorted(got.items())}  # type: ignore[arg-type]
+        return {w: float(v) for w, v in sorted(got.items())}
     return target
 
 

@@ -180,8 +180,8 @@ def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float
         _check(not unknown, "mix", f"weights of the workflows given ({', '.join(names)})",
                unknown or None)
         weights = {n: mix.get(n, 0.0) for n in names}
-        for n, w in weights.items():
-            _check(_is_number(w) and w >= 0, f"mix.{n}", "a weight >= 0", w)
+        for wf, wt in weights.items():
+            _check(_is_number(wt) and wt >= 0, f"mix.{wf}", "a weight >= 0", wt)
         _check(sum(weights.values()) > 0, "mix", "weights with a positive sum", dict(mix))
     for s in specs:  # every LLM routed (Routes.endpoints raises the InputError)
         for llm in s.llms:

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
@@ -359,7 +359,7 @@ def parse_plan(raw: Any, source: str) -> PlanDoc:
     return doc
 
 
-def read_plan(path: str | Path) -> PlanDoc:
+def read_plan(path: str | os.PathLike[str]) -> PlanDoc:
     """:func:`parse_plan` of a plan.json file."""
     return parse_plan(read_json(path, "plan.json file (scepsy plan --out)"), str(path))
 
@@ -554,7 +554,7 @@ def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
                             launch.base_port, launch.health_timeout_s))
 
 
-def load_plan(path: str | Path) -> LaunchPlan:
+def load_plan(path: str | os.PathLike[str]) -> LaunchPlan:
     """The launch view of a plan.json file (:func:`parse_plan`, :func:`launch_plan`)."""
     return launch_plan(read_plan(path), str(path))
 

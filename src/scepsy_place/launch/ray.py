@@ -194,7 +194,7 @@ class RayRenderer:
             raw = yaml.load(files[SERVE_FILE], Loader=SAFE_LOADER)
         except yaml.YAMLError as exc:
             raise InputError(SERVE_FILE, "", "YAML", str(exc).splitlines()[0]) from None
-        out = set()
+        out: set[Assignment] = set()
         for app in _get(raw, "applications", SERVE_FILE):
             for cfg in _get(app, "args.llm_configs", SERVE_FILE):
                 llm = _get(cfg, "model_loading_config.model_id", SERVE_FILE)

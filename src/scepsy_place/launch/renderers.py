@@ -28,11 +28,18 @@ only a folder that holds it (or an empty one), never a folder of the user's."""
 
 @runtime_checkable
 class Renderer(Protocol):
-    name: str
-    description: str
-    exact: frozenset[str]
-    """Assignment fields the target expresses exactly: a subset of
-    {"node", "gpus", "share", "tp"}; the others parse back as None (or are not compared)."""
+    # read-only members: the renderers are frozen dataclasses
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def description(self) -> str: ...
+
+    @property
+    def exact(self) -> frozenset[str]:
+        """Assignment fields the target expresses exactly: a subset of
+        {"node", "gpus", "share", "tp"}; the others parse back as None (or are not compared)."""
+        ...
 
     def render(self, plan: LaunchPlan) -> Mapping[str, str]:
         """Relative POSIX path -> file text. Executable files end in ``.sh``."""

@@ -45,6 +45,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from types import MappingProxyType
+from typing import Any
 
 from scepsy_common.errors import InputError
 from scepsy_place.launch.model import ENV_NAME_PATTERN, Assignment, LaunchPlan, ReplicaLaunch
@@ -790,11 +791,11 @@ def _blocks(text: str, path: str) -> list[tuple[dict[str, object], list[str], li
     return out
 
 
-def _check_replica(rec: dict[str, object], words: list[str], start: list[str], folder: str,
+def _check_replica(rec: dict[str, Any], words: list[str], start: list[str], folder: str,
                    path: str) -> ShellReplica:
     try:
         llm, replica, node = str(rec["llm"]), int(rec["replica"]), str(rec["node"])
-        gpus = tuple(int(g) for g in rec["gpus"])  # type: ignore[union-attr]
+        gpus = tuple(int(g) for g in rec["gpus"])
         share, port, device = float(rec["share"]), int(rec["port"]), str(rec["device"])
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(path, "scepsy-replica", "llm, replica, node, gpus, share, port and "

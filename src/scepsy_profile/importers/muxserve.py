@@ -13,9 +13,9 @@ from pathlib import Path
 
 from scepsy_common.errors import InputError
 from scepsy_common.files import read_json
-from scepsy_profile.measurements import Measurement, check_instance
+from scepsy_profile.measurements import Measurement, Phase, check_instance
 
-_PHASE_KEYS = (("prefill", "prefill"), ("decode", "decoding"))
+_PHASE_KEYS: tuple[tuple[Phase, str], ...] = (("prefill", "prefill"), ("decode", "decoding"))
 
 
 NOT_MEASURED = -1.0

@@ -340,7 +340,9 @@ class Worker:
             return True
         try:
             res = self.engine.measure(msg["phase"], msg["batch"], msg["tokens"])
-        except (PointError, *_request_errors()) as exc:  # the engine stays usable
+        # the engine stays usable (ignore: mypy does not take a starred tuple of exception
+        # types in an except clause)
+        except (PointError, *_request_errors()) as exc:  # type: ignore[misc]
             self.reply({"ok": False, "id": rid, "error": _one_line(exc), "fatal": False})
             return True
         except Exception as exc:  # the engine itself failed: it cannot be trusted any more

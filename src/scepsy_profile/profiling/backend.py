@@ -155,8 +155,10 @@ class ProfilerSession(Protocol):
 class ProfilerBackend(Protocol):
     """A way of timing LLM steps with a real engine."""
 
-    name: str
-    """Registry name (``torch``, ``vllm``)."""
+    @property
+    def name(self) -> str:  # read-only: a frozen dataclass's field satisfies it
+        """Registry name (``torch``, ``vllm``)."""
+        ...
 
     def unavailable(self, options: BackendOptions | None = None) -> str | None:
         """None when the backend can run here, else why not (shown to the user)."""

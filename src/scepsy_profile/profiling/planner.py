@@ -65,6 +65,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import pairwise, product
+from typing import TypeGuard
 
 import numpy as np
 from numpy.typing import NDArray
@@ -95,14 +96,14 @@ class SweepPoint:
     step: StepPoint
 
 
-def _is_int(v: object) -> bool:
+def _is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _int_in(name: str, v: object, lo: int, hi: int) -> int:
-    if not (_is_int(v) and lo <= v <= hi):  # type: ignore[operator]
+    if not (_is_int(v) and lo <= v <= hi):
         raise InputError(SOURCE, name, f"an integer in [{lo}, {hi}]", v)
-    return int(v)  # type: ignore[arg-type]
+    return int(v)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +237,9 @@ def _coarse_order(spec: SweepSpec) -> tuple[Cell, ...]:
         if not order:  # the corners: the cells nearest to the unit square's corners
             for corner in ((0.0, 0.0), (1.0, 0.0), (0.0, 1.0), (1.0, 1.0)):
                 d = np.hypot(pts[left, 0] - corner[0], pts[left, 1] - corner[1])
-                i = left[min(range(len(left)), key=lambda j: (round(d[j], 12), group[left[j]]))]
+                # (ignore: mypy checks the key before it infers j: int, and numpy's overloads
+                # then read d[j] as an array)
+                i = left[min(range(len(left)), key=lambda j: (round(d[j], 12), group[left[j]]))]  # type: ignore[call-overload]
                 if group[i] not in order:
                     order.append(group[i])
                     left.remove(i)
@@ -249,8 +252,8 @@ def _coarse_order(spec: SweepSpec) -> tuple[Cell, ...]:
             else:
                 gap = np.zeros(len(left))
             centre = np.hypot(sub[:, 0] - 0.5, sub[:, 1] - 0.5)
-            j = min(range(len(left)),
-                    key=lambda k: (-round(gap[k], 12), round(centre[k], 12), group[left[k]]))
+            j = min(range(len(left)),  # (ignore: as for the corners above)
+                    key=lambda k: (-round(gap[k], 12), round(centre[k], 12), group[left[k]]))  # type: ignore[call-overload]
             order.append(group[left[j]])
             chosen = np.vstack([chosen, sub[j : j + 1]])
             left.pop(j)
@@ -324,7 +327,8 @@ def _loo_errors(spec: SweepSpec, curve: _Curve) -> tuple[list[Cell], NDArray[np.
         a = np.column_stack([np.ones(len(nb)), x[nb] - x[i]])
         coef = np.linalg.lstsq(a, y[nb], rcond=None)[0]
         resid[i] = y[i] - coef[0]
-    return cells, np.round(np.abs(np.expm1(-resid)), 12)
+    # (ignore: numpy's stubs read np.round of an array of unknown dtype as float16)
+    return cells, np.round(np.abs(np.expm1(-resid)), 12)  # type: ignore[return-value]
 
 
 def _curve_error(spec: SweepSpec, curve: _Curve) -> float | None:

@@ -26,7 +26,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import httpx
 import numpy as np
@@ -171,7 +171,9 @@ def poisson_schedule(rate: float, inputs: LengthDist, outputs: LengthDist, *, se
     if not (isinstance(vocab, int) and vocab > first_token >= 0):
         raise InputError("replay", "vocab", f"an integer > first_token ({first_token})", vocab)
     rng = np.random.default_rng(seed)
-    cap = n_calls if n_calls is not None else max(16, math.ceil(rate * duration_s * 2 + 50))
+    # without n_calls, duration_s is given (checked above)
+    cap = n_calls if n_calls is not None else max(
+        16, math.ceil(rate * cast(float, duration_s) * 2 + 50))
     offsets = poisson_arrivals(rate, cap, rng)
     if duration_s is not None:
         offsets = offsets[offsets < duration_s]

@@ -65,7 +65,7 @@ _ConfigLine = create_model(  # the architecture a record was measured with (Engi
     architecture=(Name, ...),
     **shape_record_fields(),
     tied_embeddings=(bool, ...),
-    dtype=(Literal[tuple(DTYPE_BYTES)], ...),  # type: ignore[misc]
+    dtype=(Literal[tuple(DTYPE_BYTES)], ...),
 )
 
 

@@ -358,7 +358,7 @@ class _Sweep:
 
     def _record(self, inst: Instance, step: StepPoint, timing: Timing | None, error: str,
                 elapsed: float, detail: dict[str, Any]) -> ProfileRecord:
-        measured = {} if timing is None else {
+        measured: dict[str, Any] = {} if timing is None else {
             "latency_ms": timing.median_ms, "iqr_ms": timing.iqr_ms,
             "samples_ms": timing.samples_ms, "method": timing.method}
         return ProfileRecord(

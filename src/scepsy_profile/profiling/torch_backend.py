@@ -346,6 +346,7 @@ class TorchSession:
                 net = transformers.AutoModelForCausalLM.from_config(config,
                                                                     torch_dtype=torch_dtype)
             net = net.to(device=plan.device, dtype=torch_dtype).eval()
+        detail: dict[str, Any]
         detail = {"engine_version": backend.version(options), "dtype": dtype,
                   "dtype_reason": why, "share": plan.share,
                   "decode_cache": _extra(options)["decode_cache"],
@@ -374,6 +375,7 @@ class TorchSession:
         self._check_memory(point)
         import torch
 
+        prepared: PreparedStep | None
         try:
             with torch.inference_mode(), _threads(self.plan.threads):
                 prepared = self.prepare(point)

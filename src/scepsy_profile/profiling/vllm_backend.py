@@ -521,9 +521,6 @@ def _pump(stream: IO[str] | None, out: queue.Queue[str | None]) -> None:
     out.put(None)
 
 
-    return True
-
-
 def _device_info(p: Probe, env: Mapping[str, str], tp: int, share: float,
                  options: BackendOptions, limits: EngineLimits) -> DeviceInfo:
     engine = {"max_model_len": limits.max_model_len, "max_num_seqs": limits.max_num_seqs,
