@@ -498,7 +498,7 @@ def test_profile_stage_measures_this_machine_with_vllm(tmp_path: Path) -> None:
     ``cpu`` naming this machine's CPU, curves covering TP 1; a rerun starts no engine."""
     python = _vllm()
     opts = _options(tmp_path, None, curves=None, engine_python=python, tps=(1,),
-                    profile_budget_s=75.0)
+                    profile_budget_s=150.0)
     folder = tmp_path / "profile"
     with api.using_catalog(opts.catalog) as cat:
         models = bl.loop_models(load_specs(opts.workflow), cat)

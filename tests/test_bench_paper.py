@@ -124,7 +124,12 @@ def test_same_bytes_whatever_the_jobs(quick: Path, tmp_path: Path) -> None:
                           "--sections", "curves", "--jobs", "1", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=600, cwd=REPO)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert (tmp_path / "curves.json").read_bytes() == (quick / "curves.json").read_bytes()
+    one, two = (tmp_path / "curves.json").read_bytes(), (quick / "curves.json").read_bytes()
+    # a plan stopped by its wall-clock limit (a busy machine) may differ run to run: the
+    # claim holds for runs in which every plan finished
+    if b'"time_limit' in one or b'"time_limit' in two:
+        pytest.skip("a plan of the quick run hit its wall-clock limit on this busy machine")
+    assert one == two
 
 
 @pytest.mark.parametrize("argv, needle", [

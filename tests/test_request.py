@@ -142,3 +142,47 @@ def test_cli_and_api_build_the_same_request_and_plan_json_keeps_it(tmp_path) -> 
     doc["request"]["search"]["optimiser"] = "nope"
     with pytest.raises(InputError, match="request"):
         parse_plan(doc, str(out))
+
+
+def _stats_keys() -> set[str]:
+    """Every key the optimisers and formulations write into a plan's statistics (read from
+    the source with ast: subscript stores, dict(...stats, key=...), stats dict literals)."""
+    import ast
+
+    def name(n: ast.AST) -> str:
+        return n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute) else ""
+
+    keys: set[str] = set()
+    for path in (REPO / "src").rglob("*.py"):
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if isinstance(t, ast.Subscript) and "stats" in name(t.value) \
+                            and isinstance(t.slice, ast.Constant):
+                        keys.add(t.slice.value)
+                    if "stats" in name(t) and isinstance(n.value, ast.Dict):
+                        keys |= {k.value for k in n.value.keys if isinstance(k, ast.Constant)}
+            if isinstance(n, ast.Call) and name(n.func) == "dict" and n.args \
+                    and "stats" in name(n.args[0]):
+                keys |= {kw.arg for kw in n.keywords if kw.arg}
+            if isinstance(n, ast.Call):
+                for kw in n.keywords:
+                    if kw.arg == "stats" and isinstance(kw.value, ast.Dict):
+                        keys |= {k.value for k in kw.value.keys if isinstance(k, ast.Constant)}
+    return keys
+
+
+def test_the_solver_section_is_closed_and_names_every_statistic(tmp_path) -> None:
+    from scepsy_opt.planfile import TIMING_KEYS
+    from scepsy_place.launch.planfile import SolverSection
+
+    found = _stats_keys()
+    assert {"candidates_kept", "cg_bound", "placed_cost_per_hour", "latency_bounds"} <= found
+    assert found - set(TIMING_KEYS) <= set(SolverSection.model_fields), sorted(
+        found - set(TIMING_KEYS) - set(SolverSection.model_fields))
+    res = api.plan(RAG, A4, 1.0, trace_requests=60, formulation="blocks")
+    doc = json.loads(json.dumps(res.to_dict(timings=False)))
+    parse_plan(doc, "plan.json")
+    doc["solver"]["made_up_statistic"] = 1
+    with pytest.raises(InputError, match=r"solver\.made_up_statistic"):
+        parse_plan(doc, "plan.json")

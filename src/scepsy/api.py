@@ -120,9 +120,9 @@ class PlanResult:
 
     def write(self, path: PathLike, *, timings: bool = True) -> None:
         """Write :meth:`to_dict` to ``path`` atomically (nothing half-written)."""
-        from scepsy_opt.planfile import write_plan
+        from scepsy_place.launch.planfile import write_plan_file
 
-        write_plan(path, self.to_dict(timings=timings))
+        write_plan_file(path, self.to_dict(timings=timings))
 
 
 # --------------------------------------------------------------------------------- catalog

@@ -499,7 +499,8 @@ def plan_request(args: argparse.Namespace) -> Any:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy.tables import progress
-    from scepsy_opt.planfile import dumps, write_plan
+    from scepsy_opt.planfile import dumps
+    from scepsy_place.launch.planfile import write_plan_file
     from scepsy_place.request import flag_names
 
     check_out(args.out)
@@ -513,7 +514,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     with progress("planning", quiet=args.quiet or args.json) as bar, _naming(flags):
         res = api.run_plan(request, progress=lambda stage: bar.update(description=stage))
     doc = res.to_dict(timings=not args.no_timings)
-    write_plan(args.out, doc)  # the document printed below, built once
+    write_plan_file(args.out, doc)  # the document printed below, built once
     plan = res.plan
     if args.json:
         print(dumps(doc), end="")

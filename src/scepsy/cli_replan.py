@@ -110,9 +110,9 @@ def cmd_replan(args: argparse.Namespace) -> int:
     from scepsy.cli_util import floats as _floats
     from scepsy.cli_util import ints as _ints
     from scepsy_common.errors import InputError
-    from scepsy_opt.planfile import write_plan
     from scepsy_opt.problem import Deadline
     from scepsy_place.incremental import parse_event, replan
+    from scepsy_place.launch.planfile import write_plan_file
     from scepsy_profile.catalog import catalog_in_force
 
     check_out(args.out)
@@ -148,7 +148,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
                                      f"(got {exc.got!r})") from None
                 raise
             doc = res.document(policy=args.placer, timings=not args.no_timings)
-    write_plan(args.out, doc)
+    write_plan_file(args.out, doc)
     if args.json:
         import json
 

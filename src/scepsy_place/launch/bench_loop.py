@@ -59,13 +59,12 @@ import httpx
 from scepsy_common.errors import InputError
 from scepsy_common.files import atomic_write_text, read_json
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planfile import write_plan
 from scepsy_opt.traces import write_trace
 from scepsy_opt.workload import load_specs
 from scepsy_place.launch import apply as launch_apply
 from scepsy_place.launch.drive import DriveResult, drive
 from scepsy_place.launch.model import LaunchPlan
-from scepsy_place.launch.planfile import load_plan
+from scepsy_place.launch.planfile import load_plan, write_plan_file
 from scepsy_place.launch.renderers import get_renderer, write_rendered
 from scepsy_place.launch.routes import ROUTES_FILE, load_routes
 from scepsy_place.launch.time_sliced import running_allocation
@@ -1053,7 +1052,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                 health_timeout_s=options.health_timeout_s, env=env,
                 model_args=gpu_memory_args(doc["allocation"]["llms"]) if cuda else None)
             plan_path = work / "plan.json"
-            write_plan(plan_path, doc)
+            write_plan_file(plan_path, doc)
             files["plan"] = str(plan_path)
             plan: LaunchPlan = load_plan(plan_path)
             state["ports"] = tuple(r.port for r in plan.replicas)

@@ -37,7 +37,7 @@ from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import atomic_write_text, read_json
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
-from scepsy_opt.planfile import PLAN_VERSION
+from scepsy_opt.planfile import PLAN_VERSION, dumps
 from scepsy_opt.plans import Status
 from scepsy_opt.problem import Objective
 from scepsy_place.launch.model import (
@@ -68,7 +68,6 @@ EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=
 Host = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:_-]*$",
                                         max_length=253)]
 FINITE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-OPEN = ConfigDict(extra="allow", strict=True)
 
 
 # ------------------------------------------------------------------------------- sections
@@ -107,16 +106,97 @@ class LaunchSection(BaseModel):
     models: dict[Name, ModelLaunchSection]
 
 
-class SolverSection(BaseModel):
-    """How the optimiser ended; optimisers add their own statistics (``candidates_kept``,
-    ``variables``, ``solver``, ...)."""
+Num = float | int
+Count = int
+Stat = float | int | bool | str | list[Any] | dict[str, Any] | None
+"""A statistic whose shape differs by formulation (``gpus_used``: a count, or per GPU type
+for a mixed plan)."""
 
-    model_config = OPEN
+
+class SolverSection(BaseModel):
+    """How the plan was solved: the termination (the document's ``status``), the objective, its
+    proven bound and gap, the limits, and each formulation's statistics. Closed: every field a
+    formulation or optimiser writes is listed here (docs/plan-format.md)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
     objective_s: float | None
     bound_s: float | None
     gap: float | None
     time_limit_s: float = Field(gt=0)
     gap_limit: float = Field(ge=0)
+    solver: str | None = None
+    """the MILP solver and its version (``HiGHS 1.x.y``)"""
+    arrivals: dict[str, Any] | None = None
+    """the peak window the targets came from (recorded arrivals)"""
+    slos: dict[str, Any] | None = None
+    """per LLM: its SLO, the predicted TTFT and TPOT and whether it is met (docs/slo.md)"""
+    latency_bounds: dict[str, Any] | None = None
+    """per workflow: the percentile bound, the predicted percentile and whether it is met"""
+    latency_bounds_verified: bool | None = None
+    latency_bounds_optimal: bool | None = None
+    latency_bounds_proven_infeasible: bool | None = None
+    latency_bound_solves: Count | None = None
+    # candidate generation (every formulation)
+    candidates: Count | None = None
+    candidates_generated: Count | None = None
+    candidates_kept: Count | None = None
+    candidates_unplaceable: Count | None = None
+    serving_curves: Count | None = None
+    variables: Count | None = None
+    diagnosis: Stat = None
+    # the scale of the targets carried (max-throughput)
+    scale_bound: Num | None = None
+    scale_gap: Num | None = None
+    # min-cost (docs/min-cost.md)
+    cost_per_hour: Num | None = None
+    cost_bound_per_hour: Num | None = None
+    cost_gap: Num | None = None
+    placed_cost_per_hour: Num | None = None
+    placed_cost_gap: Num | None = None
+    placed_costs_per_hour: dict[str, Any] | None = None
+    placed_gpus: dict[str, Any] | None = None
+    prices_per_hour: dict[str, Any] | None = None
+    nodes_to_buy: dict[str, Any] | None = None
+    open_caps: Stat = None
+    highs_status: Stat = None
+    solves: Count | None = None
+    aggregate_bound_per_hour: Num | None = None
+    whole_gpus_bound_per_hour: Num | None = None
+    slices: Count | None = None
+    splits: dict[str, Any] | None = None
+    reason: Stat = None
+    gpus_used: Stat = None
+    # the pattern formulation (docs/patterns.md)
+    objective: Num | None = None
+    aggregate_bound: Num | None = None
+    aggregate_placed: Num | None = None
+    blocks_start: Num | None = None
+    cg_bound: Num | None = None
+    lp_bound: Num | None = None
+    root_lp: Num | None = None
+    root_s: Num | None = None
+    root_columns: Count | None = None
+    root_iterations: Count | None = None
+    columns: Count | None = None
+    iterations: Count | None = None
+    converged: bool | None = None
+    dive: Num | None = None
+    mip: Num | None = None
+    recombined: Num | None = None
+    domain_types: Count | None = None
+    shapes: Count | None = None
+    fallback: Stat = None
+    # slot groups
+    parts: Count | None = None
+    fallback_parts: Count | None = None
+    probes: Count | None = None
+    reused: Count | None = None
+    # the baselines
+    profile_alpha: Num | None = None
+    demand_order: list[Any] | None = None
+    baseline_failed: Stat = None
+    gpu_memory_used: dict[str, Any] | None = None
+    nodes: Stat = None
 
 
 class InstanceAllocation(BaseModel):
@@ -357,6 +437,14 @@ def parse_plan(raw: Any, source: str) -> PlanDoc:
                              exc.expected, exc.got) from None
     _check_consistent(doc, source)
     return doc
+
+
+def write_plan_file(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
+    """Write the plan.json document ``doc`` to ``path`` atomically, after checking it with the
+    models that read it (:func:`parse_plan`): scepsy never writes a plan it cannot read."""
+    text = dumps(dict(doc))
+    parse_plan(json.loads(text), str(path))
+    atomic_write_text(path, text)
 
 
 def read_plan(path: str | os.PathLike[str]) -> PlanDoc:
