@@ -186,3 +186,31 @@ def test_the_solver_section_is_closed_and_names_every_statistic(tmp_path) -> Non
     doc["solver"]["made_up_statistic"] = 1
     with pytest.raises(InputError, match=r"solver\.made_up_statistic"):
         parse_plan(doc, "plan.json")
+
+
+def test_the_typed_solve_report_says_how_each_plan_ended() -> None:
+    ok = api.plan(RAG, A4, 1.0, trace_requests=60, formulation="auto", time_limit_s=30)
+    rep = ok.report
+    doc = ok.to_dict(timings=False)
+    assert rep.status == doc["status"] == ok.plan.status
+    assert rep.formulation == doc["placement"]["formulation"]
+    assert set(rep.compared) == set(doc["placement"]["compared"])
+    assert rep.statistics.candidates_kept == doc["solver"]["candidates_kept"]
+    assert rep.proven_optimal == (rep.status == "optimal")
+    if rep.bound_s is not None and rep.objective_s is not None:
+        assert rep.bound_s <= rep.objective_s * (1 + 1e-9)  # a bound never above the plan
+    bad = api.plan(RAG, A4, 1000.0, trace_requests=60, formulation="blocks")
+    assert bad.report.status in ("infeasible", "unplaced") and bad.report.reason
+    assert bad.report.objective_s is None
+
+
+def test_replan_takes_the_options_it_shares_with_plan_from_the_request() -> None:
+    from scepsy.cli_replan import REQUEST_FLAGS
+
+    code, out, _ = run_cli("replan", "--help")
+    assert code == 0
+    by_flag = {f.flag.name: f for f in flag_fields()}
+    text = " ".join(out.split())
+    for flag in REQUEST_FLAGS:
+        assert flag in by_flag  # a field of the request
+        assert " ".join(by_flag[flag].help.split())[:40] in text, flag

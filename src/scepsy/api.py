@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from scepsy_opt.simulate import SimulationResult
     from scepsy_opt.traces import Trace
     from scepsy_opt.workflows import WorkflowSpec
+    from scepsy_place.launch.planfile import SolveReport
     from scepsy_place.loop import PlacedPlan
     from scepsy_place.request import PlanRequest
     from scepsy_place.topology import Topology
@@ -117,6 +118,15 @@ class PlanResult:
         if self.request is not None:
             doc["request"] = self.request.record()
         return doc
+
+    @property
+    def report(self) -> SolveReport:
+        """The typed solve report (:class:`~scepsy_place.launch.planfile.SolveReport`): how
+        the plan ended, its bound and gap, each formulation compared, the solver's
+        statistics."""
+        from scepsy_place.launch.planfile import SolveReport
+
+        return SolveReport.of(self.to_dict(timings=False))
 
     def write(self, path: PathLike, *, timings: bool = True) -> None:
         """Write :meth:`to_dict` to ``path`` atomically (nothing half-written)."""

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, NONNEGATIVE, POSITIVE, SEED
+from scepsy.argtypes import NONNEGATIVE
 
 HELP = ("re-plan a running plan.json after events (node failed, rack drained, load changed): "
         "what is kept, moved, started and stopped")
@@ -20,10 +20,12 @@ HELP = ("re-plan a running plan.json after events (node failed, rack drained, lo
 EXIT_UNPLACED = 1  # no placed plan after the events (not enough GPUs left, or not placed)
 EXIT_TIME_LIMIT = 3
 
-_FLAGS = {"tps": "--tp", "shares": "--shares", "max_utilisation": "--max-utilisation",
-          "time_limit_s": "--time-limit", "seed": "--seed", "trace_requests": "--trace-requests",
-          "overheads": "--overheads", "move_cost_s": "--move-cost",
-          "change_penalty_s": "--change-penalty", "targets": "--plan"}
+REQUEST_FLAGS = ("--formulation", "--placer", "--shares", "--tp", "--max-utilisation",
+                 "--time-limit", "--trace", "--trace-requests", "--curves", "--overheads",
+                 "--catalog", "--seed")
+"""The options replan shares with plan: fields of the plan request (scepsy_place.request)."""
+_OWN_FLAGS = {"move_cost_s": "--move-cost", "change_penalty_s": "--change-penalty",
+              "targets": "--plan"}
 
 
 def add_replan_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -38,13 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``scepsy replan`` on ``cmd``; sets ``func``."""
-    from scepsy import api
-    from scepsy_opt.problem import PlanOptions
+    from scepsy.cli_fields import add_request_flags
     from scepsy_place.incremental import DEFAULT_CHANGE_PENALTY_S, DEFAULT_MOVE_COST_S
-    from scepsy_place.loop import FORMULATIONS
-    from scepsy_place.placement import PLACERS
+    from scepsy_place.request import flag_fields
 
-    d = PlanOptions()
     cmd.add_argument("--plan", type=Path, required=True,
                      help="the running plan.json (scepsy plan --out, or an earlier replan)")
     cmd.add_argument("--workflow", type=Path, required=True,
@@ -59,21 +58,8 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cmd.add_argument("--change-penalty", type=NONNEGATIVE, default=DEFAULT_CHANGE_PENALTY_S,
                      metavar="S", help="objective seconds per replica started or stopped "
                      "(default %(default)s)")
-    cmd.add_argument("--formulation", choices=FORMULATIONS, default=api.DEFAULT_FORMULATION,
-                     help="formulation of the re-plan (default %(default)s)")
-    cmd.add_argument("--placer", choices=list(PLACERS), default=api.DEFAULT_PLACER,
-                     help="placement policy (default %(default)s)")
-    cmd.add_argument("--shares", default=None, help="comma-separated share grid (default tenths)")
-    cmd.add_argument("--tp", default=",".join(map(str, d.tps)), help="comma-separated TP degrees")
-    cmd.add_argument("--max-utilisation", type=float, default=d.max_utilisation)
-    cmd.add_argument("--time-limit", type=POSITIVE, default=d.time_limit_s,
-                     help="time limit of the whole re-plan, s (default %(default)s)")
-    cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
-    cmd.add_argument("--trace-requests", type=COUNT, default=api.DEFAULT_TRACE_REQUESTS)
-    cmd.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
-    cmd.add_argument("--overheads", type=Path, help="engine overheads calibration YAML/JSON")
-    cmd.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
-    cmd.add_argument("--seed", type=SEED, default=0)
+    # the search and input options a plan takes, generated from the plan request's fields
+    add_request_flags(cmd, flag_fields(), only=REQUEST_FLAGS)
     cmd.add_argument("--out", type=Path, default=Path("plan.json"),
                      help="the new plan.json (default %(default)s; may be --plan itself)")
     cmd.add_argument("--no-timings", action="store_true",
@@ -106,13 +92,13 @@ def _topology(raw: dict[str, Any], cluster: Path | None, source: str) -> Any:
 def cmd_replan(args: argparse.Namespace) -> int:
     """Run ``scepsy replan``: read, re-plan, write the new plan.json, print the report."""
     from scepsy import api
+    from scepsy.cli_fields import given_fields
     from scepsy.cli_util import UsageError, check_out, naming, print_rows
-    from scepsy.cli_util import floats as _floats
-    from scepsy.cli_util import ints as _ints
     from scepsy_common.errors import InputError
     from scepsy_opt.problem import Deadline
     from scepsy_place.incremental import parse_event, replan
     from scepsy_place.launch.planfile import write_plan_file
+    from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
     from scepsy_profile.catalog import catalog_in_force
 
     check_out(args.out)
@@ -123,31 +109,34 @@ def cmd_replan(args: argparse.Namespace) -> int:
         except InputError as exc:
             raise UsageError(f"--event: {exc.field}: expected {exc.expected} "
                              f"(got {text!r})") from None
-    options: dict[str, Any] = {"tps": tuple(_ints(args.tp, "--tp")),
-                               "max_utilisation": args.max_utilisation,
-                               "time_limit_s": args.time_limit}
-    if args.shares:
-        options["shares"] = tuple(_floats(args.shares, "--shares"))
-    with api.using_catalog(args.catalog), naming(_FLAGS):
+    flags = {**flag_names(), **_OWN_FLAGS}
+    with naming(flags):
+        given = given_fields(args, [f for f in flag_fields() if f.flag.name in REQUEST_FLAGS],
+                             {})
+        req = PlanRequest.of(request_data({("inputs", "workflow"): args.workflow,
+                                           ("inputs", "cluster"): args.plan, **given}))
+    inp, search, placer = req.inputs, req.search, req.placement.placer
+    with api.using_catalog(inp.catalog), naming(flags):
         raw, running = _running(args.plan)
         topology = _topology(raw, args.cluster, str(args.plan))
         problem, topology = api.plan_problem(
-            args.workflow, topology, dict(raw["targets"]), trace=args.trace,
-            trace_requests=args.trace_requests, seed=args.seed, curves=args.curves,
-            overheads=args.overheads, current=running.allocation, catalog=args.catalog,
-            **options)
-        deadline = Deadline.after(args.time_limit)
+            args.workflow, topology, dict(raw["targets"]), trace=inp.trace,
+            trace_requests=inp.trace_requests, seed=inp.seed, curves=inp.curves,
+            overheads=inp.overheads, current=running.allocation, catalog=inp.catalog,
+            **{k: v for k, v in req.plan_options().items()
+               if k in ("tps", "shares", "max_utilisation", "time_limit_s")})
+        deadline = Deadline.after(search.time_limit_s)
         with catalog_in_force(problem.catalog):
             try:
                 res = replan(problem, topology, running, events, move_cost_s=args.move_cost,
                              change_penalty_s=args.change_penalty, deadline=deadline,
-                             policy=args.placer, formulation=args.formulation)
+                             policy=placer, formulation=search.formulation)
             except InputError as exc:
                 if exc.source == "event":
                     raise UsageError(f"--event: {exc.field}: expected {exc.expected} "
                                      f"(got {exc.got!r})") from None
                 raise
-            doc = res.document(policy=args.placer, timings=not args.no_timings)
+            doc = res.document(policy=placer, timings=not args.no_timings)
     write_plan_file(args.out, doc)
     if args.json:
         import json

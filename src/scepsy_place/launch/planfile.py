@@ -372,6 +372,43 @@ class PlanDoc(BaseModel):
     valid request, read back by the same model"""
 
 
+class SolveReport(BaseModel):
+    """How a plan was solved, typed: the termination (``status``, and ``reason`` when nothing
+    was placed), the objective, the proven bound and gap of the plan handed on, the
+    formulation that found it and every formulation compared (each one's status, objective
+    and bound), and the solver's statistics (:class:`SolverSection`). Read from a plan.json
+    document by the models that read the file (:meth:`of`)."""
+
+    model_config = ConfigDict(frozen=True)
+    status: Status
+    reason: str | None
+    objective_s: float | None
+    bound_s: float | None
+    gap: float | None
+    formulation: str | None
+    compared: dict[str, OutcomeSection]
+    statistics: SolverSection
+
+    @property
+    def proven_optimal(self) -> bool:
+        """Whether the plan is proven optimal (within the gap limit)."""
+        return self.status == "optimal"
+
+    @classmethod
+    def of(cls, doc: Mapping[str, Any], source: str = "plan.json") -> SolveReport:
+        """The report of a plan.json document (checked as :func:`parse_plan` does)."""
+        plan = parse_plan(json.loads(dumps(dict(doc))), source)
+        pl = plan.placement
+        bound = pl.bound_s if pl is not None and pl.bound_s is not None else plan.solver.bound_s
+        gap = pl.gap if pl is not None and pl.gap is not None else plan.solver.gap
+        reason = pl.reason if pl is not None and pl.reason else (
+            plan.infeasible.detail if plan.infeasible is not None else None)
+        return cls(status=plan.status, reason=reason, objective_s=plan.solver.objective_s,
+                   bound_s=bound, gap=gap, formulation=pl.formulation if pl else None,
+                   compared=dict(pl.compared) if pl else {},
+                   statistics=plan.solver)
+
+
 def _allowed(loc: tuple[Any, ...]) -> list[str]:
     """The fields allowed where an unknown field was found (for the error message)."""
     model: type[BaseModel] | None = PlanDoc
