@@ -243,7 +243,7 @@ def test_same_plan_same_page(tmp_path):
 def test_every_string_from_the_file_is_escaped(tmp_path):
     evil = '<script>alert("x")</script>&<img src=x onerror=alert(1)>'
     doc = _bundled()
-    doc["solver"]["note"] = evil  # open sections: any field, any text
+    doc["solver"]["solver"] = evil  # any text the file's string fields hold
     doc["placement"]["history"][0]["why"] = evil
     doc["placement"]["quality"][evil] = evil
     doc["placement"]["reason"] = evil

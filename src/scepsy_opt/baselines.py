@@ -88,7 +88,7 @@ from scepsy_opt.candidates import (
 )
 from scepsy_opt.milp import diagnose
 from scepsy_opt.pipeline import carried_scale
-from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice
+from scepsy_opt.plans import Infeasibility, Plan, no_allocation_plan, plan_from_choice
 from scepsy_opt.problem import PlanningProblem
 from scepsy_profile.catalog import default_catalog
 
@@ -337,7 +337,8 @@ def _no_scale(problem: PlanningProblem, name: str, stats: dict[str, Any]) -> Pla
         f"bounds ({', '.join(f'{w} {b:.4g} s' for w, b in bounds.items())})" if bounds else
         f"{name} found no scale of the targets it can serve", 0.0,
         {w: 0.0 for w in problem.targets}, None, ())  # no GPU budget is known to bind
-    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats, info, 0.0)
+    return no_allocation_plan(optimiser=name, status="infeasible", candidates={}, stats=stats,
+                              infeasible=info, scale=0.0)
 
 
 def _max_throughput_by_bisection(problem: PlanningProblem, name: str,
@@ -503,7 +504,8 @@ class BruteForce:
                      total_s=time.perf_counter() - t0)
         if choice is None:
             if bounds:
-                return Plan(self.name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats)
+                return no_allocation_plan(optimiser=self.name, status="infeasible", candidates={},
+                                          stats=stats)
             return diagnose(problem, cset, self.name, stats)
         return plan_from_choice(problem, self.name, "optimal", choice, stats)
 
@@ -568,7 +570,8 @@ class _CandidateHeuristic:
         t0 = time.perf_counter()
         cset = generate_candidates(problem)
         stats = _cset_stats(cset)
-        unexplained = Plan(self.name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats)
+        unexplained = no_allocation_plan(optimiser=self.name, status="infeasible", candidates={},
+                                         stats=stats)
         if _unsolvable(cset):
             return diagnose(problem, cset, self.name, stats) if explain else unexplained
         choice, extra = self.choose(problem, cset.by_llm)
@@ -819,8 +822,9 @@ class UserAllocation:
         zero = {w: 0.0 for w in problem.targets}
 
         def infeasible(info: Infeasibility) -> Plan:
-            return Plan(self.name, "infeasible", None, math.inf, math.inf, math.inf,
-                        dict(sorted(priced.items())), stats, info, info.max_scale)
+            return no_allocation_plan(optimiser=self.name, status="infeasible",
+                                      candidates=dict(sorted(priced.items())), stats=stats,
+                                      infeasible=info, scale=info.max_scale)
 
         unfit = tuple(m for m, c in priced.items() if c.mu <= 0)
         if unfit:

@@ -75,7 +75,14 @@ from scepsy_opt.candidates import (
     slo_floors,
 )
 from scepsy_opt.pipeline import min_replicas, replicas_needed
-from scepsy_opt.plans import Infeasibility, Plan, headroom, plan_from_choice, time_limit_plan
+from scepsy_opt.plans import (
+    Infeasibility,
+    Plan,
+    headroom,
+    no_allocation_plan,
+    plan_from_choice,
+    time_limit_plan,
+)
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.solver import SEED as SEED  # re-exported: the seed of every solve
 from scepsy_opt.solver import SOLVER, highs_status, pulp_highs
@@ -459,7 +466,8 @@ def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None
         return time_limit_plan(name, stats)
     if status not in ("optimal", "time_limit"):
         if extra:  # a constrained solve (latency bounds) that has no answer
-            return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, stats)
+            return no_allocation_plan(optimiser=name, status="infeasible", candidates={},
+                                      stats=stats)
         return _diagnosed(problem, cset, name, stats, left)
     choice = _chosen(xs)
     return plan_from_choice(problem, name, status, choice, stats,  # type: ignore[arg-type]
@@ -596,8 +604,8 @@ def _percentile_bounded(problem: PlanningProblem, cset: CandidateSet, extra: lis
                 raise TimeLimitReached("time limit")
             if choice is None and not lins:  # infeasible before any bound: as without bounds
                 if extra:
-                    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {},
-                                dict(stats, latency_bound_solves=solves))
+                    return no_allocation_plan(optimiser=name, status="infeasible", candidates={},
+                                              stats=dict(stats, latency_bound_solves=solves))
                 return _diagnosed(problem, cset, name, stats, deadline)
             if choice is None:  # the linearised rows admit nothing
                 break
@@ -669,7 +677,8 @@ def _bound_infeasible(problem: PlanningProblem, name: str, stats: Mapping[str, A
     st = dict(stats, latency_bounds=_bound_report(problem, None), latency_bounds_verified=False,
               latency_bounds_proven_infeasible=proven)
     st.setdefault("total_s", time.perf_counter() - t0)
-    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, st, info, 0.0)
+    return no_allocation_plan(optimiser=name, status="infeasible", candidates={}, stats=st,
+                              infeasible=info, scale=0.0)
 
 
 def _diagnosed(problem: PlanningProblem, cset: CandidateSet, name: str, stats: Mapping[str, Any],
@@ -679,8 +688,8 @@ def _diagnosed(problem: PlanningProblem, cset: CandidateSet, name: str, stats: M
     try:
         return diagnose(problem, cset, name, stats, deadline=deadline, shapes_=shapes_)
     except TimeLimitReached:
-        return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {},
-                    dict(stats, diagnosis="time_limit"))
+        return no_allocation_plan(optimiser=name, status="infeasible", candidates={},
+                                  stats=dict(stats, diagnosis="time_limit"))
 
 
 def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
@@ -962,7 +971,8 @@ def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
         info = Infeasibility("memory", f"{models} fits on no GPU of the cluster with any TP degree "
                              "and share of the grid", 0.0, {w: 0.0 for w in problem.targets},
                              cset.unfit[0], tuple(cset.unfit))
-        return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
+        return no_allocation_plan(optimiser=name, status="infeasible", candidates={},
+                                  stats=dict(stats), infeasible=info, scale=0.0)
     slo_missed = [m for m in problem.options.slos if not cset.by_llm.get(m)]
     if slo_missed:
         return _slo_diagnosis(problem, slo_missed, name, stats)
@@ -990,7 +1000,8 @@ def diagnose(problem: PlanningProblem, cset: CandidateSet, name: str,
               f"{bottleneck}; {where}")
     info = Infeasibility("gpus", detail, scale, tput, bottleneck, binding,
                          MappingProxyType(dict(sorted(gains.items()))))
-    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, scale)
+    return no_allocation_plan(optimiser=name, status="infeasible", candidates={}, stats=dict(stats),
+                              infeasible=info, scale=scale)
 
 
 def _slo_diagnosis(problem: PlanningProblem, llms: list[str], name: str,
@@ -1011,7 +1022,8 @@ def _slo_diagnosis(problem: PlanningProblem, llms: list[str], name: str,
                          f"zero load (best: ttft {ttft:.4g} s, tpot {tpot:.4g} s)")
     info = Infeasibility("latency", "; ".join(parts), 0.0, {w: 0.0 for w in problem.targets},
                          llms[0], tuple(llms))
-    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, dict(stats), info, 0.0)
+    return no_allocation_plan(optimiser=name, status="infeasible", candidates={}, stats=dict(stats),
+                              infeasible=info, scale=0.0)
 
 
 def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
@@ -1057,9 +1069,9 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
         return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left, shp)
     plan, s = found.best, found.best_at
     stats = dict(plan.stats, total_s=time.perf_counter() - t0)
-    return Plan(plan.optimiser, "time_limit" if found.stopped else plan.status,
-                plan.allocation, plan.objective_s, plan.bound_s,
-                plan.gap, plan.candidates, stats, None, s)
+    return Plan(optimiser=plan.optimiser, status="time_limit" if found.stopped else plan.status,
+                allocation=plan.allocation, objective_s=plan.objective_s, bound_s=plan.bound_s,
+                gap=plan.gap, candidates=plan.candidates, stats=stats, infeasible=None, scale=s)
 
 
 def _bounded(problem: PlanningProblem, name: str, deadline: Deadline) -> Plan:
@@ -1069,7 +1081,7 @@ def _bounded(problem: PlanningProblem, name: str, deadline: Deadline) -> Plan:
     except TimeLimitReached:
         return time_limit_plan(name)
     if cset.unfit or any(not c for c in cset.by_llm.values()):
-        return Plan(name, "infeasible", None, math.inf, math.inf, math.inf, {}, {})
+        return no_allocation_plan(optimiser=name, status="infeasible", candidates={}, stats={})
     extra: list[Row] = []
     for w, bound in problem.options.latency_bound_s.items():
         if w not in problem.targets:

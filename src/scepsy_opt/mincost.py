@@ -69,7 +69,13 @@ from scepsy_opt.milp import (
     unit_latency,
 )
 from scepsy_opt.pipeline import class_latencies, min_replicas
-from scepsy_opt.plans import Infeasibility, Plan, plan_from_choice, time_limit_plan
+from scepsy_opt.plans import (
+    Infeasibility,
+    Plan,
+    no_allocation_plan,
+    plan_from_choice,
+    time_limit_plan,
+)
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.tails import latency_quantiles
 from scepsy_profile.catalog import default_catalog
@@ -496,7 +502,8 @@ def _latency_infeasible(problem: PlanningProblem, cands: Mapping[str, Sequence[C
     st = dict(stats, latency_bounds_proven_infeasible=proven)
     if pct:
         st.update(latency_bounds=_bound_report(problem, None), latency_bounds_verified=False)
-    return Plan(NAME, "infeasible", None, math.inf, math.inf, math.inf, {}, st, info, 0.0)
+    return no_allocation_plan(optimiser=NAME, status="infeasible", candidates={}, stats=st,
+                              infeasible=info, scale=0.0)
 
 
 def _solve_fixed(problem: PlanningProblem, cset: CandidateSet, prices: Mapping[str, float],

@@ -19,7 +19,6 @@ LLM's bounds, its predicted TTFT and TPOT, its predicted attainment and whether 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import replace
 from types import MappingProxyType
@@ -37,7 +36,7 @@ from scepsy_opt.baselines import (
 from scepsy_opt.candidates import price, slo_checks
 from scepsy_opt.milp import MILPOptimiser, percentile_latencies
 from scepsy_opt.mincost import solve_min_cost
-from scepsy_opt.plans import Infeasibility, Optimiser, Plan
+from scepsy_opt.plans import Infeasibility, Optimiser, Plan, no_allocation_plan
 from scepsy_opt.problem import OBJECTIVES, Deadline, PlanningProblem
 
 
@@ -71,8 +70,8 @@ def check_latency_bounds(problem: PlanningProblem, plan: Plan, *, keep: bool = F
     info = Infeasibility("latency", f"{plan.optimiser} found no allocation within the percentile "
                          f"bounds (its answer predicts {miss})", 0.0,
                          {w: 0.0 for w in problem.targets}, None, ())
-    return Plan(plan.optimiser, "infeasible", None, math.inf, math.inf, math.inf, {},
-                MappingProxyType(stats), info, 0.0)
+    return no_allocation_plan(optimiser=plan.optimiser, status="infeasible", candidates={},
+                              stats=MappingProxyType(stats), infeasible=info, scale=0.0)
 
 
 def check_slos(problem: PlanningProblem, plan: Plan, *, keep: bool = False) -> Plan:
@@ -91,8 +90,8 @@ def check_slos(problem: PlanningProblem, plan: Plan, *, keep: bool = False) -> P
     info = Infeasibility("latency", f"{plan.optimiser} found no allocation within the LLMs' SLOs "
                          f"(its answer misses {miss})", 0.0,
                          {w: 0.0 for w in problem.targets}, None, ())
-    return Plan(plan.optimiser, "infeasible", None, math.inf, math.inf, math.inf, {},
-                MappingProxyType(stats), info, 0.0)
+    return no_allocation_plan(optimiser=plan.optimiser, status="infeasible", candidates={},
+                              stats=MappingProxyType(stats), infeasible=info, scale=0.0)
 
 
 def bound_checked(cls: type, *, keep: bool = False, percentiles: bool = True) -> type:

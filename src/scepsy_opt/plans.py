@@ -37,7 +37,7 @@ class Infeasibility:
     gain_per_gpu: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Plan:
     """An optimiser's answer: the allocation, its predicted figures and how it was found."""
 
@@ -65,11 +65,22 @@ class Optimiser(Protocol):
     def solve(self, problem: PlanningProblem) -> Plan: ...
 
 
+def no_allocation_plan(*, optimiser: str, status: Status, stats: Mapping[str, Any],
+                       candidates: Mapping[str, Candidate] | None = None,
+                       infeasible: Infeasibility | None = None, scale: float = 1.0) -> Plan:
+    """A plan without an allocation (infeasible, or no solution in time): no objective, bound
+    or gap (infinite), with the ``stats``, the diagnosis and the scale of the targets
+    reached."""
+    return Plan(optimiser=optimiser, status=status, allocation=None, objective_s=math.inf,
+                bound_s=math.inf, gap=math.inf, candidates={} if candidates is None else candidates,
+                stats=stats, infeasible=infeasible, scale=scale)
+
+
 def time_limit_plan(name: str, stats: Mapping[str, Any] | None = None) -> Plan:
     """The plan of a run whose time limit ran out before any allocation was found: no
     allocation, no diagnosis, and no scale of the targets reached (0)."""
-    return Plan(name, "time_limit_no_solution", None, math.inf, math.inf, math.inf, {},
-                MappingProxyType(dict(stats or {})), None, 0.0)
+    return no_allocation_plan(optimiser=name, status="time_limit_no_solution", candidates={},
+                              stats=MappingProxyType(dict(stats or {})), infeasible=None, scale=0.0)
 
 
 def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
@@ -87,8 +98,9 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
     bound = obj if bound_s is None else bound_s
     gap = 0.0 if obj <= 0 else max(obj - bound, 0.0) / obj
     gap = 0.0 if gap < 1e-12 else gap  # float noise between HiGHS's bound and our sum
-    return Plan(name, status, alloc, obj, bound, gap, MappingProxyType(dict(sorted(choice.items()))),
-                MappingProxyType(dict(stats)), None, scale)
+    return Plan(optimiser=name, status=status, allocation=alloc, objective_s=obj, bound_s=bound,
+                gap=gap, candidates=MappingProxyType(dict(sorted(choice.items()))),
+                stats=MappingProxyType(dict(stats)), infeasible=None, scale=scale)
 
 
 def headroom(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> dict[str, float]:
@@ -114,9 +126,10 @@ def saturated_plan(problem: PlanningProblem, name: str, choice: Mapping[str, Can
         "gpus", f"{', '.join(full)} saturated: the allocation carries at most {scale:.4g}x the "
         f"targets at utilisation {u:g} ({', '.join(f'{w} {v:.4g} req/s' for w, v in tput.items())}), "
         f"bounded by {bottleneck}", scale, tput, bottleneck, ())
-    return Plan(name, "infeasible", None, math.inf, math.inf, math.inf,
-                MappingProxyType(dict(sorted(choice.items()))), MappingProxyType(dict(stats)),
-                info, scale)
+    return no_allocation_plan(optimiser=name, status="infeasible",
+                              candidates=MappingProxyType(dict(sorted(choice.items()))),
+                              stats=MappingProxyType(dict(stats)),
+                              infeasible=info, scale=scale)
 
 
 def workflow_latencies(problem: PlanningProblem, plan: Plan) -> dict[str, float]:

@@ -674,7 +674,8 @@ def replan(problem: PlanningProblem, topology: Topology,
                                      policy, placer_options, deadline)
             if not scratch.complete:  # not placed even on the whole cluster: skip it
                 continue
-            alt = PlacedPlan(plan, scratch, 1, (), None, None, False, "replan-alternative")
+            alt = PlacedPlan(plan=plan, placement=scratch, rounds=1, history=(), quality=None,
+                             reason=None, exact=False, formulation="replan-alternative")
             other = _realise(new_problem, top, run, surviving, alt, **kw)
             tried, tests = tried + 1, tests + other.tests
             if other.placed.placed and _cost(other, move_cost_s) < _cost(best, move_cost_s):

@@ -99,7 +99,14 @@ from scepsy_opt.mixing import domains, group_gpus, mixed_plan, solve_mixed
 from scepsy_opt.optimisers import optimiser
 from scepsy_opt.pipeline import min_replicas
 from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import Plan, Status, headroom, plan_from_choice, time_limit_plan
+from scepsy_opt.plans import (
+    Plan,
+    Status,
+    headroom,
+    no_allocation_plan,
+    plan_from_choice,
+    time_limit_plan,
+)
 from scepsy_opt.problem import (
     OBJECTIVES,
     Deadline,
@@ -283,7 +290,8 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     if plan.allocation is None:
         why = (plan.infeasible.detail if plan.infeasible is not None
                else "no allocation meets the targets and the latency bounds")
-        return PlacedPlan(plan, None, 1, history, None, why, True, "aggregate",
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=history, quality=None,
+                          reason=why, exact=True, formulation="aggregate",
                           status="infeasible", seconds=time.perf_counter() - t0)
     top = open_topology(problem.cluster, topology, plan.stats.get("gpus_used", {}))
     prices = gpu_prices(problem)
@@ -293,13 +301,15 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     placement = place_or_exact(top, dem, kw["policy"], kw["placer_options"], deadline)
     history = ({**history[0], "unplaced": len(placement.unplaced)},)
     if placement.complete:
-        tried["aggregate"] = PlacedPlan(plan, placement, 1, history, None, None, False,
-                                        "aggregate", seconds=time.perf_counter() - t0)
+        tried["aggregate"] = PlacedPlan(plan=plan, placement=placement, rounds=1, history=history,
+                                        quality=None, reason=None, exact=False,
+                                        formulation="aggregate", seconds=time.perf_counter() - t0)
     else:
         tried["aggregate"] = PlacedPlan(
-            plan, placement, 1, history, None, f"{len(placement.unplaced)} replica(s) of the "
-            "cheapest allocation in aggregate did not fit on the cluster's nodes", False,
-            "aggregate", status="unplaced", seconds=time.perf_counter() - t0)
+            plan=plan, placement=placement, rounds=1, history=history, quality=None,
+                                        reason=f"{len(placement.unplaced)} replica(s) of the "
+            "cheapest allocation in aggregate did not fit on the cluster's nodes", exact=False,
+            formulation="aggregate", status="unplaced", seconds=time.perf_counter() - t0)
     if (not problem.options.latency_bounds and deadline.remaining() > 0
             and slots.applicable(problem) is None):
         tried["slots"] = _min_cost_slots(slots.on_nodes(problem, top), top, prices,
@@ -395,11 +405,15 @@ def _min_cost_slots(problem: PlanningProblem, topology: Topology,
                                    extra=slo_rows(problem, cands))
     if not sol.choice:
         status: LoopStatus = "time_limit" if sol.status == "time_limit" else "unplaced"
-        return PlacedPlan(time_limit_plan("milp") if status == "time_limit" else
-                          Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {},
-                               None, 0.0), None, 1, (), None,
-                          "no slot groups meet the targets within the GPUs offered", False,
-                          "slots", status=status, seconds=time.perf_counter() - t0)
+        return PlacedPlan(plan=time_limit_plan("milp") if status == "time_limit" else
+                          no_allocation_plan(optimiser="milp", status="unplaced", candidates={},
+                                             stats={},
+                                             infeasible=None, scale=0.0), placement=None, rounds=1,
+                          history=(),
+                          quality=None,
+                          reason="no slot groups meet the targets within the GPUs offered",
+                          exact=False,
+                          formulation="slots", status=status, seconds=time.perf_counter() - t0)
     # the slot model's statuses (optimal, time_limit, infeasible) are plan statuses
     plan = plan_from_choice(problem, "milp", cast(Status, sol.status), dict(sol.choice),
                             {"candidates_generated": cs.generated,
@@ -410,9 +424,11 @@ def _min_cost_slots(problem: PlanningProblem, topology: Topology,
     history = ({"round": 1, "objective_s": plan.objective_s,
                 "unplaced": len(placement.unplaced)},)
     if not placement.complete:
-        return PlacedPlan(plan, placement, 1, history, None, "replicas found no slot", False,
-                          "slots", status="unplaced", seconds=time.perf_counter() - t0)
-    return PlacedPlan(plan, placement, 1, history, None, None, False, "slots",
+        return PlacedPlan(plan=plan, placement=placement, rounds=1, history=history, quality=None,
+                          reason="replicas found no slot", exact=False,
+                          formulation="slots", status="unplaced", seconds=time.perf_counter() - t0)
+    return PlacedPlan(plan=plan, placement=placement, rounds=1, history=history, quality=None,
+                      reason=None, exact=False, formulation="slots",
                       seconds=time.perf_counter() - t0)
 
 
@@ -439,8 +455,9 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
     if res.placement is None or res.plan.allocation is None:
         status = {"infeasible": "infeasible", "time_limit_no_solution": "time_limit"}.get(
             res.status, "unplaced")
-        return PlacedPlan(res.plan, None, 1, (), None, res.reason or res.status, res.exact,
-                          "patterns", status=status,  # type: ignore[arg-type]
+        return PlacedPlan(plan=res.plan, placement=None, rounds=1, history=(), quality=None,
+                          reason=res.reason or res.status, exact=res.exact,
+                          formulation="patterns", status=status,  # type: ignore[arg-type]
                           seconds=time.perf_counter() - t0), bound
     choice = {m: true[c] for m, c in res.plan.candidates.items()}
     plan = plan_from_choice(problem, "milp", res.plan.status, choice,
@@ -449,8 +466,9 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
     history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": 0,
                 "cost_objective": res.objective, "cost_bound": bound, "status": res.status,
                 "columns": res.columns, "iterations": res.iterations},)
-    return PlacedPlan(plan, res.placement, 1, history, None, None,
-                      res.exact and res.status == "optimal", "patterns",
+    return PlacedPlan(plan=plan, placement=res.placement, rounds=1, history=history, quality=None,
+                      reason=None,
+                      exact=res.exact and res.status == "optimal", formulation="patterns",
                       seconds=time.perf_counter() - t0), bound
 
 
@@ -485,10 +503,12 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
     if not mx.feasible:
         status: LoopStatus = ("infeasible" if mx.status == "infeasible" else "time_limit")
         plan = (time_limit_plan("milp") if status == "time_limit" else
-                Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0))
+                no_allocation_plan(optimiser="milp", status="infeasible", candidates={}, stats={},
+                                   infeasible=None, scale=0.0))
         why = ("no split of the LLMs' load over the GPU types meets the targets within the "
                "GPUs offered" if status == "infeasible" else "the time limit ran out")
-        return PlacedPlan(plan, None, 1, (), None, why, False, "mixed", status=status,
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None, reason=why,
+                          exact=False, formulation="mixed", status=status,
                           seconds=time.perf_counter() - t0), None
     groups, plan = mixed_plan(problem, mx)
     assert plan.allocation is not None
@@ -501,7 +521,8 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
                 "unplaced": len(placement.unplaced)},)
     reason = None if placement.complete else (
         f"{len(placement.unplaced)} replica(s) of the split plan did not fit on the nodes")
-    return PlacedPlan(plan, placement, 1, history, None, reason, False, "mixed",
+    return PlacedPlan(plan=plan, placement=placement, rounds=1, history=history, quality=None,
+                      reason=reason, exact=False, formulation="mixed",
                       status="placed" if placement.complete else "unplaced",
                       seconds=time.perf_counter() - t0, problem=groups), mx.cost_bound_per_hour
 
@@ -732,9 +753,10 @@ def keep_current(problem: PlanningProblem, topology: Topology, res: PlacedPlan, 
         return replace(res, compared=MappingProxyType({**res.compared,
                                                        "current": Outcome("unplaced")}))
     compared = MappingProxyType({**res.compared, "current": Outcome("placed", plan.objective_s)})
-    return PlacedPlan(plan, placement, res.rounds, res.history,
-                      quality(topology, placement, dem), None, False, "current", compared,
-                      "placed", res.cuts)
+    return PlacedPlan(plan=plan, placement=placement, rounds=res.rounds, history=res.history,
+                      quality=quality(topology, placement, dem), reason=None, exact=False,
+                      formulation="current", compared=compared,
+                      status="placed", cuts=res.cuts)
 
 
 def current_plan(problem: PlanningProblem, name: str = "milp") -> Plan | None:
@@ -808,9 +830,10 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
         # to optimality (or, stopped, its bound reached the cutoff), not cut by the deadline
         solved = (status == "infeasible" or plan.status == "optimal"
                   or (status == "stopped" and plan.bound_s >= cutoff_s))
-        return PlacedPlan(plan, placement, max(len(history), 1), tuple(history), qual, why,
-                          proven and solved and status in ("placed", "infeasible", "stopped"),
-                          "aggregate",
+        return PlacedPlan(plan=plan, placement=placement, rounds=max(len(history), 1),
+                          history=tuple(history), quality=qual, reason=why,
+                          exact=proven and solved and status in ("placed", "infeasible", "stopped"),
+                          formulation="aggregate",
                           status=status, cuts=MappingProxyType(dict(cuts)),
                           bound_s=_loop_bound(first, plan, proven and looping))
 
@@ -1060,17 +1083,18 @@ def _max_throughput(problem: PlanningProblem, topology: Topology, formulation: F
     entry = {"round": 1, "scale": plan.scale, "objective_s": plan.objective_s,
              "unplaced": len(placement.unplaced)}
     if placement.complete:
-        return PlacedPlan(plan, placement, 1, (entry,), quality(topology, placement, dem), None,
-                          True, "aggregate")
+        return PlacedPlan(plan=plan, placement=placement, rounds=1, history=(entry,),
+                          quality=quality(topology, placement, dem), reason=None,
+                          exact=True, formulation="aggregate")
     return _placeable_scale(problem, topology, plan.scale, (entry,), formulation, **kw)
 
 
 def _infeasible_scale(plan: Plan, formulation: str) -> PlacedPlan:
     """No scale of the targets is carried (the optimiser's diagnosis)."""
     why = plan.infeasible.detail if plan.infeasible is not None else "no scale carried"
-    return PlacedPlan(plan, None, 1, ({"round": 1, "scale": plan.scale, "status":
-                                       "infeasible"},), None, why, True, formulation,
-                      status="infeasible")
+    history = ({"round": 1, "scale": plan.scale, "status": "infeasible"},)
+    return PlacedPlan(plan=plan, placement=None, rounds=1, history=history, quality=None,
+                      reason=why, exact=True, formulation=formulation, status="infeasible")
 
 
 def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
@@ -1110,9 +1134,10 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
             stats = dict(plan.stats, scale_bound=plan.scale if exact else bound,
                          scale_gap=0.0 if exact else (bound / plan.scale - 1
                                                       if bound is not None else None))
-            return PlacedPlan(replace(plan, stats=stats), placement, res.rounds + 1,
-                              (*res.history, entry), quality(topology, placement, dem), None,
-                              exact, "aggregate")
+            return PlacedPlan(plan=replace(plan, stats=stats), placement=placement,
+                              rounds=res.rounds + 1, history=(*res.history, entry),
+                              quality=quality(topology, placement, dem), reason=None,
+                              exact=exact, formulation="aggregate")
         res = replace(res, history=(*res.history, entry), rounds=res.rounds + 1)
     if res.placed:
         return res
@@ -1162,9 +1187,11 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     if best is None:
         if deadline.remaining() <= 0 or last is None:
             return timed_out(deadline, "milp", rounds, tuple(steps), formulation, False)
-        return PlacedPlan(replace(last, scale=0.0, allocation=None), None, rounds,
-                          tuple(steps), None, "no scale of the targets could be placed", False,
-                          formulation, status="unplaced")
+        return PlacedPlan(plan=replace(last, scale=0.0, allocation=None), placement=None,
+                          rounds=rounds,
+                          history=tuple(steps), quality=None,
+                          reason="no scale of the targets could be placed", exact=False,
+                          formulation=formulation, status="unplaced")
     scale, res = best
     at = base.scaled(scale)
     assert res.plan.allocation is not None

@@ -53,7 +53,7 @@ import numpy as np
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates
 from scepsy_opt.milp import Row, reduced_candidates, solve_min_latency
-from scepsy_opt.plans import Plan, plan_from_choice, time_limit_plan
+from scepsy_opt.plans import Plan, no_allocation_plan, plan_from_choice, time_limit_plan
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
 from scepsy_opt.solver import SEED as SEED  # re-exported: the seed of every solve
 from scepsy_opt.solver import SOLVER, has_solution, highs, highs_status
@@ -1427,9 +1427,10 @@ def _no_plan(problem: PlanningProblem, status: PatternStatus, t0: float, why: st
              exact: bool = True, bound: float = -math.inf, iterations: int = 0, columns: int = 0,
              stats: Mapping[str, Any] | None = None) -> PatternResult:
     """A result without a plan."""
-    plan = time_limit_plan("milp", stats) if status == "time_limit_no_solution" else Plan(
-        "milp", "infeasible" if status == "infeasible" else "unplaced", None, math.inf,
-        math.inf, math.inf, {}, MappingProxyType(dict(stats or {})))
+    plan = time_limit_plan("milp", stats) if status == "time_limit_no_solution" else (
+        no_allocation_plan(optimiser="milp",
+                           status="infeasible" if status == "infeasible" else "unplaced",
+                           stats=MappingProxyType(dict(stats or {}))))
     return PatternResult(plan, None, bound, status, math.inf, columns, iterations,
                          time.perf_counter() - t0, math.inf, exact, False, why,
                          MappingProxyType(dict(stats or {})))
@@ -1449,12 +1450,14 @@ def plan_patterns(problem: PlanningProblem, topology: Topology,
     bound = lp if lp is not None and lp > 0 else None
     if res.placement is not None and res.plan.allocation is not None:
         dem = demands(res.plan.allocation, problem.catalog)
-        return PlacedPlan(res.plan, res.placement, 1, history,
-                          quality(topology, res.placement, dem), None,
-                          res.exact and res.status == "optimal", "patterns", bound_s=bound,
+        return PlacedPlan(plan=res.plan, placement=res.placement, rounds=1, history=history,
+                          quality=quality(topology, res.placement, dem), reason=None,
+                          exact=res.exact and res.status == "optimal", formulation="patterns",
+                          bound_s=bound,
                           seconds=res.seconds)
     loop_status = {"infeasible": "infeasible", "time_limit_no_solution": "time_limit"}.get(
         res.status, "unplaced")
-    return PlacedPlan(res.plan, None, 1, history, None, res.reason or res.status,
-                      res.exact and res.status == "infeasible", "patterns",
+    return PlacedPlan(plan=res.plan, placement=None, rounds=1, history=history, quality=None,
+                      reason=res.reason or res.status,
+                      exact=res.exact and res.status == "infeasible", formulation="patterns",
                       status=loop_status, seconds=res.seconds)  # type: ignore[arg-type]

@@ -44,7 +44,7 @@ class Outcome:
         return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PlacedPlan:
     """A plan, its placement, and how many optimise-place rounds it took.
 
@@ -125,8 +125,10 @@ class PlacedPlan:
 def timed_out(deadline: Deadline, name: str, rounds: int, history: tuple[Mapping[str, Any], ...],
                formulation: str, exact: bool = True) -> PlacedPlan:
     """No placed plan: the time limit ran out first (status ``time_limit``)."""
-    return PlacedPlan(time_limit_plan(name), None, rounds, history, None,
-                      time_limit_detail(deadline.limit_s), exact, formulation,
+    return PlacedPlan(plan=time_limit_plan(name), placement=None, rounds=rounds, history=history,
+                      quality=None,
+                      reason=time_limit_detail(deadline.limit_s), exact=exact,
+                      formulation=formulation,
                       status="time_limit")
 
 
@@ -149,17 +151,20 @@ def plan_blocks(problem: PlanningProblem, topology: Topology,
         why = (plan.infeasible.detail if proven and plan.infeasible is not None else
                "no allocation fits the free GPUs as whole-GPU blocks of one LLM each (not "
                "proven infeasible: the aggregate and patterns formulations may find one)")
-        return PlacedPlan(plan, None, 1, ({"round": 1, "objective_s": plan.objective_s,
-                                           "unplaced": 0},), None, why, True, "blocks",
+        history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": 0},)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=history, quality=None,
+                          reason=why, exact=True, formulation="blocks",
                           status="infeasible" if proven else "unplaced")
     dem = demands(plan.allocation, problem.catalog)
     placement = place(topology, dem, "blocks")
     history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)},)
     if placement.complete:
-        return PlacedPlan(plan, placement, 1, history, quality(topology, placement, dem), None,
-                          True, "blocks")
+        return PlacedPlan(plan=plan, placement=placement, rounds=1, history=history,
+                          quality=quality(topology, placement, dem), reason=None,
+                          exact=True, formulation="blocks")
     why = (f"{len(placement.unplaced)} block replica(s) did not fit: TP degrees that do not "
            "divide one another void the capacity rows' guarantee")
-    return PlacedPlan(plan, placement, 1, history, None, why, True, "blocks", status="unplaced")
+    return PlacedPlan(plan=plan, placement=placement, rounds=1, history=history, quality=None,
+                      reason=why, exact=True, formulation="blocks", status="unplaced")
 
 

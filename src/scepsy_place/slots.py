@@ -62,7 +62,7 @@ from scepsy_opt.allocation import Allocation
 from scepsy_opt.candidates import Candidate, fitting_curves, generate_candidates, price
 from scepsy_opt.milp import Shape, scale_upper_bound
 from scepsy_opt.pipeline import min_replicas
-from scepsy_opt.plans import Plan, Status, headroom, plan_from_choice
+from scepsy_opt.plans import Status, headroom, no_allocation_plan, plan_from_choice
 from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_place.patterns import _Model, _run_mip
 from scepsy_place.placed import PlacedPlan, timed_out
@@ -1001,10 +1001,11 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), POLICY, False)
     if not math.isfinite(bound) or not bound > 0:
-        plan = Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {},
-                    {"scale_bound": None}, None, 0.0)
-        return PlacedPlan(plan, None, 1, (), None, "no scale of the targets is carried", False,
-                          POLICY, status="unplaced")
+        plan = no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
+                                  stats={"scale_bound": None}, infeasible=None, scale=0.0)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
+                          reason="no scale of the targets is carried", exact=False,
+                          formulation=POLICY, status="unplaced")
     need = capacity_need(problem, shp, bound)
     until = deadline.within((1 - RESERVE) * deadline.remaining())
     found: PartsResult | None = None
@@ -1042,10 +1043,11 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
         if deadline.remaining() <= 0:
             return timed_out(deadline, "milp", 1, (), POLICY, False)
         why = "no slot groups of the free GPUs carry every LLM (not proven infeasible)"
-        plan = Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {},
-                    {"scale_bound": bound if math.isfinite(bound) else None,
-                     "parts": len(parts)}, None, 0.0)
-        return PlacedPlan(plan, None, 1, (), None, why, False, POLICY, status="unplaced")
+        plan = no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
+                                  stats={"scale_bound": bound if math.isfinite(bound) else None,
+                                         "parts": len(parts)}, infeasible=None, scale=0.0)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None, reason=why,
+                          exact=False, formulation=POLICY, status="unplaced")
     at = problem.scaled(sol.scale * (1 - 1e-9))
     alloc = plan_from_choice(at, "milp", "optimal", dict(sol.choice), {}).allocation
     assert alloc is not None
@@ -1059,12 +1061,14 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     entry = {"round": 1, "scale": sol.scale, "objective_s": plan.objective_s,
              "unplaced": len(placement.unplaced)}
     if not placement.complete:
-        return PlacedPlan(plan, placement, 1, (entry,), None,
-                          f"{len(placement.unplaced)} replica(s) found no slot", False, POLICY,
+        return PlacedPlan(plan=plan, placement=placement, rounds=1, history=(entry,), quality=None,
+                          reason=f"{len(placement.unplaced)} replica(s) found no slot", exact=False,
+                          formulation=POLICY,
                           status="unplaced")
     dem = demands(alloc, problem.catalog)
-    return PlacedPlan(plan, placement, 1, (entry,), quality(topology, placement, dem), None,
-                      gap is not None and gap <= PROVEN_SCALE_GAP, POLICY)
+    return PlacedPlan(plan=plan, placement=placement, rounds=1, history=(entry,),
+                      quality=quality(topology, placement, dem), reason=None,
+                      exact=gap is not None and gap <= PROVEN_SCALE_GAP, formulation=POLICY)
 
 
 # --------------------------------------------------------------------------- min-latency
@@ -1121,18 +1125,22 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     t0 = time.perf_counter()
     why = applicable(problem)
     if why is not None:
-        plan = Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0)
-        return PlacedPlan(plan, None, 1, (), None, f"slot groups do not apply: {why}", False,
-                          POLICY, status="unplaced")
+        plan = no_allocation_plan(optimiser="milp", status="unplaced", candidates={}, stats={},
+                                  infeasible=None, scale=0.0)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
+                          reason=f"slot groups do not apply: {why}", exact=False,
+                          formulation=POLICY, status="unplaced")
     try:
         shp = slot_shapes(problem, deadline)
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), POLICY, False)
     unfit = sorted(m for m, v in shp.items() if not v)
     if unfit:
-        plan = Plan("milp", "infeasible", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0)
-        return PlacedPlan(plan, None, 1, (), None, f"{', '.join(unfit)} fit no GPU of the "
-                          "cluster", True, POLICY, status="infeasible")
+        plan = no_allocation_plan(optimiser="milp", status="infeasible", candidates={}, stats={},
+                                  infeasible=None, scale=0.0)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
+                          reason=f"{', '.join(unfit)} fit no GPU of the "
+                          "cluster", exact=True, formulation=POLICY, status="infeasible")
     parts = partition(problem, topology, part_llms, capacity_need(problem, shp, 1.0))
     if len(parts) > 1 and not separable(problem, parts):
         parts = partition(problem, topology, len(problem.llms))
@@ -1182,10 +1190,12 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     if any(i not in best for i in distinct):
         if not proven_none:
             return timed_out(deadline, "milp", 1, (), POLICY, False)
-        plan = Plan("milp", "unplaced", None, math.inf, math.inf, math.inf, {}, {}, None, 0.0)
-        return PlacedPlan(plan, None, 1, (), None, "no slot groups of the free GPUs carry the "
+        plan = no_allocation_plan(optimiser="milp", status="unplaced", candidates={}, stats={},
+                                  infeasible=None, scale=0.0)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
+                          reason="no slot groups of the free GPUs carry the "
                           "targets (not proven infeasible: LLMs sharing GPUs otherwise may)",
-                          False, POLICY, status="unplaced")
+                          exact=False, formulation=POLICY, status="unplaced")
     found: list[SlotSolution] = []
     statuses: list[str] = []
     for i, part in enumerate(parts):
@@ -1207,8 +1217,10 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     placement = layout(topology, joined, dem)
     entry = {"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)}
     if not placement.complete:
-        return PlacedPlan(plan, placement, 1, (entry,), None,
-                          f"{len(placement.unplaced)} replica(s) found no slot", False, POLICY,
+        return PlacedPlan(plan=plan, placement=placement, rounds=1, history=(entry,), quality=None,
+                          reason=f"{len(placement.unplaced)} replica(s) found no slot", exact=False,
+                          formulation=POLICY,
                           status="unplaced")
-    return PlacedPlan(plan, placement, 1, (entry,), quality(topology, placement, dem), None,
-                      False, POLICY)
+    return PlacedPlan(plan=plan, placement=placement, rounds=1, history=(entry,),
+                      quality=quality(topology, placement, dem), reason=None,
+                      exact=False, formulation=POLICY)

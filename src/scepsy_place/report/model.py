@@ -164,7 +164,11 @@ def device_memory(rep: Report, node: Node) -> float:
     return rep.doc.devices[node.gpu].memory_gib
 
 
+_CORE = ("objective_s", "bound_s", "gap", "gap_limit", "time_limit_s")
+
+
 def open_fields(section: Any) -> dict[str, Any]:
-    """The fields an open section (``solver``) carries beyond its model's, sorted by name."""
-    extra = section.model_extra or {}
-    return {k: extra[k] for k in sorted(extra)}
+    """The statistics the ``solver`` section of the file carries beyond its core fields
+    (objective, bound, gap and limits): those its formulation wrote, sorted by name."""
+    given = section.model_fields_set | set(section.model_extra or {})
+    return {k: getattr(section, k) for k in sorted(given - set(_CORE))}
