@@ -43,7 +43,7 @@ from _common import REPO, RESULTS, progress, table, write_results
 
 if TYPE_CHECKING:
     from scepsy_opt.allocation import Instance
-    from scepsy_opt.problem import PlanningProblem
+    from scepsy_opt.planning.problem import PlanningProblem
     from scepsy_opt.traces import Trace
     from scepsy_place.incremental import Replan
     from scepsy_place.placed import PlacedPlan
@@ -128,7 +128,7 @@ def timed(fn: Callable[[], T]) -> Timed:
 
 def latencies(state: State) -> dict[str, float]:
     """Each workflow's predicted mean latency (s) under the state's plan at its targets."""
-    from scepsy_opt.plans import workflow_latencies
+    from scepsy_opt.planning.plans import workflow_latencies
 
     return {w: round(x, 6) for w, x in workflow_latencies(state.problem, state.placed.plan).items()}
 
@@ -209,7 +209,7 @@ def simulated(state: State, trace: Trace, requests: int, seed: int) -> dict[str,
     """Simulate the state's allocation at its targets (``requests`` Poisson arrivals over all
     workflows, replaying ``trace``'s requests): per workflow the predicted and the simulated
     mean latency and the relative error, and whether every request completed."""
-    from scepsy_opt.simulate import simulate
+    from scepsy_opt.prediction.simulate import simulate
 
     p = state.problem
     more = {} if p.policy is None else {"policy": p.policy}

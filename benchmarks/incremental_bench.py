@@ -1,6 +1,6 @@
 """Re-planning a running placement after a node failure: time and replicas moved.
 
-On seeded ``scepsy_opt.instances.random_problem`` instances (A100-80GB nodes, roofline
+On seeded ``scepsy_opt.planning.instances.random_problem`` instances (A100-80GB nodes, roofline
 latency model), a plan is made and placed (``plan_and_place``, formulation ``auto``); then the
 node running the most replicas fails and ``scepsy_place.incremental.replan`` re-plans (change
 penalty 1 s, move cost 1 s). Per run: the wall time of the re-plan (the optimiser's re-plan
@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import progress, sig, write_results
-from scepsy_opt.instances import random_problem
+from scepsy_opt.planning.instances import random_problem
 from scepsy_place.incremental import NodeFailed, replan
 from scepsy_place.loop import plan_and_place
 from scepsy_place.topology import from_cluster

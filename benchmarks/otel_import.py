@@ -6,8 +6,8 @@ request of up to 512 spans each, spans in the order they ended), of ``--requests
 seeded. Each run has eleven spans: a root (an HTTP server span), an agent span (``invoke_agent``),
 five LLM calls (``chat`` spans with the attributes the OpenAI instrumentation sets; one of them
 seen twice, a LangChain-style OpenInference LLM span around the client's span) and three tool
-calls (``execute_tool``). The script times reading the file (:func:`scepsy_opt.otel.read_otlp`),
-turning the spans into calls (:func:`scepsy_opt.otel.otlp_calls`) and writing the trace, best of
+calls (``execute_tool``). The script times reading the file (:func:`scepsy_opt.ingest.otel.read_otlp`),
+turning the spans into calls (:func:`scepsy_opt.ingest.otel.otlp_calls`) and writing the trace, best of
 ``--repeat`` runs, prints a table and writes results/otel_import.json.
 
     python benchmarks/otel_import.py [--requests N] [--seed S] [--repeat K]
@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from _common import table, write_results
-from scepsy_opt.otel import otlp_calls, read_otlp
-from scepsy_opt.tracemap import TraceMap
+from scepsy_opt.ingest.otel import otlp_calls, read_otlp
+from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import write_trace
 
 TARGET_S = 10.0

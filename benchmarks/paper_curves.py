@@ -6,7 +6,7 @@ equal split; MuxServe-style greedy co-location; a hand-made user allocation):
 
 1. the method's max-throughput plan on the cluster: its predicted peak (the largest rate it plans
    for, every LLM within ``max_utilisation``) and the simulated saturation rate of that plan
-   (:func:`scepsy_opt.simulate.saturation_search`): the peak the simulator confirms;
+   (:func:`scepsy_opt.prediction.simulate.saturation_search`): the peak the simulator confirms;
 2. at a grid of rates (fractions of the largest simulated saturation rate of the methods'
    max-throughput plans), the method's min-latency plan for that rate (the user allocation:
    evaluated as it is), placed on the cluster and simulated.
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS_DIR = REPO / "datasets" / "workflows"
 ALLOCATIONS_DIR = REPO / "datasets" / "allocations"
 
-# method -> optimiser name (scepsy_opt.optimisers.OPTIMISERS)
+# method -> optimiser name (scepsy_opt.planning.optimisers.OPTIMISERS)
 METHODS: Mapping[str, str] = {
     "scepsy": "milp",
     "heuristic": "heuristic",
@@ -68,7 +68,7 @@ class Mode:
     sim_requests: Mapping[str, int]  # the fewest Poisson arrivals per simulation, by workflow
     max_requests: Mapping[str, int]  # the most (runs are sized by :func:`_requests` in between)
     trace_requests: int  # recorded requests per workflow of the trace (statistics and replay)
-    time_limit_s: float  # per plan (scepsy_opt.problem.PlanOptions.time_limit_s)
+    time_limit_s: float  # per plan (scepsy_opt.planning.problem.PlanOptions.time_limit_s)
 
 
 FULL = Mode(workflows=("rag", "beam-search", "rag-beam"), sizes=(4, 8, 16),
@@ -188,7 +188,7 @@ def _simulate(setup: _Setup, cell: Cell, alloc: Any, rates: Mapping[str, float],
     allocation the simulator refuses to run has no simulated figures (``sim_refused`` says
     why)."""
     from scepsy_common.errors import InputError
-    from scepsy_opt.simulate import simulate
+    from scepsy_opt.prediction.simulate import simulate
 
     key = ("sim", *_key(alloc, rates))
     if key not in setup.cache:
@@ -218,10 +218,10 @@ def _policy(problem: Any) -> dict:
 
 def _saturation(setup: _Setup, cell: Cell, alloc: Any) -> float | None:
     """The simulated saturation rate (req/s in total) of ``alloc`` at the workload's mix
-    (scepsy_opt.simulate.saturation_search, to 5%; None when no load tried is stable or the
+    (scepsy_opt.prediction.simulate.saturation_search, to 5%; None when no load tried is stable or the
     simulator cannot run an instance), once per allocation and cell."""
     from scepsy_common.errors import InputError
-    from scepsy_opt.simulate import saturation_search
+    from scepsy_opt.prediction.simulate import saturation_search
 
     p = setup.problem
     key = ("saturation", *_key(alloc, p.targets))
@@ -243,7 +243,7 @@ def _saturation(setup: _Setup, cell: Cell, alloc: Any) -> float | None:
 def _predicted(problem: Any, alloc: Any) -> dict:
     """The predictor's figures of ``alloc`` at ``problem``'s targets: throughput (the rate, or
     the maximum throughput when that is lower), maximum throughput, mean latency."""
-    from scepsy_opt.pipeline import predict
+    from scepsy_opt.prediction.pipeline import predict
 
     rates = dict(problem.targets)
     pred = predict(problem.stats, problem.models, alloc, problem.latency, rates,

@@ -29,8 +29,8 @@ import numpy as np
 
 from _common import REPO, pct, table, write_results
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.pipeline import FORMS, predict
-from scepsy_opt.simulate import saturation_rate, simulate
+from scepsy_opt.prediction.pipeline import FORMS, predict
+from scepsy_opt.prediction.simulate import saturation_rate, simulate
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import validate_calls
 from scepsy_opt.workflows import generate_trace, load_workflow

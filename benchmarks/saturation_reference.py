@@ -3,7 +3,7 @@
     python benchmarks/saturation_reference.py [--allocations 0,1,2] [--gpus 4] [--seeds 1,2,3]
                                               [--requests 1600,6400] [--jobs 2]
 
-The predictor's saturation error is measured against ``scepsy_opt.simulate.saturation_rate``
+The predictor's saturation error is measured against ``scepsy_opt.prediction.simulate.saturation_rate``
 (benchmarks/predictor_accuracy.py). Its stability test judges queue growth against the arrivals of
 one third of a run, so a run must be long next to the requests in flight: beam-search requests
 (6-211 steps) stay minutes at saturation. For the same random beam-search allocations as the
@@ -23,8 +23,8 @@ from scipy import stats as sps
 
 from _common import table, write_results
 from predictor_accuracy import allocations, workload
-from scepsy_opt.pipeline import predict
-from scepsy_opt.simulate import saturation_rate
+from scepsy_opt.prediction.pipeline import predict
+from scepsy_opt.prediction.simulate import saturation_rate
 from scepsy_opt.stats import workflow_stats
 from scepsy_profile.roofline import roofline_model
 

@@ -56,7 +56,7 @@ for _p in (HERE, HERE.parent / "solvers"):
 
 from _common import RESULTS, progress, sig, table, write_results  # noqa: E402
 from formulations_bench import isolated, make_problem  # noqa: E402
-from scepsy_opt.problem import Deadline, PlanningProblem  # noqa: E402
+from scepsy_opt.planning.problem import Deadline, PlanningProblem  # noqa: E402
 from scepsy_place.loop import PROVEN_GAP, plan_and_place  # noqa: E402
 from scepsy_place.placed import PlacedPlan  # noqa: E402
 from scepsy_place.topology import from_cluster  # noqa: E402

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.simulate import saturation_rate, simulate
+from scepsy_opt.prediction.simulate import saturation_rate, simulate
 from scepsy_opt.traces import CallRecord, Trace
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import MemoryPolicy

@@ -6,7 +6,7 @@
 
 For each bundled workflow (RAG + reranker, beam search + PRM, coding agent), draw random
 feasible allocations (the seeded allocations of benchmarks/predictor_accuracy.py) and, at 30%,
-55% and 80% of saturation, compare the predicted p50/p90/p99 (``scepsy_opt.tails``: every
+55% and 80% of saturation, compare the predicted p50/p90/p99 (``scepsy_opt.prediction.tails``: every
 request's critical-path work at the predictor's loaded per-LLM unit latencies) with the
 simulator's. Saturation is the predictor's maximum throughput (``--saturation simulated`` runs
 the simulator's saturation search instead: slower, the reference of predictor_accuracy.py).
@@ -32,10 +32,10 @@ from predictor_accuracy import (
     workload,
 )
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.pipeline import class_latencies, instance_curve, llm_demand, predict
-from scepsy_opt.simulate import saturation_rate, simulate
+from scepsy_opt.prediction.pipeline import class_latencies, instance_curve, llm_demand, predict
+from scepsy_opt.prediction.simulate import saturation_rate, simulate
+from scepsy_opt.prediction.tails import latency_quantiles
 from scepsy_opt.stats import WorkflowStats, workflow_stats
-from scepsy_opt.tails import latency_quantiles
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import MemoryPolicy
 
@@ -97,7 +97,7 @@ def evaluate(name: str, gpus: int, k: int, seed: int, requests: int, sat_mode: s
                 "pred_saturation": pred_sat, "saturation": sat,
                 "pred_mean": wp.mean_latency_s,
                 **{f"pred_p{q}": v for q, v in zip(QS, mine, strict=True)},
-                # the predictor's own percentiles where it has them (scepsy_opt.pipeline, F)
+                # the predictor's own percentiles where it has them (scepsy_opt.prediction.pipeline, F)
                 **{f"predict_p{q}": getattr(wp, f"p{q}_latency_s", math.nan) for q in QS},
                 "sim_mean": sw.mean_latency_s, "sim_p50": sw.p50_latency_s,
                 "sim_p90": sw.p90_latency_s, "sim_p99": sw.p99_latency_s,

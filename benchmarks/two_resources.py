@@ -28,11 +28,11 @@ from typing import Any
 
 from _common import REPO, progress, sig, table, write_results
 from scepsy.api import plan_problem
-from scepsy_opt.candidates import mem_units_by_gpu, units_by_gpu
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import random_stats
-from scepsy_opt.milp import max_scale, solve_min_latency
-from scepsy_opt.problem import TENTHS, PlanningProblem, PlanOptions
+from scepsy_opt.planning.candidates import mem_units_by_gpu, units_by_gpu
+from scepsy_opt.planning.instances import random_stats
+from scepsy_opt.planning.milp import max_scale, solve_min_latency
+from scepsy_opt.planning.problem import TENTHS, PlanningProblem, PlanOptions
 from scepsy_profile.roofline import roofline_model
 
 GPU = "A100-80GB"

@@ -1,6 +1,6 @@
 """An exact dynamic program for the min-latency plan on one GPU type (a benchmark reference).
 
-Planning is a multiple-choice knapsack (``scepsy_opt.candidates``): pick one candidate per LLM,
+Planning is a multiple-choice knapsack (``scepsy_opt.planning.candidates``): pick one candidate per LLM,
 minimise ``Σ cost`` subject to ``Σ units ≤ budget``. With a single GPU type the budget is one
 integer and the classic pseudo-polynomial DP is exact:
 
@@ -34,8 +34,8 @@ from functools import reduce
 import numpy as np
 
 from scepsy_common.units import UNITS
-from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates
-from scepsy_opt.problem import PlanningProblem
+from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_candidates
+from scepsy_opt.planning.problem import PlanningProblem
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,12 @@
 """Placeable plans: the three formulations and ``auto`` against the aggregate bound and an oracle.
 
 Every formulation of ``scepsy_place.formulations.FORMULATIONS_REGISTRY`` (``blocks``,
-``patterns``, ``aggregate``, ``auto``) on seeded ``scepsy_opt.instances.random_problem``
+``patterns``, ``aggregate``, ``auto``) on seeded ``scepsy_opt.planning.instances.random_problem``
 instances (roofline latency model, targets at about half the cluster's GPUs):
 
 * 5 LLMs / 16 GPUs, 20 / 256 and 100 / 4,096 (A100-80GB nodes of 8 GPUs), and a heterogeneous
   cluster, 10 LLMs on 32 A100-80GB + 32 H100-80GB GPUs (``mix``);
-* per instance first the aggregate MILP alone (``scepsy_opt.milp.solve_min_latency``, row
+* per instance first the aggregate MILP alone (``scepsy_opt.planning.milp.solve_min_latency``, row
   ``bound``): its optimum bounds every placeable allocation, and each formulation's
   ``agg_gap`` is ``objective / that optimum - 1`` (a placed objective below the MILP's proven
   bound would be a bug);
@@ -52,9 +52,9 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 from _common import progress, sig, table, write_results  # noqa: E402
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster  # noqa: E402
-from scepsy_opt.instances import random_problem  # noqa: E402
-from scepsy_opt.milp import solve_min_latency  # noqa: E402
-from scepsy_opt.problem import PlanOptions  # noqa: E402
+from scepsy_opt.planning.instances import random_problem  # noqa: E402
+from scepsy_opt.planning.milp import solve_min_latency  # noqa: E402
+from scepsy_opt.planning.problem import PlanOptions  # noqa: E402
 from scepsy_place.check import violations  # noqa: E402
 from scepsy_place.exhaustive import OracleLimit, placeable_optimum  # noqa: E402
 from scepsy_place.formulations import FORMULATIONS_REGISTRY, formulation  # noqa: E402

@@ -1,13 +1,13 @@
 """Many LLMs sharing GPUs: max-throughput, its proven bound and the replication floor.
 
-Instances (:func:`scepsy_opt.instances.many_models_problem`): N LLMs in copies of MuxServe's 16
+Instances (:func:`scepsy_opt.planning.instances.many_models_problem`): N LLMs in copies of MuxServe's 16
 (4 x LLaMA-7B, 6 x 13B, 3 x 30B, 3 x 65B) with Zipf popularity within each copy, on A100-80GB
 and H100-80GB nodes of 8 GPUs, half of each, rates sized so that about the whole cluster is
 needed (calibrated roofline latency model). Per size (``NxGPUS``):
 
 * ``max-throughput`` with ``--formulation auto`` (``scepsy_place.loop.plan_and_place``): the
   carried scale of the placed plan, the proven upper bound on the scale of every allocation
-  (``solver.scale_bound``, :func:`scepsy_opt.milp.scale_upper_bound`) and the gap
+  (``solver.scale_bound``, :func:`scepsy_opt.planning.milp.scale_upper_bound`) and the gap
   ``bound / scale - 1``, the status, wall and CPU time and the peak RSS growth of the forked
   process that ran it;
 * the **replication floor**: k copies of the best plan of one k-th of the problem. Every
@@ -39,8 +39,8 @@ import time
 from typing import Any
 
 from formulations_bench import isolated, write_local_results  # a forked child per run
-from scepsy_opt.instances import many_models_problem
-from scepsy_opt.problem import PlanOptions
+from scepsy_opt.planning.instances import many_models_problem
+from scepsy_opt.planning.problem import PlanOptions
 from scepsy_place.loop import plan_and_place
 from scepsy_place.topology import from_cluster
 from scepsy_profile import roofline_model

@@ -28,7 +28,7 @@ from typing import Any
 
 from formulations_bench import write_local_results
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.ratework import models as rate_models
 from scepsy_opt.ratework import parse_rate_workload, rate_stats, rates
 from scepsy_place.loop import plan_and_place

@@ -1,6 +1,6 @@
 """How fast and how exact is the allocation optimiser? Scaling, solver comparison, oracle suite.
 
-Three parts, all on seeded ``scepsy_opt.instances.random_problem`` instances (A100-80GB, roofline
+Three parts, all on seeded ``scepsy_opt.planning.instances.random_problem`` instances (A100-80GB, roofline
 latency model, targets at about half the cluster's GPUs):
 
 a. **Scaling** of the MILP pipeline as ``scepsy plan`` runs it (``MILPOptimiser``: candidates
@@ -50,11 +50,11 @@ from _common import peak_rss_mb, progress, sig, table, write_results  # noqa: E4
 from dp import solve_problem  # noqa: E402
 from scepsy_common.errors import InputError  # noqa: E402
 from scepsy_common.units import UNITS  # noqa: E402
-from scepsy_opt import milp  # noqa: E402
-from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price  # noqa: E402
-from scepsy_opt.instances import random_problem  # noqa: E402
-from scepsy_opt.plans import Plan  # noqa: E402
-from scepsy_opt.problem import PlanningProblem  # noqa: E402
+from scepsy_opt.planning import milp  # noqa: E402
+from scepsy_opt.planning.candidates import CandidateSet, fits_budget, generate_candidates, price  # noqa: E402
+from scepsy_opt.planning.instances import random_problem  # noqa: E402
+from scepsy_opt.planning.plans import Plan  # noqa: E402
+from scepsy_opt.planning.problem import PlanningProblem  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
 
 GPU = "A100-80GB"
@@ -189,11 +189,11 @@ def oracle_instance(i: int) -> tuple[int, int, float]:
 def _baseline_registry() -> tuple[dict[str, Any], str | None]:
     """The registered baselines' factories, or why none are available."""
     try:
-        from scepsy_opt.optimisers import OPTIMISERS, optimiser
+        from scepsy_opt.planning.optimisers import OPTIMISERS, optimiser
 
         optimiser("milp")
     except ImportError as e:
-        return {}, f"scepsy_opt.baselines is not importable ({e}): brute-force and baselines skipped"
+        return {}, f"scepsy_opt.planning.baselines is not importable ({e}): brute-force and baselines skipped"
     return dict(OPTIMISERS), None
 
 

@@ -44,11 +44,11 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 from _common import progress, sig, table, write_results  # noqa: E402
-from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates  # noqa: E402
 from scepsy_opt.cluster import Cluster, GPUPool  # noqa: E402
-from scepsy_opt.instances import random_problem  # noqa: E402
-from scepsy_opt.milp import reduced_candidates, solve_min_latency  # noqa: E402
-from scepsy_opt.problem import TENTHS, PlanningProblem, PlanOptions  # noqa: E402
+from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_candidates  # noqa: E402
+from scepsy_opt.planning.instances import random_problem  # noqa: E402
+from scepsy_opt.planning.milp import reduced_candidates, solve_min_latency  # noqa: E402
+from scepsy_opt.planning.problem import TENTHS, PlanningProblem, PlanOptions  # noqa: E402
 from scepsy_place.blocks import capacity_rows  # noqa: E402
 from scepsy_place.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402

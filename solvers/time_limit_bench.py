@@ -1,6 +1,6 @@
 """Does the time limit bound the whole plan? Wall time and status per time limit.
 
-On seeded ``scepsy_opt.instances.random_problem`` instances (A100-80GB, roofline latency model,
+On seeded ``scepsy_opt.planning.instances.random_problem`` instances (A100-80GB, roofline latency model,
 targets at half the cluster), each time limit ``PlanOptions.time_limit_s`` is run through the
 optimiser as ``scepsy plan`` calls it (``MILPOptimiser().solve``: candidates, reduced-cost
 fixing from 64 GPUs, HiGHS) and, with ``--place``, through ``plan_and_place`` (formulation
@@ -29,8 +29,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "benchmarks"))
 
 from _common import progress, sig, table, write_results  # noqa: E402
-from scepsy_opt.instances import random_problem  # noqa: E402
-from scepsy_opt.milp import MILPOptimiser  # noqa: E402
+from scepsy_opt.planning.instances import random_problem  # noqa: E402
+from scepsy_opt.planning.milp import MILPOptimiser  # noqa: E402
 from scepsy_place.loop import plan_and_place  # noqa: E402
 from scepsy_place.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402

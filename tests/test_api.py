@@ -16,7 +16,7 @@ import scepsy
 from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import load_allocation
-from scepsy_opt.reports import prediction_to_dict, simulation_to_dict
+from scepsy_opt.prediction.reports import prediction_to_dict, simulation_to_dict
 from scepsy_opt.workflows import generate_trace, load_workflow, load_workload
 from scepsy_opt.workload import generate_workload_trace, load_specs, split_rate
 from scepsy_place.topology import load_topology

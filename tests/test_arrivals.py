@@ -15,7 +15,7 @@ from conftest import REPO, run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import load_allocation
 from scepsy_opt.arrivals import Arrivals, load_arrivals, peak_target
-from scepsy_opt.simulate import simulate
+from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.workflows import generate_trace, load_workflow
 from scepsy_profile.roofline import roofline_model
 

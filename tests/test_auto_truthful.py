@@ -18,9 +18,9 @@ import pytest
 import scepsy_place.loop as loop
 from scepsy import api
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import many_models_problem, random_problem
-from scepsy_opt.milp import solve_min_latency
-from scepsy_opt.problem import Deadline, PlanOptions
+from scepsy_opt.planning.instances import many_models_problem, random_problem
+from scepsy_opt.planning.milp import solve_min_latency
+from scepsy_opt.planning.problem import Deadline, PlanOptions
 from scepsy_place.exhaustive import placeable_optimum
 from scepsy_place.formulations import formulation
 from scepsy_place.loop import (

@@ -17,14 +17,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scepsy_common.units import UNITS, gpu_units
-from scepsy_opt.candidates import shape_groups, units_by_gpu
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import GAIN_REL, max_scale, solve_min_latency
-from scepsy_opt.pipeline import instance_curves, llm_demand, llm_load
-from scepsy_opt.planfile import dumps, plan_to_dict
-from scepsy_opt.plans import Infeasibility
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.candidates import shape_groups, units_by_gpu
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import GAIN_REL, max_scale, solve_min_latency
+from scepsy_opt.planning.planfile import dumps, plan_to_dict
+from scepsy_opt.planning.plans import Infeasibility
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import instance_curves, llm_demand, llm_load
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

@@ -97,8 +97,8 @@ def test_the_scale_searches_share_the_helper() -> None:
     calls largest_accepted (a new one must too)."""
     import inspect
 
-    import scepsy_opt.baselines as baselines
-    import scepsy_opt.milp as milp
+    import scepsy_opt.planning.baselines as baselines
+    import scepsy_opt.planning.milp as milp
     import scepsy_place.loop as loop
 
     for fn in (milp.solve_max_throughput, milp._max_scale_one_type, baselines._bisect,

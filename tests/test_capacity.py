@@ -23,12 +23,14 @@ from hypothesis import strategies as st
 
 from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.baselines import UserAllocation, capacity_scale
-from scepsy_opt.candidates import generate_candidates, price, shape_groups
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.milp import max_scale, solve_max_throughput, solve_min_latency
-from scepsy_opt.optimisers import optimiser
-from scepsy_opt.pipeline import (
+from scepsy_opt.planning.baselines import UserAllocation, capacity_scale
+from scepsy_opt.planning.candidates import generate_candidates, price, shape_groups
+from scepsy_opt.planning.milp import max_scale, solve_max_throughput, solve_min_latency
+from scepsy_opt.planning.optimisers import optimiser
+from scepsy_opt.planning.plans import plan_from_choice, workflow_latencies
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import (
     class_latencies,
     instance_curve,
     instance_curves,
@@ -38,8 +40,6 @@ from scepsy_opt.pipeline import (
     predict,
     utilisation,
 )
-from scepsy_opt.plans import plan_from_choice, workflow_latencies
-from scepsy_opt.problem import PlanningProblem, PlanOptions
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
 from scepsy_profile.roofline import roofline_model
 

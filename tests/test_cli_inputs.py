@@ -181,7 +181,7 @@ def test_optimiser_user_needs_current_and_evaluates_it(capsys, tmp_path):
 
 
 def test_plan_help_lists_every_placer_formulation_and_optimiser(capsys):
-    from scepsy_opt.optimisers import OPTIMISERS
+    from scepsy_opt.planning.optimisers import OPTIMISERS
     from scepsy_place.loop import FORMULATIONS
     from scepsy_place.placement import PLACERS
 

@@ -10,9 +10,9 @@ import scepsy
 from conftest import REPO, run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, load_allocation, save_allocation
-from scepsy_opt.pipeline import phase_latencies, predict
+from scepsy_opt.prediction.pipeline import phase_latencies, predict
+from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.ratework import load_rate_workload, models, rate_stats, rate_trace
-from scepsy_opt.simulate import simulate
 from scepsy_profile.mps import PhaseShareModel
 from scepsy_profile.roofline import roofline_model
 

@@ -34,10 +34,13 @@ def _packages() -> list[str]:
 
 def _modules(pkg: ModuleType) -> list[ModuleType]:
     """Every public module of the package, sub-packages' modules included (a name with a
-    leading ``_`` anywhere in its dotted path is private)."""
-    return [importlib.import_module(m.name)
-            for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}.")
-            if not any(part.startswith("_") for part in m.name.split("."))]
+    leading ``_`` anywhere in its dotted path is private). A module's old path, kept importable
+    after a move (``scepsy_opt.milp`` is ``scepsy_opt.planning.milp``), has no API of its own
+    and is left out: the module is listed once, under its own name."""
+    found = [(m.name, importlib.import_module(m.name))
+             for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}.")
+             if not any(part.startswith("_") for part in m.name.split("."))]
+    return [mod for name, mod in found if mod.__name__ == name]
 
 
 def _defined_public(mod: ModuleType) -> list[str]:

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 from scepsy_common.errors import InputError
 from scepsy_common.units import share_units
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import Candidate, generate_candidates, price
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import max_scale, solve_min_latency
-from scepsy_opt.problem import Deadline, PlanOptions
+from scepsy_opt.planning.candidates import Candidate, generate_candidates, price
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import max_scale, solve_min_latency
+from scepsy_opt.planning.problem import Deadline, PlanOptions
 from scepsy_place.check import violations
 from scepsy_place.exhaustive import (
     OracleLimit,

@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.optimisers import optimiser
-from scepsy_opt.problem import PlanOptions
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.optimisers import optimiser
+from scepsy_opt.planning.problem import PlanOptions
 from scepsy_place.check import violations
 from scepsy_place.loop import _shrunk, plan_and_place
 from scepsy_place.placement import Placement, demands

@@ -16,9 +16,9 @@ from conftest import REPO
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, check_allocation, parse_allocation
 from scepsy_opt.cluster import MAX_NODES, parse_cluster
-from scepsy_opt.pipeline import predict
-from scepsy_opt.simulate import MAX_REQUESTS as MAX_SIM_REQUESTS
-from scepsy_opt.simulate import simulate
+from scepsy_opt.prediction.pipeline import predict
+from scepsy_opt.prediction.simulate import MAX_REQUESTS as MAX_SIM_REQUESTS
+from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import read_trace
 from scepsy_opt.workflows import (

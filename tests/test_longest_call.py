@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from scepsy.api import plan_problem
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.pipeline import instance_curve, llm_demand
-from scepsy_opt.simulate import simulate
+from scepsy_opt.prediction.pipeline import instance_curve, llm_demand
+from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.traces import validate_calls
 from scepsy_opt.workflows import generate_trace, load_workflow
 from scepsy_profile.roofline import roofline_model

@@ -1,7 +1,7 @@
 """Placed plans are monotone in the load, keeping the current allocation is always a candidate,
 and max-throughput with placement finds the largest placeable scale.
 
-Oracles: the plan for a higher target, priced at the lower one (``scepsy_opt.candidates.price``,
+Oracles: the plan for a higher target, priced at the lower one (``scepsy_opt.planning.candidates.price``,
 or ``scepsy predict`` on the CLI), bounds the lower target's plan; the current allocation priced
 at the new targets bounds a re-plan; brute force over every (shape, replicas) combination with
 the placer as the oracle gives the largest placeable scale of tiny instances.
@@ -21,13 +21,13 @@ from hypothesis import strategies as st
 
 from scepsy.cli import main
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import price
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import capacity_shapes
-from scepsy_opt.pipeline import carried_scale, llm_demand, llm_load
-from scepsy_opt.plans import plan_from_choice
-from scepsy_opt.problem import PlanOptions
+from scepsy_opt.planning.candidates import price
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import capacity_shapes
+from scepsy_opt.planning.plans import plan_from_choice
+from scepsy_opt.planning.problem import PlanOptions
+from scepsy_opt.prediction.pipeline import carried_scale, llm_demand, llm_load
 from scepsy_place.check import violations
 from scepsy_place.loop import SCALE_REL, plan_and_place
 from scepsy_place.placement import demands

@@ -1,4 +1,4 @@
-"""The min-cost objective (scepsy_opt.mincost): brute-force oracle on tiny instances, monotonicity
+"""The min-cost objective (scepsy_opt.planning.mincost): brute-force oracle on tiny instances, monotonicity
 in the latency bound and the GPU types, the fewest GPUs of open pools, truthful statuses, and
 the prices of the catalog and the cluster file.
 
@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import Candidate, generate_candidates
 from scepsy_opt.cluster import (
     Cluster,
     GPUPool,
@@ -29,9 +28,10 @@ from scepsy_opt.cluster import (
     sized_cluster,
     with_prices,
 )
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import MILPOptimiser, percentile_latencies
-from scepsy_opt.mincost import (
+from scepsy_opt.planning.candidates import Candidate, generate_candidates
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import MILPOptimiser, percentile_latencies
+from scepsy_opt.planning.mincost import (
     cost_per_hour,
     gpu_prices,
     gpus_used,
@@ -42,9 +42,9 @@ from scepsy_opt.mincost import (
     slo_rows,
     solve_min_cost,
 )
-from scepsy_opt.optimisers import optimiser
-from scepsy_opt.plans import workflow_latencies
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.optimisers import optimiser
+from scepsy_opt.planning.plans import workflow_latencies
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import validate_calls
 from scepsy_opt.workflows import generate_trace, load_workflow

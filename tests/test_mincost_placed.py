@@ -9,11 +9,11 @@ import math
 
 import pytest
 
-from scepsy_opt.candidates import generate_candidates
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.instances import random_problem
-from scepsy_opt.plans import plan_from_choice
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.candidates import generate_candidates
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.plans import plan_from_choice
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.ratework import models as rate_models
 from scepsy_opt.ratework import parse_rate_workload, rate_stats, rates
 from scepsy_place.check import violations

@@ -1,4 +1,4 @@
-"""Mixed GPU types for one LLM (scepsy_opt.mixing): Mélange's formulation and scepsy's portions,
+"""Mixed GPU types for one LLM (scepsy_opt.planning.mixing): Mélange's formulation and scepsy's portions,
 each against brute force over every assignment on small instances, and the properties that make
 the split worth planning: never dearer than one type, never above the latency bound, a bound
 below the price.
@@ -16,17 +16,17 @@ from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.mincost import gpu_prices
-from scepsy_opt.mixing import (
+from scepsy_opt.planning.mincost import gpu_prices
+from scepsy_opt.planning.mixing import (
     melange_min_cost,
     mixed_latencies,
     mixed_plan,
     portion_candidates,
     solve_mixed,
 )
-from scepsy_opt.pipeline import predict
-from scepsy_opt.plans import workflow_latencies
-from scepsy_opt.problem import Deadline, PlanningProblem, PlanOptions
+from scepsy_opt.planning.plans import workflow_latencies
+from scepsy_opt.planning.problem import Deadline, PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import predict
 from scepsy_opt.ratework import models as rate_models
 from scepsy_opt.ratework import parse_rate_workload, rate_stats, rates
 from scepsy_profile.roofline import roofline_model
@@ -244,8 +244,8 @@ def test_the_simulator_routes_a_split_llm_by_its_fractions():
         "model": "llama-3-8b", "rate": 12.0,
         "input": {"kind": "lognormal", "mean": 300, "cv": 1.0, "min": 4, "max": 1536},
         "output": {"kind": "exponential", "mean": 180, "min": 1, "max": 512}}}})
+    from scepsy_opt.prediction.simulate import simulate
     from scepsy_opt.ratework import rate_trace
-    from scepsy_opt.simulate import simulate
 
     trace = rate_trace(wl, 200, seed=0)
     sim = simulate(trace, rate_models(wl), alloc, ROOF, {"chat": 6.0}, requests=800, seed=1)

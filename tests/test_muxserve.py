@@ -14,17 +14,17 @@ from hypothesis import strategies as st
 import scepsy
 from scepsy.cli import main
 from scepsy_common.units import UNITS
-from scepsy_opt.baselines import BruteForce, MuxServeGreedy, _placement, capacity_scale
-from scepsy_opt.candidates import (
+from scepsy_opt.cluster import Cluster, GPUPool
+from scepsy_opt.planning.baselines import BruteForce, MuxServeGreedy, _placement, capacity_scale
+from scepsy_opt.planning.candidates import (
     Candidate,
     generate_candidates,
     mem_units_by_gpu,
     units_by_gpu,
 )
-from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.instances import random_problem
-from scepsy_opt.optimisers import OPTIMISERS, optimiser
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.optimisers import OPTIMISERS, optimiser
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

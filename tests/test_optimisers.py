@@ -14,14 +14,14 @@ from hypothesis import strategies as st
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.baselines import BruteForce, Independent, UserAllocation, capacity_scale
-from scepsy_opt.candidates import changed_replicas, generate_candidates, price
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.instances import random_problem, random_stats
-from scepsy_opt.optimisers import OPTIMISERS, optimiser
-from scepsy_opt.pipeline import instance_curve, llm_demand
-from scepsy_opt.plans import Plan, plan_from_choice, workflow_latencies
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.baselines import BruteForce, Independent, UserAllocation, capacity_scale
+from scepsy_opt.planning.candidates import changed_replicas, generate_candidates, price
+from scepsy_opt.planning.instances import random_problem, random_stats
+from scepsy_opt.planning.optimisers import OPTIMISERS, optimiser
+from scepsy_opt.planning.plans import Plan, plan_from_choice, workflow_latencies
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import instance_curve, llm_demand
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.roofline import roofline_model
 
@@ -525,7 +525,7 @@ def test_reduced_cost_fixing_keeps_the_brute_force_optimum(n, gpus, seed, load):
 
 @pytest.mark.parametrize(("n", "gpus", "seed"), [(6, 64, 1), (10, 128, 2), (8, 96, 3)])
 def test_reduced_cost_fixing_equals_the_full_candidate_milp(n, gpus, seed):
-    from scepsy_opt.milp import reduced_candidates, solve_min_latency
+    from scepsy_opt.planning.milp import reduced_candidates, solve_min_latency
 
     p = random_problem(n, gpus, ROOF, seed=seed)
     full = generate_candidates(p)

@@ -4,7 +4,7 @@ The files were written by ``tests/golden/otel/make_golden.py``: real instrumenta
 (opentelemetry-instrumentation-openai-v2, openinference-instrumentation-openai,
 openinference-instrumentation-langchain on a LangGraph graph) traced a program against a fake
 OpenAI-compatible server, and the OpenTelemetry SDK exported the spans over OTLP/HTTP to
-``scepsy_opt.otlp_http``. ``NAME.expected.json`` holds what the fake server itself answered.
+``scepsy_opt.ingest.otlp_http``. ``NAME.expected.json`` holds what the fake server itself answered.
 
 - Importing each committed file gives one call per server call, with the server's own token
   counts, the model -> LLM table applied, the tool calls, the failed call marked failed, and
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from scepsy_opt.otel import import_otlp
-from scepsy_opt.tracemap import TraceMap
+from scepsy_opt.ingest.otel import import_otlp
+from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import CallRecord
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "otel"

@@ -1,4 +1,4 @@
-"""OpenTelemetry GenAI spans -> traces (scepsy_opt.otel, `scepsy trace import`).
+"""OpenTelemetry GenAI spans -> traces (scepsy_opt.ingest.otel, `scepsy trace import`).
 
 Spans are built by hand with a small OTLP/JSON builder and written to files in both formats; the
 expected calls, request ids and report entries are worked out in each test from the spans it
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from scepsy.cli import main
 from scepsy_common.errors import InputError
-from scepsy_opt.otel import (
+from scepsy_opt.ingest.otel import (
     SPAN_ERROR,
     Malformed,
     Nested,
@@ -30,7 +30,7 @@ from scepsy_opt.otel import (
     read_otlp,
     sanitize_name,
 )
-from scepsy_opt.tracemap import TraceMap
+from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import read_trace, validate_calls, write_trace
 
 BASE_NS = 1_760_000_000_123_456_789  # an epoch time with nanoseconds: times must stay exact

@@ -1,4 +1,4 @@
-"""The OTLP/HTTP trace receiver (scepsy_opt.otlp_http, `scepsy trace receive`).
+"""The OTLP/HTTP trace receiver (scepsy_opt.ingest.otlp_http, `scepsy trace receive`).
 
 The oracle is the OpenTelemetry SDK itself: spans made by the real SDK, exported by the real
 OTLP/HTTP exporter (protobuf, plain or gzip) to the receiver on loopback, must come back from
@@ -47,7 +47,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 from scepsy.cli import main
-from scepsy_opt.otlp_http import (
+from scepsy_opt.ingest.otlp_http import (
     JSON,
     PROTOBUF,
     BadExportRequest,

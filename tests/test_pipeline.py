@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.pipeline import (
+from scepsy_opt.prediction.pipeline import (
     LLMDemand,
     instance_curve,
     llm_demand,

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.candidates import generate_candidates, price, unoverloaded_replicas
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.optimisers import optimiser
-from scepsy_opt.pipeline import (
+from scepsy_opt.planning.candidates import generate_candidates, price, unoverloaded_replicas
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.optimisers import optimiser
+from scepsy_opt.planning.plans import workflow_latencies
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import (
     call_delay_s,
     curve_preemptions,
     instance_curve,
@@ -23,9 +25,7 @@ from scepsy_opt.pipeline import (
     min_replicas,
     predict,
 )
-from scepsy_opt.plans import workflow_latencies
-from scepsy_opt.problem import PlanningProblem, PlanOptions
-from scepsy_opt.simulate import simulate
+from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.stats import workflow_stats
 from scepsy_opt.traces import CallRecord, validate_calls
 from scepsy_profile.roofline import roofline_model

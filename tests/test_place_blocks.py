@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from scepsy.cli import main
 from scepsy_common.units import UNITS, gpu_units, replicas_per_gpu, share_units
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.candidates import generate_candidates
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import solve_min_latency
+from scepsy_opt.planning.candidates import generate_candidates
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import solve_min_latency
 from scepsy_place import Demand, Node, Topology, demands, place, violations
 from scepsy_place import blocks as blocks_mod
 from scepsy_place.blocks import block_candidates, capacity_rows, level_capacity

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scepsy_opt.problem import Deadline
+from scepsy_opt.planning.problem import Deadline
 from scepsy_place import (
     PLACERS,
     Demand,

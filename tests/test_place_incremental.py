@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
-from scepsy_opt.instances import random_problem
+from scepsy_opt.planning.instances import random_problem
 from scepsy_place.check import violations
 from scepsy_place.exact import place_exactly
 from scepsy_place.incremental import (

@@ -9,13 +9,13 @@ import math
 
 import pytest
 
-from scepsy_opt.candidates import fits_budget, generate_candidates, price
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import max_scale
-from scepsy_opt.pipeline import llm_demand
-from scepsy_opt.plans import plan_from_choice
-from scepsy_opt.problem import PlanOptions
+from scepsy_opt.planning.candidates import fits_budget, generate_candidates, price
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import max_scale
+from scepsy_opt.planning.plans import plan_from_choice
+from scepsy_opt.planning.problem import PlanOptions
+from scepsy_opt.prediction.pipeline import llm_demand
 from scepsy_place.check import violations
 from scepsy_place.loop import plan_and_place
 from scepsy_place.placement import demands, place
@@ -146,7 +146,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from scepsy.cli import main  # noqa: E402
 from scepsy_common.units import share_units  # noqa: E402
-from scepsy_opt.candidates import Candidate  # noqa: E402
+from scepsy_opt.planning.candidates import Candidate  # noqa: E402
 from scepsy_place.cuts import configuration_cut, most_weight  # noqa: E402
 from scepsy_place.exact import place_exactly  # noqa: E402
 from scepsy_place.placement import Placement  # noqa: E402

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.problem import Deadline, PlanOptions
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.problem import Deadline, PlanOptions
 from scepsy_place.check import violations
 from scepsy_place.exhaustive import placeable_optimum
 from scepsy_place.patterns import domain_types, plan_patterns, solve_patterns

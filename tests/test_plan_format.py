@@ -22,7 +22,7 @@ import pytest
 
 import scepsy
 from scepsy_common.errors import InputError
-from scepsy_opt.planfile import (
+from scepsy_opt.planning.planfile import (
     PLAN_VERSION,
     device_kind,
     dumps,

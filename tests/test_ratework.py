@@ -23,7 +23,7 @@ from scepsy import api
 from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.pipeline import WorkflowPrediction
+from scepsy_opt.prediction.pipeline import WorkflowPrediction
 from scepsy_opt.ratework import (
     RateLLM,
     RateWorkload,

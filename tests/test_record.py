@@ -29,7 +29,7 @@ from fakes.openai_chat import FakeChatServer
 from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_common.net import parse_listen
-from scepsy_opt.record import (
+from scepsy_opt.ingest.record import (
     RecordConfig,
     StreamScan,
     normalize_upstream,
@@ -37,8 +37,8 @@ from scepsy_opt.record import (
     recording_proxy,
     upstream_pairs,
 )
+from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.stats import trace_stats
-from scepsy_opt.tracemap import TraceMap
 from scepsy_opt.traces import CallRecord, read_trace, validate_calls
 
 CHAT = "/v1/chat/completions"
@@ -685,7 +685,7 @@ def test_the_client_time_between_calls_is_recorded_as_a_client_call(upstream, tm
 def test_client_time_never_writes_an_earlier_call_twice(tmp_path):
     """A call that starts when another completed at that instant makes the parent window take
     every completed call; only the new call and its own client time may be written."""
-    from scepsy_opt.record import RecordingProxy, _Call
+    from scepsy_opt.ingest.record import RecordingProxy, _Call
 
     out = tmp_path / "t.jsonl"
     proxy = RecordingProxy(RecordConfig(out=out, upstream="http://127.0.0.1:9"))

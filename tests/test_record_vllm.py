@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from scepsy_opt.record import RecordConfig, recording_proxy
-from scepsy_opt.tracemap import TraceMap
+from scepsy_opt.ingest.record import RecordConfig, recording_proxy
+from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import read_trace
 from scepsy_profile.profiling.models import engine_model
 

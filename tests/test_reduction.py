@@ -10,11 +10,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scepsy_opt.candidates import generate_candidates
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import reduced_candidates, solve_min_latency
-from scepsy_opt.problem import PlanOptions
+from scepsy_opt.planning.candidates import generate_candidates
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import reduced_candidates, solve_min_latency
+from scepsy_opt.planning.problem import PlanOptions
 from scepsy_profile import roofline_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "solvers"))
@@ -60,9 +60,9 @@ def test_reduced_milp_equals_the_unreduced_milp(i):
 def test_greedy_repair_returns_an_allocation_within_the_budgets_or_none(i):
     """The upper bound of the reduction is a real allocation: one candidate per LLM, within
     every GPU type's budget (exact integer units)."""
-    from scepsy_opt.candidates import fits_budget
-    from scepsy_opt.milp import _greedy, _prices
-    from scepsy_opt.problem import Deadline
+    from scepsy_opt.planning.candidates import fits_budget
+    from scepsy_opt.planning.milp import _greedy, _prices
+    from scepsy_opt.planning.problem import Deadline
 
     p = instance(i)
     coarse = generate_candidates(p, coarse=True)

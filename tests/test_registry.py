@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_common.registry import Registry
-from scepsy_opt.optimisers import OPTIMISERS
-from scepsy_opt.problem import OBJECTIVES
+from scepsy_opt.planning.optimisers import OPTIMISERS
+from scepsy_opt.planning.problem import OBJECTIVES
 from scepsy_place.formulations import FORMULATIONS_REGISTRY
 from scepsy_place.launch.renderers import RENDERERS
 from scepsy_place.placement import PLACERS

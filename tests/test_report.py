@@ -24,8 +24,8 @@ import pytest
 import scepsy
 from scepsy.cli import main
 from scepsy_common.errors import InputError
-from scepsy_opt.pipeline import predict
-from scepsy_opt.planfile import CURVE_POINTS, workflow_curves
+from scepsy_opt.planning.planfile import CURVE_POINTS, workflow_curves
+from scepsy_opt.prediction.pipeline import predict
 from scepsy_place.loop import plan_document
 from scepsy_place.report import (
     PLACEMENT_COLUMNS,

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from conftest import REPO, run_cli
 from scepsy import api
 from scepsy_common.errors import InputError
-from scepsy_opt.optimisers import OPTIMISERS
+from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_place.launch.planfile import parse_plan
 from scepsy_place.placement import PLACERS
 from scepsy_place.request import (
@@ -173,7 +173,7 @@ def _stats_keys() -> set[str]:
 
 
 def test_the_solver_section_is_closed_and_names_every_statistic(tmp_path) -> None:
-    from scepsy_opt.planfile import TIMING_KEYS
+    from scepsy_opt.planning.planfile import TIMING_KEYS
     from scepsy_place.launch.planfile import SolverSection
 
     found = _stats_keys()

@@ -1,4 +1,4 @@
-"""Shares outside the profiled range (scepsy_opt.coverage, ``--shares-within-profile``).
+"""Shares outside the profiled range (scepsy_opt.planning.coverage, ``--shares-within-profile``).
 
 MuxServe measured 30% to 100% of an A100's SMs, so the bundled curves know nothing below share
 0.3, while the optimiser's grid goes down to 0.1. Oracles: the curves' own share nodes (the
@@ -24,12 +24,12 @@ from hypothesis import strategies as st
 from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.candidates import generate_candidates, shape_groups
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.coverage import ShareExtrapolation, extrapolated_shares, profiled_shares
-from scepsy_opt.milp import MILPOptimiser, capacity_shapes
-from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.problem import TENTHS, PlanningProblem, PlanOptions
+from scepsy_opt.planning.candidates import generate_candidates, shape_groups
+from scepsy_opt.planning.coverage import ShareExtrapolation, extrapolated_shares, profiled_shares
+from scepsy_opt.planning.milp import MILPOptimiser, capacity_shapes
+from scepsy_opt.planning.planfile import plan_to_dict
+from scepsy_opt.planning.problem import TENTHS, PlanningProblem, PlanOptions
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
 from scepsy_place.launch.planfile import parse_plan
 from scepsy_profile import (

@@ -12,7 +12,12 @@ from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.simulate import SimulationResult, saturation_rate, saturation_search, simulate
+from scepsy_opt.prediction.simulate import (
+    SimulationResult,
+    saturation_rate,
+    saturation_search,
+    simulate,
+)
 from scepsy_opt.traces import CallRecord, Trace
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import MemoryPolicy

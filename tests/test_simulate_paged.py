@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
-from scepsy_opt import simulate as sim
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.simulate import simulate
+from scepsy_opt.prediction import simulate as sim
+from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.traces import CallRecord, Trace
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GIB, GPUSpec

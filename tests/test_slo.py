@@ -1,4 +1,4 @@
-"""Latency SLOs per LLM (scepsy_opt.slo, docs/slo.md): the bounds, their attainment, the fewest
+"""Latency SLOs per LLM (scepsy_opt.prediction.slo, docs/slo.md): the bounds, their attainment, the fewest
 replicas that meet them, and plans that keep them (checked against an exhaustive oracle)."""
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from conftest import REPO, run_cli
 from scepsy_common.errors import InputError
 from scepsy_common.search import first_true
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import generate_candidates, slo_checks
 from scepsy_opt.cluster import uniform_cluster
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import solve_min_latency
-from scepsy_opt.optimisers import check_slos, optimiser
-from scepsy_opt.pipeline import instance_curve
-from scepsy_opt.problem import PlanningProblem, PlanOptions
-from scepsy_opt.slo import CallSLO, check, fewest_replicas, parse_slos, ttft_attainment
+from scepsy_opt.planning.candidates import generate_candidates, slo_checks
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import solve_min_latency
+from scepsy_opt.planning.optimisers import check_slos, optimiser
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import instance_curve
+from scepsy_opt.prediction.slo import CallSLO, check, fewest_replicas, parse_slos, ttft_attainment
 from scepsy_opt.validate.evaluate import attainment_measured
 from scepsy_opt.validate.muxserve import MeasuredLLM
 from scepsy_place.exhaustive import combinations_by_cost, fits_budgets

@@ -1,5 +1,5 @@
 """Slot groups (scepsy_place.slots): placeable by construction, exact where the model is, checked
-against brute force; the scale bound (scepsy_opt.milp.scale_upper_bound) never below an
+against brute force; the scale bound (scepsy_opt.planning.milp.scale_upper_bound) never below an
 optimum; the decomposition's parts and the replication floor of many-models problems."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scepsy_common.units import UNITS
-from scepsy_opt.candidates import Candidate
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.instances import many_models_problem, random_problem
-from scepsy_opt.milp import max_scale, scale_upper_bound
-from scepsy_opt.pipeline import min_replicas, replicas_needed
-from scepsy_opt.plans import headroom, plan_from_choice
-from scepsy_opt.problem import Deadline, PlanOptions
+from scepsy_opt.planning.candidates import Candidate
+from scepsy_opt.planning.instances import many_models_problem, random_problem
+from scepsy_opt.planning.milp import max_scale, scale_upper_bound
+from scepsy_opt.planning.plans import headroom, plan_from_choice
+from scepsy_opt.planning.problem import Deadline, PlanOptions
+from scepsy_opt.prediction.pipeline import min_replicas, replicas_needed
 from scepsy_place.check import violations
 from scepsy_place.exhaustive import placeable
 from scepsy_place.loop import plan_and_place

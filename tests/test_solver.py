@@ -1,4 +1,4 @@
-"""scepsy_opt.solver is the one home of the HiGHS settings: both factories configure a solver the
+"""scepsy_opt.planning.solver is the one home of the HiGHS settings: both factories configure a solver the
 same way, importing the module prints and creates nothing, and the first solver's banner never
 reaches stdout."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pulp
 
-from scepsy_opt import milp, solver
+from scepsy_opt.planning import milp, solver
 
 
 def _option(h: object, name: str) -> object:
@@ -48,7 +48,7 @@ def test_old_names_point_at_the_new_home() -> None:
 
 
 def test_no_import_side_effect_and_no_banner() -> None:
-    code = ("import sys, scepsy_opt.solver as s\n"
+    code = ("import sys, scepsy_opt.planning.solver as s\n"
             "assert not s._banner_done\n"
             "s.highs(1.0)\n"
             "print('done')\n")

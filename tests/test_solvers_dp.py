@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from scepsy_common.units import UNITS
-from scepsy_opt.candidates import Candidate, generate_candidates
-from scepsy_opt.milp import solve_min_latency
+from scepsy_opt.planning.candidates import Candidate, generate_candidates
+from scepsy_opt.planning.milp import solve_min_latency
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "solvers"))
 from dp import solve_dp, solve_problem
@@ -74,7 +74,7 @@ CASES = [(1 + s % 4, (1, 2, 3, 4, 6, 8, 12, 16)[(3 * s) % 8], s) for s in range(
 
 @pytest.mark.parametrize(("n_llms", "gpus", "seed"), CASES)
 def test_dp_objective_equals_the_milp_on_random_problems(roofline, n_llms, gpus, seed):
-    from scepsy_opt.instances import random_problem
+    from scepsy_opt.planning.instances import random_problem
 
     problem = random_problem(n_llms, gpus, roofline, seed=seed)
     cset = generate_candidates(problem)

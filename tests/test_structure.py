@@ -2,7 +2,9 @@
 that point one way (``scepsy_common`` ← ``scepsy_profile`` ← ``scepsy_opt`` ← ``scepsy_place``
 ← ``scepsy``), and no import of a project module hidden inside a function, where it could hide a
 cycle, except in the command line (``src/scepsy/``), which imports what a command needs only
-when it runs (start-up time)."""
+when it runs (start-up time). A module moved to a sub-package leaves an alias at its old path
+(``scepsy_opt.milp`` is ``scepsy_opt.planning.milp``) for users; nothing of the project's own
+(src/, tests/, benchmarks/, solvers/) imports through one."""
 
 from __future__ import annotations
 
@@ -156,6 +158,46 @@ def hidden_imports(edges: list[Import]) -> list[str]:
                   if e.nested and not e.type_only and e.source.split(".")[0] not in LAZY_OK)
 
 
+def alias_target(path: Path) -> str | None:
+    """The module that the module at ``path`` stands for when it is an alias (a moved module's
+    old path, kept importable: a docstring, ``import sys``, ``from PKG import MOD as _moved``
+    and ``sys.modules[__name__] = _moved``, nothing else), else None."""
+    target, replaced = None, False
+    for s in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant):
+            continue
+        if isinstance(s, ast.Import) and [a.name for a in s.names] == ["sys"]:
+            continue
+        if isinstance(s, ast.ImportFrom) and s.level == 0 and len(s.names) == 1 \
+                and s.names[0].asname == "_moved" and target is None:
+            target = f"{s.module}.{s.names[0].name}"
+        elif isinstance(s, ast.Assign) and ast.unparse(s) == "sys.modules[__name__] = _moved":
+            replaced = True
+        else:
+            return None
+    return target if replaced else None
+
+
+def aliases(root: Path) -> dict[str, str]:
+    """``{old path: module}`` for every alias module under ``root``."""
+    return {name: t for name, path in project_modules(root).items()
+            if (t := alias_target(path)) is not None}
+
+
+def alias_imports(edges: list[Import], alias: dict[str, str]) -> list[str]:
+    """Imports through an alias by anything but another alias."""
+    return sorted(f"{e.source}:{e.line} imports {e.target} (an alias: import {alias[e.target]})"
+                  for e in edges if e.target in alias and e.source not in alias)
+
+
+def outside_imports(root: Path, folders: tuple[Path, ...]) -> list[Import]:
+    """Imports of project modules (under ``root``) by the Python files in ``folders``."""
+    mods = set(project_modules(root))
+    return [i for folder in folders for p in sorted(folder.rglob("*.py"))
+            for i in imports_of(".".join(p.relative_to(folder.parent).with_suffix("").parts),
+                                p, mods)]
+
+
 # ------------------------------------------------------------------------------- src/
 
 EDGES = import_graph(SRC)
@@ -164,8 +206,8 @@ EDGES = import_graph(SRC)
 def test_the_graph_is_read() -> None:
     """The checker sees the real graph (not an empty one)."""
     mods = project_modules(SRC)
-    assert {"scepsy_opt.milp", "scepsy_place.loop", "scepsy_common.errors", "scepsy.cli"} <= set(mods)
-    assert any(e.source == "scepsy_place.loop" and e.target == "scepsy_opt.milp" for e in EDGES)
+    assert {"scepsy_opt.planning.milp", "scepsy_place.loop", "scepsy_common.errors", "scepsy.cli"} <= set(mods)
+    assert any(e.source == "scepsy_place.loop" and e.target == "scepsy_opt.planning.milp" for e in EDGES)
     assert len(EDGES) > 100
 
 
@@ -182,9 +224,28 @@ def test_no_project_import_hidden_in_a_function() -> None:
 
 
 def test_every_package_is_discovered_by_setuptools() -> None:
-    """pyproject's package discovery is ``find`` under src/: every layer is a package there."""
+    """pyproject's package discovery is ``find`` under src/: every layer is a package there,
+    and so is every folder of Python files under a layer (``scepsy_opt.planning``), which
+    ``find`` only discovers with its ``__init__.py``."""
     for pkg in LAYERS:
         assert (SRC / pkg / "__init__.py").is_file(), pkg
+    folders = {p.parent for pkg in LAYERS for p in (SRC / pkg).rglob("*.py")}
+    assert sorted(str(d.relative_to(SRC)) for d in folders
+                  if not (d / "__init__.py").is_file()) == []
+    setuptools = pytest.importorskip("setuptools")
+    assert set(setuptools.find_packages(where=str(SRC))) >= {
+        ".".join(d.relative_to(SRC).parts) for d in folders}
+
+
+def test_nothing_imports_through_an_alias() -> None:
+    """The old path of a moved module is for users: src/ (but the aliases themselves), tests/,
+    benchmarks/ and solvers/ import the module where it is."""
+    alias = aliases(SRC)
+    assert len(alias) > 10  # the checker sees the aliases
+    repo = SRC.parent
+    edges = EDGES + outside_imports(SRC, tuple(repo / d for d in ("tests", "benchmarks",
+                                                                  "solvers")))
+    assert alias_imports(edges, alias) == []
 
 
 # ------------------------------------------------------------------------------- the checker
@@ -227,6 +288,25 @@ def test_the_checker_finds_what_it_should(tmp_path: Path, files: dict[str, str],
     assert hidden_imports(edges) == found.get("hidden", [])
 
 
+def test_the_checker_finds_imports_through_an_alias(tmp_path: Path) -> None:
+    """An alias module is known by its shape; importing it is flagged, but not from another
+    alias; a module that does more than stand for another is no alias."""
+    alias = ("import sys\n\nfrom scepsy_opt.{pkg} import {m} as _moved\n\n"
+             "sys.modules[__name__] = _moved\n")
+    root = _tree(tmp_path, {
+        "scepsy_opt/sub/__init__.py": "", "scepsy_opt/sub/a.py": "x = 1\n",
+        "scepsy_opt/sub/b.py": "",
+        "scepsy_opt/a.py": '"""Moved."""\n' + alias.format(pkg="sub", m="a"),
+        "scepsy_opt/b.py": alias.format(pkg="sub", m="b") + "y = 2\n",  # more than an alias
+        "scepsy_opt/again.py": alias.format(pkg="", m="a").replace("scepsy_opt. ", "scepsy_opt "),
+        "scepsy_opt/old.py": "from scepsy_opt import a\n",
+        "scepsy_opt/new.py": "from scepsy_opt.sub.a import x\n"})
+    found = aliases(root)
+    assert found == {"scepsy_opt.a": "scepsy_opt.sub.a", "scepsy_opt.again": "scepsy_opt.a"}
+    assert alias_imports(import_graph(root), found) == [
+        "scepsy_opt.old:1 imports scepsy_opt.a (an alias: import scepsy_opt.sub.a)"]
+
+
 # ------------------------------------------------------------------------------- candidate rows
 
 @pytest.mark.parametrize("seed, blocks, current", [(0, False, False), (3, False, True),
@@ -239,8 +319,8 @@ def test_every_scanned_candidate_is_priced_like_price(seed: int, blocks: bool, c
     from dataclasses import replace
 
     from scepsy_opt.allocation import Allocation
-    from scepsy_opt.candidates import generate_candidates, price
-    from scepsy_opt.instances import random_problem
+    from scepsy_opt.planning.candidates import generate_candidates, price
+    from scepsy_opt.planning.instances import random_problem
     from scepsy_profile import roofline_model
 
     p = random_problem(3, 4, roofline_model(), seed=seed, workflows=2, gpus_per_node=4)

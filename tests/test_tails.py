@@ -14,14 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
-from scepsy_opt.baselines import UserAllocation
-from scepsy_opt.candidates import fits_budget, generate_candidates
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import MILPOptimiser
-from scepsy_opt.optimisers import optimiser
-from scepsy_opt.problem import PlanningProblem, PlanOptions
+from scepsy_opt.planning.baselines import UserAllocation
+from scepsy_opt.planning.candidates import fits_budget, generate_candidates
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import MILPOptimiser
+from scepsy_opt.planning.optimisers import optimiser
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.tails import floor_cut, latency_quantiles, linearise, request_latencies
 from scepsy_opt.stats import RequestPaths, stats_to_dict, workflow_stats
-from scepsy_opt.tails import floor_cut, latency_quantiles, linearise, request_latencies
 from scepsy_opt.traces import CallRecord, validate_calls
 from scepsy_profile.roofline import roofline_model
 

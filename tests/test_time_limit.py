@@ -19,11 +19,11 @@ import pytest
 
 from scepsy.cli import EXIT_INFEASIBLE, EXIT_TIME_LIMIT, EXIT_USAGE, main
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.instances import random_problem
-from scepsy_opt.milp import MILPOptimiser, solve_min_latency
-from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import Plan
-from scepsy_opt.problem import Deadline, PlanningProblem, PlanOptions, TimeLimitReached
+from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.milp import MILPOptimiser, solve_min_latency
+from scepsy_opt.planning.planfile import plan_to_dict
+from scepsy_opt.planning.plans import Plan
+from scepsy_opt.planning.problem import Deadline, PlanningProblem, PlanOptions, TimeLimitReached
 from scepsy_place.loop import plan_and_place
 from scepsy_place.topology import from_cluster
 from scepsy_profile import roofline_model
@@ -139,7 +139,7 @@ def test_max_throughput_bisection_cut_short_keeps_its_best_scale():
 
 
 def _latencies(p: PlanningProblem, plan: Plan) -> dict[str, float]:
-    from scepsy_opt.plans import workflow_latencies
+    from scepsy_opt.planning.plans import workflow_latencies
 
     return workflow_latencies(p.scaled(plan.scale), plan)
 

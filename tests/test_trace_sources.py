@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
+from scepsy_opt.ingest.tracemap import TraceMap, load_trace_map, model_pairs, trace_map
 from scepsy_opt.stats import trace_stats
-from scepsy_opt.tracemap import TraceMap, load_trace_map, model_pairs, trace_map
 from scepsy_opt.traces import (
     CallRecord,
     infer_parents,

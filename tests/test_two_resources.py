@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from scepsy_common.units import UNITS, gpu_units, replicas_per_gpu
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.baselines import BruteForce, capacity_scale
-from scepsy_opt.candidates import (
+from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
+from scepsy_opt.planning.baselines import BruteForce, capacity_scale
+from scepsy_opt.planning.candidates import (
     fits_budget,
     generate_candidates,
     mem_units_by_gpu,
@@ -25,18 +26,17 @@ from scepsy_opt.candidates import (
     shape_curves,
     units_by_gpu,
 )
-from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.instances import random_problem, random_stats
-from scepsy_opt.milp import (
+from scepsy_opt.planning.instances import random_problem, random_stats
+from scepsy_opt.planning.milp import (
     _prices,
     capacity_shapes,
     max_scale,
     reduced_candidates,
     solve_min_latency,
 )
-from scepsy_opt.optimisers import OPTIMISERS, optimiser
-from scepsy_opt.planfile import dumps, plan_to_dict
-from scepsy_opt.problem import TENTHS, Deadline, PlanningProblem, PlanOptions
+from scepsy_opt.planning.optimisers import OPTIMISERS, optimiser
+from scepsy_opt.planning.planfile import dumps, plan_to_dict
+from scepsy_opt.planning.problem import TENTHS, Deadline, PlanningProblem, PlanOptions
 from scepsy_place.blocks import capacity_rows
 from scepsy_place.cuts import free_capacity_rows, packing_inequalities
 from scepsy_place.topology import from_cluster

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
 from scepsy_common.errors import InputError
-from scepsy_opt.slo import CallSLO
+from scepsy_opt.prediction.slo import CallSLO
 from scepsy_opt.validate.evaluate import Figures, combine, grew, validate_run
 from scepsy_opt.validate.finite import _admission_wait, finite_run, walk_wait
 from scepsy_opt.validate.fit import fit_overheads

@@ -14,7 +14,7 @@ import yaml
 
 from conftest import REPO, shared_file
 from scepsy_common.errors import InputError
-from scepsy_opt.mooncake import load_mooncake_lengths
+from scepsy_opt.ingest.mooncake import load_mooncake_lengths
 from scepsy_opt.traces import CallRecord, read_trace, validate_calls, write_trace
 from scepsy_opt.workflows import (
     PROGRAMS,

@@ -27,11 +27,11 @@ from scepsy_common.errors import InputError
 if TYPE_CHECKING:
     from scepsy_opt.allocation import Allocation
     from scepsy_opt.cluster import Cluster
-    from scepsy_opt.coverage import ShareExtrapolation
-    from scepsy_opt.pipeline import Prediction
-    from scepsy_opt.plans import Plan
-    from scepsy_opt.problem import PlanningProblem
-    from scepsy_opt.simulate import SimulationResult
+    from scepsy_opt.planning.coverage import ShareExtrapolation
+    from scepsy_opt.planning.plans import Plan
+    from scepsy_opt.planning.problem import PlanningProblem
+    from scepsy_opt.prediction.pipeline import Prediction
+    from scepsy_opt.prediction.simulate import SimulationResult
     from scepsy_opt.traces import Trace
     from scepsy_opt.workflows import WorkflowSpec
     from scepsy_place.launch.planfile import SolveReport
@@ -86,7 +86,7 @@ class PlanResult:
     @property
     def workflow_latencies(self) -> dict[str, float]:
         """Each workflow's predicted mean latency (s) under the placed allocation."""
-        from scepsy_opt.plans import workflow_latencies
+        from scepsy_opt.planning.plans import workflow_latencies
 
         if self.plan.allocation is None:
             return {}
@@ -97,10 +97,10 @@ class PlanResult:
     @property
     def extrapolated_shares(self) -> dict[str, ShareExtrapolation]:
         """Per LLM of the placed allocation whose share lies outside the shares its latency
-        curves were measured at (:func:`scepsy_opt.coverage.extrapolated_shares`; plan.json's
+        curves were measured at (:func:`scepsy_opt.planning.coverage.extrapolated_shares`; plan.json's
         ``llms.<llm>.extrapolated_share``): its latency is extrapolated. Empty without an
         allocation, or with ``shares_within_profile``."""
-        from scepsy_opt.coverage import extrapolated_shares
+        from scepsy_opt.planning.coverage import extrapolated_shares
 
         return extrapolated_shares(self.problem, self.plan.allocation)
 
@@ -344,7 +344,7 @@ def check_grid(specs: Sequence[WorkflowSpec], topology: Topology, tps: Sequence[
     at every share is not a grid problem: the optimiser reports it as infeasible. The default
     grid (``PlanOptions().tps``) is the set to choose from, not a request: its degrees that no
     model supports (8 for a model of 28 heads) are left unused like those above the domains."""
-    from scepsy_opt.problem import PlanOptions
+    from scepsy_opt.planning.problem import PlanOptions
     from scepsy_opt.workload import models_of
     from scepsy_profile.catalog import default_catalog
     from scepsy_profile.serving import memory_fit
@@ -388,7 +388,7 @@ def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
                  optimiser: str = DEFAULT_OPTIMISER, progress: Progress | None = None,
                  catalog: PathLike | Catalog | None = None,
                  **options: Any) -> tuple[PlanningProblem, Topology]:
-    """The :class:`~scepsy_opt.problem.PlanningProblem` and topology :func:`plan` solves
+    """The :class:`~scepsy_opt.planning.problem.PlanningProblem` and topology :func:`plan` solves
     (arguments as there); every check on the inputs happens here, before any solving."""
     with using_catalog(catalog) as cat:
         return _plan_problem(workflows, cluster, targets, trace=trace,
@@ -410,8 +410,8 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
                   optimiser: str, progress: Progress | None, catalog: Catalog | None,
                   prices: Mapping[str, float] | None = None,
                   **options: Any) -> tuple[PlanningProblem, Topology]:
-    from scepsy_opt.optimisers import OPTIMISERS
-    from scepsy_opt.problem import PlanningProblem, PlanOptions
+    from scepsy_opt.planning.optimisers import OPTIMISERS
+    from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
     from scepsy_opt.workload import models_of
 
     say = progress or (lambda _s: None)
@@ -445,7 +445,7 @@ def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
     else:
         options.pop("latency_bounds", None)
     if options.get("slos") is not None:
-        from scepsy_opt.slo import parse_slos
+        from scepsy_opt.prediction.slo import parse_slos
 
         called = sorted({m for s in specs if s.name in rates for m in s.llms})
         options["slos"] = parse_slos(options["slos"], called)
@@ -497,7 +497,7 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     ``targets``: a total throughput (req/s, split over a workload's weights) or a mapping
     workflow -> req/s; for a rate workload ``None`` (the default) means the file's rates and a
     total rescales them proportionally. Options: ``optimiser``
-    (:data:`~scepsy_opt.optimisers.OPTIMISERS`; ``user`` evaluates ``current``),
+    (:data:`~scepsy_opt.planning.optimisers.OPTIMISERS`; ``user`` evaluates ``current``),
     ``formulation`` (``auto``, ``aggregate``, ``blocks``, ``patterns``), ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
     ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``overheads`` (an
     engine-overheads calibration file or object, :func:`load_overheads`, added to the latency
@@ -508,9 +508,9 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     mean-latency bound for every workflow or per workflow), ``latency_bounds`` (where the
     optimiser supports them: ``(percentile, seconds)`` for every workflow or a mapping
     workflow -> ``(percentile, seconds)``), ``slos`` (per LLM, or ``"*"`` for every LLM the
-    targeted workflows call: a :class:`~scepsy_opt.slo.CallSLO` or ``{ttft_s, tpot_s,
+    targeted workflows call: a :class:`~scepsy_opt.prediction.slo.CallSLO` or ``{ttft_s, tpot_s,
     ttft_percentile}``, docs/slo.md) and every other field of
-    :class:`~scepsy_opt.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
+    :class:`~scepsy_opt.planning.problem.PlanOptions` (``objective``, ``tps``, ``shares``,
     ``time_limit_s``, ...). ``progress`` is called with the name of each stage as it starts.
     ``catalog``: a catalog YAML path (or :class:`~scepsy_profile.catalog.Catalog`) extending
     the bundled one, for devices and models it lacks (:func:`using_catalog`). ``prices``:
@@ -643,7 +643,7 @@ def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRat
     ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`
     (``rate`` optional for a rate workload). ``allocation`` may be a plan.json (its allocation
     is read)."""
-    from scepsy_opt.pipeline import predict as _predict
+    from scepsy_opt.prediction.pipeline import predict as _predict
     from scepsy_opt.workload import models_of
 
     with using_catalog(catalog) as cat:
@@ -671,7 +671,7 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
     ``time_scale`` times as fast, replayed in place of the Poisson process (the first
     ``requests`` of them; ``None``: all); each draws a workflow in proportion to the rates
     (``rate`` defaults to their mean rate, split as for :func:`plan`) (docs/arrivals.md)."""
-    from scepsy_opt.simulate import simulate as _simulate
+    from scepsy_opt.prediction.simulate import simulate as _simulate
     from scepsy_opt.workload import models_of, specs_and_rates
 
     times = None
@@ -695,7 +695,7 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
         more: dict[str, Any] = {} if policy is None else {"policy": policy}
         models = models_of(specs)
         if any(i.mesh is not None or i.prefill_share is not None for i in alloc.llms.values()):
-            from scepsy_opt.pipeline import phase_latencies, served
+            from scepsy_opt.prediction.pipeline import phase_latencies, served
 
             stats, served_models = served(_stats(specs, tr, seed), models, alloc)
             more["latencies"] = phase_latencies(stats, served_models, alloc, lat, rates,
@@ -709,15 +709,15 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
 # ------------------------------------------------------------------------------ documents
 
 def prediction_document(pred: Prediction, form: str) -> dict[str, Any]:
-    """``scepsy predict --json``'s document (:func:`scepsy_opt.reports.prediction_to_dict`)."""
-    from scepsy_opt.reports import prediction_to_dict
+    """``scepsy predict --json``'s document (:func:`scepsy_opt.prediction.reports.prediction_to_dict`)."""
+    from scepsy_opt.prediction.reports import prediction_to_dict
 
     return prediction_to_dict(pred, form)
 
 
 def simulation_document(res: SimulationResult) -> dict[str, Any]:
-    """``scepsy simulate --json``'s document (:func:`scepsy_opt.reports.simulation_to_dict`)."""
-    from scepsy_opt.reports import simulation_to_dict
+    """``scepsy simulate --json``'s document (:func:`scepsy_opt.prediction.reports.simulation_to_dict`)."""
+    from scepsy_opt.prediction.reports import simulation_to_dict
 
     return simulation_to_dict(res)
 

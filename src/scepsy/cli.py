@@ -200,7 +200,7 @@ def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
 
 
 def _predict_args(cmd: argparse.ArgumentParser) -> None:
-    from scepsy_opt.pipeline import FORMS
+    from scepsy_opt.prediction.pipeline import FORMS
 
     _evaluate_args(cmd)
     cmd.add_argument("--form", choices=FORMS, default="critical-path")
@@ -209,7 +209,7 @@ def _predict_args(cmd: argparse.ArgumentParser) -> None:
 
 def _simulate_args(cmd: argparse.ArgumentParser) -> None:
     from scepsy.api import DEFAULT_TRACE_REQUESTS
-    from scepsy_opt.simulate import ROUTINGS
+    from scepsy_opt.prediction.simulate import ROUTINGS
 
     _evaluate_args(cmd)
     cmd.add_argument("--requests", type=COUNT, default=None,
@@ -421,7 +421,7 @@ def _latency_bounds(values: Sequence[str]) -> tuple[float | dict[str, float] | N
                          f"or WORKFLOW=PCT:SECONDS entries (got {list(pct)!r})")
     from dataclasses import fields
 
-    from scepsy_opt.problem import PlanOptions
+    from scepsy_opt.planning.problem import PlanOptions
 
     if "latency_bounds" not in {f.name for f in fields(PlanOptions)}:
         raise UsageError("--latency-bound: percentile bounds (PCT:SECONDS) are not supported by "
@@ -499,7 +499,7 @@ def plan_request(args: argparse.Namespace) -> Any:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy.tables import progress
-    from scepsy_opt.planfile import dumps
+    from scepsy_opt.planning.planfile import dumps
     from scepsy_place.launch.planfile import write_plan_file
     from scepsy_place.request import flag_names
 
@@ -526,7 +526,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print(f"rendered {target} files of {args.out} into {written}",
               file=sys.stderr if args.json else sys.stdout)
     if plan.status == "time_limit_no_solution":
-        from scepsy_opt.problem import time_limit_detail
+        from scepsy_opt.planning.problem import time_limit_detail
 
         print(f"scepsy: {plan.status}: {time_limit_detail(request.search.time_limit_s)} (wrote {args.out})",
               file=sys.stderr)
@@ -615,7 +615,7 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
 
 
 def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None:
-    from scepsy_opt.planfile import plan_rows
+    from scepsy_opt.planning.planfile import plan_rows
 
     memory = ["memory"] if res.problem.options.memory_shares is not None else []
     _print_table(plan_rows(res.problem, res.plan),

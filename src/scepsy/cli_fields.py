@@ -75,7 +75,7 @@ def add_request_flags(parser: argparse.ArgumentParser, fields: Iterable[Any],
 
 def _memory_shares(text: str) -> tuple[float, ...] | None:
     """``--memory-shares``: ``tied`` (None), ``tenths`` or a comma-separated grid."""
-    from scepsy_opt.problem import TENTHS
+    from scepsy_opt.planning.problem import TENTHS
 
     if text.strip() == "tied":
         return None

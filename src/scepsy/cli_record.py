@@ -1,5 +1,5 @@
 """``scepsy record``: an OpenAI-compatible proxy that records every call it forwards as a trace
-(docs/record.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.record`.
+(docs/record.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.ingest.record`.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> Any:
     from scepsy.cli_util import check_new_out
     from scepsy_common.net import parse_listen
-    from scepsy_opt.record import RecordConfig, upstream_pairs
-    from scepsy_opt.tracemap import trace_map
+    from scepsy_opt.ingest.record import RecordConfig, upstream_pairs
+    from scepsy_opt.ingest.tracemap import trace_map
 
     host, port = parse_listen(args.listen)
     config = RecordConfig(out=args.out, upstream=args.upstream,
@@ -59,7 +59,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     import asyncio
     import signal
 
-    from scepsy_opt.record import serve
+    from scepsy_opt.ingest.record import serve
 
     config = _config(args)
 

@@ -95,7 +95,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
     from scepsy.cli_fields import given_fields
     from scepsy.cli_util import UsageError, check_out, naming, print_rows
     from scepsy_common.errors import InputError
-    from scepsy_opt.problem import Deadline
+    from scepsy_opt.planning.problem import Deadline
     from scepsy_place.incremental import parse_event, replan
     from scepsy_place.launch.planfile import write_plan_file
     from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data

@@ -1,6 +1,6 @@
 """``scepsy trace import FILE... --out TRACE.jsonl``: OpenTelemetry GenAI spans (OTLP/JSON files)
 as a workflow trace (docs/otel.md). Parsing and printing only; the work is
-:mod:`scepsy_opt.otel`.
+:mod:`scepsy_opt.ingest.otel`.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     """Run ``scepsy trace import``: read, convert, check, write, print."""
     from scepsy.cli_util import UsageError, check_out
     from scepsy_common.files import atomic_write_text
-    from scepsy_opt.otel import STRICT_KINDS, import_otlp
-    from scepsy_opt.tracemap import trace_map
+    from scepsy_opt.ingest.otel import STRICT_KINDS, import_otlp
+    from scepsy_opt.ingest.tracemap import trace_map
     from scepsy_opt.traces import with_client_time, write_trace
 
     check_out(args.out)
@@ -90,7 +90,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def _print_report(rep: Any) -> None:
     from scepsy.cli_util import print_rows
-    from scepsy_opt.otel import STRICT_KINDS
+    from scepsy_opt.ingest.otel import STRICT_KINDS
 
     print_rows([{"spans": rep.spans, "requests": rep.requests, "llm_calls": rep.llm_calls,
                  "tool_calls": rep.tool_calls, "structure_spans": rep.structure_spans,

@@ -1,7 +1,7 @@
 """``scepsy trace receive --listen HOST:PORT --out FILE [--duration S]``: an OTLP/HTTP trace
 receiver that writes every export request as one line of OTLP/JSON (docs/otel.md).
 
-Parsing and printing only; the receiver lives in :mod:`scepsy_opt.otlp_http`.
+Parsing and printing only; the receiver lives in :mod:`scepsy_opt.ingest.otlp_http`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_receive(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, check_new_out
     from scepsy_common.net import parse_listen
-    from scepsy_opt.otlp_http import TRACES_PATH, receive
+    from scepsy_opt.ingest.otlp_http import TRACES_PATH, receive
 
     host, port = parse_listen(args.listen)
     out: Path = args.out

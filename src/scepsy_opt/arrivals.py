@@ -16,7 +16,7 @@ A mean rate hides the bursts of a real load. A recorded trace of arrival times k
   the windows (``0.95``: the rate 95% of the windows stay within).
 
 ``scepsy simulate --arrivals FILE`` replays the times (each arrival picks a workflow in
-proportion to the rates and a request of it, :func:`scepsy_opt.simulate.simulate`'s
+proportion to the rates and a request of it, :func:`scepsy_opt.prediction.simulate.simulate`'s
 ``arrival_times_s``); ``scepsy plan --arrivals FILE --peak-window S`` plans for the peak
 window's rate instead of the mean.
 """

@@ -27,7 +27,7 @@ For a workflow ``w`` with requests ``r = 1..R`` and, per request, LLM calls ``C_
   mean_call_s_m`` (the count of its calls there when ``mean_call_s_m`` is 0), and the tool time on
   it. Their means over the requests are the predictor's critical-path weights
   ``critical_s / mean_call_s`` and ``tool_critical_s``; their spread gives the tail latency
-  (:mod:`scepsy_opt.tails`).
+  (:mod:`scepsy_opt.prediction.tails`).
 
 Calls that failed (``error`` set: an upstream error, a client that went away) are left out of
 every statistic; a call that waited on a failed call waits on that call's own parents instead
@@ -448,7 +448,7 @@ def _split_llm(s: LLMStats, name: str, f: float) -> LLMStats:
 def split_stats(st: WorkflowStats, splits: Mapping[str, Mapping[str, float]]) -> WorkflowStats:
     """``st`` with every LLM of ``splits`` replaced by its replica groups, each seeing its
     fraction of the LLM's calls: the predictor's mean latency of the workflow is then
-    ``Σ_g f_g·(the LLM's contribution at the group's rate)``, as :mod:`scepsy_opt.mixing`
+    ``Σ_g f_g·(the LLM's contribution at the group's rate)``, as :mod:`scepsy_opt.planning.mixing`
     prices it. Each request's critical path keeps its weight, shared by the groups."""
     llms: dict[str, LLMStats] = {}
     for m, s in st.llms.items():

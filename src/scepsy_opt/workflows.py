@@ -106,7 +106,7 @@ class Distribution:
     * ``uniform``: ``low`` <= ``high``, continuous;
     * ``choice``: ``values`` and optional ``weights`` (relative, default equal);
     * ``empirical``: ``values``, resampled uniformly (e.g. Mooncake token lengths,
-      :mod:`scepsy_opt.mooncake`).
+      :mod:`scepsy_opt.ingest.mooncake`).
 
     ``min``/``max`` clip every sample. :meth:`mean` is exact for every kind, clipping included
     (closed forms; see :meth:`_mean_min`). Samples are floats; programs round counts and token

@@ -1,6 +1,6 @@
 """The placeable-by-construction formulation: GPU blocks, one LLM shape per GPU.
 
-The aggregate MILP (:mod:`scepsy_opt.milp`) budgets GPU *capacity*; whether its allocation fits
+The aggregate MILP (:mod:`scepsy_opt.planning.milp`) budgets GPU *capacity*; whether its allocation fits
 on whole GPUs and NVLink domains is learnt afterwards, by placing it
 (:func:`scepsy_place.loop.plan_and_place`). At thousands of GPUs that loop is slow: the optimum
 fills the cluster with fractional-share TP groups that fragment the nodes, and every round costs
@@ -38,9 +38,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from scepsy_common.units import UNITS
-from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates
-from scepsy_opt.milp import Row, reduced_candidates
-from scepsy_opt.problem import Deadline, PlanningProblem
+from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_candidates
+from scepsy_opt.planning.milp import Row, reduced_candidates
+from scepsy_opt.planning.problem import Deadline, PlanningProblem
 from scepsy_place.placement import whole_free_gpus
 from scepsy_place.topology import Topology
 
@@ -51,7 +51,7 @@ def block_candidates(problem: PlanningProblem, topology: Topology,
                      deadline: Deadline | None = None) -> CandidateSet:
     """Every LLM's block candidates (``generate_candidates(blocks=True)``): all of them below
     :data:`REDUCE_MIN_GPUS` GPUs, after exact reduced-cost fixing from there on (within
-    ``deadline``: :class:`~scepsy_opt.problem.TimeLimitReached` once it passes)."""
+    ``deadline``: :class:`~scepsy_opt.planning.problem.TimeLimitReached` once it passes)."""
     if problem.cluster.total_gpus < REDUCE_MIN_GPUS:
         return generate_candidates(problem, blocks=True, deadline=deadline)
     return reduced_candidates(problem, blocks=True, rows=lambda cs: capacity_rows(topology, cs),

@@ -44,9 +44,9 @@ import numpy as np
 from scipy.optimize import linprog
 
 from scepsy_common.units import UNITS, share_units
-from scepsy_opt.candidates import Candidate
-from scepsy_opt.milp import Row
-from scepsy_opt.problem import PlanningProblem
+from scepsy_opt.planning.candidates import Candidate
+from scepsy_opt.planning.milp import Row
+from scepsy_opt.planning.problem import PlanningProblem
 from scepsy_place.topology import MEMORY_TOL_GIB, Topology
 
 # a configuration cut must cut the failed allocation by more than this (relative to its rhs)

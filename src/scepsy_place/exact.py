@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import pulp
 
-from scepsy_opt.solver import highs_status, pulp_highs
+from scepsy_opt.planning.solver import highs_status, pulp_highs
 from scepsy_place.replicas import Demand, Slot
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology
 

@@ -29,8 +29,8 @@ from typing import Literal
 
 from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import Candidate, generate_candidates
-from scepsy_opt.problem import PlanningProblem
+from scepsy_opt.planning.candidates import Candidate, generate_candidates
+from scepsy_opt.planning.problem import PlanningProblem
 from scepsy_place.exact import place_exactly
 from scepsy_place.placement import demands
 from scepsy_place.replicas import Demand

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from scepsy_opt.problem import Deadline, PlanningProblem
+from scepsy_opt.planning.problem import Deadline, PlanningProblem
 from scepsy_place.loop import (  # the registry lives beside plan_and_place
     FORMULATIONS_REGISTRY,
     LoopFormulation,

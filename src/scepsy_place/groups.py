@@ -2,7 +2,7 @@
 whole free GPUs (:func:`scepsy_common.units.replica_gpus`), TP groups overlapping where shares
 allow (three TP-2 replicas at half a GPU on three GPUs).
 
-The split min-cost formulation (:mod:`scepsy_opt.mixing`) prices each replica group at that
+The split min-cost formulation (:mod:`scepsy_opt.planning.mixing`) prices each replica group at that
 many GPUs; :func:`layout_groups` realises it. Per LLM, in name order, NVLink domains are filled
 one at a time (nodes of its GPU type in topology order, domains in index order, only GPUs that
 are wholly free): ``r`` replicas of ``tp`` GPUs, ``k`` to a GPU, take ``g = max(tp, ⌈r·tp/k⌉)``

@@ -37,7 +37,7 @@ import numpy as np
 
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, share_units
-from scepsy_opt.problem import Deadline
+from scepsy_opt.planning.problem import Deadline
 from scepsy_place.exact import place_exactly
 from scepsy_place.replicas import Demand, Key, Slot
 from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology

@@ -51,10 +51,10 @@ import pulp
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, parse_allocation
-from scepsy_opt.candidates import CandidateSet, generate_candidates
-from scepsy_opt.milp import Row, solve_min_latency
-from scepsy_opt.problem import Deadline, PlanningProblem
-from scepsy_opt.solver import has_solution, highs_status, pulp_highs
+from scepsy_opt.planning.candidates import CandidateSet, generate_candidates
+from scepsy_opt.planning.milp import Row, solve_min_latency
+from scepsy_opt.planning.problem import Deadline, PlanningProblem
+from scepsy_opt.planning.solver import has_solution, highs_status, pulp_highs
 from scepsy_place.check import violations
 from scepsy_place.loop import (
     UNPRUNED_MAX_GPUS,

@@ -91,15 +91,14 @@ from typing import Any, Literal, cast
 from scepsy_common.bisection import Probe, largest_accepted
 from scepsy_common.registry import Registry
 from scepsy_common.units import UNITS, share_units
-from scepsy_opt.candidates import CandidateSet, fits_budget, generate_candidates, price
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.milp import Row, solve_min_latency
-from scepsy_opt.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_cost
-from scepsy_opt.mixing import domains, group_gpus, mixed_plan, solve_mixed
-from scepsy_opt.optimisers import optimiser
-from scepsy_opt.pipeline import min_replicas
-from scepsy_opt.planfile import plan_to_dict
-from scepsy_opt.plans import (
+from scepsy_opt.planning.candidates import CandidateSet, fits_budget, generate_candidates, price
+from scepsy_opt.planning.milp import Row, solve_min_latency
+from scepsy_opt.planning.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_cost
+from scepsy_opt.planning.mixing import domains, group_gpus, mixed_plan, solve_mixed
+from scepsy_opt.planning.optimisers import optimiser
+from scepsy_opt.planning.planfile import plan_to_dict
+from scepsy_opt.planning.plans import (
     Plan,
     Status,
     headroom,
@@ -107,13 +106,14 @@ from scepsy_opt.plans import (
     plan_from_choice,
     time_limit_plan,
 )
-from scepsy_opt.problem import (
+from scepsy_opt.planning.problem import (
     OBJECTIVES,
     Deadline,
     PlanningProblem,
     TimeLimitReached,
     time_limit_detail,
 )
+from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_place import slots
 from scepsy_place.cuts import (
     configuration_cut,
@@ -153,7 +153,7 @@ TIGHTEN_AFTER = 2
 # is for the blocks fallback and the aggregate bound)
 BLOCKS_SHARE = 0.5
 SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.slots) after blocks, of what remains
-MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.mixing), of what remains
+MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.planning.mixing), of what remains
 SLOTS_LARGE_SHARE = 0.6  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
 PATTERNS_LARGE_SHARE = 0.75
@@ -169,7 +169,7 @@ CAPACITY_GAP = 0.02
 
 def plan_document(problem: PlanningProblem, res: PlacedPlan, *, policy: str | None = None,
                   timings: bool = True, topology: Topology | None = None) -> dict[str, Any]:
-    """The plan.json document of ``res`` (:func:`scepsy_opt.planfile.plan_to_dict` of
+    """The plan.json document of ``res`` (:func:`scepsy_opt.planning.planfile.plan_to_dict` of
     :attr:`PlacedPlan.answer`, with the ``placement`` section of :meth:`PlacedPlan.to_dict`):
     an allocation only when every replica is placed.
 
@@ -272,7 +272,7 @@ the largest total latency, so that latency only breaks ties in price."""
 
 def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
     """The min-cost placed plan (docs/min-cost.md): the cheapest allocation in aggregate
-    (:func:`scepsy_opt.mincost.solve_min_cost`: its price is a lower bound on that of every
+    (:func:`scepsy_opt.planning.mincost.solve_min_cost`: its price is a lower bound on that of every
     placeable allocation) placed by the placer (then the exact test), and, without percentile
     bounds, the pattern formulation with the GPUs' prices as its objective (placeable by
     construction, LLMs sharing GPUs), slot groups and, with two or more GPU types, LLMs split
@@ -473,7 +473,7 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
 
 
 def mixing_applies(problem: PlanningProblem) -> bool:
-    """Whether min-cost also plans LLMs split over GPU types (:mod:`scepsy_opt.mixing`): the
+    """Whether min-cost also plans LLMs split over GPU types (:mod:`scepsy_opt.planning.mixing`): the
     cluster offers two or more GPU types, every bound is a mean bound, no LLM has an SLO and
     no current allocation is kept."""
     return (len({p.gpu for p in problem.cluster.pools}) > 1
@@ -493,7 +493,7 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
                     deadline: Deadline, kw: Mapping[str, Any],
                     ) -> tuple[PlacedPlan, float | None]:
     """The cheapest portions of every LLM's load over the GPU types
-    (:func:`scepsy_opt.mixing.solve_mixed`, within the GPUs of ``topology``) as a plan of the
+    (:func:`scepsy_opt.planning.mixing.solve_mixed`, within the GPUs of ``topology``) as a plan of the
     problem split into its replica groups, each group laid out on the whole GPUs it was priced
     at (:func:`scepsy_place.groups.layout_groups`; the placer, then the exact test, where that
     leaves replicas out); and the price bound it proves for every plan, split or not, on
@@ -732,7 +732,7 @@ def keep_current(problem: PlanningProblem, topology: Topology, res: PlacedPlan, 
                  deadline: Deadline | None = None) -> PlacedPlan:
     """``res``, or keeping the current allocation (``problem.options.current``) when that still
     carries the targets within the budgets, places on ``topology`` and has a lower objective
-    (:func:`scepsy_opt.candidates.price`: the same latencies as the optimiser's, no change
+    (:func:`scepsy_opt.planning.candidates.price`: the same latencies as the optimiser's, no change
     penalty). ``compared["current"]`` says how it ended (``stopped``: priced no better than
     ``res``, not placed; ``infeasible``: it does not carry the targets or fit the budgets)."""
     cur = problem.options.current
@@ -762,7 +762,7 @@ def keep_current(problem: PlanningProblem, topology: Topology, res: PlacedPlan, 
 def current_plan(problem: PlanningProblem, name: str = "milp") -> Plan | None:
     """The current allocation priced at ``problem``'s targets (status ``evaluated``), or None
     when it uses a GPU type the cluster lacks, exceeds the budgets or does not carry an LLM's
-    load at ``max_utilisation`` (the candidates' rule, :func:`scepsy_opt.pipeline.min_replicas`)."""
+    load at ``max_utilisation`` (the candidates' rule, :func:`scepsy_opt.prediction.pipeline.min_replicas`)."""
     cur = problem.options.current
     if cur is None:
         return None
@@ -1147,7 +1147,7 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
 
 def placed_scale(problem: PlanningProblem, plan: Plan) -> float:
     """The largest factor of ``problem``'s targets that ``plan``'s allocation carries at
-    ``max_utilisation`` (:func:`scepsy_opt.plans.headroom`, the candidates' rule)."""
+    ``max_utilisation`` (:func:`scepsy_opt.planning.plans.headroom`, the candidates' rule)."""
     return min(headroom(problem, plan.candidates).values())
 
 

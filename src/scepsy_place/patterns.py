@@ -1,6 +1,6 @@
 """The pattern formulation of the placeable problem: column generation and price-and-branch.
 
-The aggregate MILP (:mod:`scepsy_opt.milp`) budgets GPU capacity per type; the blocks
+The aggregate MILP (:mod:`scepsy_opt.planning.milp`) budgets GPU capacity per type; the blocks
 formulation (:mod:`scepsy_place.blocks`) is placeable by construction but never lets two LLMs
 share a GPU. This formulation is placeable by construction *and* co-locates: it decides how
 many NVLink domains run each *pattern*, a filling of one domain with replicas of possibly
@@ -51,12 +51,17 @@ import highspy
 import numpy as np
 
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.candidates import Candidate, CandidateSet, generate_candidates
-from scepsy_opt.milp import Row, reduced_candidates, solve_min_latency
-from scepsy_opt.plans import Plan, no_allocation_plan, plan_from_choice, time_limit_plan
-from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
-from scepsy_opt.solver import SEED as SEED  # re-exported: the seed of every solve
-from scepsy_opt.solver import SOLVER, has_solution, highs, highs_status
+from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_candidates
+from scepsy_opt.planning.milp import Row, reduced_candidates, solve_min_latency
+from scepsy_opt.planning.plans import Plan, no_allocation_plan, plan_from_choice, time_limit_plan
+from scepsy_opt.planning.problem import (
+    Deadline,
+    PlanningProblem,
+    TimeLimitReached,
+    time_limit_detail,
+)
+from scepsy_opt.planning.solver import SEED as SEED  # re-exported: the seed of every solve
+from scepsy_opt.planning.solver import SOLVER, has_solution, highs, highs_status
 from scepsy_place.check import violations
 from scepsy_place.exact import EXACT_TIME_S, place_exactly
 from scepsy_place.placed import PlacedPlan, plan_blocks

@@ -9,9 +9,14 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from scepsy_opt.milp import solve_min_latency
-from scepsy_opt.plans import Plan, time_limit_plan
-from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached, time_limit_detail
+from scepsy_opt.planning.milp import solve_min_latency
+from scepsy_opt.planning.plans import Plan, time_limit_plan
+from scepsy_opt.planning.problem import (
+    Deadline,
+    PlanningProblem,
+    TimeLimitReached,
+    time_limit_detail,
+)
 from scepsy_place.blocks import block_candidates, capacity_rows
 from scepsy_place.placement import Placement, demands, place
 from scepsy_place.quality import quality
@@ -72,7 +77,7 @@ class PlacedPlan:
     # the nodes placed on when not the caller's (min-cost with open pools: the nodes bought)
     topology: Topology | None = field(default=None, compare=False)
     # the problem the plan answers when not the caller's: a plan with LLMs on several GPU types
-    # answers the problem split into its replica groups (scepsy_opt.mixing.split_problem)
+    # answers the problem split into its replica groups (scepsy_opt.planning.mixing.split_problem)
     problem: PlanningProblem | None = field(default=None, compare=False)
 
     @property

@@ -29,8 +29,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scepsy_common.errors import InputError
-from scepsy_opt.optimisers import OPTIMISERS
-from scepsy_opt.problem import OBJECTIVES, TENTHS, PlanOptions
+from scepsy_opt.planning.optimisers import OPTIMISERS
+from scepsy_opt.planning.problem import OBJECTIVES, TENTHS, PlanOptions
 from scepsy_place.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
 from scepsy_place.placement import PLACERS
 from scepsy_profile.serving import MemoryPolicy
@@ -224,7 +224,7 @@ class Search(_Model):
     """the aggregate loop's round cap, a safety net: it stops when a plan places, is proven
     infeasible or at --time-limit"""
     options: Mapping[str, Any] = Field(default_factory=dict)
-    """further fields of scepsy_opt.problem.PlanOptions (weights, prune_rel, max_replicas,
+    """further fields of scepsy_opt.planning.problem.PlanOptions (weights, prune_rel, max_replicas,
     reduce; the Python API only)"""
 
     @model_validator(mode="after")
@@ -346,7 +346,7 @@ class PlanRequest(_Model):
             raise _input_error(exc) from None
 
     def plan_options(self) -> dict[str, Any]:
-        """The :class:`~scepsy_opt.problem.PlanOptions` fields the request sets (beside the
+        """The :class:`~scepsy_opt.planning.problem.PlanOptions` fields the request sets (beside the
         current allocation and the bounds, which the planner reads and checks itself)."""
         s = self.search
         out: dict[str, Any] = {"objective": self.objective.kind, "tps": s.tps,

@@ -35,7 +35,7 @@ every packing of a GPU (tests: brute force).
 * :func:`solve_slot_scale` (max-throughput): the largest scale ``s`` of the targets with
   ``s·ℓ_m ≤ max_utilisation·Σ μ·r``, or any solution at a fixed scale (a feasibility problem,
   much faster); :func:`plan_slot_scale` searches the scale with such solves against the proven
-  bound :func:`scepsy_opt.milp.scale_upper_bound`, in parts (:func:`partition`,
+  bound :func:`scepsy_opt.planning.milp.scale_upper_bound`, in parts (:func:`partition`,
   :func:`solve_parts`) whose equal members reuse one solution;
 * :func:`solve_slot_latency` (min-latency, or min-cost with ``gpu_cost``): one candidate per LLM
   of least total cost; :func:`plan_slot_latency` solves it part by part.
@@ -59,11 +59,11 @@ from typing import Any, cast
 
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.candidates import Candidate, fitting_curves, generate_candidates, price
-from scepsy_opt.milp import Shape, scale_upper_bound
-from scepsy_opt.pipeline import min_replicas
-from scepsy_opt.plans import Status, headroom, no_allocation_plan, plan_from_choice
-from scepsy_opt.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.planning.candidates import Candidate, fitting_curves, generate_candidates, price
+from scepsy_opt.planning.milp import Shape, scale_upper_bound
+from scepsy_opt.planning.plans import Status, headroom, no_allocation_plan, plan_from_choice
+from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_place.patterns import _Model, _run_mip
 from scepsy_place.placed import PlacedPlan, timed_out
 from scepsy_place.placement import Placement, demands, whole_free_gpus
@@ -92,7 +92,7 @@ class SlotShape:
 @dataclass(frozen=True)
 class SlotSolution:
     """A solution of the slot model: per LLM its shape and replicas (as unpriced
-    :class:`~scepsy_opt.candidates.Candidate`), the groups per ``(gpu, tp)`` (configurations and
+    :class:`~scepsy_opt.planning.candidates.Candidate`), the groups per ``(gpu, tp)`` (configurations and
     counts), the scale its replicas carry and the solver's status and dual bound on the scale."""
 
     choice: Mapping[str, Candidate]
@@ -118,7 +118,7 @@ def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
                 ) -> dict[str, list[SlotShape]]:
     """Per LLM, its shapes that no other of the same GPU type and TP degree beats: a shape is
     dropped when another has no larger share and no smaller μ (its slot holds the replica too).
-    Raises :class:`~scepsy_opt.problem.TimeLimitReached` once ``deadline`` passes."""
+    Raises :class:`~scepsy_opt.planning.problem.TimeLimitReached` once ``deadline`` passes."""
     out: dict[str, list[SlotShape]] = {}
     seen: dict[tuple[Any, ...], list[SlotShape]] = {}
     for m in problem.llms:
@@ -149,7 +149,7 @@ def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
 
 
 def as_capacity_shapes(shapes: Mapping[str, Sequence[SlotShape]]) -> dict[str, list[Shape]]:
-    """The slot shapes as :func:`scepsy_opt.milp.capacity_shapes` gives them (units per replica:
+    """The slot shapes as :func:`scepsy_opt.planning.milp.capacity_shapes` gives them (units per replica:
     ``tp × units``). The shapes :func:`slot_shapes` drops never use fewer units for as much μ,
     so bounds over these hold for every shape."""
     return {m: [Shape(sh.gpu, sh.tp, sh.share, sh.tp * sh.units, sh.mu) for sh in v]
@@ -987,7 +987,7 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     allow it, :func:`partition`, then of :data:`LARGER_PARTS` times that while the gap is over
     :data:`WIDE_GAP`, the larger first when a heavy LLM skews the load), laid out
     (:func:`layout`) and priced at that scale. ``plan.stats`` carries ``scale_bound`` (a proven
-    upper bound on the scale of every allocation, :func:`scepsy_opt.milp.scale_upper_bound`),
+    upper bound on the scale of every allocation, :func:`scepsy_opt.planning.milp.scale_upper_bound`),
     ``scale_gap`` (``scale_bound / scale − 1``), ``parts``, ``probes`` (feasibility solves) and
     ``reused`` (parts that took an equal part's solution). The plan's status is ``optimal`` only
     when the scale meets its bound (within :data:`PROVEN_SCALE_GAP`), ``time_limit`` when a

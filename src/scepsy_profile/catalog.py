@@ -18,7 +18,7 @@ Names are case-insensitive identities: ``gpu("h100-80gb")`` finds ``H100-80GB``,
 to canonical model names, also case-insensitively.
 
 A GPU entry's optional ``price_per_hour`` (USD per GPU-hour, what the min-cost objective of
-``scepsy_opt.mincost`` minimises) is kept beside its :class:`GPUSpec` in :attr:`Catalog.prices`;
+``scepsy_opt.planning.mincost`` minimises) is kept beside its :class:`GPUSpec` in :attr:`Catalog.prices`;
 the bundled prices are public list prices, defaults to override (docs/catalog.md).
 """
 

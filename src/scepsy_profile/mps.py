@@ -25,7 +25,7 @@ of the LLMs on one mesh may add up to more than 100. Two pieces model that:
   An LLM alone on its GPUs keeps its limits.
 
 The busy fractions depend on the shares, so :func:`contended_shares` takes them as an input and
-the caller iterates to a fixed point (``scepsy_opt.colocation.contend``).
+the caller iterates to a fixed point (``scepsy_opt.prediction.colocation.contend``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ measured.
 
 * **predicted**: the finite-run model on the instance's serving curve
   (:func:`scepsy_opt.validate.finite.finite_run`);
-* **simulated**: the discrete-event simulator (``scepsy_opt.simulate``) replays the same
+* **simulated**: the discrete-event simulator (``scepsy_opt.prediction.simulate``) replays the same
   requests on the same instance, with the contended shares.
 
 A run's figures are its LLMs' combined: throughput the sum of what each served, mean latency
@@ -34,11 +34,11 @@ import numpy as np
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.colocation import contend, phase_model
-from scepsy_opt.pipeline import instance_curve, llm_demand
+from scepsy_opt.prediction.colocation import contend, phase_model
+from scepsy_opt.prediction.pipeline import instance_curve, llm_demand
+from scepsy_opt.prediction.simulate import SimulationResult, simulate
+from scepsy_opt.prediction.slo import CallSLO, attained
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
-from scepsy_opt.simulate import SimulationResult, simulate
-from scepsy_opt.slo import CallSLO, attained
 from scepsy_opt.stats import WorkflowStats
 from scepsy_opt.traces import Trace
 from scepsy_opt.validate.finite import FiniteRun, finite_run

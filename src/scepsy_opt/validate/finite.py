@@ -30,8 +30,8 @@ import math
 from dataclasses import dataclass
 
 from scepsy_common.errors import InputError
-from scepsy_opt.colocation import operating_point
-from scepsy_opt.slo import ttft_attainment
+from scepsy_opt.prediction.colocation import operating_point
+from scepsy_opt.prediction.slo import ttft_attainment
 from scepsy_profile.serving import ServingCurve
 
 WALK = 0.75
@@ -53,12 +53,12 @@ class FiniteRun:
     mean_tpot_s: float
     overloaded: bool
     ttft_floor_s: float = 0.0  # the TTFT without waiting: the group's prefill and the delay
-    wait_shape: str = "exponential"  # the wait's distribution (scepsy_opt.slo.WAIT_SHAPES)
+    wait_shape: str = "exponential"  # the wait's distribution (scepsy_opt.prediction.slo.WAIT_SHAPES)
     wait_mean_s: float = 0.0  # its mean: the p90 TTFT less the floor, over the shape's p90
 
     def ttft_within(self, bound_s: float) -> float:
         """The share of the run's calls whose TTFT is at most ``bound_s`` under the wait's
-        distribution (:func:`scepsy_opt.slo.ttft_attainment`)."""
+        distribution (:func:`scepsy_opt.prediction.slo.ttft_attainment`)."""
         return ttft_attainment(bound_s, self.ttft_floor_s, self.wait_mean_s, self.wait_shape)
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from scepsy_opt.slo import parse_slos
+from scepsy_opt.prediction.slo import parse_slos
 from scepsy_opt.validate.evaluate import Figures, RunValidation, validate_run
 from scepsy_opt.validate.muxserve import load_muxserve_dir
 from scepsy_profile.latency import LatencyModel
@@ -33,7 +33,7 @@ def validate_muxserve(folder: str | Path, latency: LatencyModel, *, model: str =
     """Read every run in ``folder`` (:func:`~scepsy_opt.validate.muxserve.load_muxserve_dir`)
     and validate each with ``latency`` (:func:`~scepsy_opt.validate.evaluate.validate_run`);
     ``slos``: per LLM (``"*"``: every LLM), the SLO whose attainment is reported
-    (:func:`scepsy_opt.slo.parse_slos`, against each run's LLMs)."""
+    (:func:`scepsy_opt.prediction.slo.parse_slos`, against each run's LLMs)."""
     runs = load_muxserve_dir(folder)
     return ValidationReport(str(folder), model, tuple(
         validate_run(r, latency, simulate_runs=simulate, seed=seed,

@@ -559,7 +559,7 @@ def _finite(x: float | None) -> float | None:
 
 
 def prediction_dict(pred: Any) -> dict[str, Any]:
-    """A :class:`~scepsy_opt.pipeline.Prediction` as JSON-ready values (infinite latencies of
+    """A :class:`~scepsy_opt.prediction.pipeline.Prediction` as JSON-ready values (infinite latencies of
     a saturated prediction as None)."""
     return {
         "workflows": {w: {"rate": p.rate, "throughput": min(p.rate, p.max_throughput),

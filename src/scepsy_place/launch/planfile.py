@@ -37,9 +37,9 @@ from scepsy_common.errors import InputError, Name, validated
 from scepsy_common.files import atomic_write_text, read_json
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
-from scepsy_opt.planfile import PLAN_VERSION, dumps
-from scepsy_opt.plans import Status
-from scepsy_opt.problem import Objective
+from scepsy_opt.planning.planfile import PLAN_VERSION, dumps
+from scepsy_opt.planning.plans import Status
+from scepsy_opt.planning.problem import Objective
 from scepsy_place.launch.model import (
     ENV_NAME_PATTERN,
     DeviceLaunch,
@@ -228,7 +228,7 @@ class CurvePoint(BaseModel):
 
 class CurveSection(BaseModel):
     """A workflow's predicted latency against its throughput, every workflow's rate scaled
-    with it (:func:`scepsy_opt.planfile.workflow_curves`): the maximum throughput, the LLM
+    with it (:func:`scepsy_opt.planning.planfile.workflow_curves`): the maximum throughput, the LLM
     that saturates there, and points below it in increasing throughput."""
 
     model_config = FINITE
@@ -247,7 +247,7 @@ class WorkflowSection(BaseModel):
 
 class ShareRangeSection(BaseModel):
     """An LLM's share outside the shares its latency model measured for its (model, gpu, tp):
-    the share and the measured range (``scepsy_opt.coverage``); its latency is extrapolated."""
+    the share and the measured range (``scepsy_opt.planning.coverage``); its latency is extrapolated."""
 
     model_config = FINITE
     share: float = Field(gt=0, le=1)

@@ -11,7 +11,7 @@ are. :func:`running_allocation` states that as an allocation the predictor reads
 of LLMs placed on the same cores of a node becomes a mesh
 (:attr:`~scepsy_opt.allocation.Instance.mesh`) in which each runs at share 1 (the cores'
 speed) and keeps its planned memory, so the predictor's co-location model
-(:func:`scepsy_opt.colocation.contend`) slows each LLM by the busy fraction of the others
+(:func:`scepsy_opt.prediction.colocation.contend`) slows each LLM by the busy fraction of the others
 (share ``1 / (1 + Σ u_j)``, the processor-sharing rate of a fair time slice). An LLM alone on
 its cores runs at share 1.
 

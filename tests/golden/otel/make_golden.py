@@ -10,7 +10,7 @@ prompt tokens = whitespace-separated words of the prompt or of every message's t
 tokens = words of the answer. A message holding ``FAIL:<model>`` makes the call to that model
 fail with HTTP 500. An instrumentation package traces a small program against it, the
 OpenTelemetry SDK exports the spans with the OTLP/HTTP exporter (protobuf, batched) to
-:func:`scepsy_opt.otlp_http.otlp_receiver`, and the receiver's file becomes
+:func:`scepsy_opt.ingest.otlp_http.otlp_receiver`, and the receiver's file becomes
 ``NAME.otlp.jsonl``; ``NAME.expected.json`` lists what the fake server answered, per call, and
 the tool calls the program made. Each scenario runs in a child process of its own (the
 instrumentors patch client libraries process-wide).
@@ -367,7 +367,7 @@ def run_scenario(name: str, out_dir: Path) -> None:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-    from scepsy_opt.otlp_http import OtlpReceiver
+    from scepsy_opt.ingest.otlp_http import OtlpReceiver
 
     out_dir.mkdir(parents=True, exist_ok=True)
     tmp = out_dir / f".{golden_file(name)}.tmp"

@@ -1,0 +1,447 @@
+"""Mixed GPU types for one LLM: its load split over replicas on several GPU types.
+
+Every other formulation runs all of an LLM's replicas on one shape. When two GPU types are
+offered, the cheapest way to carry one LLM may take some of each (two L4 and two A10 rather
+than five L4): the first type's whole GPUs carry most of the load and the rest goes where it is
+cheapest to carry. This module plans that, as Mélange does for one model, within scepsy's
+predictor and latency bounds.
+
+**Portions.** An LLM's calls are routed to its replica groups at random, by weight: a group
+that gets fraction ``f`` of the calls sees ``f`` of the LLM's call rate, and the LLM's mean
+call latency is ``Σ_g f_g·ℓ_g`` (``ℓ_g`` the group's mean latency at its own rate). The
+fractions are multiples of ``1/S`` (``slices``, default :data:`SLICES`). A *portion* is a
+candidate (:mod:`scepsy_opt.planning.candidates`) of the problem scaled to ``j/S`` of its targets
+(every call rate times ``j/S``), so it carries ``j/S`` of its LLM's load at
+``max_utilisation`` and its latencies are those at that load. The MILP picks at most one
+portion per LLM and GPU type::
+
+    min Σ_t p_t·G_t    s.t.  Σ_{portions of m} j·y = S                 (every LLM's load)
+                             Σ_{portions of m on t} y ≤ 1              (one group per type)
+                             G_t = Σ_{portions on t} gpus_c·y ≤ the GPUs of type t
+                             Σ (j/S)·ℓ_wc·y ≤ B_w − τ_w               (mean latency bounds)
+
+``gpus_c`` (:func:`group_gpus`) counts the whole GPUs the group takes alone: its replicas of
+share ``s`` pack ``⌊1/s⌋`` to a GPU, each on ``tp`` GPUs of one NVLink domain, their TP groups
+free to overlap (:func:`scepsy_common.units.replica_gpus`, the fewest GPUs that hold them). The
+plan is therefore placeable group by group, and its price is an upper bound on the least price
+of these portions. Two lower bounds are reported: the same MILP with GPUs counted in aggregate
+(``n_t ≥ Σ units/1000``, integer, as :mod:`scepsy_opt.planning.mincost` counts them), which holds for
+any plan of these portions, co-located with other LLMs or not; and, with one LLM, the MILP's
+own optimum (nothing else shares its GPUs, so the whole GPUs are exact for every plan that runs
+it one shape per GPU type). ``cost_bound_per_hour`` is the larger. Ties in price are broken by
+the weighted latency ``Σ (j/S)·cost_c·y`` (a second solve at the optimal price). Candidates are
+pruned exactly for these counts (:func:`scepsy_opt.planning.mincost.prune_for_cost` with the whole GPUs
+as a further count).
+
+Percentile latency bounds are not planned here (the mixture of two groups' latencies has no
+linear form): :func:`solve_mixed` refuses them.
+
+**Mélange's formulation** (:func:`melange_min_cost`; Griggs et al., "Mélange: Cost Efficient
+Large Language Model Serving by Exploiting GPU Heterogeneity", 2024) is the same split by
+request size instead of by fraction: request-size buckets of rate ``r_b``, each cut into
+``slice_factor`` equal slices, every slice assigned to one GPU type whose profiled maximum
+throughput for the bucket is ``T_gb`` (req/s per GPU at the SLO), and
+``n_g ≥ Σ_{slices on g} (r_b/slice_factor)/T_gb`` integer GPUs per type at least cost. It is
+implemented here as published, to compare with on Mélange's own example (docs/min-cost.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import pulp
+
+from scepsy_common.errors import InputError
+from scepsy_common.units import UNITS, replica_gpus, replicas_per_gpu
+from scepsy_opt.allocation import Allocation
+from scepsy_opt.planning.candidates import Candidate, generate_candidates, price
+from scepsy_opt.planning.milp import _solver, _status, choice_variables
+from scepsy_opt.planning.mincost import gpu_prices, prune_for_cost
+from scepsy_opt.planning.plans import Plan, Status, plan_from_choice
+from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.planning.solver import SOLVER, pulp_highs
+from scepsy_opt.stats import split_stats
+
+SLICES = 8  # fractions of an LLM's load are multiples of 1/SLICES
+COST_REL = 1e-9  # the tie-break solve: price within this (relative) of the optimum
+
+
+# -- Mélange's formulation ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MelangeAnswer:
+    """Mélange's answer: GPUs per type, the price per hour, and each slice's GPU type."""
+
+    status: str  # optimal | infeasible | time_limit | time_limit_no_solution
+    gpus: Mapping[str, int]
+    cost_per_hour: float
+    assignment: tuple[str, ...]  # per slice (bucket-major, then slice), its GPU type
+
+
+def melange_min_cost(rates: Sequence[float], tputs: Mapping[str, Sequence[float]],
+                     prices: Mapping[str, float], slice_factor: int = 1, *,
+                     time_limit_s: float = 60.0) -> MelangeAnswer:
+    """Mélange's ILP (module docstring): ``rates[b]`` req/s of request-size bucket ``b``,
+    ``tputs[g][b]`` the maximum req/s one GPU of type ``g`` serves of bucket ``b`` within the
+    SLO (0: it cannot), ``prices[g]`` USD per GPU-hour, each bucket cut into ``slice_factor``
+    slices. Solved by HiGHS (Mélange ships CBC; both prove the optimum)."""
+    if slice_factor < 1:
+        raise InputError("melange", "slice_factor", "an integer >= 1", slice_factor)
+    gpus = sorted(tputs)
+    for b, r in enumerate(rates):
+        if not (math.isfinite(r) and r >= 0):
+            raise InputError("melange", f"rates[{b}]", "a request rate >= 0 (req/s)", r)
+    for g in gpus:
+        if not all(math.isfinite(t) and t >= 0 for t in tputs[g]):
+            raise InputError("melange", f"tputs.{g}", "throughputs >= 0 (req/s per GPU)",
+                             list(tputs[g]))
+        if g in prices and not (math.isfinite(prices[g]) and prices[g] >= 0):
+            raise InputError("melange", f"prices.{g}", "a price >= 0 USD per GPU-hour",
+                             prices[g])
+        if len(tputs[g]) != len(rates):
+            raise InputError("melange", f"tputs.{g}", f"{len(rates)} throughputs, one per bucket",
+                             len(tputs[g]))
+        if g not in prices:
+            raise InputError("melange", f"prices.{g}", "a price per GPU-hour")
+    slices = [(b, rates[b] / slice_factor) for b in range(len(rates)) for _ in range(slice_factor)]
+    prob = pulp.LpProblem("melange", pulp.LpMinimize)
+    x: dict[tuple[int, str], Any] = {}
+    n = {g: prob.add_variable(f"n{i}", 0, None, pulp.LpInteger) for i, g in enumerate(gpus)}
+    for i, (b, r) in enumerate(slices):
+        ok = [g for g in gpus if tputs[g][b] > 0 or r == 0]
+        for k, g in enumerate(ok):
+            x[i, g] = prob.add_variable(f"x{i}_{k}", 0, 1, pulp.LpBinary)
+        prob += pulp.LpAffineExpression([(x[i, g], 1) for g in ok]) == 1, f"slice_{i}"
+    prob += pulp.LpAffineExpression([(n[g], prices[g]) for g in gpus])
+    for k, g in enumerate(gpus):
+        load = [(x[i, g], r / tputs[g][b]) for i, (b, r) in enumerate(slices)
+                if (i, g) in x and r > 0]
+        prob += pulp.LpAffineExpression([*load, (n[g], -1)]) <= 0, f"load_{k}"
+    prob.solve(pulp_highs(time_limit_s, gap_rel=0.0))  # HiGHS's defaults otherwise (presolve on)
+    status, _, _ = _status(prob)
+    if status not in ("optimal", "time_limit"):
+        return MelangeAnswer(status, {}, math.inf, ())
+    counts = {g: round(n[g].value() or 0) for g in gpus}
+    assign = tuple(max((g for g in gpus if (i, g) in x), key=lambda g: x[i, g].value() or 0.0)
+                   for i in range(len(slices)))
+    return MelangeAnswer(status, MappingProxyType(counts),
+                         math.fsum(prices[g] * counts[g] for g in gpus), assign)
+
+
+# -- portions of one LLM's load -----------------------------------------------------------------
+
+
+def group_gpus(c: Candidate, domain: int) -> int:
+    """Whole GPUs a candidate's replicas take alone (:func:`scepsy_common.units.replica_gpus`):
+    ``⌊1/share⌋`` replicas to a GPU (compute and memory), each on ``tp`` GPUs of one NVLink
+    domain of ``domain`` GPUs."""
+    per = replicas_per_gpu(c.share)
+    if c.memory_share is not None:
+        per = min(per, replicas_per_gpu(c.memory_share))
+    return replica_gpus(c.replicas, c.tp, per, domain)
+
+
+@dataclass(frozen=True, slots=True)
+class Portion:
+    """A replica group of one LLM on one GPU type, carrying ``slices/S`` of the LLM's calls:
+    ``candidate`` is priced at that share of the LLM's load."""
+
+    slices: int
+    total: int  # S
+    candidate: Candidate
+    gpus: int  # the whole GPUs its replicas take alone (:func:`group_gpus`)
+
+    @property
+    def fraction(self) -> float:
+        return self.slices / self.total
+
+
+@dataclass(frozen=True)
+class MixedPlan:
+    """The cheapest portions (module docstring): per LLM its replica groups, at most one per GPU
+    type, their fractions summing to 1."""
+
+    status: str  # optimal | time_limit | infeasible | time_limit_no_solution
+    portions: Mapping[str, tuple[Portion, ...]]
+    cost_per_hour: float  # the groups' whole GPUs (placeable group by group)
+    cost_bound_per_hour: float  # no plan of these portions costs less (aggregate GPUs)
+    gpus_used: Mapping[str, int]  # per GPU type, the groups' whole GPUs
+    latency_s: Mapping[str, float]  # per targeted workflow, its predicted mean latency
+    stats: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def feasible(self) -> bool:
+        return bool(self.portions)
+
+    @property
+    def mixed(self) -> bool:
+        """Whether some LLM runs on more than one GPU type."""
+        return any(len(ps) > 1 for ps in self.portions.values())
+
+
+def domains(problem: PlanningProblem) -> dict[str, int]:
+    """Per GPU type of the cluster, the GPUs of its largest NVLink domain on one node."""
+    return {g: problem.cluster.max_tp(g, problem.catalog) for g in problem.cluster.budgets()}
+
+
+def portion_candidates(problem: PlanningProblem, slices: int = SLICES, *,
+                       deadline: Deadline | None = None) -> dict[str, list[Portion]]:
+    """Per LLM, a :class:`Portion` for every candidate of the problem scaled to ``j/slices``
+    of its targets (``j = 1..slices``) that no other of the same GPU type and ``j`` beats on
+    every count the split MILP reads (:func:`scepsy_opt.planning.mincost.prune_for_cost` with whole
+    GPUs as a further count)."""
+    return _portions(problem, slices, deadline)[0]
+
+
+def _portions(problem: PlanningProblem, slices: int, deadline: Deadline | None,
+              ) -> tuple[dict[str, list[Portion]], int]:
+    """:func:`portion_candidates` and how many candidates were generated before pruning."""
+    dom = domains(problem)
+
+    def whole(c: Candidate) -> int:
+        return group_gpus(c, dom[c.gpu])
+
+    out: dict[str, list[Portion]] = {m: [] for m in problem.llms}
+    cache: dict[tuple[str, str, int], list[Any]] = {}
+    generated = 0
+    for j in range(1, slices + 1):
+        part = problem if j == slices else problem.scaled(j / slices)
+        cs = generate_candidates(part, prune=False, deadline=deadline, curve_cache=cache)
+        generated += cs.generated
+        for m, cands in prune_for_cost(part, cs.by_llm, deadline=deadline, whole=whole).items():
+            out[m].extend(Portion(j, slices, c, whole(c)) for c in cands)
+    return out, generated
+
+
+def _contrib(p: Portion) -> dict[str, float]:
+    """Per workflow, the portion's contribution to its mean latency: ``(j/S)·ℓ_wc``."""
+    return {w: p.fraction * v for w, v in p.candidate.workflow_latency_s}
+
+
+Vars = dict[str, list[tuple[Portion, Any]]]
+
+
+def _model(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
+           s: int, prices: Mapping[str, float], caps: Mapping[str, int], *, aggregate: bool,
+           objective: str, cost_cap: float | None = None,
+           ) -> tuple[pulp.LpProblem, Vars]:
+    """The split MILP (module docstring): GPUs counted per group (or, ``aggregate``, in
+    aggregate per type); ``objective`` "cost" or "latency" (then the cost at most
+    ``cost_cap``)."""
+    prob = pulp.LpProblem("scepsy_mixed", pulp.LpMinimize)
+    ys: Vars = choice_variables(prob, options)  # one binary per portion
+    types = sorted(caps)
+    if aggregate:
+        gp = {g: prob.add_variable(f"n{i}", 0, caps[g], pulp.LpInteger)
+              for i, g in enumerate(types)}
+        cost = pulp.LpAffineExpression([(gp[g], prices[g]) for g in types if prices[g]])
+    else:
+        cost = pulp.LpAffineExpression([(v, prices[p.candidate.gpu] * p.gpus)
+                                        for m in ys for p, v in ys[m] if prices[p.candidate.gpu]])
+    latency = pulp.LpAffineExpression([(v, p.fraction * p.candidate.cost)
+                                       for m in ys for p, v in ys[m]])
+    prob += cost if objective == "cost" else latency
+    for i, m in enumerate(ys):
+        prob += pulp.LpAffineExpression([(v, p.slices) for p, v in ys[m]]) == s, f"load_{i}"
+        for t, g in enumerate(types):
+            on = [(v, 1) for p, v in ys[m] if p.candidate.gpu == g]
+            if len(on) > 1:
+                prob += pulp.LpAffineExpression(on) <= 1, f"one_{i}_{t}"
+    for t, g in enumerate(types):
+        mine = [(p, v) for m in ys for p, v in ys[m] if p.candidate.gpu == g]
+        if not mine:
+            continue
+        if aggregate:
+            for kind in ("units", "mem_units"):
+                terms = [(v, getattr(p.candidate, kind)) for p, v in mine]
+                prob += (pulp.LpAffineExpression([*terms, (gp[g], -UNITS)]) <= 0, f"{kind}_{t}")
+        else:
+            prob += pulp.LpAffineExpression([(v, p.gpus) for p, v in mine]) <= caps[g], \
+                f"gpus_{t}"
+    for i, (w, bound) in enumerate(sorted(problem.options.latency_bound_s.items())):
+        if w not in problem.targets:
+            continue
+        terms = [(v, _contrib(p).get(w, 0.0)) for m in ys for p, v in ys[m]]
+        prob += (pulp.LpAffineExpression([t for t in terms if t[1]])
+                 <= bound - problem.stats[w].tool_critical_s), f"bound_{i}"
+    if cost_cap is not None:
+        prob += cost <= cost_cap, "cost_cap"
+    return prob, ys
+
+
+def _picked(ys: Vars) -> dict[str, tuple[Portion, ...]]:
+    return {m: tuple(sorted((p for p, v in pairs if (v.value() or 0) > 0.5),
+                            key=lambda p: (p.candidate.gpu, p.slices)))
+            for m, pairs in ys.items()}
+
+
+def _cost(portions: Mapping[str, Sequence[Portion]], prices: Mapping[str, float]) -> float:
+    return math.fsum(prices[p.candidate.gpu] * p.gpus
+                     for m in sorted(portions) for p in portions[m])
+
+
+def mixed_latencies(problem: PlanningProblem, portions: Mapping[str, Sequence[Portion]],
+                    ) -> dict[str, float]:
+    """Per targeted workflow, its predicted mean latency: tool time on the critical path plus
+    every portion's ``(j/S)·ℓ_wc``."""
+    out = {}
+    for w in problem.targets:
+        out[w] = problem.stats[w].tool_critical_s + math.fsum(
+            _contrib(p).get(w, 0.0) for m in sorted(portions) for p in portions[m])
+    return out
+
+
+def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
+                caps: Mapping[str, int] | None = None, deadline: Deadline | None = None,
+                prices: Mapping[str, float] | None = None) -> MixedPlan:
+    """The cheapest portions (module docstring) within ``caps`` GPUs per type (default: the
+    cluster's budgets, open pools at ``max_nodes``); prices per GPU-hour default to
+    :func:`scepsy_opt.planning.mincost.gpu_prices`. Statuses as for min-cost: ``time_limit`` with an
+    answer not proven cheapest, ``time_limit_no_solution``, ``infeasible`` (no portions meet
+    the targets and mean bounds within the GPUs)."""
+    if not isinstance(slices, int) or slices < 1:
+        raise InputError("mixed plan", "slices", "an integer >= 1", slices)
+    if problem.options.latency_bounds:
+        raise InputError("mixed plan", "latency_bounds",
+                         "mean latency bounds only (a percentile of a split LLM's calls is not "
+                         "planned)", ", ".join(sorted(problem.options.latency_bounds)))
+    if problem.options.slos:
+        raise InputError("mixed plan", "slos", "no per-LLM SLOs (the calls of an LLM split "
+                         "over GPU types are not checked against one)",
+                         ", ".join(problem.options.slos))
+    t0 = time.perf_counter()
+    left = Deadline.of(problem, deadline)
+    prices = dict(gpu_prices(problem) if prices is None else prices)
+    caps = dict(problem.cluster.budgets() if caps is None else caps)
+    stats: dict[str, Any] = {"solver": SOLVER, "slices": slices}
+    empty: Mapping[str, Any] = MappingProxyType({})
+    try:
+        options, generated = _portions(problem, slices, left)
+        stats.update(candidates_generated=generated,
+                     candidates_kept=sum(len(v) for v in options.values()),
+                     candidates_s=time.perf_counter() - t0)
+        if any(not v for v in options.values()):
+            return MixedPlan("infeasible", empty, math.inf, math.inf, empty, empty,
+                             dict(stats, reason="an LLM has no candidate"))
+        prob, ys = _model(problem, options, slices, prices, caps, aggregate=False,
+                          objective="cost")
+        prob.solve(_solver(problem, left, gap_rel=0.0))
+        status, _, bound = _status(prob)
+        if status not in ("optimal", "time_limit"):
+            return MixedPlan(status, empty, math.inf, math.inf, empty, empty,
+                             dict(stats, total_s=time.perf_counter() - t0))
+        portions = _picked(ys)
+        cost = _cost(portions, prices)
+        try:  # the least latency at that price
+            cap = cost + COST_REL * max(1.0, cost)
+            prob2, ys2 = _model(problem, options, slices, prices, caps, aggregate=False,
+                                objective="latency", cost_cap=cap)
+            prob2.solve(_solver(problem, left, gap_rel=0.0))
+            st2, _, _ = _status(prob2)
+            if st2 in ("optimal", "time_limit"):
+                portions = _picked(ys2)
+                status = status if st2 == "optimal" else "time_limit"
+        except TimeLimitReached:
+            status = "time_limit"
+        agg = -math.inf
+        try:  # a lower bound on any plan of these portions: GPUs counted in aggregate
+            prob3, _ = _model(problem, options, slices, prices, caps, aggregate=True,
+                              objective="cost")
+            prob3.solve(_solver(problem, left, gap_rel=0.0))
+            st3, val3, bound3 = _status(prob3)
+            agg = val3 if st3 == "optimal" else (bound3 if st3 == "time_limit" else agg)
+        except TimeLimitReached:
+            pass
+    except TimeLimitReached:
+        return MixedPlan("time_limit_no_solution", empty, math.inf, math.inf, empty, empty,
+                         dict(stats, total_s=time.perf_counter() - t0))
+    cost = _cost(portions, prices)
+    whole = min(bound, cost) if math.isfinite(bound) else 0.0
+    # one LLM: nothing else shares its GPUs, so its groups' whole GPUs (exact for identical
+    # replicas, scepsy_common.units.replica_gpus) bound every plan that runs it one shape per
+    # GPU type; with several LLMs they may share GPUs and only the aggregate count bounds them
+    lower = max(agg, whole if len(problem.llms) == 1 else 0.0, 0.0)
+    used: dict[str, int] = dict.fromkeys(sorted(caps), 0)
+    for m in portions:
+        for p in portions[m]:
+            used[p.candidate.gpu] += p.gpus
+    stats.update(whole_gpus_bound_per_hour=whole, aggregate_bound_per_hour=max(agg, 0.0),
+                 total_s=time.perf_counter() - t0)
+    return MixedPlan(status, MappingProxyType(portions), cost, min(lower, cost),
+                     MappingProxyType(used), MappingProxyType(mixed_latencies(problem, portions)),
+                     stats)
+
+
+# -- a mixed plan as a plan of its replica groups -----------------------------------------------
+
+Splits = Mapping[str, Mapping[str, float]]  # LLM -> its replica groups' names -> fraction of calls
+
+
+def group_name(llm: str, gpu: str, taken: set[str]) -> str:
+    """The name of ``llm``'s replica group on ``gpu``: ``LLM-gpu`` (lower case, characters
+    outside the name rule dropped), with ``-2``, ``-3``, ... while ``taken`` has it."""
+    base = f"{llm}-{re.sub(r'[^a-z0-9_.+:/-]', '', gpu.lower())}"
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}-{k}"
+    return name
+
+
+def split_problem(problem: PlanningProblem, splits: Splits) -> PlanningProblem:
+    """``problem`` with every LLM of ``splits`` replaced by its replica groups (each running
+    the LLM's model, :func:`scepsy_opt.stats.split_stats`)."""
+    models = dict(problem.models)
+    for m, parts in splits.items():
+        for name in parts:
+            models[name] = problem.models[m]
+    return dataclasses.replace(problem, models=models,
+                               stats={w: split_stats(st, splits) for w, st in problem.stats.items()})
+
+
+def splits_of(mx: MixedPlan) -> dict[str, dict[str, float]]:
+    """The LLMs ``mx`` runs on more than one GPU type, their groups' names and fractions."""
+    taken = set(mx.portions)
+    out: dict[str, dict[str, float]] = {}
+    for m in sorted(mx.portions):
+        ps = mx.portions[m]
+        if len(ps) < 2:
+            continue
+        out[m] = {}
+        for p in ps:
+            name = group_name(m, p.candidate.gpu, taken)
+            taken.add(name)
+            out[m][name] = p.fraction
+    return out
+
+
+def mixed_plan(problem: PlanningProblem, mx: MixedPlan, name: str = "milp",
+               status: Status | None = None) -> tuple[PlanningProblem, Plan]:
+    """``mx`` as a plan of the problem split into its replica groups (:func:`split_problem`):
+    the split problem and its plan (candidates priced again there; the allocation's
+    ``splits`` say which groups serve which LLM)."""
+    splits = splits_of(mx)
+    groups = split_problem(problem, splits) if splits else problem
+    inst = {}
+    for m, ps in mx.portions.items():
+        names = list(splits[m]) if m in splits else [m]
+        for g, p in zip(names, ps, strict=True):
+            inst[g] = p.candidate.instance
+    choice = price(groups, Allocation(inst))
+    stats = {**mx.stats, "cost_per_hour": mx.cost_per_hour,
+             "cost_bound_per_hour": mx.cost_bound_per_hour,
+             "gpus_used": dict(mx.gpus_used), "splits": {m: dict(v) for m, v in splits.items()}}
+    plan = plan_from_choice(groups, name, status or mx.status, choice,  # type: ignore[arg-type]
+                            stats)
+    if plan.allocation is not None and splits:
+        plan = dataclasses.replace(plan, allocation=Allocation(plan.allocation.llms,
+                                                               splits=splits))
+    return groups, plan

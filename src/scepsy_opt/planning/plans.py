@@ -1,0 +1,141 @@
+"""Plans: an optimiser's answer (allocation, predicted figures, status) and the optimiser protocol."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, Protocol
+
+from scepsy_opt.allocation import Allocation
+from scepsy_opt.planning.candidates import Candidate
+from scepsy_opt.planning.problem import PlanningProblem
+from scepsy_opt.prediction.pipeline import carried_scale, predict
+
+# optimal: proven optimal; time_limit: the time limit ended the search with an allocation (its
+# gap says how far from proven); time_limit_no_solution: it ran out before any allocation was
+# found (nothing is known about feasibility); infeasible: no allocation meets the targets;
+# unplaced: an allocation was found but no placement of it (nor of any other tried) on the
+# concrete GPUs was (scepsy_place.loop)
+Status = Literal["optimal", "time_limit", "time_limit_no_solution", "infeasible", "unplaced",
+                 "heuristic", "evaluated"]
+
+
+@dataclass(frozen=True)
+class Infeasibility:
+    """Why no allocation meets the targets, and how far the cluster gets."""
+
+    reason: Literal["memory", "gpus", "latency"]
+    detail: str
+    max_scale: float  # the largest fraction of the targets the cluster carries
+    max_throughput: Mapping[str, float]  # per workflow, req/s
+    bottleneck: str | None  # the LLM that bounds it
+    # the GPU types whose extra capacity raises max_scale (or the unfit LLMs); milp.scale_gains
+    binding: tuple[str, ...]
+    # per GPU type, how much one more GPU of it raises max_scale (fraction of the targets)
+    gain_per_gpu: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """An optimiser's answer: the allocation, its predicted figures and how it was found."""
+
+    optimiser: str
+    status: Status
+    allocation: Allocation | None
+    objective_s: float  # weighted sum of predicted mean workflow latencies (+ change penalties)
+    bound_s: float  # best proven lower bound on the objective (= objective when optimal)
+    gap: float
+    candidates: Mapping[str, Candidate]
+    stats: Mapping[str, Any]
+    infeasible: Infeasibility | None = None
+    scale: float = 1.0  # max-throughput mode: the fraction of the targets reached
+
+    @property
+    def feasible(self) -> bool:
+        return self.allocation is not None
+
+
+class Optimiser(Protocol):
+    """Anything that turns a :class:`PlanningProblem` into a :class:`Plan`."""
+
+    name: str
+
+    def solve(self, problem: PlanningProblem) -> Plan: ...
+
+
+def no_allocation_plan(*, optimiser: str, status: Status, stats: Mapping[str, Any],
+                       candidates: Mapping[str, Candidate] | None = None,
+                       infeasible: Infeasibility | None = None, scale: float = 1.0) -> Plan:
+    """A plan without an allocation (infeasible, or no solution in time): no objective, bound
+    or gap (infinite), with the ``stats``, the diagnosis and the scale of the targets
+    reached."""
+    return Plan(optimiser=optimiser, status=status, allocation=None, objective_s=math.inf,
+                bound_s=math.inf, gap=math.inf, candidates={} if candidates is None else candidates,
+                stats=stats, infeasible=infeasible, scale=scale)
+
+
+def time_limit_plan(name: str, stats: Mapping[str, Any] | None = None) -> Plan:
+    """The plan of a run whose time limit ran out before any allocation was found: no
+    allocation, no diagnosis, and no scale of the targets reached (0)."""
+    return no_allocation_plan(optimiser=name, status="time_limit_no_solution", candidates={},
+                              stats=MappingProxyType(dict(stats or {})), infeasible=None, scale=0.0)
+
+
+def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
+                     choice: Mapping[str, Candidate], stats: Mapping[str, Any],
+                     bound_s: float | None = None, scale: float = 1.0) -> Plan:
+    """A :class:`Plan` for one candidate per LLM (objective includes the constant tool time).
+
+    A choice with a saturated LLM (infinite predicted latency: its replicas do not carry its
+    load) is no plan of any status but ``infeasible``: the answer says how far the choice
+    carries the targets (:func:`saturated_plan`)."""
+    if any(not math.isfinite(c.latency_s) for c in choice.values()):
+        return saturated_plan(problem, name, choice, stats)
+    alloc = Allocation({m: c.instance for m, c in choice.items()})
+    obj = math.fsum([choice[m].cost for m in sorted(choice)]) + problem.constant_s
+    bound = obj if bound_s is None else bound_s
+    gap = 0.0 if obj <= 0 else max(obj - bound, 0.0) / obj
+    gap = 0.0 if gap < 1e-12 else gap  # float noise between HiGHS's bound and our sum
+    return Plan(optimiser=name, status=status, allocation=alloc, objective_s=obj, bound_s=bound,
+                gap=gap, candidates=MappingProxyType(dict(sorted(choice.items()))),
+                stats=MappingProxyType(dict(stats)), infeasible=None, scale=scale)
+
+
+def headroom(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> dict[str, float]:
+    """Per LLM of ``choice``, the largest factor of the targets its replicas carry at
+    ``max_utilisation`` (:func:`scepsy_opt.prediction.pipeline.carried_scale` of its load,
+    :attr:`PlanningProblem.loads`): the least of them is how far the choice carries the targets."""
+    u = problem.options.max_utilisation
+    return {m: carried_scale(problem.loads[m], c.mu, c.replicas, u) for m, c in choice.items()}
+
+
+def saturated_plan(problem: PlanningProblem, name: str, choice: Mapping[str, Candidate],
+                   stats: Mapping[str, Any]) -> Plan:
+    """The infeasible plan of a choice whose replicas do not all carry their LLM's load: its
+    ``max_scale`` is the fraction of the targets the choice carries at ``max_utilisation``
+    (:func:`scepsy_opt.prediction.pipeline.carried_scale` of each LLM's :func:`~scepsy_opt.prediction.pipeline.llm_load`)."""
+    u = problem.options.max_utilisation
+    heads = headroom(problem, choice)
+    bottleneck = min(heads, key=lambda m: (heads[m], m))
+    scale = heads[bottleneck]
+    full = [m for m, c in sorted(choice.items()) if not math.isfinite(c.latency_s)]
+    tput = {w: scale * t for w, t in problem.targets.items()}
+    info = Infeasibility(
+        "gpus", f"{', '.join(full)} saturated: the allocation carries at most {scale:.4g}x the "
+        f"targets at utilisation {u:g} ({', '.join(f'{w} {v:.4g} req/s' for w, v in tput.items())}), "
+        f"bounded by {bottleneck}", scale, tput, bottleneck, ())
+    return no_allocation_plan(optimiser=name, status="infeasible",
+                              candidates=MappingProxyType(dict(sorted(choice.items()))),
+                              stats=MappingProxyType(dict(stats)),
+                              infeasible=info, scale=scale)
+
+
+def workflow_latencies(problem: PlanningProblem, plan: Plan) -> dict[str, float]:
+    """Predicted mean latency per targeted workflow (the predictor's critical-path form)."""
+    if plan.allocation is None:
+        return {}
+    pred = predict(problem.stats, problem.models, plan.allocation, problem.latency,
+                   dict(problem.targets), catalog=problem.catalog, policy=problem.policy)
+    return {w: p.mean_latency_s for w, p in pred.workflows.items()}

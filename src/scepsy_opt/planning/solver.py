@@ -1,0 +1,108 @@
+"""HiGHS, configured in one place: every MILP and LP of scepsy_opt and scepsy_place gets its solver
+here.
+
+* :data:`SOLVER` is the version string plans record (``stats["solver"]``);
+* :func:`pulp_highs` is the PuLP ``HiGHS`` solver (in-process) for a ``pulp.LpProblem``,
+  :func:`highs` a ``highspy.Highs`` for a model passed directly; both run one thread with the
+  fixed seed :data:`SEED`, print nothing, and stop at the given time limit and gaps, and both
+  take further HiGHS options by their HiGHS names (tolerances, ``presolve``), so that each caller
+  states the settings that differ on purpose;
+* :func:`highs_status` reads a finished solve's status, objective and dual bound the same way for
+  both.
+
+Importing this module has no side effect. HiGHS prints a banner to stdout when a process creates
+its first solver; the factories swallow it (once per process) before they create one, so that
+``--json`` output stays clean.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import threading
+from typing import Any
+
+import highspy
+import pulp
+
+SEED = 0
+"""HiGHS's ``random_seed`` in every solve (with one thread, runs are deterministic)."""
+
+SOLVER = (f"HiGHS {highspy.HIGHS_VERSION_MAJOR}.{highspy.HIGHS_VERSION_MINOR}."
+          f"{highspy.HIGHS_VERSION_PATCH}")
+"""The solver and its version, as plans record it (``stats["solver"]``)."""
+
+_FEASIBLE = 2  # HiGHS's kSolutionStatusFeasible: the solve holds a feasible (integer) solution
+_LIMITS = (highspy.HighsModelStatus.kTimeLimit, highspy.HighsModelStatus.kIterationLimit,
+           highspy.HighsModelStatus.kSolutionLimit, highspy.HighsModelStatus.kInterrupt)
+_banner_lock = threading.Lock()
+_banner_done = False
+
+
+def quiet_banner() -> None:
+    """Swallow the banner HiGHS prints to stdout when the process creates its first solver
+    (idempotent; :func:`pulp_highs` and :func:`highs` call it)."""
+    global _banner_done
+    with _banner_lock:
+        if _banner_done:
+            return
+        sys.stdout.flush()
+        saved = os.dup(1)
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        _banner_done = True
+
+
+def pulp_highs(time_limit_s: float, *, mip: bool = True, gap_rel: float | None = None,
+               gap_abs: float | None = None, **options: Any) -> pulp.HiGHS:
+    """PuLP's in-process HiGHS: quiet, one thread, seed :data:`SEED`, at most ``time_limit_s``
+    seconds. ``mip=False`` solves the LP relaxation; ``gap_rel``/``gap_abs`` are HiGHS's
+    ``mip_rel_gap``/``mip_abs_gap`` (None: HiGHS's default); ``options`` are further HiGHS
+    options (``mip_feasibility_tolerance=1e-9``, ``presolve="off"``)."""
+    quiet_banner()
+    return pulp.HiGHS(mip=mip, msg=False, threads=1, timeLimit=time_limit_s, gapRel=gap_rel,
+                      gapAbs=gap_abs, random_seed=SEED, **options)
+
+
+def highs(time_limit_s: float, *, gap_rel: float | None = None, gap_abs: float | None = None,
+          **options: Any) -> highspy.Highs:
+    """A ``highspy.Highs`` with the settings of :func:`pulp_highs` (same arguments, no ``mip``:
+    the model passed to it says which columns are integer)."""
+    quiet_banner()
+    h = highspy.Highs()
+    settings: dict[str, Any] = {"output_flag": False, "threads": 1, "random_seed": SEED,
+                                "time_limit": float(time_limit_s), "mip_rel_gap": gap_rel,
+                                "mip_abs_gap": gap_abs, **options}
+    for key, value in settings.items():
+        if value is not None:
+            h.setOptionValue(key, value)
+    return h
+
+
+def has_solution(h: highspy.Highs) -> bool:
+    """Whether the finished solve of ``h`` holds a feasible solution (an incumbent)."""
+    return bool(h.getInfo().primal_solution_status == _FEASIBLE)
+
+
+def highs_status(h: highspy.Highs) -> tuple[str, float, float]:
+    """(status, objective, dual bound) of the finished solve of ``h`` (a PuLP problem's is its
+    ``solverModel``), as HiGHS reports them: ``optimal``, ``infeasible``, a limit reached with an
+    incumbent ``time_limit``, without one ``time_limit_no_solution`` (nothing known: not
+    infeasible), else HiGHS's own status in lower case (``unbounded``...)."""
+    st = h.getModelStatus()
+    info = h.getInfo()
+    found = info.primal_solution_status == _FEASIBLE
+    if st == highspy.HighsModelStatus.kOptimal:
+        return "optimal", info.objective_function_value, info.mip_dual_bound
+    if st == highspy.HighsModelStatus.kInfeasible:
+        return "infeasible", math.inf, math.inf
+    if st in _LIMITS:
+        return ("time_limit" if found else "time_limit_no_solution",
+                info.objective_function_value if found else math.inf, info.mip_dual_bound)
+    return h.modelStatusToString(st).lower().replace(" ", "_"), math.inf, math.inf
