@@ -4,7 +4,7 @@ The fleet (``datasets/clusters/fleet-1024.yaml``: eight racks of sixteen 8-GPU n
 A100-80GB and L4) serves the ten workflows of ``datasets/workloads/fleet-10.yaml`` (ten LLMs,
 several shared between workflows). scepsy plans it (``scepsy.api.plan``, formulation ``auto``),
 then three events arrive one after the other, each re-planned around what runs
-(``scepsy_place.incremental.replan``, change penalty and move cost 1 s):
+(``scepsy_place.formulations.incremental.replan``, change penalty and move cost 1 s):
 
 1. a load change: two workflows' targets double, one's halves;
 2. a node failure: the node running the most LLMs (then the most replicas);
@@ -45,9 +45,9 @@ if TYPE_CHECKING:
     from scepsy_opt.allocation import Instance
     from scepsy_opt.planning.problem import PlanningProblem
     from scepsy_opt.traces import Trace
-    from scepsy_place.incremental import Replan
-    from scepsy_place.placed import PlacedPlan
-    from scepsy_place.topology import Topology
+    from scepsy_place.formulations.incremental import Replan
+    from scepsy_place.formulations.placed import PlacedPlan
+    from scepsy_place.packing.topology import Topology
 
 T = TypeVar("T")
 
@@ -252,7 +252,7 @@ def first_plan(sc: Scenario, seed: int) -> tuple[State, dict[str, Any]]:
 def ideal_plan(problem: PlanningProblem, topology: Topology) -> Timed:
     """The plan made from scratch for ``problem``'s targets on ``topology`` (no current
     allocation, no change penalty): the best scepsy finds when stability costs nothing."""
-    from scepsy_place.loop import plan_and_place
+    from scepsy_place.formulations.loop import plan_and_place
 
     opts = replace(problem.options, current=None, change_penalty_s=0.0)
     return timed(lambda: plan_and_place(replace(problem, options=opts), topology,
@@ -262,7 +262,7 @@ def ideal_plan(problem: PlanningProblem, topology: Topology) -> Timed:
 def replanned(state: State, specs: Sequence[str], penalty_s: float) -> Timed:
     """``scepsy replan`` of ``state`` after the events ``specs`` (change penalty
     ``penalty_s`` per replica started or stopped, :data:`MOVE_COST_S` per move), timed."""
-    from scepsy_place.incremental import parse_event, replan
+    from scepsy_place.formulations.incremental import parse_event, replan
 
     return timed(lambda: replan(state.problem, state.topology, state.placed,
                                 [parse_event(s) for s in specs], move_cost_s=MOVE_COST_S,
@@ -368,7 +368,7 @@ def run(*, quick: bool, seed: int, out: Path, jobs: int = 1) -> dict[str, Any]:
 
 
 def _gpus(cluster: Path) -> int:
-    from scepsy_place.topology import load_topology
+    from scepsy_place.packing.topology import load_topology
 
     return int(load_topology(cluster).total_gpus)
 

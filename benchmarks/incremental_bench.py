@@ -2,7 +2,7 @@
 
 On seeded ``scepsy_opt.planning.instances.random_problem`` instances (A100-80GB nodes, roofline
 latency model), a plan is made and placed (``plan_and_place``, formulation ``auto``); then the
-node running the most replicas fails and ``scepsy_place.incremental.replan`` re-plans (change
+node running the most replicas fails and ``scepsy_place.formulations.incremental.replan`` re-plans (change
 penalty 1 s, move cost 1 s). Per run: the wall time of the re-plan (the optimiser's re-plan
 included), replicas lost, kept, moved, started and stopped, whether the number moved is proven
 the fewest, and the objective before and after.
@@ -25,9 +25,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import progress, sig, write_results
 from scepsy_opt.planning.instances import random_problem
-from scepsy_place.incremental import NodeFailed, replan
-from scepsy_place.loop import plan_and_place
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.incremental import NodeFailed, replan
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
 
 # LLMs, GPUs, GPUs per node, load (room for the lost node: a quarter of 16 GPUs, 1/32 of 256)

@@ -10,7 +10,7 @@ and 130%. Published (artifact, mean of 10 seeds, 100% demand): see PUBLISHED_100
         [--variant cpu050|cpu100|cpu200|cpu250] [--policies best-fit,fgd] [--seeds 42] [--quick]
 
 ``--variant cpuNNN`` replays the trace family's non-GPU variant built from the pods
-(:func:`scepsy_place.openb.cpu_variant`: the GPU tasks plus CPU-only tasks resampled to 5, 10,
+(:func:`scepsy_place.packing.openb.cpu_variant`: the GPU tasks plus CPU-only tasks resampled to 5, 10,
 20 or 25% of the task count). Writes results/openb_replay.json (``--out`` to change).
 ``--quick`` replays every 8th node and the matching share of tasks (seconds, not minutes).
 """
@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 from _common import require_shared, table, write_results
-from scepsy_place.openb import (
+from scepsy_place.packing.openb import (
     CPU_VARIANTS,
     ORDERS,
     POLICIES,

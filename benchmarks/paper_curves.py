@@ -257,8 +257,8 @@ def _predicted(problem: Any, alloc: Any) -> dict:
 
 
 def _plan(setup: _Setup, method: str, rate: float, objective: str) -> tuple[Any, Any]:
-    """The placed plan of ``method`` at ``rate`` (scepsy_place.loop.plan_and_place)."""
-    from scepsy_place.loop import plan_and_place
+    """The placed plan of ``method`` at ``rate`` (scepsy_place.formulations.loop.plan_and_place)."""
+    from scepsy_place.formulations.loop import plan_and_place
     from scepsy_profile.catalog import catalog_in_force
 
     problem = _problem(setup, method, rate, objective)

@@ -5,7 +5,7 @@ tenths, replicas drawn until the demand (compute, or memory when larger) reaches
 cluster; memory
 per GPU either tied to the share (``share × 80 GiB``) or drawn independently (tenths of the GPU's
 memory). Per placer (``hierarchical`` with and without the improvement phase, ``best-fit``,
-``ffd``): the gap of the GPUs used to the best lower bound (``scepsy_place.bounds``: max of L2,
+``ffd``): the gap of the GPUs used to the best lower bound (``scepsy_place.packing.bounds``: max of L2,
 memory L2 and the vector bound) at the median, p90 and max, the share of instances placed
 completely, and the time; on instances of at most 4 nodes also the gap to the proven optimum (an
 exact MILP, :func:`optimum`), which separates what the placer misses from what the bound misses.

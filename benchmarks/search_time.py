@@ -1,7 +1,7 @@
 """Plan time: scepsy's placed plan against the paper-style hierarchical heuristic, as LLMs and GPUs
 grow (section ``search`` of ``scepsy bench paper``; docs/evaluation.md).
 
-Both methods run as ``scepsy plan`` runs them (:func:`scepsy_place.loop.plan_and_place`):
+Both methods run as ``scepsy plan`` runs them (:func:`scepsy_place.formulations.loop.plan_and_place`):
 
 * **scepsy**: the ``milp`` optimiser with ``--formulation auto`` (candidates with reduced-cost
   fixing, the MILP, placement and the formulations ``auto`` picks); its plan is always placed
@@ -57,9 +57,9 @@ for _p in (HERE, HERE.parent / "solvers"):
 from _common import RESULTS, progress, sig, table, write_results  # noqa: E402
 from formulations_bench import isolated, make_problem  # noqa: E402
 from scepsy_opt.planning.problem import Deadline, PlanningProblem  # noqa: E402
-from scepsy_place.loop import PROVEN_GAP, plan_and_place  # noqa: E402
-from scepsy_place.placed import PlacedPlan  # noqa: E402
-from scepsy_place.topology import from_cluster  # noqa: E402
+from scepsy_place.formulations.loop import PROVEN_GAP, plan_and_place  # noqa: E402
+from scepsy_place.formulations.placed import PlacedPlan  # noqa: E402
+from scepsy_place.packing.topology import from_cluster  # noqa: E402
 
 SCEPSY_STATUSES = ("optimal", "feasible", "time_limit", "unplaced", "infeasible", "error")
 HEURISTIC_STATUSES = ("placed", "unplaced", "infeasible", "time_limit", "error")

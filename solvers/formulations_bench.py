@@ -18,7 +18,7 @@ instances (roofline latency model, targets at about half the cluster's GPUs):
   formulation left behind). The aggregate loop runs up to :data:`LOOP_MAX_GPUS` GPUs
   (placements of seconds each at 4,096 GPUs, many rounds);
 * the oracle: on tiny instances (3 LLMs on 3 GPUs of one node, TP 1; 3 LLMs on two nodes of 2
-  GPUs, TP 1-2) ``scepsy_place.exhaustive.placeable_optimum`` gives the cheapest placeable
+  GPUs, TP 1-2) ``scepsy_place.packing.exhaustive.placeable_optimum`` gives the cheapest placeable
   allocation of the whole candidate grid, and each formulation is counted as ``equal`` to it,
   ``above`` it, or ``unplaced``.
 
@@ -55,12 +55,12 @@ from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster  # noqa: E402
 from scepsy_opt.planning.instances import random_problem  # noqa: E402
 from scepsy_opt.planning.milp import solve_min_latency  # noqa: E402
 from scepsy_opt.planning.problem import PlanOptions  # noqa: E402
-from scepsy_place.check import violations  # noqa: E402
-from scepsy_place.exhaustive import OracleLimit, placeable_optimum  # noqa: E402
 from scepsy_place.formulations import FORMULATIONS_REGISTRY, formulation  # noqa: E402
-from scepsy_place.loop import GRID_BOUNDS, PROVEN_GAP, UNPRUNED_MAX_GPUS  # noqa: E402
-from scepsy_place.placement import demands  # noqa: E402
-from scepsy_place.topology import from_cluster  # noqa: E402
+from scepsy_place.formulations.loop import GRID_BOUNDS, PROVEN_GAP, UNPRUNED_MAX_GPUS  # noqa: E402
+from scepsy_place.packing.check import violations  # noqa: E402
+from scepsy_place.packing.exhaustive import OracleLimit, placeable_optimum  # noqa: E402
+from scepsy_place.packing.placement import demands  # noqa: E402
+from scepsy_place.packing.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
 
 GPU = "A100-80GB"

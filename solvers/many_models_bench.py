@@ -5,7 +5,7 @@ Instances (:func:`scepsy_opt.planning.instances.many_models_problem`): N LLMs in
 and H100-80GB nodes of 8 GPUs, half of each, rates sized so that about the whole cluster is
 needed (calibrated roofline latency model). Per size (``NxGPUS``):
 
-* ``max-throughput`` with ``--formulation auto`` (``scepsy_place.loop.plan_and_place``): the
+* ``max-throughput`` with ``--formulation auto`` (``scepsy_place.formulations.loop.plan_and_place``): the
   carried scale of the placed plan, the proven upper bound on the scale of every allocation
   (``solver.scale_bound``, :func:`scepsy_opt.planning.milp.scale_upper_bound`) and the gap
   ``bound / scale - 1``, the status, wall and CPU time and the peak RSS growth of the forked
@@ -41,8 +41,8 @@ from typing import Any
 from formulations_bench import isolated, write_local_results  # a forked child per run
 from scepsy_opt.planning.instances import many_models_problem
 from scepsy_opt.planning.problem import PlanOptions
-from scepsy_place.loop import plan_and_place
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile import roofline_model
 
 BLOCK = (16, 32)  # LLMs, GPUs of one copy

@@ -5,7 +5,7 @@ Instances: one LLaMA LLM (7B, 13B, 30B, 65B) with ShareGPT-like lengths (prompt 
 300, output exponential mean 180) at 1, 4, 16 or 64 requests/s, offered two GPU types as open
 pools (any number of nodes up to ``max_nodes``) at the catalog's prices: A100-80GB and
 H100-80GB nodes of 8, L4 and A10 nodes of 4, A10 nodes of 4 and A100-80GB nodes of 8. Per
-instance ``scepsy plan --objective min-cost`` (``scepsy_place.loop.plan_and_place``): the
+instance ``scepsy plan --objective min-cost`` (``scepsy_place.formulations.loop.plan_and_place``): the
 placed price (USD/h), its proven bound (``cost_bound_per_hour``: no placed plan of the
 candidates, whole LLMs or split over GPU types, costs less) and the gap, the cheapest placed
 plan of the other formulations (aggregate, patterns, slot groups: whole LLMs on one shape,
@@ -31,8 +31,8 @@ from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.ratework import models as rate_models
 from scepsy_opt.ratework import parse_rate_workload, rate_stats, rates
-from scepsy_place.loop import plan_and_place
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile import roofline_model
 
 OFFERS = {"A100+H100": (("A100-80GB", 8), ("H100-80GB", 8)),

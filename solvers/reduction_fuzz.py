@@ -49,8 +49,8 @@ from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_can
 from scepsy_opt.planning.instances import random_problem  # noqa: E402
 from scepsy_opt.planning.milp import reduced_candidates, solve_min_latency  # noqa: E402
 from scepsy_opt.planning.problem import TENTHS, PlanningProblem, PlanOptions  # noqa: E402
-from scepsy_place.blocks import capacity_rows  # noqa: E402
-from scepsy_place.topology import from_cluster  # noqa: E402
+from scepsy_place.formulations.blocks import capacity_rows  # noqa: E402
+from scepsy_place.packing.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
 
 REL = 1e-9  # objectives agree within this relative difference

@@ -31,8 +31,8 @@ sys.path.insert(0, str(HERE.parent / "benchmarks"))
 from _common import progress, sig, table, write_results  # noqa: E402
 from scepsy_opt.planning.instances import random_problem  # noqa: E402
 from scepsy_opt.planning.milp import MILPOptimiser  # noqa: E402
-from scepsy_place.loop import plan_and_place  # noqa: E402
-from scepsy_place.topology import from_cluster  # noqa: E402
+from scepsy_place.formulations.loop import plan_and_place  # noqa: E402
+from scepsy_place.packing.topology import from_cluster  # noqa: E402
 from scepsy_profile.roofline import roofline_model  # noqa: E402
 
 SIZES = ((5, 16), (20, 256), (100, 4096))

@@ -19,7 +19,7 @@ from scepsy_opt.allocation import load_allocation
 from scepsy_opt.prediction.reports import prediction_to_dict, simulation_to_dict
 from scepsy_opt.workflows import generate_trace, load_workflow, load_workload
 from scepsy_opt.workload import generate_workload_trace, load_specs, split_rate
-from scepsy_place.topology import load_topology
+from scepsy_place.packing.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 RAG = str(REPO / "datasets" / "workflows" / "rag.yaml")
@@ -88,7 +88,7 @@ def test_plan_default_formulation_is_the_clis():
     import inspect
 
     from scepsy.api import DEFAULT_FORMULATION
-    from scepsy_place.loop import plan_and_place
+    from scepsy_place.formulations.loop import plan_and_place
 
     assert DEFAULT_FORMULATION == "auto"
     assert inspect.signature(plan_and_place).parameters["formulation"].default == "auto"

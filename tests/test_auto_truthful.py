@@ -15,15 +15,14 @@ from dataclasses import replace
 
 import pytest
 
-import scepsy_place.loop as loop
+import scepsy_place.formulations.loop as loop
 from scepsy import api
 from scepsy_opt.cluster import uniform_cluster
 from scepsy_opt.planning.instances import many_models_problem, random_problem
 from scepsy_opt.planning.milp import solve_min_latency
 from scepsy_opt.planning.problem import Deadline, PlanOptions
-from scepsy_place.exhaustive import placeable_optimum
 from scepsy_place.formulations import formulation
-from scepsy_place.loop import (
+from scepsy_place.formulations.loop import (
     AGGREGATE_SHARE,
     BLOCKS_SHARE,
     MAX_ROUNDS,
@@ -34,8 +33,9 @@ from scepsy_place.loop import (
     plan_and_place,
     plan_document,
 )
-from scepsy_place.placed import timed_out
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.placed import timed_out
+from scepsy_place.packing.exhaustive import placeable_optimum
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile import roofline_model
 
 ROOF = roofline_model()

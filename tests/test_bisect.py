@@ -99,7 +99,7 @@ def test_the_scale_searches_share_the_helper() -> None:
 
     import scepsy_opt.planning.baselines as baselines
     import scepsy_opt.planning.milp as milp
-    import scepsy_place.loop as loop
+    import scepsy_place.formulations.loop as loop
 
     for fn in (milp.solve_max_throughput, milp._max_scale_one_type, baselines._bisect,
                loop._placeable_scale):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import scepsy_place.loop
+import scepsy_place.formulations.loop
 from scepsy.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def no_planning(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fail the test if the plan is computed at all (the output is checked before)."""
     def refuse(*_a: object, **_k: object) -> None:
         raise AssertionError("the plan was computed before --out was checked")
-    monkeypatch.setattr(scepsy_place.loop, "plan_and_place", refuse)
+    monkeypatch.setattr(scepsy_place.formulations.loop, "plan_and_place", refuse)
 
 
 def _bad_outs(tmp_path: Path) -> dict[str, str]:
@@ -182,8 +182,8 @@ def test_optimiser_user_needs_current_and_evaluates_it(capsys, tmp_path):
 
 def test_plan_help_lists_every_placer_formulation_and_optimiser(capsys):
     from scepsy_opt.planning.optimisers import OPTIMISERS
-    from scepsy_place.loop import FORMULATIONS
-    from scepsy_place.placement import PLACERS
+    from scepsy_place.formulations.loop import FORMULATIONS
+    from scepsy_place.packing.placement import PLACERS
 
     assert main(["plan", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())

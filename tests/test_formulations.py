@@ -5,7 +5,7 @@ that break no placement invariant and carry every LLM's load, never beat the agg
 bound nor (on tiny instances) the exhaustive placeable optimum of the same candidate grid, equal
 that optimum when it claims a proven gap of 0 over the grid, be deterministic, and say
 ``time_limit`` (never ``infeasible``) when the time runs out. The oracle
-(``scepsy_place.exhaustive``) is itself checked against hand-made instances, brute force and
+(``scepsy_place.packing.exhaustive``) is itself checked against hand-made instances, brute force and
 its own second method (exhaustive assignment vs the placement MILP).
 """
 
@@ -27,18 +27,18 @@ from scepsy_opt.planning.candidates import Candidate, generate_candidates, price
 from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.milp import max_scale, solve_min_latency
 from scepsy_opt.planning.problem import Deadline, PlanOptions
-from scepsy_place.check import violations
-from scepsy_place.exhaustive import (
+from scepsy_place.formulations import FORMULATIONS_REGISTRY, formulation
+from scepsy_place.formulations.loop import GRID_BOUNDS, PROVEN_GAP
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exhaustive import (
     OracleLimit,
     combinations_by_cost,
     fits_budgets,
     placeable,
     placeable_optimum,
 )
-from scepsy_place.formulations import FORMULATIONS_REGISTRY, formulation
-from scepsy_place.loop import GRID_BOUNDS, PROVEN_GAP
-from scepsy_place.placement import demands
-from scepsy_place.topology import from_cluster, parse_topology
+from scepsy_place.packing.placement import demands
+from scepsy_place.packing.topology import from_cluster, parse_topology
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

@@ -1,5 +1,5 @@
 """A heuristic's allocation that does not place is solved again with smaller budgets of the GPU
-types that failed, until it places (scepsy_place.loop, ``_shrunk``); exact optimisers and a
+types that failed, until it places (scepsy_place.formulations.loop, ``_shrunk``); exact optimisers and a
 user's allocation are never changed that way."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
 from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.optimisers import optimiser
 from scepsy_opt.planning.problem import PlanOptions
-from scepsy_place.check import violations
-from scepsy_place.loop import _shrunk, plan_and_place
-from scepsy_place.placement import Placement, demands
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import _shrunk, plan_and_place
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.placement import Placement, demands
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

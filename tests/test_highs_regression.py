@@ -1,6 +1,6 @@
 """The pattern formulation's master MIP settles within its time limit on a model where HiGHS
 1.16.0's MIP presolve loops without end, ignoring the time limit: the master runs without
-presolve (scepsy_place.patterns._master_mip). The model is the master for one 7B LLM at 64
+presolve (scepsy_place.formulations.patterns._master_mip). The model is the master for one 7B LLM at 64
 req/s on A100 and H100 (min-cost, solvers/mincost_bench.py). Run in a child process so that a
 hang fails the test instead of stalling the suite."""
 
@@ -15,7 +15,7 @@ MODEL = Path(__file__).resolve().parent / "data" / "highs-presolve-loop.mps"
 CHILD = """
 import json, sys, time
 import highspy
-from scepsy_place.patterns import _highs
+from scepsy_place.formulations.patterns import _highs
 h = _highs(5.0)
 h.setOptionValue("presolve", "off")  # as _master_mip runs it
 h.readModel(sys.argv[1])

@@ -29,7 +29,7 @@ from scepsy_opt.workflows import (
     generate_trace,
     load_workflow,
 )
-from scepsy_place.topology import parse_topology
+from scepsy_place.packing.topology import parse_topology
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import memory_fit
 

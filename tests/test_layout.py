@@ -80,3 +80,42 @@ def test_the_sub_packages_point_one_way() -> None:
     assert {(e.source, e.target) for e in edges if not e.type_only} <= {
         ("ingest", "model"), ("prediction", "model"), ("planning", "model"),
         ("planning", "prediction"), ("validate", "model"), ("validate", "prediction")}
+
+
+# scepsy_place: packing and formulations beside launch and report; the old flat paths are
+# registered by the package as the very modules they moved to (no alias files: two of the
+# names, quality and improve, are also functions the package exports)
+PLACE = {
+    "packing": ("bounds", "check", "exact", "exhaustive", "fgd", "groups", "improve", "openb",
+                "placement", "quality", "replicas", "topology"),
+    "formulations": ("blocks", "cuts", "incremental", "loop", "patterns", "placed", "slots"),
+}
+
+
+def test_scepsy_place_is_laid_out_by_concern() -> None:
+    import scepsy_place
+
+    assert {m: p for p, ms in PLACE.items() for m in ms} == scepsy_place.MOVED
+    top = {p.stem for p in (SRC / "scepsy_place").glob("*.py")} - {"__init__"}
+    assert top == {"request"}
+    packages = {p.parent.name for p in (SRC / "scepsy_place").glob("*/__init__.py")}
+    assert packages == {*PLACE, "launch", "report"}
+    for pkg, modules in PLACE.items():
+        here = {p.stem for p in (SRC / "scepsy_place" / pkg).glob("*.py")} - {"__init__"}
+        assert here == set(modules)
+
+
+@pytest.mark.parametrize("old", sorted(m for ms in PLACE.values() for m in ms))
+def test_an_old_scepsy_place_path_is_the_moved_module(old: str) -> None:
+    import scepsy_place
+
+    new = f"scepsy_place.{scepsy_place.MOVED[old]}.{old}"
+    assert importlib.import_module(f"scepsy_place.{old}") is importlib.import_module(new)
+    # the package's exported functions keep their names (quality, improve)
+    assert callable(scepsy_place.quality) and callable(scepsy_place.improve)
+
+
+def test_packing_never_imports_the_formulations() -> None:
+    edges = [e for e in import_graph(SRC) if e.source.startswith("scepsy_place.packing.")
+             and e.target.startswith("scepsy_place.formulations")]
+    assert edges == []

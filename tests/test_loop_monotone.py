@@ -28,10 +28,10 @@ from scepsy_opt.planning.milp import capacity_shapes
 from scepsy_opt.planning.plans import plan_from_choice
 from scepsy_opt.planning.problem import PlanOptions
 from scepsy_opt.prediction.pipeline import carried_scale, llm_demand, llm_load
-from scepsy_place.check import violations
-from scepsy_place.loop import SCALE_REL, plan_and_place
-from scepsy_place.placement import demands
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import SCALE_REL, plan_and_place
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.placement import demands
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
 
 REPO = Path(__file__).resolve().parents[1]

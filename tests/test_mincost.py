@@ -510,16 +510,16 @@ def test_price_flags_override_the_pools() -> None:
         with_prices(cl, {A100: -1.0})
 
 
-# -- placed min-cost plans (scepsy_place.loop.plan_and_place) ------------------------------------
+# -- placed min-cost plans (scepsy_place.formulations.loop.plan_and_place) ------------------------------------
 
 
 def placed_cost_oracle(problem: PlanningProblem) -> float | None:
     """The least price of a *placed* plan: over every combination of unpruned candidates that
     meets the mean bounds, the fewest GPUs of each type it places on (exact placement on the
     first k GPUs of the type, k = 1, 2, ...), priced; None when none places."""
-    from scepsy_place.exhaustive import placeable
-    from scepsy_place.placement import demands
-    from scepsy_place.topology import Topology, from_cluster
+    from scepsy_place.packing.exhaustive import placeable
+    from scepsy_place.packing.placement import demands
+    from scepsy_place.packing.topology import Topology, from_cluster
 
     prices = gpu_prices(problem)
     top = from_cluster(problem.cluster)
@@ -548,10 +548,10 @@ def placed_cost_oracle(problem: PlanningProblem) -> float | None:
 
 @pytest.mark.parametrize("seed", range(6))
 def test_placed_min_cost_against_the_placed_oracle(roofline: RooflineModel, seed: int) -> None:
-    from scepsy_place.check import violations
-    from scepsy_place.loop import plan_and_place
-    from scepsy_place.placement import demands
-    from scepsy_place.topology import from_cluster
+    from scepsy_place.formulations.loop import plan_and_place
+    from scepsy_place.packing.check import violations
+    from scepsy_place.packing.placement import demands
+    from scepsy_place.packing.topology import from_cluster
 
     problem = tiny(roofline, seed, pools((A100, 3, 1.0)), n_llms=2, load=0.4)
     want = placed_cost_oracle(problem)
@@ -574,9 +574,9 @@ def test_placed_min_cost_against_the_placed_oracle(roofline: RooflineModel, seed
 @pytest.mark.parametrize("max_nodes", [0, 3])
 def test_open_pools_buy_the_nodes_the_placement_uses(roofline: RooflineModel,
                                                      max_nodes: int) -> None:
+    from scepsy_place.formulations.loop import plan_and_place, plan_document
     from scepsy_place.launch.planfile import parse_plan
-    from scepsy_place.loop import plan_and_place, plan_document
-    from scepsy_place.topology import from_cluster
+    from scepsy_place.packing.topology import from_cluster
 
     fixed = Cluster("buy", (GPUPool(A100, 2, 2, 1.0),))
     problem = random_problem(2, 4, roofline, seed=1, workflows=1, load=0.4, cluster=fixed,

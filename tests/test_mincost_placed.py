@@ -16,11 +16,11 @@ from scepsy_opt.planning.plans import plan_from_choice
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.ratework import models as rate_models
 from scepsy_opt.ratework import parse_rate_workload, rate_stats, rates
-from scepsy_place.check import violations
-from scepsy_place.exhaustive import placeable
-from scepsy_place.loop import plan_and_place
-from scepsy_place.placement import demands
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exhaustive import placeable
+from scepsy_place.packing.placement import demands
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

@@ -267,10 +267,10 @@ def test_placed_min_cost_splits_an_llm_and_routes_calls_by_fraction(tmp_path):
     one; plan.json carries the splits; every launch target routes each group its fraction."""
     import json
 
+    from scepsy_place.formulations.loop import plan_and_place, plan_document
     from scepsy_place.launch.planfile import launch_plan, parse_plan
     from scepsy_place.launch.routes import plan_routes, service_routes
-    from scepsy_place.loop import plan_and_place, plan_document
-    from scepsy_place.topology import from_cluster
+    from scepsy_place.packing.topology import from_cluster
 
     p = _one_llm("llama-3-8b", 12.0)
     res = plan_and_place(p, from_cluster(p.cluster))
@@ -326,9 +326,9 @@ def test_replica_gpus_is_the_fewest_gpus_the_exact_placement_finds(tp, share, re
     NVLink domain) against the exact placement test on ``g`` free GPUs, for the least ``g``."""
     from scepsy_common.units import replica_gpus, replicas_per_gpu
     from scepsy_opt.allocation import Allocation, Instance
-    from scepsy_place.exhaustive import placeable
-    from scepsy_place.placement import demands
-    from scepsy_place.topology import Node, Topology
+    from scepsy_place.packing.exhaustive import placeable
+    from scepsy_place.packing.placement import demands
+    from scepsy_place.packing.topology import Node, Topology
 
     if tp > domain:
         return
@@ -355,10 +355,10 @@ def test_layout_groups_uses_the_gpus_the_split_formulation_prices(tp, share, rep
     replica_gpus GPUs, and the placement checker finds nothing wrong with it."""
     from scepsy_common.units import replica_gpus, replicas_per_gpu
     from scepsy_opt.allocation import Allocation, Instance
-    from scepsy_place.check import violations
-    from scepsy_place.groups import layout_groups
-    from scepsy_place.placement import demands
-    from scepsy_place.topology import from_cluster
+    from scepsy_place.packing.check import violations
+    from scepsy_place.packing.groups import layout_groups
+    from scepsy_place.packing.placement import demands
+    from scepsy_place.packing.topology import from_cluster
 
     topo = from_cluster(Cluster("c", (GPUPool("A100-80GB", nodes, 8),)))
     alloc = Allocation({"m": Instance("A100-80GB", tp, share, replicas)})

@@ -22,10 +22,10 @@ from scepsy_opt.planning.candidates import generate_candidates
 from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.milp import solve_min_latency
 from scepsy_place import Demand, Node, Topology, demands, place, violations
-from scepsy_place import blocks as blocks_mod
-from scepsy_place.blocks import block_candidates, capacity_rows, level_capacity
-from scepsy_place.loop import plan_and_place, plan_blocks
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations import blocks as blocks_mod
+from scepsy_place.formulations.blocks import block_candidates, capacity_rows, level_capacity
+from scepsy_place.formulations.loop import plan_and_place, plan_blocks
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()
@@ -175,7 +175,7 @@ def test_auto_keeps_the_better_placed_plan(n, gpus, seed):
 
 
 def test_auto_skips_the_aggregate_loop_above_the_loop_size(monkeypatch):
-    import scepsy_place.loop as loop
+    import scepsy_place.formulations.loop as loop
 
     p = random_problem(3, 16, ROOF, seed=3)
     monkeypatch.setattr(loop, "UNPRUNED_MAX_GPUS", 8)

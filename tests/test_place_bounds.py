@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scepsy_place import Demand, Node, Topology, bound, l1_bound, l2_bound, place, quality
-from scepsy_place.bounds import (
+from scepsy_place.packing.bounds import (
     MEMORY_SCALE,
     dff_bound,
     domain_bound,
@@ -127,7 +127,7 @@ def test_brute_force_helper():
 def test_fragmentation_counts_what_each_nvlink_domain_holds(gpus, data):
     """Oracle: FGD of each domain scored as a node of its own. One domain per node is FGD's
     node measure; a TP group larger than every domain makes all free capacity a fragment."""
-    from scepsy_place.fgd import domain_fragmentation, node_fragmentation
+    from scepsy_place.packing.fgd import domain_fragmentation, node_fragmentation
 
     dom = data.draw(st.sampled_from([d for d in (1, 2, 4, 8) if gpus % d == 0 and d <= gpus]))
     free = data.draw(st.lists(st.sampled_from([0, 100, 300, 500, 1000]), min_size=gpus,

@@ -1,4 +1,4 @@
-"""The improvement phase (scepsy_place.improve): frees GPUs, never worse, every invariant kept."""
+"""The improvement phase (scepsy_place.packing.improve): frees GPUs, never worse, every invariant kept."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from scepsy_place import (
     quality,
     violations,
 )
-from scepsy_place.improve import improve
+from scepsy_place.packing.improve import improve
 
 FAST = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -1,4 +1,4 @@
-"""Incremental operations on a running placement (scepsy_place.incremental, docs/incremental.md):
+"""Incremental operations on a running placement (scepsy_place.formulations.incremental, docs/incremental.md):
 events, re-planning with started / stopped / moved replicas, the fewest moves against an
 exhaustive oracle on tiny instances, and ``scepsy replan``."""
 
@@ -17,9 +17,7 @@ from hypothesis import strategies as st
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
 from scepsy_opt.planning.instances import random_problem
-from scepsy_place.check import violations
-from scepsy_place.exact import place_exactly
-from scepsy_place.incremental import (
+from scepsy_place.formulations.incremental import (
     LoadChanged,
     NodeFailed,
     RackDrained,
@@ -30,10 +28,12 @@ from scepsy_place.incremental import (
     replan,
     running_from_document,
 )
-from scepsy_place.loop import plan_and_place, plan_document
-from scepsy_place.placement import Placement, apply, demands, place
-from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import Node, Topology
+from scepsy_place.formulations.loop import plan_and_place, plan_document
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exact import place_exactly
+from scepsy_place.packing.placement import Placement, apply, demands, place
+from scepsy_place.packing.replicas import Demand, Slot
+from scepsy_place.packing.topology import Node, Topology
 from scepsy_profile import roofline_model
 
 REPO = Path(__file__).resolve().parents[1]
@@ -119,7 +119,7 @@ def _running(seed: int, nodes: int = 4, load: float = 0.25):
 
 
 def _check(r, running_res, top):
-    """Every invariant of a re-plan's answer (module docstring of scepsy_place.incremental)."""
+    """Every invariant of a re-plan's answer (module docstring of scepsy_place.formulations.incremental)."""
     assert r.ok, r.placed.reason
     alloc = r.placed.plan.allocation
     dem = demands(alloc)

@@ -16,10 +16,10 @@ from scepsy_opt.planning.milp import max_scale
 from scepsy_opt.planning.plans import plan_from_choice
 from scepsy_opt.planning.problem import PlanOptions
 from scepsy_opt.prediction.pipeline import llm_demand
-from scepsy_place.check import violations
-from scepsy_place.loop import plan_and_place
-from scepsy_place.placement import demands, place
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.placement import demands, place
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()
@@ -147,11 +147,11 @@ from hypothesis import strategies as st  # noqa: E402
 from scepsy.cli import main  # noqa: E402
 from scepsy_common.units import share_units  # noqa: E402
 from scepsy_opt.planning.candidates import Candidate  # noqa: E402
-from scepsy_place.cuts import configuration_cut, most_weight  # noqa: E402
-from scepsy_place.exact import place_exactly  # noqa: E402
-from scepsy_place.placement import Placement  # noqa: E402
-from scepsy_place.replicas import Demand  # noqa: E402
-from scepsy_place.topology import parse_topology  # noqa: E402
+from scepsy_place.formulations.cuts import configuration_cut, most_weight  # noqa: E402
+from scepsy_place.packing.exact import place_exactly  # noqa: E402
+from scepsy_place.packing.placement import Placement  # noqa: E402
+from scepsy_place.packing.replicas import Demand  # noqa: E402
+from scepsy_place.packing.topology import parse_topology  # noqa: E402
 
 FAST = settings(derandomize=True, deadline=None, database=None, max_examples=60)
 GPU = "A100-80GB"
@@ -349,13 +349,13 @@ def test_without_the_exact_test_the_loop_is_inexact_never_infeasible(monkeypatch
     """When the exact test cannot decide (here: never), the placer's failures give unproven
     no-good cuts and then budget tightening: the result is not exact, and the loop never calls
     the instance infeasible (these instances place with the exact test)."""
-    import scepsy_place.exact
+    import scepsy_place.packing.exact
 
     cl = uniform_cluster("A100-80GB", 16, 8)
     p = random_problem(4, 16, ROOF, seed=seed, cluster=cl)
     topo = from_cluster(cl)
     assert plan_and_place(p, topo, formulation="aggregate").placed
-    monkeypatch.setattr(scepsy_place.exact, "EXACT_MAX_GPUS", 0)
+    monkeypatch.setattr(scepsy_place.packing.exact, "EXACT_MAX_GPUS", 0)
     res = plan_and_place(p, topo, formulation="aggregate")
     assert res.status in ("placed", "unplaced")
     if res.cuts["no_good_placer"] or res.cuts["tightened"]:

@@ -11,8 +11,8 @@ import pytest
 
 from scepsy.bench_openb import run_cli
 from scepsy_common.errors import InputError
-from scepsy_place.fgd import node_fragmentation, task_mix, typical_tasks
-from scepsy_place.openb import (
+from scepsy_place.packing.fgd import node_fragmentation, task_mix, typical_tasks
+from scepsy_place.packing.openb import (
     CPU_VARIANTS,
     ORDERS,
     POLICIES,
@@ -293,7 +293,7 @@ def test_packing_policies_keep_cpu_beside_idle_gpus(policy, tie):
 def test_fgd_mix_counts_cpu_only_types_and_cpu_shortage():
     # the FGD mix of CPU_TASKS: three types, a third each; node A idle (1,000 milli free):
     # g0's type lacks CPU (all 1,000 is a fragment), c's needs no GPU (all 1,000), g2's fits (0)
-    from scepsy_place.fgd import typical_tasks
+    from scepsy_place.packing.fgd import typical_tasks
     mix = typical_tasks(CPU_TASKS)
     assert sorted(mix) == sorted([(1, 1000, 12_000, pytest.approx(1 / 3)),
                                   (0, 0, 6000, pytest.approx(1 / 3)),

@@ -1,6 +1,6 @@
-"""The pattern formulation (scepsy_place.patterns): on tiny instances an exhaustive placeable
+"""The pattern formulation (scepsy_place.formulations.patterns): on tiny instances an exhaustive placeable
 optimum is the oracle (every combination of unpruned candidates in cost order, placeability
-decided exactly by scepsy_place.exact); the column generation bound is below every placeable
+decided exactly by scepsy_place.packing.exact); the column generation bound is below every placeable
 plan; every placement is valid (no GPU over its compute or memory) and complete."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from hypothesis import strategies as st
 from scepsy_opt.cluster import uniform_cluster
 from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.problem import Deadline, PlanOptions
-from scepsy_place.check import violations
-from scepsy_place.exhaustive import placeable_optimum
-from scepsy_place.patterns import domain_types, plan_patterns, solve_patterns
-from scepsy_place.placement import demands
-from scepsy_place.topology import Node, Topology
+from scepsy_place.formulations.patterns import domain_types, plan_patterns, solve_patterns
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exhaustive import placeable_optimum
+from scepsy_place.packing.placement import demands
+from scepsy_place.packing.topology import Node, Topology
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()
@@ -36,7 +36,7 @@ def tiny(seed: int, gpus: int = 4, llms: int = 3, load: float = 0.6):
 
 
 def oracle(p, topo):
-    """The cheapest placeable objective (:func:`scepsy_place.exhaustive.placeable_optimum`:
+    """The cheapest placeable objective (:func:`scepsy_place.packing.exhaustive.placeable_optimum`:
     every combination of the unpruned candidates in cost order, the first that fits the
     budgets and places exactly), or None."""
     best = placeable_optimum(p, topo)
@@ -188,7 +188,7 @@ def test_recombinations_are_valid_patterns():
     added."""
     from types import SimpleNamespace
 
-    from scepsy_place.patterns import DomainType, Shape, _make_pattern, _recombine
+    from scepsy_place.formulations.patterns import DomainType, Shape, _make_pattern, _recombine
 
     dt = DomainType(GPU, ((1000, 80.0),) * 4, (("n0", (0, 1, 2, 3)),))
     shapes = [Shape("a", GPU, 1, 0.5, None, 500, 40.0), Shape("b", GPU, 2, 0.4, None, 400, 32.0),

@@ -4,7 +4,7 @@ Random demands whose memory is drawn independently of their compute share, on ra
 with existing use: for every placer of PLACERS (and the improvement phase on top of it) no GPU
 goes over 100% of its compute or over its memory, TP groups sit on distinct GPUs of one NVLink
 domain, existing use is respected, GPUs used are at least the vector bound, and the improvement
-phase is never worse. The capacity recount here is independent of scepsy_place.check.
+phase is never worse. The capacity recount here is independent of scepsy_place.packing.check.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from scepsy_common.units import UNITS, share_units
 from scepsy_place import PLACERS, Demand, Node, Placement, Topology, bound, placer, violations
-from scepsy_place.improve import improve
-from scepsy_place.topology import MEMORY_TOL_GIB
+from scepsy_place.packing.improve import improve
+from scepsy_place.packing.topology import MEMORY_TOL_GIB
 
 FAST = settings(derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

@@ -30,6 +30,7 @@ from scepsy_opt.planning.planfile import (
     weights_gib,
     write_plan,
 )
+from scepsy_place.formulations.loop import plan_document
 from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.planfile import (
     PlanDoc,
@@ -41,8 +42,7 @@ from scepsy_place.launch.planfile import (
     plan_json_schema,
     schema_text,
 )
-from scepsy_place.loop import plan_document
-from scepsy_place.topology import load_topology
+from scepsy_place.packing.topology import load_topology
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
 

@@ -26,7 +26,8 @@ from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.planfile import CURVE_POINTS, workflow_curves
 from scepsy_opt.prediction.pipeline import predict
-from scepsy_place.loop import plan_document
+from scepsy_place.formulations.loop import plan_document
+from scepsy_place.packing.topology import load_topology
 from scepsy_place.report import (
     PLACEMENT_COLUMNS,
     default_out,
@@ -39,7 +40,6 @@ from scepsy_place.report.figures import map_layout
 from scepsy_place.report.folder import GENERATOR, write_folder
 from scepsy_place.report.model import gpu_slots
 from scepsy_place.report.page import NO_CURVE
-from scepsy_place.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "datasets" / "plans" / "rag-beam-a100-16.json"

@@ -16,7 +16,7 @@ from scepsy import api
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_place.launch.planfile import parse_plan
-from scepsy_place.placement import PLACERS
+from scepsy_place.packing.placement import PLACERS
 from scepsy_place.request import (
     FORMS,
     HierarchicalPlacement,

@@ -25,7 +25,7 @@ from scepsy_opt.prediction.pipeline import instance_curve
 from scepsy_opt.prediction.slo import CallSLO, check, fewest_replicas, parse_slos, ttft_attainment
 from scepsy_opt.validate.evaluate import attainment_measured
 from scepsy_opt.validate.muxserve import MeasuredLLM
-from scepsy_place.exhaustive import combinations_by_cost, fits_budgets
+from scepsy_place.packing.exhaustive import combinations_by_cost, fits_budgets
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()

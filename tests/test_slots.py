@@ -1,4 +1,4 @@
-"""Slot groups (scepsy_place.slots): placeable by construction, exact where the model is, checked
+"""Slot groups (scepsy_place.formulations.slots): placeable by construction, exact where the model is, checked
 against brute force; the scale bound (scepsy_opt.planning.milp.scale_upper_bound) never below an
 optimum; the decomposition's parts and the replication floor of many-models problems."""
 
@@ -21,11 +21,8 @@ from scepsy_opt.planning.milp import max_scale, scale_upper_bound
 from scepsy_opt.planning.plans import headroom, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanOptions
 from scepsy_opt.prediction.pipeline import min_replicas, replicas_needed
-from scepsy_place.check import violations
-from scepsy_place.exhaustive import placeable
-from scepsy_place.loop import plan_and_place
-from scepsy_place.placement import demands
-from scepsy_place.slots import (
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.formulations.slots import (
     _highest_averages,
     _interleaved,
     _nodes_by_need,
@@ -38,7 +35,10 @@ from scepsy_place.slots import (
     slot_shapes,
     solve_slot_scale,
 )
-from scepsy_place.topology import Node, from_cluster
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exhaustive import placeable
+from scepsy_place.packing.placement import demands
+from scepsy_place.packing.topology import Node, from_cluster
 from scepsy_profile.roofline import roofline_model
 
 ROOF = roofline_model()
@@ -306,8 +306,8 @@ def test_min_latency_parts_without_an_incumbent_keep_a_plan_that_carries_them(mo
     its targets; a part whose latency MILP then finds nothing in its time keeps that one. With
     the latency MILP never answering, the plan is still placed, valid, carries every target,
     and says how it was made (status time_limit, every distinct part a fallback)."""
-    from scepsy_place import slots as mod
-    from scepsy_place.slots import _none, plan_slot_latency
+    from scepsy_place.formulations import slots as mod
+    from scepsy_place.formulations.slots import _none, plan_slot_latency
 
     monkeypatch.setattr(mod, "solve_slot_latency", lambda *a, **k: _none("time_limit"))
     p = many_models_problem(32, 64, ROOF, copies=False, options=PlanOptions(time_limit_s=30))

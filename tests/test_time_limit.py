@@ -24,8 +24,8 @@ from scepsy_opt.planning.milp import MILPOptimiser, solve_min_latency
 from scepsy_opt.planning.planfile import plan_to_dict
 from scepsy_opt.planning.plans import Plan
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, PlanOptions, TimeLimitReached
-from scepsy_place.loop import plan_and_place
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile import roofline_model
 
 ROOF = roofline_model()

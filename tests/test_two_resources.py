@@ -37,9 +37,9 @@ from scepsy_opt.planning.milp import (
 from scepsy_opt.planning.optimisers import OPTIMISERS, optimiser
 from scepsy_opt.planning.planfile import dumps, plan_to_dict
 from scepsy_opt.planning.problem import TENTHS, Deadline, PlanningProblem, PlanOptions
-from scepsy_place.blocks import capacity_rows
-from scepsy_place.cuts import free_capacity_rows, packing_inequalities
-from scepsy_place.topology import from_cluster
+from scepsy_place.formulations.blocks import capacity_rows
+from scepsy_place.formulations.cuts import free_capacity_rows, packing_inequalities
+from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import serving_curve, serving_curves

@@ -34,10 +34,10 @@ if TYPE_CHECKING:
     from scepsy_opt.prediction.simulate import SimulationResult
     from scepsy_opt.traces import Trace
     from scepsy_opt.workflows import WorkflowSpec
+    from scepsy_place.formulations.loop import PlacedPlan
     from scepsy_place.launch.planfile import SolveReport
-    from scepsy_place.loop import PlacedPlan
+    from scepsy_place.packing.topology import Topology
     from scepsy_place.request import PlanRequest
-    from scepsy_place.topology import Topology
     from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
     from scepsy_profile.serving import MemoryPolicy
@@ -52,7 +52,7 @@ Progress = Callable[[str], None]
 DEFAULT_OPTIMISER = "milp"
 DEFAULT_FORMULATION = "auto"
 DEFAULT_PLACER = "hierarchical"
-# the aggregate loop's round cap, a safety net (scepsy_place.loop.MAX_ROUNDS): the loop
+# the aggregate loop's round cap, a safety net (scepsy_place.formulations.loop.MAX_ROUNDS): the loop
 # stops on a proof or at the deadline
 DEFAULT_MAX_ROUNDS = 1000
 DEFAULT_TRACE_REQUESTS = 2000  # requests per workflow of a generated trace
@@ -107,7 +107,7 @@ class PlanResult:
     def to_dict(self, *, timings: bool = True) -> dict[str, Any]:
         """The plan.json document (docs/optimiser.md); ``timings=False`` leaves out wall-clock
         seconds, so that the same inputs give the same bytes."""
-        from scepsy_place.loop import plan_document
+        from scepsy_place.formulations.loop import plan_document
         from scepsy_profile.catalog import catalog_in_force
 
         with catalog_in_force(self.problem.catalog):
@@ -285,7 +285,7 @@ def _check_gpus(alloc: Allocation, source: str) -> None:
 
 def _topology(cluster: PathLike | Topology | Cluster) -> Topology:
     from scepsy_opt.cluster import Cluster
-    from scepsy_place.topology import Topology, from_cluster, load_topology
+    from scepsy_place.packing.topology import Topology, from_cluster, load_topology
 
     if isinstance(cluster, Topology):
         return cluster
@@ -493,12 +493,12 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
 
     ``workflows``: a workflow, workload or rate workload YAML path, specs or a
     :class:`~scepsy_opt.ratework.RateWorkload`; ``cluster``: a cluster YAML/JSON
-    path, a :class:`~scepsy_place.topology.Topology` or a :class:`~scepsy_opt.cluster.Cluster`;
+    path, a :class:`~scepsy_place.packing.topology.Topology` or a :class:`~scepsy_opt.cluster.Cluster`;
     ``targets``: a total throughput (req/s, split over a workload's weights) or a mapping
     workflow -> req/s; for a rate workload ``None`` (the default) means the file's rates and a
     total rescales them proportionally. Options: ``optimiser``
     (:data:`~scepsy_opt.planning.optimisers.OPTIMISERS`; ``user`` evaluates ``current``),
-    ``formulation`` (``auto``, ``aggregate``, ``blocks``, ``patterns``), ``placer`` (:data:`~scepsy_place.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
+    ``formulation`` (``auto``, ``aggregate``, ``blocks``, ``patterns``), ``placer`` (:data:`~scepsy_place.packing.placement.PLACERS`), ``spread_replicas``, ``max_rounds``;
     ``trace``, ``trace_requests``, ``seed``, ``curves`` or ``latency``; ``overheads`` (an
     engine-overheads calibration file or object, :func:`load_overheads`, added to the latency
     model); ``engine`` (a :class:`~scepsy_profile.serving.MemoryPolicy`: the serving engine's
@@ -584,7 +584,7 @@ def run_plan(request: PlanRequest, *, progress: Progress | None = None) -> PlanR
     """:func:`plan` of a :class:`~scepsy_place.request.PlanRequest` (``scepsy plan`` builds one
     from its options); the result records the request (plan.json ``request``)."""
     from scepsy_opt.arrivals import PEAK_WINDOW_S, peak_target
-    from scepsy_place.loop import plan_and_place
+    from scepsy_place.formulations.loop import plan_and_place
     from scepsy_profile.catalog import catalog_in_force
 
     inp, search = request.inputs, request.search

@@ -1,6 +1,6 @@
 """``scepsy bench openb``: replay the Alibaba GPU-sharing trace with one or more policies and
 print one row per policy (allocation ratio and fragmentation at 100% demand and at the end),
-or the results as JSON. The replay itself is :func:`scepsy_place.openb.replay` (docs/openb.md).
+or the results as JSON. The replay itself is :func:`scepsy_place.packing.openb.replay` (docs/openb.md).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 
 from scepsy.argtypes import NAMES, POSITIVE, SEED, arg_type
 from scepsy.tables import print_table
-from scepsy_place.openb import (
+from scepsy_place.packing.openb import (
     POLICIES,
     TIES,
     OpenBError,
@@ -33,7 +33,7 @@ def _fmt(s: Snapshot | None, attr: str) -> str:
 def run_cli(args: argparse.Namespace) -> int:
     """``scepsy bench openb``: args.nodes, args.pods, args.policy, args.seed, args.until,
     args.json, and optionally args.tie (default the artifact's) and args.cpu_share (None: the
-    pods as given; a share: :func:`scepsy_place.openb.cpu_variant` of them).
+    pods as given; a share: :func:`scepsy_place.packing.openb.cpu_variant` of them).
 
     Returns 0, or 2 (message on stderr, no traceback) for bad input.
     """

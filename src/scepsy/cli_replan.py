@@ -2,7 +2,7 @@
 workflow's load changed) and say which replicas are kept, moved, started and stopped
 (docs/incremental.md).
 
-Parsing and printing only; the work is :func:`scepsy_place.incremental.replan`.
+Parsing and printing only; the work is :func:`scepsy_place.formulations.incremental.replan`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``scepsy replan`` on ``cmd``; sets ``func``."""
     from scepsy.cli_fields import add_request_flags
-    from scepsy_place.incremental import DEFAULT_CHANGE_PENALTY_S, DEFAULT_MOVE_COST_S
+    from scepsy_place.formulations.incremental import DEFAULT_CHANGE_PENALTY_S, DEFAULT_MOVE_COST_S
     from scepsy_place.request import flag_fields
 
     cmd.add_argument("--plan", type=Path, required=True,
@@ -73,7 +73,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _running(path: Path) -> tuple[dict[str, Any], Any]:
     """(raw plan.json, its running allocation and placement)."""
     from scepsy_common.files import read_json
-    from scepsy_place.incremental import running_from_document
+    from scepsy_place.formulations.incremental import running_from_document
     from scepsy_place.launch.planfile import check_version
 
     raw = read_json(path, "plan.json file (scepsy plan --out)")
@@ -82,7 +82,7 @@ def _running(path: Path) -> tuple[dict[str, Any], Any]:
 
 
 def _topology(raw: dict[str, Any], cluster: Path | None, source: str) -> Any:
-    from scepsy_place.topology import load_topology, parse_topology
+    from scepsy_place.packing.topology import load_topology, parse_topology
 
     if cluster is not None:
         return load_topology(cluster)
@@ -96,7 +96,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, check_out, naming, print_rows
     from scepsy_common.errors import InputError
     from scepsy_opt.planning.problem import Deadline
-    from scepsy_place.incremental import parse_event, replan
+    from scepsy_place.formulations.incremental import parse_event, replan
     from scepsy_place.launch.planfile import write_plan_file
     from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
     from scepsy_profile.catalog import catalog_in_force

@@ -1,24 +1,30 @@
 """scepsy_place: topology-aware placement of an allocation on concrete nodes and GPUs.
 
-See docs/placement.md. Imports scepsy_opt and scepsy_profile, never the reverse.
+See docs/placement.md. Imports scepsy_opt and scepsy_profile, never the reverse. Sub-packages
+by concern:
+
+* :mod:`scepsy_place.packing`: the cluster and the placers (topology, replicas, placement,
+  bounds, quality, fgd, check, groups, improve, exact, exhaustive, openb);
+* :mod:`scepsy_place.formulations`: the placeable formulations and the optimise-place loop
+  (loop, blocks, patterns, slots, cuts, placed, incremental), and their registry;
+* :mod:`scepsy_place.launch`: the plan file, the renderers, apply, drive, the benchmarks' kits;
+* :mod:`scepsy_place.report`: the review page of a plan;
+* :mod:`scepsy_place.request`: the plan request.
+
+The modules' old flat paths (``scepsy_place.loop``, ``scepsy_place.placement``, ...) stay
+importable: each is registered as the very module it moved to (:data:`MOVED`).
 """
 
-from scepsy_place.bounds import (
-    Bounds,
-    bound,
-    dff_bound,
-    domain_bound,
-    l1_bound,
-    l2_bound,
-    vector_bound,
-)
-from scepsy_place.check import violations
-from scepsy_place.cuts import configuration_cut, free_capacity_rows, packing_inequalities
-from scepsy_place.exact import ExactPlacement, place_exactly
-from scepsy_place.exhaustive import OracleLimit, placeable_optimum
+import importlib as _importlib
+import sys as _sys
+
 from scepsy_place.formulations import FORMULATIONS_REGISTRY, Formulation, formulation
-from scepsy_place.improve import improve
-from scepsy_place.incremental import (
+from scepsy_place.formulations.cuts import (
+    configuration_cut,
+    free_capacity_rows,
+    packing_inequalities,
+)
+from scepsy_place.formulations.incremental import (
     LoadChanged,
     NodeFailed,
     RackDrained,
@@ -28,8 +34,27 @@ from scepsy_place.incremental import (
     place_around,
     replan,
 )
-from scepsy_place.loop import Outcome, PlacedPlan, plan_and_place, plan_blocks, plan_document
-from scepsy_place.placement import (
+from scepsy_place.formulations.loop import (
+    Outcome,
+    PlacedPlan,
+    plan_and_place,
+    plan_blocks,
+    plan_document,
+)
+from scepsy_place.packing.bounds import (
+    Bounds,
+    bound,
+    dff_bound,
+    domain_bound,
+    l1_bound,
+    l2_bound,
+    vector_bound,
+)
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exact import ExactPlacement, place_exactly
+from scepsy_place.packing.exhaustive import OracleLimit, placeable_optimum
+from scepsy_place.packing.improve import improve
+from scepsy_place.packing.placement import (
     FALLBACKS,
     PLACERS,
     BestFit,
@@ -45,9 +70,9 @@ from scepsy_place.placement import (
     placer,
     remove,
 )
-from scepsy_place.quality import fragmentation, quality
-from scepsy_place.replicas import Demand, Slot, task_mix
-from scepsy_place.topology import (
+from scepsy_place.packing.quality import fragmentation, quality
+from scepsy_place.packing.replicas import Demand, Slot, task_mix
+from scepsy_place.packing.topology import (
     Node,
     Topology,
     from_cluster,
@@ -115,3 +140,14 @@ __all__ = [
     "vector_bound",
     "violations",
 ]
+
+MOVED = {
+    **{m: "packing" for m in ("topology", "replicas", "placement", "bounds", "quality", "fgd",
+                              "check", "groups", "improve", "exact", "exhaustive", "openb")},
+    **{m: "formulations" for m in ("loop", "blocks", "patterns", "slots", "cuts", "placed",
+                                   "incremental")},
+}
+"""Old flat module name -> the sub-package it moved to."""
+for _name, _package in MOVED.items():  # the old paths are the same module objects
+    _sys.modules.setdefault(f"{__name__}.{_name}",
+                            _importlib.import_module(f"{__name__}.{_package}.{_name}"))

@@ -31,8 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_opt.planning.problem import OBJECTIVES, TENTHS, PlanOptions
-from scepsy_place.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
-from scepsy_place.placement import PLACERS
+from scepsy_place.formulations.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
+from scepsy_place.packing.placement import PLACERS
 from scepsy_profile.serving import MemoryPolicy
 
 SOURCE = "plan"

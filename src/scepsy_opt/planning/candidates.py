@@ -535,7 +535,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     (:attr:`CandidateSet.least_price` gives ``v*_m``). ``curve_cache`` keeps the serving curves
     between calls on the same problem.
 
-    ``blocks``: count GPUs as whole-GPU blocks of one LLM shape (``scepsy_place.blocks``): a
+    ``blocks``: count GPUs as whole-GPU blocks of one LLM shape (``scepsy_place.formulations.blocks``): a
     block of ``tp`` GPUs holds ``k = replicas_per_gpu(share)`` replicas, so only replica counts
     that fill their blocks (multiples of ``k``) are candidates (fewer replicas cost as many GPUs
     and are slower), ``units = 1000·tp·replicas/k``, and pruning keeps a candidate unless another

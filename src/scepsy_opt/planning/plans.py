@@ -17,7 +17,7 @@ from scepsy_opt.prediction.pipeline import carried_scale, predict
 # gap says how far from proven); time_limit_no_solution: it ran out before any allocation was
 # found (nothing is known about feasibility); infeasible: no allocation meets the targets;
 # unplaced: an allocation was found but no placement of it (nor of any other tried) on the
-# concrete GPUs was (scepsy_place.loop)
+# concrete GPUs was (scepsy_place.formulations.loop)
 Status = Literal["optimal", "time_limit", "time_limit_no_solution", "infeasible", "unplaced",
                  "heuristic", "evaluated"]
 

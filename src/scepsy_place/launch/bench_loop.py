@@ -68,7 +68,7 @@ from scepsy_place.launch.planfile import load_plan, write_plan_file
 from scepsy_place.launch.renderers import get_renderer, write_rendered
 from scepsy_place.launch.routes import ROUTES_FILE, load_routes
 from scepsy_place.launch.time_sliced import running_allocation
-from scepsy_place.topology import load_topology
+from scepsy_place.packing.topology import load_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.fitted import FittedLatencyModel, save_curves
 from scepsy_profile.profiling import planner

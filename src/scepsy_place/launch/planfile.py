@@ -13,9 +13,9 @@ Every error is an :class:`~scepsy_common.errors.InputError` naming the file and 
 rejects one without a placement, saying why there is none; :func:`load_plan` does both for a
 file.
 
-Nodes are read by the cluster parsers themselves (:func:`scepsy_place.topology.parse_topology`
+Nodes are read by the cluster parsers themselves (:func:`scepsy_place.packing.topology.parse_topology`
 for the ``topology`` section a racks cluster writes, :func:`scepsy_opt.cluster.parse_cluster`
-and :func:`scepsy_place.topology.from_cluster` for the pools), over a catalog of the plan's
+and :func:`scepsy_place.packing.topology.from_cluster` for the pools), over a catalog of the plan's
 own ``devices``: a plan reads the same on a machine whose catalog lacks its device types.
 
 ``python -m scepsy_place.launch.planfile --write-schema docs/plan.schema.json`` rewrites the
@@ -40,6 +40,7 @@ from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
 from scepsy_opt.planning.planfile import PLAN_VERSION, dumps
 from scepsy_opt.planning.plans import Status
 from scepsy_opt.planning.problem import Objective
+from scepsy_place.formulations.loop import LoopStatus
 from scepsy_place.launch.model import (
     ENV_NAME_PATTERN,
     DeviceLaunch,
@@ -49,9 +50,8 @@ from scepsy_place.launch.model import (
     ReplicaLaunch,
     assign_ports,
 )
-from scepsy_place.loop import LoopStatus
+from scepsy_place.packing.topology import Topology, TopologyRecord, from_cluster, parse_topology
 from scepsy_place.request import PlanRequest
-from scepsy_place.topology import Topology, TopologyRecord, from_cluster, parse_topology
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.hardware import GPUSpec
 

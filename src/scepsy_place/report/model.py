@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from scepsy_place.launch.planfile import PlanDoc, plan_nodes, read_plan
-from scepsy_place.topology import Node, Topology
+from scepsy_place.packing.topology import Node, Topology
 
 __all__ = ["PLACEMENT_COLUMNS", "PLAN_COLUMNS", "WORKFLOW_COLUMNS", "Report", "Slot",
            "default_out", "gpu_slots", "load_report", "node_rows", "placement_rows", "plan_rows",

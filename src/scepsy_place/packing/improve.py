@@ -38,12 +38,12 @@ import numpy as np
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.planning.problem import Deadline
-from scepsy_place.exact import place_exactly
-from scepsy_place.replicas import Demand, Key, Slot
-from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology
+from scepsy_place.packing.exact import place_exactly
+from scepsy_place.packing.replicas import Demand, Key, Slot
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Node, Topology
 
 if TYPE_CHECKING:
-    from scepsy_place.placement import Placement
+    from scepsy_place.packing.placement import Placement
 
 REPACK_TIME_S = 0.5  # time limit of one exact repacking MILP
 MAX_MOVES = 20_000  # accepted moves before the search stops (a deterministic work bound)
@@ -288,7 +288,7 @@ def improve(topology: Topology, demands: Sequence[Demand], placement: Placement,
 
 def _repack(st: _Search, gpu_of: dict[Key, str], calls: int, time_s: float,
             deadline: Deadline | None) -> None:
-    """Exact repacking (:func:`scepsy_place.exact.place_exactly`) of the replicas of one node,
+    """Exact repacking (:func:`scepsy_place.packing.exact.place_exactly`) of the replicas of one node,
     then of two nodes of one GPU type, onto the GPUs they use less one (the least loaded), while
     that is feasible; at most ``calls`` MILPs of ``time_s`` seconds each."""
     left = [calls]

@@ -1,7 +1,7 @@
 """Slot groups: a placeable-by-construction formulation in which LLMs share GPUs.
 
 The aggregate MILP counts GPU capacity in thousandths and learns afterwards whether its shares
-pack; ``blocks`` (:mod:`scepsy_place.blocks`) pack by construction but give a GPU to one LLM
+pack; ``blocks`` (:mod:`scepsy_place.formulations.blocks`) pack by construction but give a GPU to one LLM
 shape only. A *slot group* sits between the two: ``t`` wholly free GPUs of one NVLink domain that
 all carry the same *configuration*, a multiset of shares whose sum is at most one GPU (three
 0.3, or 0.5 + 0.3 + 0.2, ...). Each entry of the configuration is a *slot*: one TP-``t``
@@ -24,7 +24,7 @@ the next, and per LLM what it runs. Three families of rows make every solution p
   another (1, 2, 4, 8): groups laid out largest first take from each domain multiples of the
   current size.
 
-:func:`layout` turns a solution into a concrete :class:`~scepsy_place.placement.Placement` in one
+:func:`layout` turns a solution into a concrete :class:`~scepsy_place.packing.placement.Placement` in one
 pass (no search), so a plan of this formulation is always placed. Memory follows the share
 (each instance gets its share of each GPU's memory), so a configuration that fits a GPU's
 compute fits its memory too; with memory as a resource of its own
@@ -64,12 +64,12 @@ from scepsy_opt.planning.milp import Shape, scale_upper_bound
 from scepsy_opt.planning.plans import Status, headroom, no_allocation_plan, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.prediction.pipeline import min_replicas
-from scepsy_place.patterns import _Model, _run_mip
-from scepsy_place.placed import PlacedPlan, timed_out
-from scepsy_place.placement import Placement, demands, whole_free_gpus
-from scepsy_place.quality import quality
-from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import Node, Topology
+from scepsy_place.formulations.patterns import _Model, _run_mip
+from scepsy_place.formulations.placed import PlacedPlan, timed_out
+from scepsy_place.packing.placement import Placement, demands, whole_free_gpus
+from scepsy_place.packing.quality import quality
+from scepsy_place.packing.replicas import Demand, Slot
+from scepsy_place.packing.topology import Node, Topology
 
 MAX_CONFIGURATIONS = 3000  # per (GPU type, TP degree); above, a restricted set (module docstring)
 POLICY = "slots"  # the name a slot layout gives its placement

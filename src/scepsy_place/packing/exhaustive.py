@@ -3,7 +3,7 @@
 :func:`placeable_optimum` enumerates one candidate per LLM (every candidate, unpruned, unless
 given) best-first, in order of total cost, and tests each combination that fits the GPU budgets
 (compute and memory, per GPU type) for placeability on the topology's free capacity, exactly:
-per GPU type by the placement MILP of :mod:`scepsy_place.exact` (``method="exact"``), or by
+per GPU type by the placement MILP of :mod:`scepsy_place.packing.exact` (``method="exact"``), or by
 exhaustive assignment of every replica to GPUs of one NVLink domain (``method="search"``, tiny
 topologies only; it shares no code with the MILP, so the two check each other). The first
 placeable combination is the cheapest placeable allocation of the candidates.
@@ -31,10 +31,10 @@ from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.planning.candidates import Candidate, generate_candidates
 from scepsy_opt.planning.problem import PlanningProblem
-from scepsy_place.exact import place_exactly
-from scepsy_place.placement import demands
-from scepsy_place.replicas import Demand
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology
+from scepsy_place.packing.exact import place_exactly
+from scepsy_place.packing.placement import demands
+from scepsy_place.packing.replicas import Demand
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 
 ORACLE_LIMIT = 200_000  # combinations tested before giving up (OracleLimit)
 ORACLE_EXACT_S = 30.0  # time limit of one exact placement test

@@ -27,7 +27,7 @@ import numpy as np
 
 from scepsy_common.errors import InputError, check_name
 from scepsy_common.files import read_csv_rows
-from scepsy_place.fgd import MILLI, fragmentation_batch, typical_tasks
+from scepsy_place.packing.fgd import MILLI, fragmentation_batch, typical_tasks
 
 __all__ = [
     "CPU_VARIANTS", "ORDERS", "POLICIES", "TIES", "ClusterState", "NodeSpec", "OpenBError",

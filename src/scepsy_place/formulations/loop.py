@@ -5,10 +5,10 @@ realises (shares that do not fit together on whole GPUs, TP groups that do not f
 NVLink domains). :func:`plan_and_place` places every optimal allocation; when replicas stay
 unplaced it adds, per GPU type that failed, a cut and solves again:
 
-* a *configuration cut* (:func:`scepsy_place.cuts.configuration_cut`) when not even a
+* a *configuration cut* (:func:`scepsy_place.formulations.cuts.configuration_cut`) when not even a
   fractional packing of the allocation's GPU slices into the free GPUs exists: valid for every
   placeable allocation, it removes every allocation with a mix of shares as hard to pack;
-* otherwise the *exact placement test* (:func:`scepsy_place.exact.place_exactly`) decides the
+* otherwise the *exact placement test* (:func:`scepsy_place.packing.exact.place_exactly`) decides the
   type: its placement is used when one exists (the greedy placers can miss it), and otherwise a
   *no-good cut* ``Σ_{c ∈ S_t} x_c ≤ |S_t| − 1`` over the candidates ``S_t`` the plan chose on
   type ``t`` forbids that combination, proven unplaceable (every other stays allowed). When the
@@ -22,8 +22,8 @@ After the first failure the MILP runs over every candidate, unpruned: reduced-co
 exact only for the aggregate optimum (the best *placeable* allocation may cost more than its
 bound), and dominance pruning may drop the placeable one (two whole GPUs cost more than three
 0.6 shares and use more units, yet only they fit on two GPUs). It also gets the valid
-inequalities of bin packing (:func:`scepsy_place.cuts.packing_inequalities`) and, on a cluster
-with GPUs in use, the free capacity per GPU type (:func:`scepsy_place.cuts.free_capacity_rows`).
+inequalities of bin packing (:func:`scepsy_place.formulations.cuts.packing_inequalities`) and, on a cluster
+with GPUs in use, the free capacity per GPU type (:func:`scepsy_place.formulations.cuts.free_capacity_rows`).
 Every row but ``no_good_placer`` cuts and ``tightened`` budgets holds for every placeable
 allocation, so the loop's answer is the cheapest placeable allocation of the candidate set
 (``exact``; tests check it against brute force), and the instance is called ``infeasible`` only
@@ -42,9 +42,9 @@ plan in hand, which it could then not beat); ``time_limit`` (the deadline passed
 
 Formulations (``formulation``; :mod:`scepsy_place.formulations` puts them behind one interface):
 ``aggregate`` is the loop above; ``blocks`` solves the placeable-by-construction formulation of
-:mod:`scepsy_place.blocks` (one LLM shape per GPU, whole-GPU blocks) and places it with the
-``blocks`` placer in one round (:func:`scepsy_place.placed.plan_blocks`); ``patterns``
-(:mod:`scepsy_place.patterns`) packs co-located replicas into GPU and NVLink-domain patterns by
+:mod:`scepsy_place.formulations.blocks` (one LLM shape per GPU, whole-GPU blocks) and places it with the
+``blocks`` placer in one round (:func:`scepsy_place.formulations.placed.plan_blocks`); ``patterns``
+(:mod:`scepsy_place.formulations.patterns`) packs co-located replicas into GPU and NVLink-domain patterns by
 column generation. ``auto`` (the
 default, here and in the CLI; :func:`plan_auto`) runs ``blocks``; up to
 :data:`UNPRUNED_MAX_GPUS` GPUs the aggregate loop (exact there), stopped once its objective
@@ -54,7 +54,7 @@ GPUs, with the time left, the aggregate MILP alone, for its bound (its loop need
 of placements that cost seconds each at thousands of GPUs). The best placed plan wins (ties: the first run). One
 deadline is split across these steps, each getting a share of what remains when it starts
 (:data:`BLOCKS_SHARE`, :data:`SLOTS_SHARE`, :data:`AGGREGATE_SHARE`,
-:data:`PATTERNS_LARGE_SHARE`). ``slots`` (:mod:`scepsy_place.slots`) packs replicas of several
+:data:`PATTERNS_LARGE_SHARE`). ``slots`` (:mod:`scepsy_place.formulations.slots`) packs replicas of several
 LLMs into GPU groups of one share configuration each, placeable by construction; ``auto`` runs
 it after blocks, and max-throughput with ``auto`` searches the scale with it
 (:func:`_max_throughput_auto`). With a
@@ -114,21 +114,21 @@ from scepsy_opt.planning.problem import (
     time_limit_detail,
 )
 from scepsy_opt.prediction.pipeline import min_replicas
-from scepsy_place import slots
-from scepsy_place.cuts import (
+from scepsy_place.formulations import slots
+from scepsy_place.formulations.cuts import (
     configuration_cut,
     free_capacity_rows,
     packing_inequalities,
 )
-from scepsy_place.exact import EXACT_TIME_S, ExactPlacement, place_exactly
-from scepsy_place.groups import layout_groups
-from scepsy_place.patterns import PLACER_MAX_GPUS as PATTERNS_BLOCKS_MAX_GPUS
-from scepsy_place.patterns import plan_patterns, solve_patterns
-from scepsy_place.placed import LoopStatus, Outcome, PlacedPlan, plan_blocks, timed_out
-from scepsy_place.placement import Placement, demands, place
-from scepsy_place.quality import quality
-from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import Topology, from_cluster, topology_to_dict
+from scepsy_place.formulations.patterns import PLACER_MAX_GPUS as PATTERNS_BLOCKS_MAX_GPUS
+from scepsy_place.formulations.patterns import plan_patterns, solve_patterns
+from scepsy_place.formulations.placed import LoopStatus, Outcome, PlacedPlan, plan_blocks, timed_out
+from scepsy_place.packing.exact import EXACT_TIME_S, ExactPlacement, place_exactly
+from scepsy_place.packing.groups import layout_groups
+from scepsy_place.packing.placement import Placement, demands, place
+from scepsy_place.packing.quality import quality
+from scepsy_place.packing.replicas import Demand, Slot
+from scepsy_place.packing.topology import Topology, from_cluster, topology_to_dict
 
 UNPRUNED_MAX_GPUS = 64
 SCALE_REL = 1e-3  # max-throughput with placement: the bisection's relative bracket
@@ -152,7 +152,7 @@ TIGHTEN_AFTER = 2
 # GPUs (patterns may still run after it and get the rest), patterns above 1,024 GPUs (the rest
 # is for the blocks fallback and the aggregate bound)
 BLOCKS_SHARE = 0.5
-SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.slots) after blocks, of what remains
+SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.formulations.slots) after blocks, of what remains
 MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.planning.mixing), of what remains
 SLOTS_LARGE_SHARE = 0.6  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
@@ -160,7 +160,7 @@ PATTERNS_LARGE_SHARE = 0.75
 # the aggregate loop's round cap: a safety net only; the loop stops on a proof (placed,
 # infeasible, the cutoff reached) or at the deadline
 MAX_ROUNDS = 1000
-# max-throughput (auto): the share of the time the slot groups (scepsy_place.slots) get; the
+# max-throughput (auto): the share of the time the slot groups (scepsy_place.formulations.slots) get; the
 # exact capacity optimum gets the rest
 SLOT_SHARE = 0.7
 # ... and the capacity optimum runs only when the slot plan's proven gap is above this
@@ -225,7 +225,7 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
 
 @dataclass(frozen=True)
 class LoopFormulation:
-    """The formulation ``name`` of :func:`scepsy_place.loop.plan_and_place` (min-latency or
+    """The formulation ``name`` of :func:`scepsy_place.formulations.loop.plan_and_place` (min-latency or
     max-throughput, as the problem says; ``kw``: its placer options, ``max_rounds``, ...)."""
 
     name: str
@@ -390,7 +390,7 @@ def _cost_candidates(problem: PlanningProblem, prices: Mapping[str, float], dead
 
 def _min_cost_slots(problem: PlanningProblem, topology: Topology,
                     prices: Mapping[str, float], deadline: Deadline) -> PlacedPlan:
-    """Slot groups (:mod:`scepsy_place.slots`) with the price of the GPUs their groups take as
+    """Slot groups (:mod:`scepsy_place.formulations.slots`) with the price of the GPUs their groups take as
     the objective (every candidate, whole-GPU and fractional shares together; the mean latency
     bounds as rows; latency scaled by :data:`COST_TIE` breaks ties): placeable by construction,
     so the price it finds is the price of its placement."""
@@ -495,7 +495,7 @@ def _min_cost_mixed(problem: PlanningProblem, topology: Topology, prices: Mappin
     """The cheapest portions of every LLM's load over the GPU types
     (:func:`scepsy_opt.planning.mixing.solve_mixed`, within the GPUs of ``topology``) as a plan of the
     problem split into its replica groups, each group laid out on the whole GPUs it was priced
-    at (:func:`scepsy_place.groups.layout_groups`; the placer, then the exact test, where that
+    at (:func:`scepsy_place.packing.groups.layout_groups`; the placer, then the exact test, where that
     leaves replicas out); and the price bound it proves for every plan, split or not, on
     wholly free GPUs (None when it found no plan)."""
     t0 = time.perf_counter()
@@ -556,7 +556,7 @@ def _open_nodes_used(cluster: Cluster, topology: Topology, placement: Placement)
 
 def _is_open(cluster: Cluster, rack: str) -> bool:
     """Whether ``rack`` holds nodes of an open pool (``pool-<i>`` of an open pool ``i`` of
-    :func:`~scepsy_place.topology.from_cluster`, or ``open-<gpu>``)."""
+    :func:`~scepsy_place.packing.topology.from_cluster`, or ``open-<gpu>``)."""
     return rack.startswith(OPEN_RACK) or any(
         p.open and rack == f"pool-{i}" for i, p in enumerate(cluster.pools))
 
@@ -588,7 +588,7 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
     GPUs without that bound, with the time left, the aggregate MILP alone, for its bound.
 
-    Slot groups (:mod:`scepsy_place.slots`, LLMs sharing GPUs, placeable by construction) run
+    Slot groups (:mod:`scepsy_place.formulations.slots`, LLMs sharing GPUs, placeable by construction) run
     after blocks where they apply. One deadline, split: each step gets its share of what
     remains (:data:`BLOCKS_SHARE`, :data:`SLOTS_SHARE` or :data:`SLOTS_LARGE_SHARE`,
     :data:`AGGREGATE_SHARE`, :data:`PATTERNS_LARGE_SHARE`; patterns otherwise the rest), so
@@ -957,8 +957,8 @@ def _loop_bound(first: list[float], plan: Plan, proven: bool) -> float | None:
 
 def _place_type_exactly(topology: Topology, dem: list[Demand], gpu: str,
                         deadline: Deadline) -> ExactPlacement:
-    """:func:`scepsy_place.exact.place_exactly` of the demands of GPU type ``gpu``, within
-    :data:`~scepsy_place.exact.EXACT_TIME_S` and what remains of ``deadline``."""
+    """:func:`scepsy_place.packing.exact.place_exactly` of the demands of GPU type ``gpu``, within
+    :data:`~scepsy_place.packing.exact.EXACT_TIME_S` and what remains of ``deadline``."""
     return place_exactly(topology, [d for d in dem if d.gpu == gpu],
                          time_limit_s=min(EXACT_TIME_S, deadline.remaining()))
 
@@ -966,7 +966,7 @@ def _place_type_exactly(topology: Topology, dem: list[Demand], gpu: str,
 def _rescue(placement: Placement, failed: set[str], slots: list[Slot], gpu_of: Mapping[str, str],
             ) -> Placement:
     """``placement`` with the replicas of the GPU types ``failed`` placed by ``slots``
-    (:func:`scepsy_place.exact.place_exactly`), ``placed_by`` ``exact``."""
+    (:func:`scepsy_place.packing.exact.place_exactly`), ``placed_by`` ``exact``."""
     keep = tuple(s for s in placement.slots if gpu_of[s.llm] not in failed)
     return replace(placement, slots=keep + tuple(slots), unplaced=(), placed_by="exact")
 
@@ -974,7 +974,7 @@ def _rescue(placement: Placement, failed: set[str], slots: list[Slot], gpu_of: M
 def place_or_exact(topology: Topology, dem: list[Demand], policy: str,
                    placer_options: Mapping[str, Any] | None, deadline: Deadline) -> Placement:
     """The placer's placement of ``dem``, or, where it leaves replicas of a GPU type unplaced and
-    :func:`scepsy_place.exact.place_exactly` places them all, that one (``placed_by``
+    :func:`scepsy_place.packing.exact.place_exactly` places them all, that one (``placed_by``
     ``exact``); the placer's attempt when a type does not place exactly either."""
     placement = place(topology, dem, policy, **dict(placer_options or {}))
     if placement.complete:
@@ -1098,7 +1098,7 @@ def _infeasible_scale(plan: Plan, formulation: str) -> PlacedPlan:
 
 
 def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
-    """``auto``'s max-throughput: slot groups (:func:`scepsy_place.slots.plan_slot_scale`,
+    """``auto``'s max-throughput: slot groups (:func:`scepsy_place.formulations.slots.plan_slot_scale`,
     placed by construction, with a proven bound on the scale) within :data:`SLOT_SHARE` of the
     time (all of it above :data:`UNPRUNED_MAX_GPUS` GPUs, where the exact capacity optimum
     does not finish and is not run); when that plan is more than :data:`CAPACITY_GAP` below its bound (or there is none),

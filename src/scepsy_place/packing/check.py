@@ -6,7 +6,7 @@
    :func:`scepsy_common.units.share_units` like everywhere else) and Σ memory ≤ device memory;
    GPU indices inside the node;
 2. locality: a TP group's GPUs are distinct, ``tp`` of them, inside one NVLink domain, with one
-   share (a :class:`~scepsy_place.replicas.Slot` carries one share for all its GPUs);
+   share (a :class:`~scepsy_place.packing.replicas.Slot` carries one share for all its GPUs);
 3. exactly once: every demand placed once or listed unplaced with a reason, nothing else;
 4. realisable: concrete node names and integer GPU indices; the node's GPU type is the demand's;
    the slot's share and memory are the demand's.
@@ -18,9 +18,9 @@ from collections import Counter
 from collections.abc import Sequence
 
 from scepsy_common.units import UNITS, share_units
-from scepsy_place.placement import Placement
-from scepsy_place.replicas import Demand
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology
+from scepsy_place.packing.placement import Placement
+from scepsy_place.packing.replicas import Demand
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 
 
 def violations(topology: Topology, demands: Sequence[Demand], placement: Placement) -> list[str]:

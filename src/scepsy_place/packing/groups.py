@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from scepsy_common.units import UNITS, replicas_per_gpu
 from scepsy_opt.allocation import Allocation
-from scepsy_place.placement import Placement, demands
-from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import Topology
+from scepsy_place.packing.placement import Placement, demands
+from scepsy_place.packing.replicas import Demand, Slot
+from scepsy_place.packing.topology import Topology
 from scepsy_profile.catalog import Catalog
 
 

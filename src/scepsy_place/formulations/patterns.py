@@ -1,7 +1,7 @@
 """The pattern formulation of the placeable problem: column generation and price-and-branch.
 
 The aggregate MILP (:mod:`scepsy_opt.planning.milp`) budgets GPU capacity per type; the blocks
-formulation (:mod:`scepsy_place.blocks`) is placeable by construction but never lets two LLMs
+formulation (:mod:`scepsy_place.formulations.blocks`) is placeable by construction but never lets two LLMs
 share a GPU. This formulation is placeable by construction *and* co-locates: it decides how
 many NVLink domains run each *pattern*, a filling of one domain with replicas of possibly
 different LLMs (docs/patterns.md).
@@ -62,13 +62,13 @@ from scepsy_opt.planning.problem import (
 )
 from scepsy_opt.planning.solver import SEED as SEED  # re-exported: the seed of every solve
 from scepsy_opt.planning.solver import SOLVER, has_solution, highs, highs_status
-from scepsy_place.check import violations
-from scepsy_place.exact import EXACT_TIME_S, place_exactly
-from scepsy_place.placed import PlacedPlan, plan_blocks
-from scepsy_place.placement import Placement, demands, place
-from scepsy_place.quality import quality
-from scepsy_place.replicas import Slot
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology
+from scepsy_place.formulations.placed import PlacedPlan, plan_blocks
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.exact import EXACT_TIME_S, place_exactly
+from scepsy_place.packing.placement import Placement, demands, place
+from scepsy_place.packing.quality import quality
+from scepsy_place.packing.replicas import Slot
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 
 UNPRUNED_MAX_GPUS = 64  # up to this many GPUs: every candidate (exact); above: reduced ones
 PLACER_MAX_GPUS = 1024  # up to this many GPUs the placer tries the aggregate allocation
@@ -1171,7 +1171,7 @@ def solve_patterns(problem: PlanningProblem, topology: Topology, *,
     candidate); ``mip_time_s``: each master MILP at most this long; ``dive``: run the diving
     heuristic; ``aggregate``: start from the aggregate MILP's allocation where it places, and
     bound by its optimum; ``blocks_start``: a placed blocks plan
-    (:func:`scepsy_place.loop.plan_blocks`) whose candidates join the set and whose placement
+    (:func:`scepsy_place.formulations.loop.plan_blocks`) whose candidates join the set and whose placement
     is the first plan (computed here from 65 to 1,024 GPUs when not given)."""
     t0 = time.perf_counter()
     left = Deadline.of(problem, deadline)
@@ -1350,7 +1350,7 @@ def solve_patterns(problem: PlanningProblem, topology: Topology, *,
 def _blocks(problem: PlanningProblem, topology: Topology, res: PlacedPlan, lb: float,
             exact: bool, iterations: int, columns: int, t0: float, stats: dict[str, Any],
             ) -> PatternResult | None:
-    """The blocks formulation's placed plan ``res`` (:func:`scepsy_place.loop.plan_blocks`: one
+    """The blocks formulation's placed plan ``res`` (:func:`scepsy_place.formulations.loop.plan_blocks`: one
     LLM shape per GPU, itself a pattern solution) as a result; None when it did not place."""
     if not res.placed or res.plan.allocation is None or res.placement is None:
         return None
@@ -1444,7 +1444,7 @@ def _no_plan(problem: PlanningProblem, status: PatternStatus, t0: float, why: st
 def plan_patterns(problem: PlanningProblem, topology: Topology,
                   deadline: Deadline | None = None, **kw: Any) -> PlacedPlan:
     """The pattern formulation's placed plan (:func:`solve_patterns`) as the loop's
-    :class:`~scepsy_place.loop.PlacedPlan` (formulation and placer ``patterns``)."""
+    :class:`~scepsy_place.formulations.loop.PlacedPlan` (formulation and placer ``patterns``)."""
     res = solve_patterns(problem, topology, deadline=deadline, **kw)
     latency = not kw.get("gpu_cost")  # the bound is in the plan's units (else a price)
     lp = res.lp_bound_s if latency and math.isfinite(res.lp_bound_s) else None

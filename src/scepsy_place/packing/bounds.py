@@ -61,8 +61,8 @@ from typing import Any
 
 from scepsy_common.errors import UnknownEntryError
 from scepsy_common.units import UNITS
-from scepsy_place.replicas import Demand
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology
+from scepsy_place.packing.replicas import Demand
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 from scepsy_profile.catalog import default_catalog
 
 MEMORY_SCALE = 1_000_000  # memory items count in millionths of a GPU's memory

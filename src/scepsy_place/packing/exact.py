@@ -1,6 +1,6 @@
 """An exact placement test for the replicas of one GPU type: the loop's oracle when a placer fails.
 
-The greedy placers (:mod:`scepsy_place.placement`) may leave replicas unplaced that fit (their
+The greedy placers (:mod:`scepsy_place.packing.placement`) may leave replicas unplaced that fit (their
 order of choices is a heuristic). :func:`place_exactly` decides it with a small MILP over the
 free GPUs of one type, and when a placement exists it returns one:
 
@@ -29,8 +29,8 @@ from typing import Any, Literal
 import pulp
 
 from scepsy_opt.planning.solver import highs_status, pulp_highs
-from scepsy_place.replicas import Demand, Slot
-from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology
+from scepsy_place.packing.replicas import Demand, Slot
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Node, Topology
 
 EXACT_MAX_GPUS = 64  # GPUs of one type beyond which the test is not tried (``unknown``)
 EXACT_TIME_S = 2.0  # time limit of one test (less when the plan's deadline is nearer)

@@ -1,5 +1,5 @@
 """A placement's quality: GPUs and nodes it uses against the lower bounds
-(:mod:`scepsy_place.bounds`), and the fragmentation it leaves (FGD, :mod:`scepsy_place.fgd`)."""
+(:mod:`scepsy_place.packing.bounds`), and the fragmentation it leaves (FGD, :mod:`scepsy_place.packing.fgd`)."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from scepsy_place.bounds import bound
-from scepsy_place.fgd import domain_fragmentation
-from scepsy_place.placement import Placement, apply
-from scepsy_place.replicas import Demand, task_mix
-from scepsy_place.topology import Topology
+from scepsy_place.packing.bounds import bound
+from scepsy_place.packing.fgd import domain_fragmentation
+from scepsy_place.packing.placement import Placement, apply
+from scepsy_place.packing.replicas import Demand, task_mix
+from scepsy_place.packing.topology import Topology
 
 
 def fragmentation(topology: Topology, mix: Sequence[tuple[int, int, float]]) -> float | None:
     """Σ over NVLink domains of FGD's expected unusable GPU capacity (thousandths) for ``mix``
-    (:func:`scepsy_place.fgd.domain_fragmentation`: a domain that cannot hold a TP group counts
+    (:func:`scepsy_place.packing.fgd.domain_fragmentation`: a domain that cannot hold a TP group counts
     its free capacity as a fragment for it); None for an empty mix."""
     if not mix:
         return None

@@ -239,7 +239,7 @@ def default_domain(gpus: int, catalog_domain: int) -> int:
 def from_cluster(cluster: Cluster, catalog: Catalog | None = None) -> Topology:
     """A topology for an optimiser :class:`~scepsy_opt.cluster.Cluster` (the pools format); an
     open pool (``nodes: auto``) gets its ``max_nodes`` nodes, one without a limit one node (the
-    min-cost plan adds what it needs, :func:`scepsy_place.loop.open_topology`)."""
+    min-cost plan adds what it needs, :func:`scepsy_place.formulations.loop.open_topology`)."""
     cat = catalog or default_catalog()
     nodes: list[Node] = []
     per_type: dict[str, int] = {}

@@ -8,17 +8,17 @@ allocation and its placement (:class:`Running`), and one or more events:
 1. **The event** (:func:`apply_events`): a failed node or a drained rack's nodes leave the
    topology (its replicas are *lost*); a load change sets a workflow's target (a factor of it or
    a new rate). The cluster the optimiser budgets is the topology that is left.
-2. **The counts**: the optimiser re-plans (:func:`scepsy_place.loop.plan_and_place`) with the
+2. **The counts**: the optimiser re-plans (:func:`scepsy_place.formulations.loop.plan_and_place`) with the
    surviving replicas as the current allocation and ``change_penalty_s`` per replica started or
    stopped (``|r − r₀|`` on the same shape, ``r + r₀`` when the shape changes; ``r₀`` counts the
    survivors, so restarting a lost replica costs the penalty too). Keeping the survivors as they
-   are is checked directly as well (:func:`scepsy_place.loop.keep_current`).
+   are is checked directly as well (:func:`scepsy_place.formulations.loop.keep_current`).
 3. **The placement**: survivors of an LLM whose shape did not change stay where they run (up to
    the new replica count, lowest replica numbers first; the others are stopped), and only the
    new replicas are placed, around them (:func:`place_around`). When that fails for a GPU type,
    the fewest survivors are freed and placed again with the new replicas: they are *moved*
    (from → to). The fewest is a MILP (:func:`fewest_moves`: the exact placement test of
-   :mod:`scepsy_place.exact` where each survivor either stays on its GPUs or is placed again;
+   :mod:`scepsy_place.packing.exact` where each survivor either stays on its GPUs or is placed again;
    minimise the number placed again), proven optimal within :data:`MOVE_SEARCH_S`
    (``moves_minimal``); the set it frees is placed by the placer where it can. Without an
    answer in time (or above :data:`MOVE_MILP_MAX_GPUS` GPUs of the type) whole nodes'
@@ -55,18 +55,18 @@ from scepsy_opt.planning.candidates import CandidateSet, generate_candidates
 from scepsy_opt.planning.milp import Row, solve_min_latency
 from scepsy_opt.planning.problem import Deadline, PlanningProblem
 from scepsy_opt.planning.solver import has_solution, highs_status, pulp_highs
-from scepsy_place.check import violations
-from scepsy_place.loop import (
+from scepsy_place.formulations.loop import (
     UNPRUNED_MAX_GPUS,
     PlacedPlan,
     place_or_exact,
     plan_and_place,
     plan_document,
 )
-from scepsy_place.placement import Placement, apply, demands, place, remove
-from scepsy_place.quality import quality
-from scepsy_place.replicas import Demand, Key, Slot
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology
+from scepsy_place.packing.check import violations
+from scepsy_place.packing.placement import Placement, apply, demands, place, remove
+from scepsy_place.packing.quality import quality
+from scepsy_place.packing.replicas import Demand, Key, Slot
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 
 SOURCE = "event"
 MAX_TESTS = 256  # placements the greedy search for the fewest moves tries per GPU type
@@ -392,7 +392,7 @@ def fewest_moves(free: Topology, kept: Sequence[Slot], new: Sequence[Demand], *,
                  ) -> tuple[str, tuple[Slot, ...] | None, frozenset[Key]]:
     """The fewest of the ``kept`` replicas (slots of one GPU type, freed on ``free``) to move so
     that they and the ``new`` replicas all fit: a MILP of the exact placement test
-    (:mod:`scepsy_place.exact`: ``y`` TP groups per NVLink domain and shape, ``u`` their slices
+    (:mod:`scepsy_place.packing.exact`: ``y`` TP groups per NVLink domain and shape, ``u`` their slices
     per GPU) where each kept replica ``k`` either stays (``z_k = 1``: its share and memory on
     its own GPUs) or joins the replicas to place; minimise ``Σ (1 − z_k)`` (ties: the smaller
     replicas move). Returns (status, the slots of every kept and new replica, the keys of the
@@ -591,7 +591,7 @@ class Replan:
             "seconds": self.seconds}
 
     def document(self, *, policy: str | None = None, timings: bool = True) -> dict[str, Any]:
-        """The new plan.json (:func:`scepsy_place.loop.plan_document`; its ``topology`` section
+        """The new plan.json (:func:`scepsy_place.formulations.loop.plan_document`; its ``topology`` section
         names the nodes left when one was removed)."""
         return plan_document(self.problem, self.placed, policy=policy, timings=timings,
                              topology=self.topology)

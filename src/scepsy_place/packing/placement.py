@@ -12,10 +12,10 @@ Placers (one protocol, registry :data:`PLACERS`, docs/placement.md):
   fractional shares packed onto partly used GPUs. Among the feasible positions it picks the
   best by a lexicographic score: (replica spreading, if asked) → fewest newly opened GPUs → no
   newly opened node → (closeness to the LLM's workflow mates, if asked) → least fragmentation
-  added (FGD per NVLink domain, :func:`scepsy_place.fgd.domain_fragmentation`, when present) →
+  added (FGD per NVLink domain, :func:`scepsy_place.packing.fgd.domain_fragmentation`, when present) →
   best fit (least share left on the chosen GPUs, then in the domain, then on the node) → the
   node whose state sorts first, then canonical order. The improvement phase
-  (:mod:`scepsy_place.improve`, local search that frees GPUs) then runs on its placement.
+  (:mod:`scepsy_place.packing.improve`, local search that frees GPUs) then runs on its placement.
 * ``ffd``: first-fit decreasing: demands by GPU capacity (``tp × share``) descending, the first
   node (canonical order), domain and GPUs that fit.
 * ``best-fit``: the same order; the position leaving the least free share on the chosen GPUs,
@@ -24,7 +24,7 @@ Placers (one protocol, registry :data:`PLACERS`, docs/placement.md):
   :func:`block_size` (``floor(1/share)``, fewer if memory says so) at a time into blocks of
   ``tp`` wholly free GPUs of one NVLink domain, and the blocks placed largest first, each in the
   domain with the fewest free GPUs that holds it. With power-of-two TP degrees every block set
-  that passes :mod:`scepsy_place.blocks`' capacity rows is placed (the optimiser's
+  that passes :mod:`scepsy_place.formulations.blocks`' capacity rows is placed (the optimiser's
   placeable-by-construction formulation, docs/placement.md).
 
 A placer whose own strategy (``place_alone``) leaves replicas unplaced tries the simpler placers
@@ -53,11 +53,11 @@ from scepsy_common.errors import InputError
 from scepsy_common.registry import Registry
 from scepsy_common.units import UNITS, replicas_per_gpu, share_units
 from scepsy_opt.allocation import Allocation
-from scepsy_place.bounds import l2_bound
-from scepsy_place.fgd import domain_fragmentation
-from scepsy_place.improve import improve as improve_placement
-from scepsy_place.replicas import Demand, Key, Slot, task_mix
-from scepsy_place.topology import MEMORY_TOL_GIB, Node, Topology, _clean
+from scepsy_place.packing.bounds import l2_bound
+from scepsy_place.packing.fgd import domain_fragmentation
+from scepsy_place.packing.improve import improve as improve_placement
+from scepsy_place.packing.replicas import Demand, Key, Slot, task_mix
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Node, Topology, _clean
 from scepsy_profile.catalog import Catalog, default_catalog
 
 
@@ -484,12 +484,12 @@ class Hierarchical(_Strategy):
     ranks before GPU consolidation). ``colocate``: groups of LLM names (e.g. one per workflow)
     kept close: a node, then a rack, already holding group mates is preferred. ``mix``: the task
     mix FGD scores against (default: the demands' own mix). ``fragmentation``: use FGD, per
-    NVLink domain (:func:`scepsy_place.fgd.domain_fragmentation`), when :mod:`scepsy_place.fgd`
+    NVLink domain (:func:`scepsy_place.packing.fgd.domain_fragmentation`), when :mod:`scepsy_place.packing.fgd`
     is importable (best fit otherwise). ``orders``: how many demand orders to try (TP degree
     descending; GPU capacity descending; share descending): the placement with fewest unplaced
     replicas, then fewest newly opened GPUs, GPUs and nodes wins; the search stops at the first
     complete placement that meets the L2 bound. ``improve``: run the improvement phase
-    (:func:`scepsy_place.improve.improve`, local search that frees GPUs) on the chosen placement
+    (:func:`scepsy_place.packing.improve.improve`, local search that frees GPUs) on the chosen placement
     when it is above the L2 bound; skipped with ``spread_replicas`` or ``colocate`` (it would
     trade those preferences for GPUs); ``repack``: how many exact repacking MILPs of one or two
     nodes the improvement phase may add (0: local search only).

@@ -1,6 +1,6 @@
 """A placed plan: a plan, its placement, how the formulation that found it ended, and its
 proven bound (:class:`PlacedPlan`); and the blocks formulation (:func:`plan_blocks`), which the
-other formulations (:mod:`scepsy_place.loop`, :mod:`scepsy_place.patterns`) start from."""
+other formulations (:mod:`scepsy_place.formulations.loop`, :mod:`scepsy_place.formulations.patterns`) start from."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from scepsy_opt.planning.problem import (
     TimeLimitReached,
     time_limit_detail,
 )
-from scepsy_place.blocks import block_candidates, capacity_rows
-from scepsy_place.placement import Placement, demands, place
-from scepsy_place.quality import quality
-from scepsy_place.topology import Topology
+from scepsy_place.formulations.blocks import block_candidates, capacity_rows
+from scepsy_place.packing.placement import Placement, demands, place
+from scepsy_place.packing.quality import quality
+from scepsy_place.packing.topology import Topology
 
 LoopStatus = Literal["placed", "infeasible", "unplaced", "stopped", "time_limit"]
 # the plan.json status of a plan that was not placed, per loop status
@@ -139,7 +139,7 @@ def timed_out(deadline: Deadline, name: str, rounds: int, history: tuple[Mapping
 
 def plan_blocks(problem: PlanningProblem, topology: Topology,
                 deadline: Deadline | None = None) -> PlacedPlan:
-    """The placeable-by-construction plan (:mod:`scepsy_place.blocks`), placed by ``blocks``."""
+    """The placeable-by-construction plan (:mod:`scepsy_place.formulations.blocks`), placed by ``blocks``."""
     deadline = Deadline.of(problem, deadline)
     try:
         cset = block_candidates(problem, topology, deadline)

@@ -2,7 +2,7 @@
 
 The aggregate MILP (:mod:`scepsy_opt.planning.milp`) budgets GPU *capacity*; whether its allocation fits
 on whole GPUs and NVLink domains is learnt afterwards, by placing it
-(:func:`scepsy_place.loop.plan_and_place`). At thousands of GPUs that loop is slow: the optimum
+(:func:`scepsy_place.formulations.loop.plan_and_place`). At thousands of GPUs that loop is slow: the optimum
 fills the cluster with fractional-share TP groups that fragment the nodes, and every round costs
 a placement. This formulation is placeable by construction instead.
 
@@ -23,12 +23,12 @@ per TP degree ``t`` the candidates use, the capacity row
 (1, 2, 4, 8) these rows are necessary and sufficient: blocks placed largest first take from each
 domain multiples of the current size, so a domain's room for size ``t`` stays a multiple of
 ``t``, and size ``t`` fits as long as its row holds. The ``blocks`` placer
-(:class:`scepsy_place.placement.Blocks`) does exactly that, so every plan of this formulation is
+(:class:`scepsy_place.packing.placement.Blocks`) does exactly that, so every plan of this formulation is
 placed in one round.
 
 What it gives up: two LLMs never share a GPU, and the rest of a GPU (0.1 of it at share 0.3) stays
 idle. The aggregate optimum is a lower bound on it (``solvers/formulations_bench.py`` reports the
-gap), and :func:`scepsy_place.loop.plan_and_place`'s ``auto`` formulation keeps the better placed
+gap), and :func:`scepsy_place.formulations.loop.plan_and_place`'s ``auto`` formulation keeps the better placed
 plan of the two where the aggregate loop is affordable (docs/optimiser.md). GPUs already in use are never touched by a
 block: re-planning on a busy cluster counts only the wholly free GPUs.
 """
@@ -41,8 +41,8 @@ from scepsy_common.units import UNITS
 from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_candidates
 from scepsy_opt.planning.milp import Row, reduced_candidates
 from scepsy_opt.planning.problem import Deadline, PlanningProblem
-from scepsy_place.placement import whole_free_gpus
-from scepsy_place.topology import Topology
+from scepsy_place.packing.placement import whole_free_gpus
+from scepsy_place.packing.topology import Topology
 
 REDUCE_MIN_GPUS = 64  # from this size on, block candidates go through reduced-cost fixing
 

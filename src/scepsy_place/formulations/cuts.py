@@ -2,7 +2,7 @@
 
 A row ``Σ_c coeff_c·x_c ≤ rhs`` is *valid* when every allocation that some concrete placement
 realises satisfies it: adding it never removes a placeable allocation. The loop
-(:mod:`scepsy_place.loop`) adds only such rows, plus no-good cuts of allocations its placer
+(:mod:`scepsy_place.formulations.loop`) adds only such rows, plus no-good cuts of allocations its placer
 failed to place; it calls an instance infeasible only when valid rows alone leave the MILP
 without an allocation.
 
@@ -47,7 +47,7 @@ from scepsy_common.units import UNITS, share_units
 from scepsy_opt.planning.candidates import Candidate
 from scepsy_opt.planning.milp import Row
 from scepsy_opt.planning.problem import PlanningProblem
-from scepsy_place.topology import MEMORY_TOL_GIB, Topology
+from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 
 # a configuration cut must cut the failed allocation by more than this (relative to its rhs)
 VIOLATION_REL = 1e-6
