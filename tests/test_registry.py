@@ -82,6 +82,20 @@ def test_registry_keeps_names_members_and_support(names: list[str],
                 assert (err.value.source, err.value.field) == ("src", "fld")
 
 
+def test_a_member_registered_without_a_summary_gets_one() -> None:
+    reg: Registry[object] = Registry("thing", source="s", field="f")
+
+    class Documented:
+        """Does a thing well.
+
+        More text."""
+
+    reg.register("doc", Documented)
+    reg.register("bare", lambda: None)
+    assert reg.entry("doc").summary == "Does a thing well."
+    assert reg.entry("bare").summary == "bare"
+
+
 def test_a_registry_loads_its_builtins_before_any_lookup() -> None:
     calls: list[int] = []
     reg: Registry[str] = Registry("thing", source="s", field="f", load=lambda: (

@@ -60,9 +60,13 @@ class Registry(Mapping[str, T], Generic[T]):
                  supports: Mapping[str, Iterable[str]] | None = None,
                  replace: bool = False) -> T:
         """Add ``member`` under ``name`` and return it; a name registers once unless
-        ``replace``."""
+        ``replace``. Without a ``summary``, the first line of the member's docstring (or its
+        name) is its summary."""
         if name in self._entries and not replace:
             raise ValueError(f"{self.family} {name!r} is already registered")
+        if not summary.strip():
+            doc = getattr(member, "__doc__", None) or ""
+            summary = doc.strip().splitlines()[0] if doc.strip() else name
         frozen = MappingProxyType({k: frozenset(v) for k, v in (supports or {}).items()})
         self._entries[name] = Entry(name, member, summary, frozen)
         return member
