@@ -252,8 +252,8 @@ _REQUEST_OPTIONS = {"current", "latency_bound_s", "latency_bounds", "slos", "obj
 class HierarchicalPlacement(_Model):
     """The hierarchical placer, with its improvement phase (docs/placement.md)."""
 
-    placer: Annotated[Literal["hierarchical"], Flag("--placer", "choice",
-                                                                 choices=lambda: tuple(PLACERS))] = "hierarchical"
+    placer: Annotated[Literal["hierarchical"],
+                      Flag("--placer", "choice", choices=lambda: tuple(PLACERS))] = "hierarchical"
     """placement policy of the aggregate formulation"""
     spread_replicas: Annotated[bool, Flag("--spread-replicas", "switch")] = False
     """place replicas of one LLM on different nodes when possible"""

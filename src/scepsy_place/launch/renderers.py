@@ -10,6 +10,7 @@ writes a render into a folder atomically: the folder holds the old files or all 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from collections.abc import Mapping
@@ -69,10 +70,8 @@ BUILTIN = ("k8s", "ray", "routes_target", "shell")
 """Modules of :mod:`scepsy_place.launch` holding the built-in renderers."""
 
 
+@functools.cache
 def _load_builtin() -> None:
-    if _LOADED:
-        return
-    _LOADED.append(True)
     # the built-in renderers register themselves on import; imported by name (they import this
     # module, so a static import here would be a cycle). A built-in module that is not there
     # (a partial checkout) is skipped; any other import error is raised.
@@ -85,7 +84,6 @@ def _load_builtin() -> None:
                 raise
 
 
-_LOADED: list[bool] = []  # the built-in modules are imported once
 RENDERERS: Registry[Renderer] = Registry("launch target", source="launch", field="target",
                                          load=_load_builtin)
 """Every renderer by target name (:class:`~scepsy_common.registry.Registry`); the built-in
