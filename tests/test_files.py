@@ -80,7 +80,7 @@ def test_a_repeated_key_in_a_nested_mapping_is_found_too() -> None:
 @settings(max_examples=200, derandomize=True, deadline=None)
 @given(text=st.text(max_size=12))
 def test_names_accepted_exactly_by_the_pattern_and_messages_stay_one_line(text: str) -> None:
-    ok = bool(re.match(NAME_PATTERN, text))
+    ok = bool(re.fullmatch(NAME_PATTERN, text))
     try:
         assert check_name(text, "f.yaml", f"llms.{text}") == text
         accepted = True

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakes.launch_plans import cpu_plan, gpu_plan
-from scepsy_common.errors import NAME_MAX, InputError
+from scepsy_common.errors import InputError, is_name
 from scepsy_place.launch.model import (
     Assignment,
     DeviceLaunch,
@@ -50,7 +50,7 @@ GOLDEN_TARGETS = ("k8s", "ray", "routes")  # the shell target keeps its own (tes
 FIRST = string.ascii_letters + string.digits + "_"
 REST = FIRST + ".+:/-"
 names = st.builds(lambda a, b: a + b, st.sampled_from(FIRST),
-                  st.text(REST, min_size=0, max_size=24)).filter(lambda s: len(s) <= NAME_MAX)
+                  st.text(REST, min_size=0, max_size=24)).filter(is_name)
 
 
 @st.composite

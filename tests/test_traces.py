@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scepsy_common.errors import InputError
+from scepsy_common.errors import InputError, is_name
 from scepsy_opt.traces import (
     MAX_TOKENS,
     CallRecord,
@@ -171,7 +171,8 @@ def test_to_json_omits_unset_optionals():
 # --------------------------------------------------------------------------- round trip
 
 # names as the trace format allows them (NAME_PATTERN): a letter, digit or _ first
-_name = st.builds(lambda a, b: a + b, st.sampled_from("aZ09_"), st.text("aZ09_.+:/-", max_size=7))
+_name = st.builds(lambda a, b: a + b, st.sampled_from("aZ09_"),
+                  st.text("aZ09_.+:/-", max_size=7)).filter(is_name)
 _time = st.floats(min_value=0.0, max_value=1e6, allow_nan=False, allow_infinity=False)
 _tokens = st.integers(min_value=0, max_value=MAX_TOKENS)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, TypeGuard, TypeVar
 
 from pydantic import BaseModel, StringConstraints, ValidationError
 
@@ -37,21 +37,51 @@ def _one_line(text: str) -> str:
         c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.+:/-]*$"
-"""Names in the project's files (workflows, LLMs, tools, GPUs, nodes, racks): a letter, digit
-or ``_`` first, then letters, digits and ``_ . + : / -``; no spaces, quotes, shell
-metacharacters or control characters."""
+_PART = r"[A-Za-z0-9_][A-Za-z0-9_.+:-]*"
+NAME_PATTERN = rf"^{_PART}(?:/{_PART})*$"
+"""Names in the project's files (workflows, LLMs, tools, GPUs, nodes, racks): one or more parts
+separated by single ``/``, each part a letter, digit or ``_`` followed by letters, digits and
+``_ . + : -``; at most :data:`NAME_MAX` characters in all. So no spaces, quotes, shell
+metacharacters or control characters, and no part ``.`` or ``..``, empty part or leading or
+trailing ``/``: a name used in a file or folder name stays inside its folder."""
 NAME_MAX = 128
-NAME_EXPECTED = (f"a name of at most {NAME_MAX} letters, digits and _ . + : / - "
-                 "(no spaces, quotes, shell metacharacters or newlines)")
-Name = Annotated[str, StringConstraints(pattern=NAME_PATTERN, max_length=NAME_MAX)]
-"""A pydantic string field holding a :data:`NAME_PATTERN` name."""
+NAME_EXPECTED = (f"a name of 1 to {NAME_MAX} characters: letters, digits and _ . + : - in "
+                 "parts separated by single /, each part starting with a letter, digit or _ "
+                 "(e.g. meta-llama/Llama-3.1-8B)")
 _NAME_RE = re.compile(NAME_PATTERN)
+_RULES: dict[str, str] = {}
+"""A pattern -> what a string matching it is, in words (:func:`described`)."""
+
+
+def described(pattern: str, expected: str) -> str:
+    """``pattern``, recorded as meaning ``expected``: a pydantic field constrained by it
+    (``StringConstraints(pattern=described(P, WHAT))``) fails with ``expected`` in its message
+    (:func:`from_validation`): one rule, one message."""
+    if _RULES.setdefault(pattern, expected) != expected:
+        raise ValueError(f"pattern {pattern!r} already means {_RULES[pattern]!r}")
+    return pattern
+
+
+def expectation(pattern: str) -> str:
+    """What a string matching ``pattern`` is, in words (as :func:`described`; else the pattern
+    itself)."""
+    return _RULES.get(pattern, f"a string matching {pattern}")
+
+
+Name = Annotated[str, StringConstraints(pattern=described(NAME_PATTERN, NAME_EXPECTED),
+                                        max_length=NAME_MAX)]
+"""A pydantic string field holding a :data:`NAME_PATTERN` name."""
+
+
+def is_name(value: object) -> TypeGuard[str]:
+    """Whether ``value`` is a :data:`NAME_PATTERN` name of at most :data:`NAME_MAX` characters."""
+    return isinstance(value, str) and len(value) <= NAME_MAX and \
+        _NAME_RE.fullmatch(value) is not None
 
 
 def check_name(value: object, source: str, field: str) -> str:
     """``value`` if it is a :data:`NAME_PATTERN` name, else an :class:`InputError`."""
-    if not (isinstance(value, str) and len(value) <= NAME_MAX and _NAME_RE.match(value)):
+    if not is_name(value):
         raise InputError(source, field, NAME_EXPECTED, value)
     return value
 
@@ -94,8 +124,8 @@ _SIMPLE = {
     "float_parsing": "a number", "finite_number": "a finite number", "bool_type": "true or false",
     "string_type": "a string", "string_too_short": "a non-empty string", "dict_type": "a mapping",
     "list_type": "a list", "model_type": "a mapping", "model_attributes_type": "a mapping",
-    "dataclass_type": "a mapping", "is_instance_of": "a mapping", "string_pattern_mismatch":
-    NAME_EXPECTED, "string_too_long": NAME_EXPECTED, "enum": "one of the listed values",
+    "dataclass_type": "a mapping", "is_instance_of": "a mapping",
+    "enum": "one of the listed values",
 }
 _KINDS = {dict: "a mapping", list: "a list", type(None): "nothing (null)"}
 
@@ -141,6 +171,10 @@ def from_validation(
         what = ("a mapping", "entr", "ies", "y") if isinstance(err.get("input"), dict) else (
             "a list", "item", "s", "")
         expected = f"{what[0]} of at {word} {n} {what[1]}{what[2] if n != 1 else what[3]}"
+    elif kind == "string_pattern_mismatch":
+        expected = expectation(str(ctx.get("pattern", "")))
+    elif kind == "string_too_long":
+        expected = f"a string of at most {ctx.get('max_length', '')} characters"
     elif kind == "value_error":
         expected = str(ctx.get("error", err["msg"]))
     elif loc and loc[-1] == "[key]" and kind not in ("string_pattern_mismatch", "string_too_long"):

@@ -545,13 +545,16 @@ _NAME_BAD = re.compile(r"[^A-Za-z0-9_.+:/-]")
 
 
 def sanitize_name(text: str, empty: str = "_") -> str:
-    """``text`` as a trace name: every character outside ``A-Za-z0-9_.+:/-`` becomes ``_``, a
-    first character that may not start a name too, cut at 128 characters; ``empty`` for ``""``.
-    Deterministic (two texts may give one name: ``a b`` and ``a_b``)."""
-    s = _NAME_BAD.sub("_", text)[:NAME_MAX]
-    if not s:
+    """``text`` as a trace name (:data:`~scepsy_common.errors.NAME_PATTERN`): every character
+    outside ``A-Za-z0-9_.+:/-`` becomes ``_``, so does the first character of each ``/``-part
+    that may not start one (an empty part becomes ``_``), cut at 128 characters (a ``/`` left
+    last becomes ``_``); ``empty`` for ``""``. Deterministic (two texts may give one name:
+    ``a b`` and ``a_b``)."""
+    if not text:
         return empty
-    return s if s[0].isalnum() or s[0] == "_" else "_" + s[1:]
+    parts = _NAME_BAD.sub("_", text).split("/")
+    s = "/".join(p if p[:1].isalnum() or p[:1] == "_" else "_" + p[1:] for p in parts)[:NAME_MAX]
+    return s[:-1] + "_" if s.endswith("/") else s
 
 
 _STRUCT, _LLM, _TOOL = 0, 1, 2

@@ -9,16 +9,54 @@ take ``base_port``, ``base_port + 1``, ... so the same plan gives the same ports
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Literal
+
+from scepsy_common.errors import InputError
 
 DeviceKind = Literal["cuda", "cpu"]
 DEFAULT_BASE_PORT = 8000
 DEFAULT_COMMAND: tuple[str, ...] = ("vllm", "serve")
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 """An environment variable's name as every launch target accepts it (and a shell can set)."""
+ENV_NAME_MAX = 256
+ENV_NAME_EXPECTED = (f"an environment variable name of 1 to {ENV_NAME_MAX} letters, digits "
+                     "and _, not a digit first")
+TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+"""Text that reaches a command line or an environment (an argument, an environment value):
+no control character (newline, tab, NUL, escape, ...), so it stays one word of one line."""
+TEXT_MAX = 4096
+TEXT_EXPECTED = (f"text of at most {TEXT_MAX} characters with no control character (newline, "
+                 "tab, NUL, escape, ...)")
+WORD_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]+$"
+WORD_EXPECTED = (f"non-empty text of at most {TEXT_MAX} characters with no control character "
+                 "(newline, tab, NUL, escape, ...)")
+HOST_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.:_-]*$"
+HOST_MAX = 253
+HOST_EXPECTED = (f"a host name or IP address of at most {HOST_MAX} characters: a letter or "
+                 "digit, then letters, digits and . : _ -")
+_ENV_NAME_RE = re.compile(ENV_NAME_PATTERN)
+_TEXT_RE = re.compile(TEXT_PATTERN)
+
+
+def check_env_name(name: object, source: str, field: str) -> str:
+    """``name`` if it is an environment variable name (:data:`ENV_NAME_PATTERN`), else an
+    :class:`~scepsy_common.errors.InputError` saying :data:`ENV_NAME_EXPECTED`."""
+    if not (isinstance(name, str) and len(name) <= ENV_NAME_MAX
+            and _ENV_NAME_RE.fullmatch(name)):
+        raise InputError(source, field, ENV_NAME_EXPECTED, name)
+    return name
+
+
+def check_text(value: object, source: str, field: str) -> str:
+    """``value`` if it is :data:`TEXT_PATTERN` text (an argument, an environment value), else
+    an :class:`~scepsy_common.errors.InputError` saying :data:`TEXT_EXPECTED`."""
+    if not (isinstance(value, str) and len(value) <= TEXT_MAX and _TEXT_RE.fullmatch(value)):
+        raise InputError(source, field, TEXT_EXPECTED, value)
+    return value
 
 
 def _frozen(m: Mapping[str, object]) -> Mapping[str, object]:

@@ -33,7 +33,7 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from scepsy_common.errors import InputError, Name, validated
+from scepsy_common.errors import InputError, Name, described, validated
 from scepsy_common.files import atomic_write_text, read_json
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
@@ -42,7 +42,17 @@ from scepsy_opt.planning.plans import Status
 from scepsy_opt.planning.problem import Objective
 from scepsy_place.formulations.loop import LoopStatus
 from scepsy_place.launch.model import (
+    ENV_NAME_EXPECTED,
+    ENV_NAME_MAX,
     ENV_NAME_PATTERN,
+    HOST_EXPECTED,
+    HOST_MAX,
+    HOST_PATTERN,
+    TEXT_EXPECTED,
+    TEXT_MAX,
+    TEXT_PATTERN,
+    WORD_EXPECTED,
+    WORD_PATTERN,
     DeviceLaunch,
     EngineLaunch,
     LaunchPlan,
@@ -61,12 +71,16 @@ SHARE_TOL = 1e-9
 MEMORY_TOL_GIB = 1e-6
 MAX_PORT = 65535
 
-# text that reaches a command line or an environment: printable, no control characters
-Text = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]*$", max_length=4096)]
-Word = Annotated[str, StringConstraints(pattern=r"^[^\x00-\x1f\x7f]+$", max_length=4096)]
-EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME_PATTERN, max_length=256)]
-Host = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9.:_-]*$",
-                                        max_length=253)]
+# text that reaches a command line or an environment, env names and hosts: one rule each
+# (scepsy_place.launch.model), whose words every validation error says
+Text = Annotated[str, StringConstraints(pattern=described(TEXT_PATTERN, TEXT_EXPECTED),
+                                        max_length=TEXT_MAX)]
+Word = Annotated[str, StringConstraints(pattern=described(WORD_PATTERN, WORD_EXPECTED),
+                                        max_length=TEXT_MAX)]
+EnvName = Annotated[str, StringConstraints(pattern=described(ENV_NAME_PATTERN, ENV_NAME_EXPECTED),
+                                           max_length=ENV_NAME_MAX)]
+Host = Annotated[str, StringConstraints(pattern=described(HOST_PATTERN, HOST_EXPECTED),
+                                        max_length=HOST_MAX)]
 FINITE = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 

@@ -48,7 +48,14 @@ from types import MappingProxyType
 from typing import Any
 
 from scepsy_common.errors import InputError
-from scepsy_place.launch.model import ENV_NAME_PATTERN, Assignment, LaunchPlan, ReplicaLaunch
+from scepsy_place.launch.model import (
+    ENV_NAME_PATTERN,
+    Assignment,
+    LaunchPlan,
+    ReplicaLaunch,
+    check_env_name,
+    check_text,
+)
 from scepsy_place.launch.renderers import register_renderer
 from scepsy_place.launch.routes import ROUTES_FILE, plan_routes
 from scepsy_profile.profiling.engine_env import (
@@ -76,7 +83,6 @@ TOP_FILES = (ROUTES_FILE, "start-all.sh", "stop-all.sh", "run")
 """Top-level names of a rendered folder (``run/`` appears when it is applied)."""
 SOCKET_PATH_MAX = 107
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
-ENV_NAME_EXPECTED = "an environment variable name (letters, digits and _, not a digit first)"
 _TOL = 1e-9
 
 
@@ -118,18 +124,6 @@ def cpu_kv_cache_gib(memory_gib: float, tp: int, weights_gib: float) -> int:
     return max(1, math.floor(memory_gib * tp - weights_gib - KV_RESERVE_GIB + _TOL))
 
 
-def check_env_name(name: object, field: str) -> str:
-    if not (isinstance(name, str) and ENV_NAME.match(name)):
-        raise InputError("plan", field, ENV_NAME_EXPECTED, name)
-    return name
-
-
-def _check_value(value: object, field: str) -> str:
-    if not isinstance(value, str) or "\x00" in value:
-        raise InputError("plan", field, "a string without NUL characters", value)
-    return value
-
-
 def plan_env(plan: LaunchPlan, llm: str) -> dict[str, str]:
     """The plan's environment for ``llm``'s servers: the engine's, then the model's (which
     wins). Names and values are checked here as well as by the plan loader, since a
@@ -138,7 +132,7 @@ def plan_env(plan: LaunchPlan, llm: str) -> dict[str, str]:
     for where, env in (("engine.env", plan.engine.env), (f"models.{llm}.env",
                                                          plan.models[llm].env)):
         for k, v in env.items():
-            out[check_env_name(k, where)] = _check_value(v, f"{where}.{k}")
+            out[check_env_name(k, "plan", where)] = check_text(v, "plan", f"{where}.{k}")
     return out
 
 
@@ -200,7 +194,7 @@ def replica_command(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
     ours += ["--host", HOST, "--port", str(r.port)]
     argv = (*command, model.serve, *plan.engine.args, *model.args, *ours)
     for i, a in enumerate(argv):
-        _check_value(a, f"command argument {i}")
+        check_text(a, "plan", f"command argument {i}")
     return argv
 
 
