@@ -4,6 +4,7 @@ written here from the rule's own words, and each message says that rule, not ano
 
 from __future__ import annotations
 
+import socket
 import string
 
 import pytest
@@ -11,7 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict
 
+from conftest import REPO, run_cli
 from scepsy_common.errors import NAME_EXPECTED, NAME_MAX, InputError, Name, check_name, validated
+from scepsy_common.net import URL_EXPECTED, check_url
 from scepsy_opt.ingest.otel import sanitize_name
 from scepsy_place.launch.model import (
     ENV_NAME_EXPECTED,
@@ -155,3 +158,64 @@ def test_env_names_one_rule():
         with pytest.raises(InputError) as exc:
             check_env_name(bad, "plan", "env")
         assert exc.value.expected == ENV_NAME_EXPECTED
+
+
+# ------------------------------------------------------------------------------ URLs, ports
+
+RAG_YAML = str(REPO / "datasets" / "workflows" / "rag.yaml")
+
+
+def _routes(tmp_path, url: str):
+    from scepsy_place.launch.routes import Endpoint, Routes
+
+    llms = ("rewriter", "reranker", "generator")
+    path = tmp_path / "routes.json"
+    path.write_text(Routes({"rag": {m: (Endpoint(url, m, 1.0, 0),) for m in llms}}).dumps())
+    return path
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(port=st.integers(-5, 200_000), scheme=st.sampled_from(["http", "https", "ftp"]))
+def test_a_url_is_accepted_iff_http_with_a_port_in_range(port, scheme):
+    url = f"{scheme}://127.0.0.1:{port}/v1"
+    ok = scheme in ("http", "https") and 1 <= port <= 65535
+    try:
+        check_url(url, "--upstream")
+        accepted = True
+    except InputError as exc:
+        accepted = False
+        assert exc.expected == URL_EXPECTED and exc.source == "--upstream"
+    assert accepted == ok
+
+
+@pytest.mark.parametrize("bad", ["http://127.0.0.1:99999/v1", "http://127.0.0.1:0/v1",
+                                 "http://:8000/v1", "http://h:8000/v1?x=1", "http://h:port/v1"])
+def test_drive_refuses_a_route_with_a_bad_url_naming_file_and_field(tmp_path, bad):
+    routes = _routes(tmp_path, bad)
+    code, out, err = run_cli("drive", "--workflow", RAG_YAML, "--routes", str(routes),
+                             "--rate", "1", "--requests", "1")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert str(routes) in err and "url" in err and "port in 1..65535" in err
+
+
+def test_a_failed_drive_call_says_why_and_where(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    code, out, _ = run_cli("drive", "--workflow", RAG_YAML, "--routes",
+                           str(_routes(tmp_path, url)), "--rate", "50", "--requests", "2",
+                           "--connect-timeout", "2")
+    assert code == 1
+    why = [ln for ln in out.splitlines() if ln.startswith("connection: e.g. ")]
+    assert len(why) == 1 and f"at {url}/completions" in why[0] and "LLM rewriter" in why[0]
+
+
+@pytest.mark.parametrize("flag, value", [("--upstream", "http://127.0.0.1:99999"),
+                                         ("--upstream-for", "m=http://127.0.0.1:70000/v1"),
+                                         ("--upstream", "127.0.0.1:8000")])
+def test_record_refuses_a_bad_upstream_before_listening(tmp_path, flag, value):
+    out = tmp_path / "t.jsonl"
+    code, _, err = run_cli("record", "--listen", "127.0.0.1:0", flag, value, "--out", str(out))
+    assert code == 2 and flag in err and "port in 1..65535" in err
+    assert not out.exists()

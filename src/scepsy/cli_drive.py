@@ -131,6 +131,10 @@ def cmd_drive(args: argparse.Namespace) -> int:
         print_rows([{"failure": k, "requests": result.failures.get(k, 0),
                      "calls": result.call_failures.get(k, 0)} for k in kinds],
                    ["failure", "requests", "calls"])
+        for k in kinds:  # why, in the client's words: the first request that failed so
+            why = next((o.detail for o in result.requests if o.failure == k and o.detail), "")
+            if why:
+                print(f"{k}: e.g. {why}")
     print(f"\nsent {result.sent} of {result.planned} requests: {result.completed} completed, "
           f"{result.failed} failed, {result.not_sent} not sent; {result.throughput_rps:.3g} "
           f"req/s over {result.window_s:.3g} s (run {result.wall_s:.3g} s"

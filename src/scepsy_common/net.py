@@ -1,8 +1,11 @@
-"""What the project's servers (the recording proxy, the OTLP receiver) share about addresses."""
+"""Addresses, one rule each: where a server of ours listens (:func:`parse_listen`) and the
+URL of a server we call (:func:`check_url`: the recording proxy's upstreams, a routing table's
+endpoints)."""
 
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 from scepsy_common.errors import InputError
 
@@ -16,3 +19,28 @@ def parse_listen(text: str, source: str = "--listen") -> tuple[str, int]:
         raise InputError(source, "", "HOST:PORT with a port in 0..65535, e.g. 127.0.0.1:4318 "
                          "or [::1]:4318", text)
     return m["v6"] or m["host"], int(m["port"])
+
+
+PORT_MIN, PORT_MAX = 1, 65535
+URL_EXPECTED = (f"an http:// or https:// URL with a host and, if given, a port in "
+                f"{PORT_MIN}..{PORT_MAX} (e.g. http://127.0.0.1:8000/v1; no spaces, quotes, "
+                "query or fragment)")
+_URL_BAD = re.compile(r"[\s'\"`$\\\x00-\x1f\x7f-\x9f]")
+
+
+def check_url(url: object, source: str, field: str = "") -> str:
+    """``url`` if it is the URL of an http(s) server: a host, a port (given or the scheme's)
+    in ``1..65535``, no query or fragment and none of the characters a shell or a log line
+    would read otherwise; else an :class:`InputError` naming ``source`` and ``field`` and
+    saying :data:`URL_EXPECTED`."""
+    if not isinstance(url, str) or _URL_BAD.search(url):
+        raise InputError(source, field, URL_EXPECTED, url)
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or beyond 65535
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query \
+            or parts.fragment or (port is not None and not PORT_MIN <= port <= PORT_MAX):
+        raise InputError(source, field, URL_EXPECTED, url)
+    return url

@@ -41,6 +41,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from scepsy_common.errors import InputError, check_name
+from scepsy_common.net import check_url
 from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import MAX_TOKENS, CallRecord, CompletedCalls, with_client_time
 
@@ -72,15 +73,7 @@ _DONE = b"[DONE]"
 def normalize_upstream(url: str, source: str = "--upstream", field_: str = "") -> str:
     """``url`` as a server base URL: ``http(s)://host:port[/prefix]`` without a trailing ``/``
     or ``/v1`` (the proxy appends the request's own path, ``/v1/...``)."""
-    parts = urlsplit(url.strip()) if isinstance(url, str) else None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname \
-            or parts.query or parts.fragment:
-        raise InputError(source, field_, "an http(s) server URL such as "
-                         "http://127.0.0.1:8000 (optionally ending in /v1)", url)
-    try:
-        parts.port  # noqa: B018  (raises for a bad port)
-    except ValueError:
-        raise InputError(source, field_, "a URL with a valid port", url) from None
+    parts = urlsplit(check_url(url.strip() if isinstance(url, str) else url, source, field_))
     path = parts.path.rstrip("/")
     if path.endswith("/v1"):
         path = path[:-3]

@@ -536,6 +536,7 @@ class _Run:
                 return None
         c = req.calls[j]
         start = started[j] = self.now()
+        where = f"tool {c.tool}" if c.llm is None else f"LLM {c.llm}"
         try:
             if c.llm is None:
                 await asyncio.sleep(max(0.0, c.end_s - c.start_s))
@@ -543,13 +544,15 @@ class _Run:
             else:
                 endpoint = req.endpoints[j]
                 assert endpoint is not None
-                spec = CallSpec(j, 0.0, _prompt(self.plan, req, j), c.output_tokens)
                 url = endpoint.url.rstrip("/") + "/completions"
+                where = f"LLM {c.llm} at {url}"
+                spec = CallSpec(j, 0.0, _prompt(self.plan, req, j), c.output_tokens)
                 res = await replay_call(self.client, url, spec, endpoint.model, self.timeouts,
                                         start)
-                d = _CallDone(start, self.now(), res.failure, res.detail, res)
+                d = _CallDone(start, self.now(), res.failure,
+                              f"{where}: {res.detail}" if res.failure else res.detail, res)
         except Exception as exc:  # a client bug fails the call, never the run
-            d = _CallDone(start, self.now(), "error", f"{type(exc).__name__}: {exc}")
+            d = _CallDone(start, self.now(), "error", f"{where}: {type(exc).__name__}: {exc}")
         done[j] = d
         return d
 

@@ -28,8 +28,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_common.errors import InputError, Name, validated
+from scepsy_common.errors import InputError, Name, described, validated
 from scepsy_common.files import read_json
+from scepsy_common.net import URL_EXPECTED, check_url
 from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
 
 ROUTES_VERSION = 1
@@ -103,7 +104,7 @@ def service_routes(plan: LaunchPlan, url: Callable[[str], str]) -> Routes:
 
 class _EndpointRec(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    url: str = Field(pattern=r"^https?://[^\s'\"`$\\]+$")
+    url: str = Field(pattern=described(r"^https?://[^\s'\"`$\\]+$", URL_EXPECTED))
     model: Name
     weight: float = Field(gt=0, le=1)
     replica: int | None = Field(default=None, ge=0)
@@ -124,6 +125,8 @@ def parse_routes(raw: object, source: str) -> Routes:
         for m, eps in llms.items():
             if not eps:
                 raise InputError(source, f"workflows.{w}.{m}", "at least one endpoint")
+            for i, e in enumerate(eps):
+                check_url(e.url, source, f"workflows.{w}.{m}.{i}.url")
             total = sum(e.weight for e in eps)
             if not math.isclose(total, 1.0, abs_tol=WEIGHT_TOL):
                 raise InputError(source, f"workflows.{w}.{m}", "weights that sum to 1", total)
