@@ -219,3 +219,59 @@ def test_record_refuses_a_bad_upstream_before_listening(tmp_path, flag, value):
     code, _, err = run_cli("record", "--listen", "127.0.0.1:0", flag, value, "--out", str(out))
     assert code == 2 and flag in err and "port in 1..65535" in err
     assert not out.exists()
+
+
+# ------------------------------------------------------------------- numbers, repeated flags
+
+SHOP = str(REPO / "datasets" / "clusters" / "shop-h100-l4.yaml")
+PLAN = ("plan", "--workflow", RAG_YAML, "--cluster", SHOP, "--objective", "min-cost",
+        "--trace-requests", "50")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--target", "4", "--price", "H100-80GB=1e300"], ["--price", "1000000 USD"]),
+    (["--target", "4", "--price", "L4=1e-300"], ["--price", "0.000001"]),
+    (["--target", "4", "--price", "L4=nan"], ["--price"]),
+    (["--target", "4", "--price", "L4=1", "--price", "l4=2"], ["--price", "l4", "twice"]),
+    (["--target", "rag=1", "--target", "rag=2"], ["--target", "workflow rag"]),
+    (["--target", "1", "--target", "2"], ["--target", "the total"]),
+    (["--target", "4", "--latency-bound", "rag=2", "--latency-bound", "rag=3"],
+     ["--latency-bound", "workflow rag"]),
+    (["--target", "4", "--gap", "nan"], ["--gap"]),
+])
+def test_plan_refuses_absurd_numbers_and_repeated_flags(tmp_path, args, words):
+    out = tmp_path / "plan.json"
+    code, _, err = run_cli(*PLAN, "--out", str(out), *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert all(w in err for w in words), err
+    assert not out.exists()
+
+
+def test_a_cluster_file_price_follows_the_same_rule(tmp_path):
+    from scepsy_opt.cluster import PRICE_EXPECTED, parse_cluster
+
+    for usd in (1e300, 1e-300, -1.0):
+        doc = {"name": "c", "pools": [{"gpu": "L4", "nodes": 1, "gpus_per_node": 1,
+                                       "price_per_hour": usd}]}
+        with pytest.raises(InputError) as exc:
+            parse_cluster(doc, "c.yaml")
+        assert exc.value.field in ("pools[0].price_per_hour", "pools.0.price_per_hour")
+        if usd > 0:
+            assert exc.value.expected == PRICE_EXPECTED
+
+
+@pytest.mark.parametrize("args, flag", [(["--input", "nan"], "--input"),
+                                        (["--output", "inf"], "--output"),
+                                        (["--input", "1e308"], "--input")])
+def test_profile_show_refuses_numbers_out_of_range_naming_the_flag(args, flag):
+    code, out, err = run_cli("profile", "show", "--model", "qwen2.5-7b", "--gpu", "A100-80GB",
+                             *args)
+    assert code == 2 and out == "" and flag in err and "expected" in err
+
+
+def test_an_allocation_naming_an_llm_no_workflow_calls_is_refused():
+    alloc = str(REPO / "datasets" / "allocations" / "rag-beam-4gpu.yaml")
+    for cmd in ("predict", "simulate"):
+        code, _, err = run_cli(cmd, "--workflow", RAG_YAML, "--allocation", alloc,
+                               "--rate", "1")
+        assert code == 2 and "llms.prm" in err and "generator, reranker, rewriter" in err

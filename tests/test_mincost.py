@@ -506,7 +506,7 @@ def test_price_flags_override_the_pools() -> None:
     assert got.pools == (GPUPool(A100, 1, 8, 1.25), GPUPool(H100, 1, 8))
     with pytest.raises(InputError, match="a GPU type of the cluster"):
         with_prices(cl, {"L4": 1.0})
-    with pytest.raises(InputError, match="price >= 0"):
+    with pytest.raises(InputError, match="price per GPU-hour of 0"):
         with_prices(cl, {A100: -1.0})
 
 

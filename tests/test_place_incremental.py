@@ -516,6 +516,9 @@ def test_cli_no_plan_left_exits_1(scepsy, plan_file, tmp_path):
                           A16, "--event", "node-failed=A100-80GB-0", "--event", "load=rag=1000",
                           "--out", str(out), *TRACE)
     assert code == 1 and "infeasible" in err and len(err.strip().splitlines()) == 1
+    # the event's load is what the cluster cannot serve (named, with its rate), not the plan
+    assert "the cluster left after node-failed=A100-80GB-0 cannot serve the load of " \
+        "load=rag=1000 (rag 1000 req/s)" in err and "lower the load" in err
     doc = json.loads(out.read_text())
     assert doc["status"] == "infeasible" and "allocation" not in doc
 

@@ -630,6 +630,12 @@ def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Opt
                     ) -> tuple[tuple[WorkflowSpec, ...], Allocation, dict[str, float], Trace]:
     specs, rates = _specs_rates(workflows, rate, "rate")
     alloc = _allocation(allocation, "allocation")
+    called = {m for s in specs for m in s.llms}
+    used = called | {g for m in called for g in alloc.splits.get(m, {})}
+    for name in alloc.llms:
+        if name not in used:
+            raise InputError(alloc.source, f"llms.{name}", "an LLM the workflows call (they "
+                             f"call {', '.join(sorted(called))}; remove the others)", name)
     return specs, alloc, rates, _trace(specs, trace, trace_requests, seed)
 
 

@@ -26,6 +26,13 @@ SEED = arg_type(int, lambda v: v >= 0, "an integer >= 0")
 COUNT = arg_type(int, lambda v: v >= 1, "an integer >= 1")
 POSITIVE = arg_type(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 NONNEGATIVE = arg_type(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
+FINITE = arg_type(float, math.isfinite, "a finite number")
+SHARE = arg_type(float, lambda v: math.isfinite(v) and 0 < v <= 1, "a number in (0, 1]")
+MAX_TOKENS = 10_000_000
+TOKENS = arg_type(float, lambda v: math.isfinite(v) and 1 <= v <= MAX_TOKENS,
+                  f"a number of tokens in [1, {MAX_TOKENS}]")
+"""Every number an option takes is one of these: finite (never ``nan`` or ``inf``), in the
+range its message states; an option outside it is refused naming the option."""
 NAMES = arg_type(str, lambda v: any(x.strip() for x in v.split(",")),
                   "one or more names, comma-separated")
 

@@ -21,6 +21,7 @@ from scepsy.argtypes import (
     COUNT,
     POSITIVE,
     SEED,
+    TOKENS,
     percentile_bound,
 )
 from scepsy.cli_util import UsageError, check_out
@@ -120,8 +121,8 @@ def _profile_args(prof: argparse.ArgumentParser) -> None:
     show.add_argument("--shares", default="0.3,0.5,0.7,1.0", help="comma-separated GPU shares")
     show.add_argument("--batch", type=int, default=32, help="batch of the latency columns")
     show.add_argument("--seq", type=int, default=512, help="prompt / context length of the latency columns")
-    show.add_argument("--input", type=float, default=512.0, help="mean input tokens per call (μ)")
-    show.add_argument("--output", type=float, default=128.0, help="mean output tokens per call (μ)")
+    show.add_argument("--input", type=TOKENS, default=512.0, help="mean input tokens per call (μ)")
+    show.add_argument("--output", type=TOKENS, default=128.0, help="mean output tokens per call (μ)")
     show.add_argument("--json", action="store_true", help="print rows as JSON")
     show.set_defaults(func=_cmd_show)
 
@@ -389,6 +390,10 @@ def _per_workflow(values: Sequence[str], flag: str) -> float | dict[str, float] 
             raise UsageError(f"{flag}: expected a number (or WORKFLOW=NUMBER) (got {v!r})") from None
         if not (math.isfinite(x) and x > 0):
             raise UsageError(f"{flag}: expected a number > 0 (got {v!r})")
+        if name in named or (not name and total is not None):
+            what = f"workflow {name}" if name else "the total"
+            raise UsageError(f"{flag}: expected one value for {what} (got {v!r} after "
+                             f"{named.get(name, total):g})")
         if name:
             named[name] = x
         else:
@@ -412,6 +417,10 @@ def _latency_bounds(values: Sequence[str]) -> tuple[float | dict[str, float] | N
     for v in pct:
         name, _, text = v.rpartition("=")
         bound = percentile_bound(text, "--latency-bound", v)
+        if name in named or (not name and total is not None):
+            what = f"workflow {name}" if name else "every workflow"
+            raise UsageError(f"--latency-bound: expected one percentile bound for {what} (got "
+                             f"{v!r} after another)")
         if name:
             named[name] = bound
         else:
@@ -450,16 +459,25 @@ def _cmd_bench_paper(args: argparse.Namespace) -> int:
 
 def _prices(values: Sequence[str]) -> dict[str, float] | None:
     """``--price GPU=USD`` entries (None without any)."""
+    from scepsy_common.errors import InputError
+    from scepsy_opt.cluster import PRICE_EXPECTED, check_price
+
     out: dict[str, float] = {}
     for v in values:
         name, _, num = v.partition("=")
         try:
-            usd = float(num)
-        except ValueError:
-            usd = math.nan
-        if not name.strip() or not (math.isfinite(usd) and usd >= 0):
-            raise UsageError(f"--price: expected GPU=USD with a price >= 0 (got {v!r})")
-        out[name.strip()] = usd
+            usd = check_price(float(num), "--price", name)
+        except (ValueError, InputError):
+            raise UsageError(f"--price: expected GPU=USD with {PRICE_EXPECTED} (got {v!r})"
+                             ) from None
+        gpu = name.strip()
+        if not gpu:
+            raise UsageError(f"--price: expected GPU=USD with a GPU type (got {v!r})")
+        if gpu.casefold() in {g.casefold() for g in out}:
+            raise UsageError(f"--price: expected one price per GPU type ({gpu} is given twice: "
+                             f"{out[next(g for g in out if g.casefold() == gpu.casefold())]:g} "
+                             f"and {usd:g})")
+        out[gpu] = usd
     return out or None
 
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scepsy.argtypes import COUNT, POSITIVE, SEED
+from scepsy.argtypes import COUNT, POSITIVE, SEED, SHARE
 
 if TYPE_CHECKING:
     from scepsy_profile.fitted import FittedLatencyModel
@@ -25,7 +25,7 @@ def add_run(psub: argparse._SubParsersAction) -> None:
                           "(resumable: rerun the same command to continue)")
     run.add_argument("--backend", required=True, help="profiler backend: torch or vllm")
     run.add_argument("--model", required=True, help="catalog model name or alias")
-    run.add_argument("--scale", type=float, default=1.0,
+    run.add_argument("--scale", type=SHARE, default=1.0,
                      help="shrink depth and width by this factor in (0, 1] (default %(default)s)")
     run.add_argument("--tp", default="1", help="comma-separated TP degrees (default %(default)s)")
     run.add_argument("--shares", default="1.0",
@@ -162,9 +162,9 @@ def add_serve_curve(psub: argparse._SubParsersAction) -> None:
     sc = psub.add_parser("serve-curve", help="measure throughput and latency of `vllm serve` at "
                          "increasing Poisson rates, and compare with the step profile's curve")
     sc.add_argument("--model", required=True, help="catalog model name or alias")
-    sc.add_argument("--scale", type=float, default=1.0, help="shrink factor in (0, 1]")
+    sc.add_argument("--scale", type=SHARE, default=1.0, help="shrink factor in (0, 1]")
     sc.add_argument("--tp", type=COUNT, default=1)
-    sc.add_argument("--share", type=float, default=1.0, help="GPU share in (0, 1]")
+    sc.add_argument("--share", type=SHARE, default=1.0, help="GPU share in (0, 1]")
     sc.add_argument("--input", default="128", metavar="DIST",
                     help="input lengths: N, exp:MEAN or lognormal:MEAN:SIGMA (default %(default)s)")
     sc.add_argument("--output", default="32", metavar="DIST", help="output lengths (as --input)")

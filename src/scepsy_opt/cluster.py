@@ -22,7 +22,6 @@ the min-cost objective decides how many nodes to buy, at most ``max_nodes`` when
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -159,6 +158,7 @@ def parse_cluster(data: Any, source: str, catalog: Catalog | None = None) -> Clu
             raise InputError(source, f"pools[{i}].max_nodes", "max_nodes only with nodes: auto "
                              "(a pool whose size the plan chooses)", p.max_nodes)
         if p.price_per_hour is not None:
+            check_price(p.price_per_hour, source, f"pools[{i}].price_per_hour")
             j, usd = prices.setdefault(gpu, (i, p.price_per_hour))
             if usd != p.price_per_hour:
                 raise InputError(source, f"pools[{i}].price_per_hour", f"the price of pools[{j}] "
@@ -202,11 +202,26 @@ def cluster_to_dict(cluster: Cluster) -> dict[str, Mapping[str, Any] | Any]:
     return {"name": cluster.name, "pools": [_pool_dict(p) for p in cluster.pools]}
 
 
+PRICE_MIN, PRICE_MAX = 1e-6, 1e6
+PRICE_EXPECTED = ("a price per GPU-hour of 0 (free) or 0.000001 to 1000000 USD (the min-cost "
+                  "solver's numbers lose meaning outside it)")
+
+
+def check_price(usd: object, source: str, field: str) -> float:
+    """``usd`` as a price per GPU-hour if it is 0 or within ``[PRICE_MIN, PRICE_MAX]``, else an
+    :class:`InputError` saying :data:`PRICE_EXPECTED`: the one rule for every price (a
+    cluster file's ``price_per_hour``, ``--price``)."""
+    if isinstance(usd, bool) or not isinstance(usd, int | float) or not (
+            usd == 0 or PRICE_MIN <= usd <= PRICE_MAX):
+        raise InputError(source, field, PRICE_EXPECTED, usd)
+    return float(usd)
+
+
 def with_prices(cluster: Cluster, prices: Mapping[str, float], source: str = "--price",
                 ) -> Cluster:
     """``cluster`` with every pool of each GPU type in ``prices`` (USD per GPU-hour, names as
     in the catalog, any case) at that price (the ``--price GPU=USD`` flag); InputError for a
-    type the cluster lacks or a price that is not a finite number >= 0."""
+    type the cluster lacks, one given twice or a price :func:`check_price` refuses."""
     by_key = {p.gpu.casefold(): p.gpu for p in cluster.pools}
     own: dict[str, float] = {}
     for name, usd in prices.items():
@@ -214,10 +229,9 @@ def with_prices(cluster: Cluster, prices: Mapping[str, float], source: str = "--
         if gpu is None:
             raise InputError(source, str(name), "a GPU type of the cluster "
                              f"({', '.join(sorted(set(by_key.values())))})", name)
-        if not (isinstance(usd, int | float) and not isinstance(usd, bool)
-                and math.isfinite(usd) and usd >= 0):
-            raise InputError(source, str(name), "a price >= 0 USD per GPU-hour", usd)
-        own[gpu] = float(usd)
+        if gpu in own:
+            raise InputError(source, str(name), f"one price for {gpu} (it is given twice)", usd)
+        own[gpu] = check_price(usd, source, str(name))
     pools = tuple(replace(p, price_per_hour=own[p.gpu]) if p.gpu in own else p
                   for p in cluster.pools)
     return Cluster(cluster.name, pools)

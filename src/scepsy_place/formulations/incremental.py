@@ -653,6 +653,7 @@ def replan(problem: PlanningProblem, topology: Topology,
                          placer_options=placer_options, deadline=deadline)
     rows_lost = tuple(ReplicaRow(s.llm, s.replica, None, (s.node, s.gpus), None) for s in lost)
     if not res.placed or res.plan.allocation is None:
+        res = replace(res, reason=_blame(res.status, res.reason, events, new_problem.targets))
         return Replan(events, new_problem, top, res, (), (), (), (), rows_lost, False,
                       float(move_cost_s), float(change_penalty_s), time.perf_counter() - t0,
                       0, run.allocation.llms)
@@ -684,6 +685,21 @@ def replan(problem: PlanningProblem, topology: Topology,
     return Replan(events, new_problem, top, p.placed, p.kept, p.moved, p.started, p.stopped,
                   rows_lost, p.minimal, float(move_cost_s), float(change_penalty_s),
                   time.perf_counter() - t0, tests, run.allocation.llms, tried)
+
+
+def _blame(status: str, reason: str | None, events: Sequence[Event],
+           targets: Mapping[str, float]) -> str | None:
+    """``reason`` of a re-plan without a plan, saying first which events' load the cluster
+    cannot serve (a load event sets a target the plan never had: the plan is not at fault)."""
+    loads = [e for e in events if isinstance(e, LoadChanged)]
+    if status != "infeasible" or not loads:
+        return reason
+    lost = [e.spec for e in events if not isinstance(e, LoadChanged)]
+    where = "the cluster" + (f" left after {', '.join(lost)}" if lost else "")
+    asked = ", ".join(f"{e.workflow} {targets[e.workflow]:.4g} req/s" for e in loads)
+    return (f"{where} cannot serve the load of {', '.join(e.spec for e in loads)} ({asked}): "
+            f"{reason or 'no allocation carries it'}; lower the load or re-plan on a cluster "
+            "with more GPUs (--cluster)")
 
 
 @dataclass(frozen=True)
