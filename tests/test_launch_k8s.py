@@ -261,8 +261,16 @@ def test_duplicate_gpus_in_one_replica_are_refused() -> None:
 # ------------------------------------------------------------------------------- injection
 
 EVIL = ["a: b", "x # not a comment", "{flow: map}", "&anchor", "*alias", "!!python/object/apply:"
-        "os.system ['echo pwned']", "line\n---\nkind: Secret", "'quoted'", '"dq"', "- item",
+        "os.system ['echo pwned']", "line --- kind: Secret", "'quoted'", '"dq"', "- item",
         "yes", "null", "~", "1_000", "12:30", "0o17", "%TAG ! tag:x", "@at", "`tick`"]
+
+
+def test_a_value_with_a_newline_is_refused_by_the_text_rule() -> None:
+    plan = gpu_plan()
+    models = dict(plan.models)
+    models["small"] = replace(models["small"], env={"EVIL": "line\n---\nkind: Secret"})
+    with pytest.raises(InputError, match="no control character"):
+        K8S.render(replace(plan, models=models))
 
 
 @pytest.mark.parametrize("evil", EVIL)
