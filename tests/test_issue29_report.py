@@ -91,7 +91,8 @@ def test_a_latency_share_above_one_is_refused(tmp_path):
     assert "<= 1" in exc.value.expected
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(bad=st.one_of(st.floats(allow_nan=True, allow_infinity=True).filter(
     lambda x: not 0 <= x <= 1)))
 def test_any_latency_share_outside_0_1_is_refused(tmp_path, bad):
@@ -102,7 +103,8 @@ def test_any_latency_share_outside_0_1_is_refused(tmp_path, bad):
     assert exc.value.field == "llms.reranker.latency_share"
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(shares=st.lists(st.one_of(st.just(0.0), st.just(1.0), st.floats(0, 1)), min_size=4,
                        max_size=4),
        calls=st.lists(st.floats(0, 1e4), min_size=4, max_size=4),

@@ -32,9 +32,9 @@ def write_report(plan_path: str | Path, out_dir: str | Path | None = None,
                  fmt: str = "png") -> Path:
     """Write the report of the plan.json at ``plan_path`` into ``out_dir`` (default
     :func:`default_out`: beside the plan, ``NAME-report/``), its figures as ``fmt`` (``png``,
-    at 200 dpi, or ``svg``); returns the folder, which holds ``index.html``. Bad input (a missing or malformed plan file, an output path holding
-    anything but an earlier report) is an :class:`~scepsy_common.errors.InputError` raised
-    before anything is written."""
+    at 200 dpi, or ``svg``); returns the folder, which holds ``index.html``. Bad input (a
+    missing or malformed plan file, an output path holding anything but an earlier report) is
+    an :class:`~scepsy_common.errors.InputError` raised before anything is written."""
     rep = load_report(plan_path)
     return write_page(rep, Path(out_dir) if out_dir is not None else default_out(plan_path),
                       fmt)

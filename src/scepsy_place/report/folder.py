@@ -3,9 +3,9 @@ so that a reader sees the old report or the new one, never a mix; and never over
 an earlier report.
 
 A folder is an earlier report when it holds nothing but ``index.html`` (carrying
-:data:`GENERATOR`) and figures (``.png`` or ``.svg`` files: :data:`FIGURE_SUFFIXES`). An empty folder may be written into; any other folder,
-or a file, at the output path is an :class:`~scepsy_common.errors.InputError` before anything
-is written.
+:data:`GENERATOR`) and figures (``.png`` or ``.svg`` files: :data:`FIGURE_SUFFIXES`). An
+empty folder may be written into; any other folder, or a file, at the output path is an
+:class:`~scepsy_common.errors.InputError` before anything is written.
 """
 
 from __future__ import annotations
