@@ -29,6 +29,7 @@ from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
 from scepsy.cli_util import naming as _naming
 from scepsy.cli_util import print_rows as _print_table
+from scepsy.helptext import PlainHelpFormatter
 
 EXIT_INFEASIBLE = 1  # plan: no allocation meets the targets (proven)
 EXIT_USAGE = 2
@@ -37,7 +38,12 @@ EXIT_TIME_LIMIT = 3  # plan: the time limit ran out before any (placeable) alloc
 
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors (``scepsy plan: error: ... (see scepsy plan --help)``),
-    exit status 2."""
+    exit status 2, and help text in plain text (:class:`scepsy.helptext.PlainHelpFormatter`;
+    every sub-command's parser is one of these)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", PlainHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)

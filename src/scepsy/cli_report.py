@@ -1,4 +1,4 @@
-"""``scepsy report PLAN``: an HTML page with PNG figures and terminal tables for a plan.json
+"""``scepsy report PLAN``: an HTML page with figures and terminal tables for a plan.json
 (docs/report.md). Parsing and printing only; the work is :mod:`scepsy_place.report`.
 """
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-HELP = "an HTML page (with PNG figures) and terminal tables that make a plan.json reviewable"
+HELP = "an HTML page (with figures) and terminal tables that make a plan.json reviewable"
+FORMATS = ("png", "svg")  # scepsy_place.report.figures.FORMATS (not imported: fast --help)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -18,6 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      help="the report folder (default: beside PLAN, its name without .json "
                      "plus -report); an earlier report there is replaced, anything else is "
                      "never overwritten")
+    cmd.add_argument("--format", choices=FORMATS, default=FORMATS[0], dest="fmt",
+                     help="the figures' format: png (200 dpi, sharp on high-DPI screens) or svg "
+                     "(vector, any zoom) (default %(default)s)")
     cmd.set_defaults(func=cmd_report)
     return cmd
 
@@ -55,7 +59,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         why = (d.placement.reason if d.placement is not None and d.placement.reason else
                d.infeasible.detail if d.infeasible is not None else "no placement section")
         print(f"no placed allocation: {why}")
-    written = write_page(rep, out)
+    written = write_page(rep, out, args.fmt)
     print()
     print(f"wrote {written / 'index.html'}")
     return 0

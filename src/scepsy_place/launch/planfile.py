@@ -270,9 +270,10 @@ class ShareRangeSection(BaseModel):
 
 
 class LLMSection(BaseModel):
-    """One LLM of a plan with an allocation: its model, instance, and predicted figures."""
+    """One LLM of a plan with an allocation: its model, instance, and predicted figures (finite
+    and not negative: a saturated LLM makes a plan infeasible, never one with an allocation)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = FINITE
     model: Name
     gpu: Name
     tp: int = Field(ge=1)
@@ -282,9 +283,9 @@ class LLMSection(BaseModel):
     gpus: float = Field(gt=0)
     memory_gib_per_gpu: float = Field(gt=0)
     weights_gib: float = Field(ge=0)
-    mu_calls_s: float
-    call_latency_s: float
-    latency_share: float
+    mu_calls_s: float = Field(ge=0)
+    call_latency_s: float = Field(ge=0)
+    latency_share: float = Field(ge=0, le=1)  # of the objective
     # only where the share lies outside the measured shares (absent in plans written before)
     extrapolated_share: ShareRangeSection | None = None
 

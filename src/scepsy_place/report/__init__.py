@@ -1,7 +1,7 @@
 """``scepsy report``: make a plan.json reviewable at a glance (docs/report.md).
 
 :func:`write_report` reads and validates a plan file and writes a folder with ``index.html``
-and its PNG figures (:mod:`~scepsy_place.report.page`): each workflow's predicted
+and its figures, PNG or SVG (:mod:`~scepsy_place.report.page`): each workflow's predicted
 latency-vs-throughput curve with the plan's operating point, the LLMs' latency shares, the
 placement map, the solver's statistics and gaps, and the placement bounds. The page needs
 nothing but the folder (no script, no external file). :func:`load_report` and the row
@@ -28,14 +28,16 @@ from scepsy_place.report.model import (
 from scepsy_place.report.page import write_page
 
 
-def write_report(plan_path: str | Path, out_dir: str | Path | None = None) -> Path:
+def write_report(plan_path: str | Path, out_dir: str | Path | None = None,
+                 fmt: str = "png") -> Path:
     """Write the report of the plan.json at ``plan_path`` into ``out_dir`` (default
-    :func:`default_out`: beside the plan, ``NAME-report/``); returns the folder, which holds
-    ``index.html``. Bad input (a missing or malformed plan file, an output path holding
-    anything but an earlier report) is an :class:`~scepsy_common.errors.InputError` raised
-    before anything is written."""
+    :func:`default_out`: beside the plan, ``NAME-report/``), its figures as ``fmt`` (``png``,
+    at 200 dpi, or ``svg``); returns the folder, which holds ``index.html``. Bad input (a
+    missing or malformed plan file, an output path holding anything but an earlier report) is
+    an :class:`~scepsy_common.errors.InputError` raised before anything is written."""
     rep = load_report(plan_path)
-    return write_page(rep, Path(out_dir) if out_dir is not None else default_out(plan_path))
+    return write_page(rep, Path(out_dir) if out_dir is not None else default_out(plan_path),
+                      fmt)
 
 
 __all__ = [

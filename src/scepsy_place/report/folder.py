@@ -3,9 +3,9 @@ so that a reader sees the old report or the new one, never a mix; and never over
 an earlier report.
 
 A folder is an earlier report when it holds nothing but ``index.html`` (carrying
-:data:`GENERATOR`) and ``.png`` files. An empty folder may be written into; any other folder,
-or a file, at the output path is an :class:`~scepsy_common.errors.InputError` before anything
-is written.
+:data:`GENERATOR`) and figures (``.png`` or ``.svg`` files: :data:`FIGURE_SUFFIXES`). An
+empty folder may be written into; any other folder, or a file, at the output path is an
+:class:`~scepsy_common.errors.InputError` before anything is written.
 """
 
 from __future__ import annotations
@@ -16,12 +16,13 @@ from pathlib import Path
 from scepsy_common.errors import InputError
 from scepsy_common.files import replace_folder
 
-__all__ = ["GENERATOR", "INDEX", "check_out", "is_report", "write_folder"]
+__all__ = ["FIGURE_SUFFIXES", "GENERATOR", "INDEX", "check_out", "is_report", "write_folder"]
 
 INDEX = "index.html"
 GENERATOR = '<meta name="generator" content="scepsy report">'
-EXPECTED = ("a new folder, an empty one or an earlier scepsy report's (index.html and PNGs "
-            "only); scepsy report never overwrites other files")
+FIGURE_SUFFIXES = (".png", ".svg")
+EXPECTED = ("a new folder, an empty one or an earlier scepsy report's (index.html and PNG or "
+            "SVG figures only); scepsy report never overwrites other files")
 
 
 def is_report(folder: Path) -> bool:
@@ -29,7 +30,7 @@ def is_report(folder: Path) -> bool:
     entries = list(folder.iterdir())
     if not entries:
         return True
-    if any(not e.is_file() or e.is_symlink() or not (e.name == INDEX or e.suffix == ".png")
+    if any(not e.is_file() or e.is_symlink() or not (e.name == INDEX or e.suffix in FIGURE_SUFFIXES)
            for e in entries):
         return False
     index = folder / INDEX

@@ -1,5 +1,6 @@
-"""The report page: ``index.html`` with its PNG figures beside it (relative links), no script,
-no external style, font or image, so that the folder works offline and anywhere it is copied.
+"""The report page: ``index.html`` with its figures beside it (PNG or SVG, relative links), no
+script, no external style, font or image, so that the folder works offline and anywhere it is
+copied.
 
 Every string taken from the plan file is HTML-escaped. Sections: what happened (only for a
 plan without a placed allocation), workflows (a latency curve per workflow), LLMs (the latency
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from scepsy_place.report.figures import curve_figure, placement_figure, shares_figure
+from scepsy_place.report.figures import FORMATS, curve_figure, placement_figure, shares_figure
 from scepsy_place.report.folder import GENERATOR, INDEX, write_folder
 from scepsy_place.report.model import (
     PLACEMENT_COLUMNS,
@@ -28,10 +29,10 @@ from scepsy_place.report.model import (
     workflow_rows,
 )
 
-__all__ = ["NO_CURVE", "PLACEMENT_PNG", "SHARES_PNG", "write_page"]
+__all__ = ["NO_CURVE", "PLACEMENT", "SHARES", "write_page"]
 
-SHARES_PNG = "latency-shares.png"
-PLACEMENT_PNG = "placement.png"
+SHARES = "latency-shares"  # the figures' file names, without the format's suffix
+PLACEMENT = "placement"
 NO_CURVE = ("The curve is not in this plan file: it was written by an earlier scepsy. "
             "Run scepsy plan again to add it.")
 STYLE = """
@@ -94,8 +95,13 @@ def _pairs(items: Iterable[tuple[str, Any]]) -> str:
     return f"<table><tbody>{body}</tbody></table>"
 
 
-def _figure(src: str, alt: str, caption: str) -> str:
-    return (f'<figure><img src="{html.escape(src)}" alt="{_esc(alt)}">'
+Image = tuple[str, tuple[int, int] | None]  # a figure's file name and the size shown (PNG)
+
+
+def _figure(img: Image, alt: str, caption: str) -> str:
+    src, size = img
+    wh = f' width="{size[0]}" height="{size[1]}"' if size is not None else ""
+    return (f'<figure><img src="{html.escape(src)}"{wh} alt="{_esc(alt)}">'
             f"<figcaption>{_esc(caption)}</figcaption></figure>")
 
 
@@ -152,7 +158,7 @@ def _outcome_section(rep: Report) -> str:
     return _section("outcome", "What happened", parts)
 
 
-def _workflows_section(rep: Report, curves: Mapping[str, str]) -> str:
+def _workflows_section(rep: Report, curves: Mapping[str, Image]) -> str:
     """The workflows table and a curve figure per workflow (or why there is none)."""
     if not rep.has_allocation:
         rows = [{"workflow": w, "target": t} for w, t in sorted(rep.doc.targets.items())]
@@ -173,24 +179,25 @@ def _workflows_section(rep: Report, curves: Mapping[str, str]) -> str:
     return _section("workflows", "Workflows", parts)
 
 
-def _llms_section(rep: Report) -> str:
+def _llms_section(rep: Report, figs: Mapping[str, Image]) -> str:
     if not rep.has_allocation:
         return _section("llms", "LLMs", [_note("No allocation.")])
     return _section("llms", "LLMs", [
         _table(plan_rows(rep), PLAN_COLUMNS),
-        _figure(SHARES_PNG, "latency share per LLM",
+        _figure(figs[SHARES], "latency share per LLM",
                "Each LLM's share of the predicted latency (the objective), with its mean "
                "call latency.")])
 
 
-def _placement_section(rep: Report) -> str:
+def _placement_section(rep: Report, figs: Mapping[str, Image]) -> str:
     if not rep.placed:
         return _section("placement", "Placement", [_note("No placed allocation.")])
     rows = node_rows(rep)
     return _section("placement", "Placement", [
-        _figure(PLACEMENT_PNG, "placement map",
+        _figure(figs[PLACEMENT], "placement map",
                "Every GPU of every node: the upper bar is the compute share each replica "
-               "takes, the lower bar its memory (GiB); colours are the LLMs."),
+               "takes, the lower bar its memory (GiB); colours are the LLMs, a shade of one "
+               "per replica (the legend's llm#k, #k in the cells)."),
         "<h3>Nodes</h3>" + _table(rows, list(rows[0]) if rows else []),
         "<details><summary>Every GPU's replicas</summary>"
         + _table(placement_rows(rep), PLACEMENT_COLUMNS) + "</details>"])
@@ -255,15 +262,17 @@ def _timings_section(rep: Report) -> str:
         (k, v) for k, v in t.model_dump().items() if v is not None)])
 
 
-def _page(rep: Report, curves: Mapping[str, str]) -> str:
-    """The whole ``index.html`` (``curves``: workflow → its curve PNG)."""
+def _page(rep: Report, curves: Mapping[str, Image], figs: Mapping[str, Image]) -> str:
+    """The whole ``index.html`` (``curves``: workflow → its curve figure; ``figs``: the
+    shares and placement figures)."""
     name = rep.path.name
     body = [_summary(rep)]
     ids = ["workflows", "llms", "placement", "solver", "bounds"]
     if not rep.placed:
         body.append(_outcome_section(rep))
         ids.insert(0, "outcome")
-    body += [_workflows_section(rep, curves), _llms_section(rep), _placement_section(rep),
+    body += [_workflows_section(rep, curves), _llms_section(rep, figs),
+             _placement_section(rep, figs),
              _solver_section(rep), _bounds_section(rep), _timings_section(rep)]
     nav = "".join(f'<a href="#{i}">{i}</a>' for i in ids)
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
@@ -277,21 +286,27 @@ def _page(rep: Report, curves: Mapping[str, str]) -> str:
 # ----------------------------------------------------------------------------------- write
 
 
-def _write_files(rep: Report, folder: Path) -> None:
-    """The figures and ``index.html`` of ``rep`` into ``folder``."""
-    curves: dict[str, str] = {}
+def _write_files(rep: Report, folder: Path, fmt: str) -> None:
+    """The figures (as ``fmt``) and ``index.html`` of ``rep`` into ``folder``."""
+    curves: dict[str, Image] = {}
+    figs: dict[str, Image] = {}
     if rep.has_allocation:
         for k, (w, wf) in enumerate(sorted((rep.doc.workflows or {}).items()), start=1):
             if wf.curve is not None and wf.curve.points:
-                curves[w] = f"curve-{k}.png"
-                curve_figure(folder / curves[w], w, wf)
-        shares_figure(folder / SHARES_PNG, rep)
+                name = f"curve-{k}.{fmt}"
+                curves[w] = (name, curve_figure(folder / name, w, wf, fmt))
+        name = f"{SHARES}.{fmt}"
+        figs[SHARES] = (name, shares_figure(folder / name, rep, fmt))
     if rep.placed:
-        placement_figure(folder / PLACEMENT_PNG, rep)
-    (folder / INDEX).write_text(_page(rep, curves), encoding="utf-8")
+        name = f"{PLACEMENT}.{fmt}"
+        figs[PLACEMENT] = (name, placement_figure(folder / name, rep, fmt))
+    (folder / INDEX).write_text(_page(rep, curves, figs), encoding="utf-8")
 
 
-def write_page(rep: Report, out: Path) -> Path:
+def write_page(rep: Report, out: Path, fmt: str = "png") -> Path:
     """Write the report of ``rep`` into the folder ``out`` (replacing an earlier report there,
-    :func:`scepsy_place.report.folder.write_folder`); returns ``out``."""
-    return write_folder(out, lambda folder: _write_files(rep, folder))
+    :func:`scepsy_place.report.folder.write_folder`), its figures as ``fmt`` (``png`` or
+    ``svg``, :data:`~scepsy_place.report.figures.FORMATS`); returns ``out``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"figure format {fmt!r}: expected one of {', '.join(FORMATS)}")
+    return write_folder(out, lambda folder: _write_files(rep, folder, fmt))
