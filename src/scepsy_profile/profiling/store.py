@@ -147,7 +147,8 @@ def read_store(path: str | os.PathLike[str]) -> StoreContents:
 
 def checked_store(path: str | os.PathLike[str],
                   warn: Callable[[str], None] | None = None) -> StoreContents:
-    """:func:`read_store` for fitting: the complete records of a store.
+    """:func:`read_store` for fitting: a last line cut short is left out with a warning, any
+    other bad line is an :class:`InputError`.
 
     A last line cut short (a sweep killed while writing it) is left out with one warning,
     ``warn(message)`` (default: one line on stderr), naming the file and the line and saying
