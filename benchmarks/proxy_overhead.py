@@ -130,12 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(tmp) / "trace.jsonl"
         proxy = subprocess.Popen(
             [sys.executable, "-m", "scepsy.cli", "record", "--listen", "127.0.0.1:0",
-             "--upstream", direct, "--out", str(out)], stdout=subprocess.PIPE, text=True,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+             "--upstream", direct, "--out", str(out)], stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         try:
-            assert proxy.stdout is not None
-            line = proxy.stdout.readline()
-            proxied = line.split("listening on ")[1].split(",")[0]
+            assert proxy.stderr is not None
+            line = proxy.stderr.readline()  # the start-up line
+            proxied = line.split("listening on ")[1].split(";")[0]
             for stream in (False, True):
                 kind = "streaming" if stream else "non-streaming"
                 progress(f"{kind}: {args.calls} calls each way after {args.warmup} warm-up")

@@ -263,7 +263,8 @@ def test_workflow_header_and_trace_map(upstream: FakeChatServer, tmp_path: Path)
 def test_per_model_upstreams(upstream: FakeChatServer, tmp_path: Path):
     with FakeChatServer("b") as other:
         cfg = RecordConfig(out=tmp_path / "t.jsonl", upstream=upstream.base_url,
-                           upstream_for={"mb": other.base_url + "/v1/"})
+                           upstream_for={"mb": other.base_url + "/v1/"},
+                           client_time=False)  # the calls alone, however slow the machine
         with recording_proxy(cfg) as url, httpx.Client(base_url=url, timeout=10) as cl:
             ra = cl.post(CHAT, json=_chat("ma"), headers=_req("r"))
             rb = cl.post(COMPLETIONS, json=_completion("mb"), headers=_req("r"))
@@ -598,10 +599,10 @@ def test_cli_records_until_a_signal_and_prints_a_summary(upstream: FakeChatServe
                             stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # status on stderr, the summary on stdout
         assert line.startswith("scepsy record: listening on http://127.0.0.1:"), line
-        url = line.split("listening on ")[1].split(",")[0]
+        url = line.split("listening on ")[1].split(";")[0]
         assert httpx.post(url + CHAT, json=_chat(), headers=_req("r"), timeout=10
                           ).status_code == 200
         assert httpx.post(url + CHAT, json=_chat("other"), headers=_req("r"), timeout=10
@@ -624,8 +625,8 @@ def test_cli_duration_ends_the_run(upstream: FakeChatServer, tmp_path: Path,
     out = tmp_path / "t.jsonl"
     assert main(["record", "--listen", "127.0.0.1:0", "--upstream", upstream.base_url,
                  "--out", str(out), "--duration", "0.2"]) == 0
-    text = capsys.readouterr().out
-    assert "listening on" in text and "no call recorded" in text and not out.exists()
+    cap = capsys.readouterr()
+    assert "listening on" in cap.err and "no call recorded" in cap.out and not out.exists()
 
 
 @settings(max_examples=300, deadline=None)

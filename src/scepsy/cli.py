@@ -747,15 +747,18 @@ def _cmd_fit(args: argparse.Namespace) -> int:
         from scepsy_profile.profiling.store import checked_store, store_measurements
 
         catalog = None
+        notes: list[str] = []  # printed once the progress display is gone
         if args.muxserve:
             rows = load_muxserve_grid(args.muxserve, gpu=args.gpu)
         elif is_store(args.measurements):
-            rows, catalog = store_measurements(checked_store(args.measurements))
+            rows, catalog = store_measurements(checked_store(args.measurements, notes.append))
         else:
             rows = read_measurements(args.measurements)
         bar.update(description=f"fitting latency curves to {len(rows)} measurements")
         model = fit_latency_model(rows, seed=args.seed, n_jobs=args.jobs,
                                   source=str(args.muxserve or args.measurements))
+    for note in notes:
+        print(f"scepsy: warning: {note}", file=sys.stderr, flush=True)
     save_curves(model, args.out)
     if args.catalog_out and catalog is not None:
         from scepsy_profile.catalog import save_catalog

@@ -8,7 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import POSITIVE
+from scepsy.argtypes import COUNT, POSITIVE
 from scepsy.cli_util import add_trace_source_args
 
 HELP = "an OpenAI-compatible proxy that records every call it forwards as a trace"
@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "(default %(default)s)")
     cmd.add_argument("--duration", type=POSITIVE, metavar="S",
                      help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
+    cmd.add_argument("--max-body-bytes", type=COUNT, metavar="N",
+                     help="largest request body accepted; larger ones are answered 413 "
+                     "(default 268435456, 256 MiB)")
     cmd.set_defaults(func=cmd_record)
     return cmd
 
@@ -41,7 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> Any:
     from scepsy.cli_util import check_new_out
     from scepsy_common.net import parse_listen
-    from scepsy_opt.ingest.record import RecordConfig, upstream_pairs
+    from scepsy_opt.ingest.record import MAX_BODY_BYTES, RecordConfig, upstream_pairs
     from scepsy_opt.ingest.tracemap import trace_map
 
     host, port = parse_listen(args.listen)
@@ -49,7 +52,8 @@ def _config(args: argparse.Namespace) -> Any:
                           upstream_for=upstream_pairs(args.upstream_for),
                           trace_map=trace_map(args.map, args.model, workflow=args.workflow),
                           host=host, port=port, timeout_s=args.timeout,
-                          client_time=not args.no_client_time)
+                          client_time=not args.no_client_time,
+                          max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES)
     check_new_out(args.out)  # last: it may create the folder
     return config
 
@@ -58,7 +62,9 @@ def cmd_record(args: argparse.Namespace) -> int:
     """Run the proxy until a signal or ``--duration``; print the summary."""
     import asyncio
     import signal
+    import sys
 
+    from scepsy.cli_trace_receive import startup_line
     from scepsy_opt.ingest.record import serve
 
     config = _config(args)
@@ -75,8 +81,8 @@ def cmd_record(args: argparse.Namespace) -> int:
             ups = [f"{m} -> {u}" for m, u in config.upstream_for.items()]
             if config.upstream is not None:
                 ups.append(config.upstream)
-            print(f"scepsy record: listening on {url}, forwarding to {', '.join(ups)}; "
-                  f"writing {config.out} (stop with Ctrl-C)", flush=True)
+            print(startup_line("scepsy record", url, config.out, args.duration, ", ".join(ups)),
+                  file=sys.stderr, flush=True)
 
         return await serve(config, stop, started)
 

@@ -59,12 +59,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     rep = imp.report
     files = " ".join(str(f) for f in args.files)
     if not imp.calls:
-        hint = ""
-        if rep.unmapped:
-            models = ", ".join(repr(m) for m in rep.unmapped)
-            hint = f" ({rep.unmapped_calls} LLM calls of unmapped models {models}: map them with "\
-                   "--model MODEL=LLM or --map)"
-        raise UsageError(f"no LLM or tool calls in {files}{hint}")
+        raise UsageError(_no_calls(rep, files, args.report))
     counts = rep.counts()
     if args.strict and rep.problems:
         found = ", ".join(f"{k} {counts[k]}" for k in STRICT_KINDS if counts[k])
@@ -86,6 +81,45 @@ def cmd_import(args: argparse.Namespace) -> int:
           + (f", {gaps} of them client time" if gaps else "") + ")"
           + (f" and {args.report}" if args.report is not None else ""))
     return 0
+
+
+_DROPPED = {
+    "malformed": "malformed (bad ids, times or token counts)",
+    "cycle": "in or beneath a parent cycle",
+    "unmapped": "LLM calls of unmapped models",
+    "duplicate": "duplicates of a span already read",
+    "structure": "without LLM or tool attributes (structure only)",
+}
+_TO_DO = {
+    "malformed": "fix what writes those spans",
+    "cycle": "fix the parent ids",
+    "unmapped": "map the models with --model MODEL=LLM or --map",
+    "structure": "instrument the LLM and tool calls (GenAI gen_ai.operation.name, "
+                 "OpenInference openinference.span.kind or a model attribute; docs/otel.md)",
+}
+
+
+def _no_calls(rep: Any, files: str, report: Path | None) -> str:
+    """Why an import found no call: spans read, dropped per reason (an example each), what to
+    do; with ``report`` the whole report is written there unless that file exists."""
+    from scepsy_common.files import atomic_write_text
+
+    dropped = rep.dropped()
+    if not rep.spans:
+        return f"no LLM or tool calls in {files}: no spans in it (is the exporter sending to " \
+               "where this file was written?)"
+    parts = [f"{n} {_DROPPED[k]} (e.g. {ex})" if ex else f"{n} {_DROPPED[k]}"
+             for k, (n, ex) in dropped.items()]
+    todo = [_TO_DO[k] for k in dropped if k in _TO_DO]
+    where = "run with --report REPORT.json for every span id"
+    if report is not None and not report.exists():
+        atomic_write_text(report, json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
+        where = f"every span id is in {report}"
+    elif report is not None:
+        where = f"{report} exists and was left as it is; pass a new --report for every span id"
+    return (f"no LLM or tool calls in {files}: {rep.spans} spans read, none usable as a call: "
+            + "; ".join(parts) + ". To do: " + "; ".join(todo or ["see docs/otel.md"])
+            + f" ({where})")
 
 
 def _print_report(rep: Any) -> None:

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scepsy.argtypes import POSITIVE
+from scepsy.argtypes import COUNT, POSITIVE
 
 HELP = "receive OpenTelemetry spans over OTLP/HTTP (POST /v1/traces) and write them as " \
        "OTLP/JSON lines for `scepsy trace import`"
@@ -28,6 +28,9 @@ def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                    help="file to write (OTLP/JSON lines); must not exist yet")
     p.add_argument("--duration", type=POSITIVE, metavar="S",
                    help="stop after this many seconds (default: run until stopped)")
+    p.add_argument("--max-body-bytes", type=COUNT, metavar="N",
+                   help="largest export request accepted, as sent and after decompression; "
+                   "larger ones are answered 413 (default 67108864, 64 MiB)")
     p.set_defaults(func=cmd_receive)
     return p
 
@@ -35,18 +38,20 @@ def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_receive(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, check_new_out
     from scepsy_common.net import parse_listen
-    from scepsy_opt.ingest.otlp_http import TRACES_PATH, receive
+    from scepsy_opt.ingest.otlp_http import MAX_BODY_BYTES, TRACES_PATH, receive
 
     host, port = parse_listen(args.listen)
     out: Path = args.out
     check_new_out(out)
 
     def listening(url: str) -> None:
-        print(f"scepsy trace receive: listening on {url}{TRACES_PATH}, writing {out}; "
-              "Ctrl-C stops", file=sys.stderr, flush=True)
+        print(startup_line("scepsy trace receive", url + TRACES_PATH, out, args.duration),
+              file=sys.stderr, flush=True)
 
+    limit = args.max_body_bytes or MAX_BODY_BYTES
     try:
-        counts = receive(out, host, port, duration_s=args.duration, on_listening=listening)
+        counts = receive(out, host, port, duration_s=args.duration, on_listening=listening,
+                         max_body_bytes=limit)
     except FileExistsError:
         raise UsageError(f"--out: expected a file that does not exist yet; {str(out)!r} "
                          "exists and was left as it is") from None
@@ -55,3 +60,13 @@ def cmd_receive(args: argparse.Namespace) -> int:
                          f"{exc.strerror or exc}") from None
     print(f"wrote {counts.requests} export requests, {counts.spans} spans to {out}")
     return 0
+
+
+def startup_line(command: str, url: str, out: Path, duration: float | None,
+                 forwarding: str = "") -> str:
+    """The line a long-running server command prints on stderr once it listens (status goes
+    to stderr, results to stdout): ``scepsy CMD: listening on URL; [forwarding to ...; ]writing
+    OUT; stop with Ctrl-C[ (or it stops after S s)]``."""
+    stop = "stop with Ctrl-C" + (f" (or it stops after {duration:g} s)" if duration else "")
+    fwd = f"forwarding to {forwarding}; " if forwarding else ""
+    return f"{command}: listening on {url}; {fwd}writing {out}; {stop}"

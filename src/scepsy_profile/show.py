@@ -24,7 +24,9 @@ def profile_rows(latency: LatencyModel, model: str, gpu: str, tps: Sequence[int]
     (``fitted`` where ``fitted`` covers the instance, else ``roofline``).
 
     TP degrees the model does not support or that exceed the GPU's NVLink domain are skipped;
-    none left is an :class:`InputError` naming ``tp``. Unknown model or GPU names raise too.
+    none left is an :class:`InputError` naming ``tp``. Unknown model or GPU names raise too, and
+    so do a ``seq`` or calls (``input_tokens + output_tokens``) longer than the model's context
+    (``max_context``): no call that long can be served, so there is no μ to show.
     """
     cat = catalog or default_catalog()
     for field, v in (("batch", batch), ("seq", seq), ("input_tokens", input_tokens),
@@ -33,6 +35,20 @@ def profile_rows(latency: LatencyModel, model: str, gpu: str, tps: Sequence[int]
             raise InputError("profile show", field, "a number >= 1", v)
     spec = cat.model(model)
     g = cat.gpu(gpu)
+    # beyond the context no call can run: the serving model would answer μ = 0 without a word
+    ctx = spec.max_context
+    if seq > ctx:
+        raise InputError("profile show", "seq", f"a context length of at most {ctx} tokens, "
+                         f"the context of {spec.name}", seq)
+    if output_tokens >= ctx:
+        raise InputError("profile show", "output_tokens", f"fewer output tokens than the "
+                         f"context of {spec.name}, {ctx} tokens (input and output share it)",
+                         output_tokens)
+    if input_tokens + output_tokens > ctx:
+        raise InputError("profile show", "input_tokens",
+                         f"calls that fit the context of {spec.name}: input + output at most "
+                         f"{ctx} tokens (output is {output_tokens:g}, so input at most "
+                         f"{max(ctx - output_tokens, 0):g})", input_tokens)
     # measured curves keep their own model names; the catalog resolves aliases for the rest
     name = model if fitted is not None and model in fitted.models() else spec.name
     rows: list[dict[str, Any]] = []

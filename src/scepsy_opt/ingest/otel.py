@@ -477,6 +477,7 @@ class ImportReport:
     nested_llm: tuple[Nested, ...] = ()
     tools_as_structure: tuple[str, ...] = ()  # tool spans with calls beneath (agent as tool)
     no_request_attribute: tuple[str, ...] = ()  # calls grouped by root: attribute not found
+    structure_example: str = ""  # one structure span (id and name), for messages
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "unmapped", MappingProxyType(dict(sorted(self.unmapped.items()))))
@@ -511,6 +512,28 @@ class ImportReport:
         """How many entries each kind has (``unmapped``: calls, ``cycles``: cycles)."""
         return {k: len(v) for k, v in self.ids().items()}
 
+    def dropped(self) -> dict[str, tuple[int, str]]:
+        """Why spans did not become calls: per reason with any span, how many spans and one
+        example (a span id; for a malformed span also why, for an unmapped call its model, for
+        a cycle its ids joined by ``>``). Reasons: ``malformed`` (bad ids, times or token
+        counts), ``cycle`` (in or beneath a parent cycle), ``unmapped`` (an LLM call of a model
+        the trace map does not name), ``duplicate`` (a later copy of a span), ``structure``
+        (no LLM or tool attributes: the span only groups calls)."""
+        out: dict[str, tuple[int, str]] = {}
+        if self.malformed:
+            m = self.malformed[0]
+            out["malformed"] = (len(self.malformed), f"{m.span}: {m.reason}")
+        if self.cycle_dropped:
+            out["cycle"] = (self.cycle_dropped, ">".join(self.cycles[0]) if self.cycles else "")
+        if self.unmapped:
+            model, ids = next(iter(self.unmapped.items()))
+            out["unmapped"] = (self.unmapped_calls, f"{ids[0]} (model {model!r})")
+        if self.duplicates:
+            out["duplicate"] = (len(self.duplicates), self.duplicates[0].span)
+        if self.structure_spans:
+            out["structure"] = (self.structure_spans, self.structure_example)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """The whole report as JSON-ready data (every list complete)."""
         return {
@@ -528,6 +551,7 @@ class ImportReport:
             "nested_llm": [{"outer": n.outer, "inner": n.inner} for n in self.nested_llm],
             "tools_as_structure": list(self.tools_as_structure),
             "no_request_attribute": list(self.no_request_attribute),
+            "dropped": {k: {"spans": n, "example": ex} for k, (n, ex) in self.dropped().items()},
         }
 
 
@@ -678,6 +702,7 @@ class _Acc:
     failed: list[str] = field(default_factory=list)
     no_attribute: list[str] = field(default_factory=list)
     unclassified: int = 0  # spans with usable ids whose attributes could not be read
+    structure_example: str = ""
 
 
 def _index(spans: Sequence[Span], acc: _Acc) -> dict[Key, Span]:
@@ -776,6 +801,8 @@ def _candidates(nodes: Mapping[Key, Span], order: Sequence[Key], acc: _Acc) -> d
             continue
         if c is not None:
             cands[k] = c
+        elif not acc.structure_example or s.span_id < acc.structure_example:
+            acc.structure_example = f"{s.span_id} {s.name!r}"  # the smallest id: order-free
     below: dict[Key, tuple[int, Key | None, bool]] = {}  # LLM leaves, the one leaf, any call
     calls: dict[Key, _Cand] = {}
     for k in order:  # children first
@@ -924,6 +951,7 @@ def _otlp_calls(spans: Sequence[Span], tmap: TraceMap, source: str) -> OtelImpor
         nested_llm=tuple(sorted(acc.nested, key=lambda n: (n.outer, n.inner or ""))),
         tools_as_structure=tuple(sorted(acc.tools_as_structure)),
         no_request_attribute=tuple(sorted(acc.no_attribute)),
+        structure_example=acc.structure_example,
     )
     return OtelImport(calls, report)
 

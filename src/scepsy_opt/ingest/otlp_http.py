@@ -41,6 +41,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from scepsy_common.errors import InputError
+from scepsy_common.httpguard import (
+    IDLE_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    BodyRefused,
+    ClientGone,
+    one_line_logger,
+    read_body,
+    refused,
+)
 from scepsy_opt.ingest.otel import id_bytes
 
 __all__ = ["JSON", "MAX_BODY_BYTES", "PROTOBUF", "TRACES_PATH", "BadExportRequest", "BodyTooLarge",
@@ -52,7 +61,9 @@ TRACES_PATH = "/v1/traces"
 PROTOBUF = "application/x-protobuf"
 JSON = "application/json"
 MAX_BODY_BYTES = 64 * 2**20
-"""The largest export request accepted (after decompression), bytes; larger ones get 413."""
+"""The largest export request accepted, bytes, as sent and after decompression (``scepsy trace
+receive --max-body-bytes``); a larger one gets 413, before its body is read when its
+``Content-Length`` says so."""
 SOURCE = "OTLP export request"
 
 _ID_BYTES = {"traceId": 16, "spanId": 8, "parentSpanId": 8}
@@ -256,9 +267,13 @@ class _Sink:
 
 _SINK = web.AppKey("sink", _Sink)
 _LIMIT = web.AppKey("limit", int)
+_READ_TIMEOUT = web.AppKey("read_timeout", float)
+_LOG = one_line_logger("scepsy trace receive")
 
 
-def _text(status: int, exc: InputError) -> web.Response:
+def _text(request: web.Request, status: int, exc: InputError | BodyRefused) -> web.Response:
+    """An error answer, and its one log line."""
+    refused(_LOG, request, status, str(exc))
     return web.Response(status=status, text=str(exc) + "\n")
 
 
@@ -267,20 +282,26 @@ async def _export(request: web.Request) -> web.StreamResponse:
     ctype = request.headers.get("Content-Type", "")
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if _media_type(ctype) not in (PROTOBUF, JSON):
-        return _text(415, UnsupportedMediaType(SOURCE, "Content-Type", f"{PROTOBUF} or {JSON}",
-                                               ctype))
+        return _text(request, 415, UnsupportedMediaType(
+            SOURCE, "Content-Type", f"{PROTOBUF} or {JSON}", ctype))
     if encoding not in ("identity", "gzip", ""):
-        return _text(415, UnsupportedMediaType(SOURCE, "Content-Encoding", "gzip or none",
-                                               encoding))
-    body = await request.read()  # over client_max_size: aiohttp answers 413
+        return _text(request, 415, UnsupportedMediaType(
+            SOURCE, "Content-Encoding", "gzip or none", encoding))
+    try:
+        body = await read_body(request, limit, request.app[_READ_TIMEOUT])
+    except BodyRefused as exc:
+        return _text(request, exc.status, exc)
+    except ClientGone as exc:
+        refused(_LOG, request, 0, str(exc))
+        return web.Response(status=400, text=str(exc) + "\n")  # nobody left to read it
     try:
         if encoding == "gzip":
             body = _gunzip(body, limit)
         doc = otlp_request_to_json(body, ctype)  # strings: valid UTF-8, no lone surrogates
     except BodyTooLarge as exc:
-        return _text(413, exc)
+        return _text(request, 413, exc)
     except BadExportRequest as exc:
-        return _text(400, exc)
+        return _text(request, 400, exc)
     sink.write(doc)
     if _media_type(ctype) == PROTOBUF:
         return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
@@ -288,10 +309,12 @@ async def _export(request: web.Request) -> web.StreamResponse:
     return web.Response(body=b"{}", content_type=JSON)
 
 
-def _make_app(sink: _Sink, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
-    app = web.Application(client_max_size=max_body_bytes)
+def _make_app(sink: _Sink, max_body_bytes: int = MAX_BODY_BYTES,
+              read_timeout_s: float = READ_TIMEOUT_S) -> web.Application:
+    app = web.Application(client_max_size=max_body_bytes, logger=_LOG)
     app[_SINK] = sink
     app[_LIMIT] = max_body_bytes
+    app[_READ_TIMEOUT] = float(read_timeout_s)
     app.router.add_post(TRACES_PATH, _export)
     return app
 
@@ -300,11 +323,13 @@ def _url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-async def _start(sink: _Sink, host: str, port: int, max_body_bytes: int
-                 ) -> tuple[web.AppRunner, str]:
-    """Bind and start serving; returns the runner and the base URL (the bound port)."""
-    runner = web.AppRunner(_make_app(sink, max_body_bytes), access_log=None,
-                           auto_decompress=False, handle_signals=False)
+async def _start(sink: _Sink, host: str, port: int, max_body_bytes: int,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> tuple[web.AppRunner, str]:
+    """Bind and start serving; returns the runner and the base URL (the bound port). Clients
+    that misbehave get an HTTP error and one log line (:mod:`scepsy_common.httpguard`)."""
+    runner = web.AppRunner(_make_app(sink, max_body_bytes, read_timeout_s), access_log=None,
+                           auto_decompress=False, handle_signals=False, logger=_LOG,
+                           keepalive_timeout=IDLE_TIMEOUT_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -315,9 +340,14 @@ async def _start(sink: _Sink, host: str, port: int, max_body_bytes: int
     return runner, _url(host, int(bound[1]))
 
 
-def _check_limit(max_body_bytes: int) -> None:
-    if not (isinstance(max_body_bytes, int) and max_body_bytes >= 1):
+def _check_limit(max_body_bytes: int, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+    if isinstance(max_body_bytes, bool) or not (isinstance(max_body_bytes, int)
+                                                and max_body_bytes >= 1):
         raise InputError("otlp receiver", "max_body_bytes", "an integer >= 1", max_body_bytes)
+    if isinstance(read_timeout_s, bool) or not isinstance(read_timeout_s, int | float) \
+            or not 0 < read_timeout_s < float("inf"):
+        raise InputError("otlp receiver", "read_timeout_s", "a number of seconds > 0",
+                         read_timeout_s)
 
 
 class OtlpReceiver:
@@ -330,14 +360,17 @@ class OtlpReceiver:
     ``port=0`` takes a free port (``r.url`` has it). The output file is appended to
     (``exclusive=True``: created, FileExistsError when it exists). A bind error (port in use)
     is raised from ``__enter__``. On exit requests being answered are finished, the server stops
-    and the file is closed.
+    and the file is closed. ``max_body_bytes``: see :data:`MAX_BODY_BYTES`; ``read_timeout_s``:
+    a client that pauses longer mid-body is answered 408.
     """
 
     def __init__(self, out: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 0, *,
-                 max_body_bytes: int = MAX_BODY_BYTES, exclusive: bool = False) -> None:
-        _check_limit(max_body_bytes)
+                 max_body_bytes: int = MAX_BODY_BYTES, exclusive: bool = False,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        _check_limit(max_body_bytes, read_timeout_s)
         self.out = Path(out)
         self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
+        self.read_timeout_s = read_timeout_s
         self.exclusive = exclusive
         self.url = ""
         self._sink: _Sink | None = None
@@ -391,7 +424,7 @@ class OtlpReceiver:
         self._sink = _Sink(self.out, self.exclusive)
         try:
             runner, self.url = await _start(self._sink, self.host, self.port,
-                                            self.max_body_bytes)
+                                            self.max_body_bytes, self.read_timeout_s)
         except BaseException:
             self._sink.close(remove_if_empty=True)
             raise
@@ -416,24 +449,25 @@ def otlp_receiver(out: str | os.PathLike[str], host: str = "127.0.0.1", port: in
 
 def receive(out: str | os.PathLike[str], host: str, port: int, *,
             duration_s: float | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-            on_listening: Callable[[str], None] | None = None) -> ReceiveCounts:
+            on_listening: Callable[[str], None] | None = None,
+            read_timeout_s: float = READ_TIMEOUT_S) -> ReceiveCounts:
     """Serve in the calling thread until SIGINT or SIGTERM (main thread only) or until
     ``duration_s`` seconds have passed; ``out`` must not exist (FileExistsError). Returns what
     was written. ``on_listening(url)`` is called once the port is bound. A bind error (port in
     use, address not on this host) raises OSError and leaves no file behind."""
-    _check_limit(max_body_bytes)
+    _check_limit(max_body_bytes, read_timeout_s)
     return asyncio.run(_receive(Path(out), host, port, duration_s, max_body_bytes,
-                                on_listening))
+                                on_listening, read_timeout_s))
 
 
 async def _receive(out: Path, host: str, port: int, duration_s: float | None,
-                   max_body_bytes: int, on_listening: Callable[[str], None] | None
-                   ) -> ReceiveCounts:
+                   max_body_bytes: int, on_listening: Callable[[str], None] | None,
+                   read_timeout_s: float) -> ReceiveCounts:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     sink = _Sink(out, exclusive=True)
     try:
-        runner, url = await _start(sink, host, port, max_body_bytes)
+        runner, url = await _start(sink, host, port, max_body_bytes, read_timeout_s)
     except BaseException:
         sink.close(remove_if_empty=True)
         raise

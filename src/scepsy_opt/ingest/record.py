@@ -41,6 +41,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from scepsy_common.errors import InputError, check_name
+from scepsy_common.httpguard import (
+    IDLE_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    BodyRefused,
+    ClientGone,
+    one_line_logger,
+    read_body,
+    refused,
+)
 from scepsy_common.net import check_url
 from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import MAX_TOKENS, CallRecord, CompletedCalls, with_client_time
@@ -60,10 +69,12 @@ _DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "content-encoding"}
 _DROP_RESPONSE = HOP_BY_HOP | {"content-length"}
 DEFAULT_TIMEOUT_S = 600.0
 MAX_BODY_BYTES = 256 * 1024 * 1024
-"""The largest request body the proxy takes (long prompts, images): larger ones get 413."""
+"""The largest request body the proxy takes (long prompts, images), bytes: a larger one gets
+413, before its body is read when its ``Content-Length`` says so."""
 NO_MODEL = "<none>"
 """The key under which calls without a ``model`` are counted as unmapped."""
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+_LOG = one_line_logger("scepsy record")
 _DONE = b"[DONE]"
 
 
@@ -103,7 +114,9 @@ class RecordConfig:
     waited for as a ``client`` tool call (:func:`~scepsy_opt.traces.with_client_time`).
     ``timeout_s`` bounds the connection to an upstream and each read from
     it. ``out`` must not exist yet (a trace is never overwritten); it is removed again when the
-    proxy stops without having recorded a call.
+    proxy stops without having recorded a call. A client whose request body is over
+    ``max_body_bytes`` is answered 413, one that pauses longer than ``read_timeout_s`` while
+    sending it 408 (:mod:`scepsy_common.httpguard`).
     """
 
     out: Path
@@ -114,6 +127,8 @@ class RecordConfig:
     port: int = 0
     timeout_s: float = DEFAULT_TIMEOUT_S
     client_time: bool = True
+    max_body_bytes: int = MAX_BODY_BYTES
+    read_timeout_s: float = READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -128,6 +143,11 @@ class RecordConfig:
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not (
                 math.isfinite(t) and t > 0):
             raise InputError("--timeout", "", "a number of seconds > 0", t)
+        for name, limit in (("max_body_bytes", self.max_body_bytes),
+                            ("read_timeout_s", self.read_timeout_s)):
+            if isinstance(limit, bool) or not isinstance(limit, int | float) or not (
+                    math.isfinite(limit) and limit > 0):
+                raise InputError("record config", name, "a number > 0", limit)
         if isinstance(self.port, bool) or not isinstance(self.port, int) \
                 or not 0 <= self.port <= 65535:
             raise InputError("--listen", "port", "a port in 0..65535", self.port)
@@ -402,10 +422,11 @@ class RecordingProxy:
             def request(message: Any, payload: Any, protocol: Any, writer: Any,
                         task: Any) -> web.BaseRequest:  # aiohttp's own, with a larger body
                 return web.BaseRequest(message, payload, protocol, writer, task, loop,
-                                       client_max_size=MAX_BODY_BYTES)
+                                       client_max_size=cfg.max_body_bytes)
 
             server = web.Server(self._handle, request_factory=request,
-                                handler_cancellation=True, access_log=None)
+                                handler_cancellation=True, access_log=None, logger=_LOG,
+                                keepalive_timeout=IDLE_TIMEOUT_S)
             self._runner = web.ServerRunner(server, handle_signals=False)
             await self._runner.setup()
             site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)
@@ -463,15 +484,24 @@ class RecordingProxy:
             if request.method == "POST" and request.path in RECORDED_PATHS:
                 return await self._recorded(request)
             return await self._forward(request)
+        except BodyRefused as exc:
+            refused(_LOG, request, exc.status, exc.reason)
+            return _json_error(exc.status, exc.reason, "invalid_request_error")
+        except ClientGone as exc:
+            refused(_LOG, request, 0, str(exc))
+            return _json_error(400, str(exc), "invalid_request_error")  # nobody left to read it
         finally:
             if task is not None:
                 self._inflight.discard(task)
+
+    async def _body(self, request: web.BaseRequest) -> bytes:
+        return await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         """Any request that is not recorded: forwarded unchanged, the answer streamed back."""
         assert self._session is not None
         self._counters.counts["forwarded"] += 1
-        body = await request.read()
+        body = await self._body(request)
         url = self.config.default_upstream + request.path_qs
         try:
             async with self._session.request(
@@ -536,7 +566,7 @@ class RecordingProxy:
 
     async def _recorded(self, request: web.BaseRequest) -> web.StreamResponse:
         start = self._now()
-        raw = await request.read()
+        raw = await self._body(request)
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError):

@@ -11,7 +11,8 @@ and anyone reads it back with :func:`read_store`, whose :class:`StoreContents` k
 record and lists each bad line with its number (the rest is kept). What a sweep killed at any
 moment leaves behind is always readable: every appended line is on disk before
 :meth:`ProfileStore.append` returns, and the one line a kill may cut short (no newline at the
-end) is reported by :func:`read_store` and cut off when the store is next opened for writing.
+end) is reported by :func:`read_store`, left out with a warning by :func:`checked_store` (what
+fitting reads) and cut off when the store is next opened for writing.
 
 One store holds at most one finished record per point (:meth:`ProfileRecord.key`): a point
 measured ``ok`` stays so; a ``failed`` one may be measured again (``--retry-failed``), and the
@@ -24,6 +25,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -45,6 +48,7 @@ LOCK_SUFFIX = ".lock"
 """The lock file of store ``PATH`` is ``PATH.lock``; it holds the pid of the sweep writing."""
 
 _EXPECTED = "profile store (.jsonl)"
+_CUT_SHORT = "cut short"
 
 
 class StoreLockedError(InputError):
@@ -141,17 +145,36 @@ def read_store(path: str | os.PathLike[str]) -> StoreContents:
     return _parse(data, str(p))
 
 
-def checked_store(path: str | os.PathLike[str]) -> StoreContents:
-    """:func:`read_store` for fitting: a store with any bad line is an :class:`InputError`
-    naming the first one (a last line cut short by a killed sweep is removed by resuming it)."""
+def checked_store(path: str | os.PathLike[str],
+                  warn: Callable[[str], None] | None = None) -> StoreContents:
+    """:func:`read_store` for fitting: a last line cut short is left out with a warning, any
+    other bad line is an :class:`InputError`.
+
+    A last line cut short (a sweep killed while writing it) is left out with one warning,
+    ``warn(message)`` (default: one line on stderr), naming the file and the line and saying
+    that rerunning ``scepsy profile run`` with the same store completes the sweep; the result's
+    :attr:`StoreContents.problems` keeps it. Any other bad line is an :class:`InputError`
+    naming the file, the line and the field, and saying what to do."""
     contents = read_store(path)
-    if contents.problems:
-        line, message = contents.problems[0]
-        more = len(contents.problems) - 1
+    bad = [(n, m) for n, m in contents.problems if not m.startswith(_CUT_SHORT)]
+    if bad:
+        line, message = bad[0]
+        more = len(bad) - 1
         raise InputError(contents.source, f"line {line}",
                          f"a valid profile record ({message}"
-                         + (f"; {more} more bad line(s)" if more else "") + ")")
+                         + (f"; {more} more bad line(s)" if more else "") + "); delete that "
+                         "line and rerun `scepsy profile run` with this store as --out to "
+                         "measure its point again")
+    for line, _ in contents.problems:
+        (warn or _stderr)(
+            f"{contents.source}: line {line} was cut short (a sweep was stopped while writing "
+            "it) and is left out; rerunning `scepsy profile run` with the same --out "
+            f"{contents.source} completes the sweep")
     return contents
+
+
+def _stderr(message: str) -> None:
+    print(f"scepsy: warning: {message}", file=sys.stderr, flush=True)
 
 
 def finished(records: tuple[ProfileRecord, ...] | list[ProfileRecord],
@@ -300,8 +323,8 @@ def _parse(data: bytes, source: str) -> StoreContents:
     lines = data.split(b"\n")
     for n, raw in enumerate(lines, start=1):
         if n == len(lines) and raw:
-            problems.append((n, "cut short (no newline at the end: the sweep was stopped while "
-                                "writing it)"))
+            problems.append((n, _CUT_SHORT + " (no newline at the end: the sweep was stopped "
+                                "while writing it)"))
             break
         if not raw.strip():
             continue
