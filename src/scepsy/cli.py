@@ -23,7 +23,7 @@ from scepsy.argtypes import (
     SEED,
     percentile_bound,
 )
-from scepsy.cli_util import UsageError, check_out
+from scepsy.cli_util import UsageError, check_out, wrote_note
 from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
 from scepsy.cli_util import naming as _naming
@@ -514,7 +514,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     with progress("planning", quiet=args.quiet or args.json) as bar, _naming(flags):
         res = api.run_plan(request, progress=lambda stage: bar.update(description=stage))
     doc = res.to_dict(timings=not args.no_timings)
-    write_plan_file(args.out, doc)  # the document printed below, built once
+    # the document printed below, built once; a failed run goes beside a placed plan at --out
+    written = write_plan_file(args.out, doc)
     plan = res.plan
     if args.json:
         print(dumps(doc), end="")
@@ -528,13 +529,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if plan.status == "time_limit_no_solution":
         from scepsy_opt.planning.problem import time_limit_detail
 
-        print(f"scepsy: {plan.status}: {time_limit_detail(request.search.time_limit_s)} (wrote {args.out})",
-              file=sys.stderr)
+        print(f"scepsy: {plan.status}: {time_limit_detail(request.search.time_limit_s)} "
+              f"({wrote_note(args.out, written)})", file=sys.stderr)
         return EXIT_TIME_LIMIT
     if plan.allocation is None:
         why = (res.placed.reason if res.placed.reason else plan.infeasible.detail
                if plan.infeasible else "no allocation meets the targets")
-        print(f"scepsy: {plan.status}: {why} (wrote {args.out})", file=sys.stderr)
+        print(f"scepsy: {plan.status}: {why} ({wrote_note(args.out, written)})",
+              file=sys.stderr)
         return EXIT_INFEASIBLE
     return 0
 
