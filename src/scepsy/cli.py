@@ -717,6 +717,9 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     check_out(args.out)
     if args.catalog_out:
         check_out(args.catalog_out, "--catalog-out")
+        if args.catalog_out.resolve() == args.out.resolve():
+            raise UsageError(f"--catalog-out: expected a file other than --out (got "
+                             f"{str(args.catalog_out)!r})")
     with progress("reading measurements", quiet=args.quiet or args.json) as bar:
         from scepsy_profile.fitted import fit_latency_model, save_curves
         from scepsy_profile.importers import load_muxserve_grid
@@ -731,6 +734,10 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             rows, catalog = store_measurements(checked_store(args.measurements))
         else:
             rows = read_measurements(args.measurements)
+        if args.catalog_out and catalog is None:  # before anything is written
+            raise UsageError(f"--catalog-out: expected --measurements of a profile store "
+                             f"(`scepsy profile run --out`), whose records hold the catalog "
+                             f"entries; {args.muxserve or args.measurements} has none")
         bar.update(description=f"fitting latency curves to {len(rows)} measurements")
         model = fit_latency_model(rows, seed=args.seed, n_jobs=args.jobs,
                                   source=str(args.muxserve or args.measurements))
