@@ -540,11 +540,6 @@ def require_placed(doc: PlanDoc, source: str) -> PlanDoc:
     return doc
 
 
-def read_placed_plan(path: str | os.PathLike[str]) -> PlanDoc:
-    """:func:`read_plan`, then :func:`require_placed`."""
-    return require_placed(read_plan(path), str(path))
-
-
 def plan_catalog(doc: PlanDoc) -> Catalog:
     """A catalog of the plan's own device types (names and memory: all the cluster parsers
     read of them), so that a plan reads without the catalog it was planned with."""
