@@ -235,8 +235,9 @@ def test_every_writer_output_validates(racks, tmp_path):
         with pytest.raises(InputError) as e:
             launch_plan(pd, f"{kind}.json")
         msg = str(e.value)
-        assert msg.startswith(f"{kind}.json: placement.placed: expected a placed plan")
-        assert msg.endswith(f"(status {d['status']})")
+        assert msg.startswith(f"{kind}.json: status: expected a placed plan; this plan is "
+                              f"{d['status']} (")
+        assert "re-run `scepsy plan`" in msg
         assert (d["placement"]["reason"] or d["infeasible"]["detail"]) in msg
         assert "allocation" not in d and d["launch"]["models"] == {} and d["devices"]
     assert {"optimal", "infeasible", "unplaced"} <= seen

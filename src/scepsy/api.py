@@ -128,11 +128,14 @@ class PlanResult:
 
         return SolveReport.of(self.to_dict(timings=False))
 
-    def write(self, path: PathLike, *, timings: bool = True) -> None:
-        """Write :meth:`to_dict` to ``path`` atomically (nothing half-written)."""
+    def write(self, path: PathLike, *, timings: bool = True) -> Path:
+        """Write :meth:`to_dict` to ``path`` atomically (nothing half-written) and return the
+        path written: ``path``, or, for a plan without a placement where ``path`` holds a placed
+        plan, ``NAME.failed.json`` beside it
+        (:func:`~scepsy_place.launch.planfile.write_plan_file`)."""
         from scepsy_place.launch.planfile import write_plan_file
 
-        write_plan_file(path, self.to_dict(timings=timings))
+        return write_plan_file(path, self.to_dict(timings=timings))
 
 
 # --------------------------------------------------------------------------------- catalog

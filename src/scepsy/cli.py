@@ -24,7 +24,7 @@ from scepsy.argtypes import (
     TOKENS,
     percentile_bound,
 )
-from scepsy.cli_util import UsageError, check_out
+from scepsy.cli_util import UsageError, check_out, wrote_note
 from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
 from scepsy.cli_util import naming as _naming
@@ -538,7 +538,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     with progress("planning", quiet=args.quiet or args.json) as bar, _naming(flags):
         res = api.run_plan(request, progress=lambda stage: bar.update(description=stage))
     doc = res.to_dict(timings=not args.no_timings)
-    write_plan_file(args.out, doc)  # the document printed below, built once
+    # the document printed below, built once; a failed run goes beside a placed plan at --out
+    written = write_plan_file(args.out, doc)
     plan = res.plan
     if args.json:
         print(dumps(doc), end="")
@@ -552,13 +553,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if plan.status == "time_limit_no_solution":
         from scepsy_opt.planning.problem import time_limit_detail
 
-        print(f"scepsy: {plan.status}: {time_limit_detail(request.search.time_limit_s)} (wrote {args.out})",
-              file=sys.stderr)
+        print(f"scepsy: {plan.status}: {time_limit_detail(request.search.time_limit_s)} "
+              f"({wrote_note(args.out, written)})", file=sys.stderr)
         return EXIT_TIME_LIMIT
     if plan.allocation is None:
         why = (res.placed.reason if res.placed.reason else plan.infeasible.detail
                if plan.infeasible else "no allocation meets the targets")
-        print(f"scepsy: {plan.status}: {why} (wrote {args.out})", file=sys.stderr)
+        print(f"scepsy: {plan.status}: {why} ({wrote_note(args.out, written)})",
+              file=sys.stderr)
         return EXIT_INFEASIBLE
     return 0
 
@@ -739,6 +741,9 @@ def _cmd_fit(args: argparse.Namespace) -> int:
     check_out(args.out)
     if args.catalog_out:
         check_out(args.catalog_out, "--catalog-out")
+        if args.catalog_out.resolve() == args.out.resolve():
+            raise UsageError(f"--catalog-out: expected a file other than --out (got "
+                             f"{str(args.catalog_out)!r})")
     with progress("reading measurements", quiet=args.quiet or args.json) as bar:
         from scepsy_profile.fitted import fit_latency_model, save_curves
         from scepsy_profile.importers import load_muxserve_grid
@@ -754,6 +759,10 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             rows, catalog = store_measurements(checked_store(args.measurements, notes.append))
         else:
             rows = read_measurements(args.measurements)
+        if args.catalog_out and catalog is None:  # before anything is written
+            raise UsageError(f"--catalog-out: expected --measurements of a profile store "
+                             f"(`scepsy profile run --out`), whose records hold the catalog "
+                             f"entries; {args.muxserve or args.measurements} has none")
         bar.update(description=f"fitting latency curves to {len(rows)} measurements")
         model = fit_latency_model(rows, seed=args.seed, n_jobs=args.jobs,
                                   source=str(args.muxserve or args.measurements))

@@ -68,21 +68,30 @@ def cmd_launch(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError
     from scepsy.tables import print_table
     from scepsy_place.launch.planfile import load_plan
-    from scepsy_place.launch.renderers import get_renderer, write_rendered
+    from scepsy_place.launch.renderers import check_folder, get_renderer, write_rendered
 
     if args.target != "shell" and args.apply:
         raise UsageError(f"--apply: only the shell target runs here (got --target "
                          f"{args.target}); apply its files with the target's own tools")
     if not args.apply and (args.node is not None or args.timeout_s is not None):
         raise UsageError("--node and --timeout-s need --apply")
-    from scepsy_place.launch.apply import running_servers
+    from scepsy_place.launch.apply import busy_ports, choose_node, running_servers
 
+    # every flag and input is checked before anything is written: the folder at --out is
+    # replaced whole (write_rendered) only once nothing is left to refuse
     renderer = get_renderer(args.target)
+    check_folder(args.out)
     plan = load_plan(args.plan)
     files = dict(renderer.render(plan))
     if live := running_servers(args.out):
         raise UsageError(f"--out: servers started from {args.out} still run "
                          f"({', '.join(live)}); `scepsy stop {args.out}` first")
+    if args.apply:
+        node = choose_node(plan.node_names(), args.node, str(args.plan))
+        if busy := busy_ports((f"{r.llm}-{r.replica}", r.port) for r in plan.replicas_on(node)):
+            raise UsageError(f"--apply: ports of node {node} are in use on this host: "
+                             f"{', '.join(busy)}; stop what listens there, or set "
+                             f"launch.base_port in {args.plan}")
     out = write_rendered(files, args.out, renderer.name)
     report: dict[str, object] = {"target": renderer.name, "out": str(out),
                                  "files": _file_rows(files)}
@@ -100,7 +109,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(f"starting the servers (waiting for /health; `scepsy stop {out}` stops them)",
               flush=True)
     try:
-        run = apply(out, args.node, args.timeout_s, echo=sys.stderr)
+        run = apply(out, node, args.timeout_s, echo=sys.stderr)
     except LaunchError:  # start.sh said why (on stderr, above) and stopped what it started
         print(f"scepsy: the servers did not start; nothing of {out} runs", file=sys.stderr)
         return EXIT_FAILED

@@ -71,13 +71,15 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _running(path: Path) -> tuple[dict[str, Any], Any]:
-    """(raw plan.json, its running allocation and placement)."""
+    """(raw plan.json, its running allocation and placement): a valid plan.json with a placed
+    plan (:func:`~scepsy_place.launch.planfile.require_placed`, as ``scepsy launch`` reads
+    it)."""
     from scepsy_common.files import read_json
     from scepsy_place.formulations.incremental import running_from_document
-    from scepsy_place.launch.planfile import check_version
+    from scepsy_place.launch.planfile import parse_plan, require_placed
 
     raw = read_json(path, "plan.json file (scepsy plan --out)")
-    check_version(raw, str(path))
+    require_placed(parse_plan(raw, str(path)), str(path))
     return raw, running_from_document(raw, str(path))
 
 
@@ -93,7 +95,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
     """Run ``scepsy replan``: read, re-plan, write the new plan.json, print the report."""
     from scepsy import api
     from scepsy.cli_fields import given_fields
-    from scepsy.cli_util import UsageError, check_out, naming, print_rows
+    from scepsy.cli_util import UsageError, check_out, naming, print_rows, wrote_note
     from scepsy_common.errors import InputError
     from scepsy_opt.planning.problem import Deadline
     from scepsy_place.formulations.incremental import parse_event, replan
@@ -137,7 +139,7 @@ def cmd_replan(args: argparse.Namespace) -> int:
                                      f"(got {exc.got!r})") from None
                 raise
             doc = res.document(policy=placer, timings=not args.no_timings)
-    write_plan_file(args.out, doc)
+    written = write_plan_file(args.out, doc)  # a failed replan never replaces a placed plan
     if args.json:
         import json
 
@@ -145,10 +147,12 @@ def cmd_replan(args: argparse.Namespace) -> int:
     else:
         _print_report(res, args, print_rows)
     if res.status == "time_limit":
-        print(f"scepsy: time_limit: {res.placed.reason} (wrote {args.out})", file=sys.stderr)
+        print(f"scepsy: time_limit: {res.placed.reason} ({wrote_note(args.out, written)})",
+              file=sys.stderr)
         return EXIT_TIME_LIMIT
     if not res.ok:
-        print(f"scepsy: {res.status}: {res.placed.reason} (wrote {args.out})", file=sys.stderr)
+        print(f"scepsy: {res.status}: {res.placed.reason} ({wrote_note(args.out, written)})",
+              file=sys.stderr)
         return EXIT_UNPLACED
     return 0
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 HELP = "an HTML page (with figures) and terminal tables that make a plan.json reviewable"
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_report(args: argparse.Namespace) -> int:
     """Run ``scepsy report``: read the plan, write the page, print the tables and its path."""
     from scepsy.cli_util import print_rows
+    from scepsy_place.launch.planfile import not_placed_reason
     from scepsy_place.report import (
         PLACEMENT_COLUMNS,
         PLAN_COLUMNS,
@@ -56,10 +58,12 @@ def cmd_report(args: argparse.Namespace) -> int:
         print()
         print_rows(placement_rows(rep), PLACEMENT_COLUMNS)
     else:
-        why = (d.placement.reason if d.placement is not None and d.placement.reason else
-               d.infeasible.detail if d.infeasible is not None else "no placement section")
-        print(f"no placed allocation: {why}")
+        print(f"no placed allocation: {not_placed_reason(d)}")
     written = write_page(rep, out, args.fmt)
     print()
     print(f"wrote {written / 'index.html'}")
+    if not rep.placed:  # drawn for its diagnosis, never to be mistaken for a plan to launch
+        print(f"scepsy: {args.plan}: status {d.status}: no placed plan, nothing of it can be "
+              f"launched ({not_placed_reason(d)}); the report's 'What happened' section says "
+              "why; re-run `scepsy plan` for a plan to launch", file=sys.stderr)
     return 0

@@ -41,6 +41,15 @@ def check_out(path: Path, flag: str = "--out") -> None:
     os.unlink(tmp)
 
 
+def wrote_note(out: Path, written: Path) -> str:
+    """What a failed run says about its plan.json: ``wrote OUT``, or, where ``OUT`` held a
+    placed plan that was kept (:func:`scepsy_place.launch.planfile.write_plan_file`), where
+    the run's plan went instead."""
+    if Path(written) == Path(out):
+        return f"wrote {out}"
+    return (f"{out} holds the last placed plan and was kept; this run's plan is in {written}")
+
+
 def check_new_out(path: Path, flag: str = "--out") -> None:
     """:func:`check_out` for a file written as it goes (a recording): it must not exist yet, so
     that an earlier recording is never overwritten; its folder is created if need be."""

@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -104,16 +104,29 @@ def _run_dir(root: Path, run_dir: str | os.PathLike[str] | None) -> Path:
     return Path(run_dir) if run_dir is not None else default_run_dir(root)
 
 
-def _choose_node(replicas: tuple[ShellReplica, ...], node: str | None, root: Path) -> str:
-    nodes = sorted({r.node for r in replicas})
+def choose_node(nodes: Iterable[str], node: str | None, source: str) -> str:
+    """The node this host is: ``node`` if it is one of ``nodes`` (the nodes that run a
+    replica), the only one when ``node`` is None; else an :class:`InputError` about
+    ``--node`` (``scepsy launch --apply`` checks it before anything is written)."""
+    names = sorted(set(nodes))
     if node is None:
-        if len(nodes) != 1:
-            raise InputError(str(root), "--node", f"one of {', '.join(nodes)} (the plan has "
-                             f"{len(nodes)} nodes: say which runs on this host)")
-        return nodes[0]
-    if node not in nodes:
-        raise InputError(str(root), "--node", f"one of {', '.join(nodes)}", node)
+        if len(names) != 1:
+            raise InputError(source, "--node", f"one of {', '.join(names)} (the plan has "
+                             f"{len(names)} nodes: say which runs on this host)")
+        return names[0]
+    if node not in names:
+        raise InputError(source, "--node", f"one of {', '.join(names)}", node)
     return node
+
+
+def busy_ports(ports: Iterable[tuple[str, int]]) -> list[str]:
+    """``NAME (port P)`` for each ``(name, port)`` something on this host already listens on
+    (start.sh refuses to start then; ``scepsy launch --apply`` checks first)."""
+    return [f"{name} (port {port})" for name, port in ports if port_in_use(port)]
+
+
+def _choose_node(replicas: tuple[ShellReplica, ...], node: str | None, root: Path) -> str:
+    return choose_node((r.node for r in replicas), node, str(root))
 
 
 def _script_env(run_dir: Path, extra: Mapping[str, str]) -> dict[str, str]:

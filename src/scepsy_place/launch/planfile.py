@@ -29,12 +29,14 @@ import json
 import os
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from scepsy_common.errors import InputError, Name, described, validated
 from scepsy_common.files import atomic_write_text, read_json
+from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
 from scepsy_opt.planning.planfile import PLAN_VERSION, dumps
@@ -491,17 +493,66 @@ def parse_plan(raw: Any, source: str) -> PlanDoc:
     return doc
 
 
-def write_plan_file(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> None:
-    """Write the plan.json document ``doc`` to ``path`` atomically, after checking it with the
-    models that read it (:func:`parse_plan`): scepsy never writes a plan it cannot read."""
+def write_plan_file(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Path:
+    """Write the plan.json document ``doc`` atomically, after checking it with the models that
+    read it (:func:`parse_plan`): scepsy never writes a plan it cannot read. Returns the path
+    written: ``path``, except that a document without a placed plan (:func:`is_placed`) never
+    replaces a placed plan already at ``path``: it goes beside it, to
+    :func:`failed_plan_path` (a failed run never destroys a good result)."""
     text = dumps(dict(doc))
-    parse_plan(json.loads(text), str(path))
-    atomic_write_text(path, text)
+    plan = parse_plan(json.loads(text), str(path))
+    dest = Path(path)
+    if not is_placed(plan) and holds_placed_plan(dest):
+        dest = failed_plan_path(dest)
+    atomic_write_text(dest, text)
+    return dest
+
+
+def failed_plan_path(path: str | os.PathLike[str]) -> Path:
+    """Where :func:`write_plan_file` puts a failed run's plan.json when ``path`` holds a placed
+    plan: ``plan.json`` -> ``plan.failed.json`` (``NAME`` -> ``NAME.failed.json``)."""
+    p = Path(path)
+    return p.with_name(f"{p.stem if p.suffix else p.name}.failed{p.suffix or '.json'}")
+
+
+def holds_placed_plan(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a plan.json this scepsy reads and that has a placed plan."""
+    try:
+        return Path(path).is_file() and is_placed(read_plan(path))
+    except InputError:
+        return False
 
 
 def read_plan(path: str | os.PathLike[str]) -> PlanDoc:
     """:func:`parse_plan` of a plan.json file."""
     return parse_plan(read_json(path, "plan.json file (scepsy plan --out)"), str(path))
+
+
+def is_placed(doc: PlanDoc) -> bool:
+    """Whether ``doc`` has a placed plan: an allocation with every replica on a node (what
+    launch, report's placement and replan need)."""
+    pl = doc.placement
+    return (pl is not None and pl.placed and doc.allocation is not None
+            and doc.llms is not None)
+
+
+def not_placed_reason(doc: PlanDoc) -> str:
+    """Why ``doc`` has no placed plan, as the planner said it."""
+    pl = doc.placement
+    return (pl.reason if pl is not None and pl.reason else
+            doc.infeasible.detail if doc.infeasible is not None else
+            "no placement section" if pl is None else "no placed allocation")
+
+
+def require_placed(doc: PlanDoc, source: str) -> PlanDoc:
+    """``doc`` if it has a placed plan (:func:`is_placed`), else the one error every reader
+    that needs one raises (``scepsy launch``, ``scepsy replan``, :func:`launch_plan`): it
+    names ``source``, the ``status`` field, the planner's reason and what to do."""
+    if not is_placed(doc):
+        raise InputError(source, "status", f"a placed plan; this plan is {doc.status} "
+                         f"({not_placed_reason(doc)}); re-run `scepsy plan` (more GPUs, a lower "
+                         "--target or a longer --time-limit) and use the plan it writes")
+    return doc
 
 
 def plan_catalog(doc: PlanDoc) -> Catalog:
@@ -570,6 +621,7 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
         if beyond is not None and beyond.share != row.share:
             raise InputError(source, f"llms.{m}.extrapolated_share.share",
                              f"llms.{m}.share ({row.share!r})", beyond.share)
+    _check_sizes(doc, nodes, source)
     for w, wf in (doc.workflows or {}).items():
         for k, m in enumerate(wf.llms):
             if m not in llms:
@@ -582,6 +634,28 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
     _check_splits(doc, source)
     if doc.placement is not None:
         _check_instances(doc, nodes, source)
+
+
+def _check_sizes(doc: PlanDoc, nodes: Topology, source: str) -> None:
+    """Every LLM's instance fits the plan's cluster (before anything is built per replica or
+    per GPU): ``tp`` at most the GPUs of its largest node of its type, and its ``replicas``
+    (``tp`` GPUs of ``share`` each, counted as the planner counts shares:
+    :func:`~scepsy_common.units.gpu_units`) at most the GPUs of its type."""
+    per_type: dict[str, tuple[int, int]] = {}  # GPU type -> (GPUs in all, most on one node)
+    for n in nodes.nodes:
+        total, most = per_type.get(n.gpu, (0, 0))
+        per_type[n.gpu] = (total + n.gpus, max(most, n.gpus))
+    for m, row in (doc.llms or {}).items():
+        total, most = per_type.get(row.gpu, (0, 0))
+        if row.tp > most:
+            raise InputError(source, f"llms.{m}.tp", f"at most {most} (the most {row.gpu} GPUs "
+                             "one node of the cluster has: a replica's GPUs are on one node)",
+                             row.tp)
+        if gpu_units(row.tp, row.share, row.replicas) > total * UNITS:
+            fit = total * UNITS // gpu_units(row.tp, row.share)
+            raise InputError(source, f"llms.{m}.replicas",
+                             f"at most {fit} (replicas x tp {row.tp} x share {row.share:g} "
+                             f"within the cluster's {total} {row.gpu} GPUs)", row.replicas)
 
 
 def _check_splits(doc: PlanDoc, source: str) -> None:
@@ -648,7 +722,7 @@ def _check_instances(doc: PlanDoc, nodes: Topology, source: str) -> None:
         return
     for m, row in llms.items():
         got = sorted(seen.get(m, []))
-        if got != list(range(row.replicas)):
+        if len(got) != row.replicas or got != list(range(len(got))):
             raise InputError(source, "placement.instances",
                              f"replicas 0..{row.replicas - 1} of {m} (llms.{m}.replicas) "
                              "exactly once each", got)
@@ -660,15 +734,10 @@ def _check_instances(doc: PlanDoc, nodes: Topology, source: str) -> None:
 def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
     """The launch view of a placed plan (:class:`~scepsy_place.launch.model.LaunchPlan`): ports
     from ``launch.base_port`` (:func:`~scepsy_place.launch.model.assign_ports`). A plan
-    without a placed allocation is an :class:`InputError` saying why there is none."""
+    without a placed allocation is :func:`require_placed`'s error, saying why there is none."""
+    require_placed(doc, source)
     pl = doc.placement
-    if pl is None or not pl.placed or doc.allocation is None or doc.llms is None:
-        why = (pl.reason if pl is not None and pl.reason else
-               doc.infeasible.detail if doc.infeasible is not None else
-               "no placement section" if pl is None else "no placed allocation")
-        raise InputError(source, "placement.placed",
-                         f"a placed plan, every replica on a node (this plan has none: {why}) "
-                         f"(status {doc.status})")
+    assert pl is not None and doc.allocation is not None and doc.llms is not None
     nodes = plan_nodes(doc, source)
     launch = doc.launch
     replicas = assign_ports(tuple(

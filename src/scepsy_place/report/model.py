@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scepsy_place.launch.planfile import PlanDoc, plan_nodes, read_plan
+from scepsy_place.launch.planfile import PlanDoc, is_placed, plan_nodes, read_plan
 from scepsy_place.packing.topology import Node, Topology
 
 __all__ = ["PLACEMENT_COLUMNS", "PLAN_COLUMNS", "WORKFLOW_COLUMNS", "Report", "Slot",
@@ -54,8 +54,7 @@ class Report:
 
     @property
     def placed(self) -> bool:
-        pl = self.doc.placement
-        return self.has_allocation and pl is not None and pl.placed
+        return is_placed(self.doc)
 
 
 def load_report(plan_path: str | Path) -> Report:
