@@ -48,10 +48,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [it for it in items if it.get_closest_marker("slow") is None]
 
 
+TIER_MINUTES = {"fast": "6-7", "all": "13-14"}
+"""About how long each tier runs on the 2-core development machine with two processes
+(docs/testing.md, "How long")."""
+
+
 def pytest_report_header(config: pytest.Config) -> str:
-    return ("tiers: every test (CI or SCEPSY_ALL_TESTS set)" if all_tests() else
-            "tiers: the fast tier; long tests (marker slow) run in CI, or here with "
-            "SCEPSY_ALL_TESTS=1")
+    """The first line a run prints: which tier runs and about how long it takes."""
+    if all_tests():
+        return (f"tiers: every test (CI or SCEPSY_ALL_TESTS set): about "
+                f"{TIER_MINUTES['all']} minutes on 2 cores")
+    return (f"tiers: the fast tier, about {TIER_MINUTES['fast']} minutes on 2 cores; long "
+            "tests (marker slow) run in CI, or here with SCEPSY_ALL_TESTS=1")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -140,44 +140,19 @@ class FakeChatServer:
 
 # -- a real vllm serve with a tokenizer and a chat template ---------------------------------------
 
-TOKENIZER_SCRIPT = r'''
-"""Write a word-level tokenizer with a chat template into argv[1] (vocab argv[2] ids)."""
-import json
-import re
-import sys
-from pathlib import Path
+def _example_recipe() -> str:
+    """The tokenizer recipe examples/agent/tiny_chat_model.py ships (one recipe for both)."""
+    import importlib.util
 
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-from transformers import PreTrainedTokenizerFast
+    path = Path(__file__).resolve().parents[1] / "examples" / "agent" / "tiny_chat_model.py"
+    spec = importlib.util.spec_from_file_location("tiny_chat_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.TOKENIZER_SCRIPT)
 
-folder, vocab_size = Path(sys.argv[1]), int(sys.argv[2])
-special = ["<pad>", "<s>", "</s>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>"]
-letters = "abcdefghijklmnopqrstuvwxyz"
 
-def word(i):
-    out = ""
-    i += 26
-    while i:
-        i, r = divmod(i, 26)
-        out = letters[r] + out
-    return out
-
-vocab = {t: i for i, t in enumerate(special)}
-for i in range(len(special), vocab_size):
-    vocab[word(i)] = i
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-template = ("{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
-fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                               unk_token="<unk>", pad_token="<pad>",
-                               additional_special_tokens=special[4:])
-fast.chat_template = template
-fast.save_pretrained(str(folder))
-(folder / "chat_template.jinja").write_text(template)
-print(json.dumps({"vocab": len(vocab)}))
-'''
+TOKENIZER_SCRIPT = _example_recipe()
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from io import StringIO
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scepsy import api
 from scepsy.cli import main
@@ -114,6 +116,10 @@ class FakeProfiler:
 
     name: str = "loop-fake"
     sleep_s: float = 0.0
+    start_s: float = 0.0
+    """Seconds a session takes to start (an engine's start-up)."""
+    noisy: bool = False
+    """Timed runs that disagree as on a busy machine (the slowest 4x the median)."""
     down: str | None = None
     unsupported_tps: dict[int, str] = field(default_factory=dict)
     opened: list[tuple[int, float]] = field(default_factory=list)
@@ -133,6 +139,7 @@ class FakeProfiler:
     def session(self, model: EngineModel, tp: int, share: float,
                 options: BackendOptions) -> Iterator[_FakeProfilerSession]:
         self.opened.append((tp, share))
+        time.sleep(self.start_s)
         yield _FakeProfilerSession(self, tp)
 
 
@@ -153,6 +160,8 @@ class _FakeProfilerSession:
         b, n = point.batch, point.tokens
         work = 0.02 * b * n if point.phase == "prefill" else 0.05 * b + 0.0005 * b * n
         ms = 2.0 + work / self.tp
+        if self.backend.noisy:
+            return Timing.of([ms * 0.9, ms, ms * 4.0], method="fake")
         return Timing.of([ms * 0.99, ms, ms * 1.01], method="fake")
 
 
@@ -356,9 +365,9 @@ def test_profile_stage_refuses_a_tp_it_cannot_measure(tmp_path: Path) -> None:
 def test_profile_stage_budget_too_small_says_how_to_continue(tmp_path: Path) -> None:
     """A budget that leaves a curve with fewer points than a fit needs is an error that names
     the budget; a rerun with the same out and a larger budget continues the store."""
-    prof = _fake_profiler(sleep_s=0.05)
+    prof = _fake_profiler(sleep_s=0.5)  # about 5 points in 3 s, where a fit needs 10
     opts = _options(tmp_path, None, curves=None, profile_backend="loop-fake",
-                    profile_budget_s=0.02, tps=(1,))
+                    profile_budget_s=3.0, tps=(1,))
     folder = tmp_path / "profile"
     with api.using_catalog(opts.catalog) as cat:
         models = bl.loop_models(load_specs(opts.workflow), cat)
@@ -371,6 +380,102 @@ def test_profile_stage_budget_too_small_says_how_to_continue(tmp_path: Path) -> 
         used = bl.profile_here(replace(opts, profile_budget_s=60.0), models, folder, cat)
     assert used.points == first + len(more.measured) and used.measured == len(more.measured)
     assert not {(tp, p) for tp, p in more.measured} & {(tp, p) for tp, p in prof.measured}
+
+
+def test_profile_budget_leaves_out_the_engine_start(tmp_path: Path) -> None:
+    """The budget is measuring time: an engine that takes longer to start than the whole
+    budget still gets its points measured (before, the start ate the budget: 0 points), and a
+    budget too small for a fit says how long the start took and which flag raises it."""
+    prof = _fake_profiler(sleep_s=0.3, start_s=2.5)
+    opts = _options(tmp_path, None, curves=None, profile_backend="loop-fake",
+                    profile_budget_s=2.0, tps=(1,))
+    lines: list[str] = []
+    with api.using_catalog(opts.catalog) as cat:
+        models = bl.loop_models(load_specs(opts.workflow), cat)
+        with pytest.raises(InputError) as err:
+            bl.profile_here(opts, models, tmp_path / "profile", cat, lines.append)
+    assert prof.measured, "the engine's start counted against the budget"
+    msg = str(err.value)
+    assert err.value.field == "profile_budget_s"
+    assert "raise --profile-budget (now 2 s of measuring)" in msg
+    assert "engine started in 2 s" in msg or "engine started in 3 s" in msg
+    assert f"tp1: {len(prof.measured)} point(s) in" in msg
+    assert any("after an engine start of" in ln for ln in lines)
+    # with room, the same slow start ends in curves, the start reported apart
+    _fake_profiler(start_s=2.5)
+    with api.using_catalog(opts.catalog) as cat:
+        used = bl.profile_here(replace(opts, profile_budget_s=60.0), models,
+                               tmp_path / "profile", cat)
+    assert used.engine_start_s["llama-3-8b:x0.0625 tp1"] >= 2.5
+    assert used.warnings == ()
+
+
+def test_a_noisy_profile_is_warned_about(tmp_path: Path) -> None:
+    """Timed runs that disagree as on a busy machine: one warning line per sweep naming the
+    model, the TP degree, the spread and the threshold, with what to do; in results too."""
+    _fake_profiler(noisy=True)
+    opts = _options(tmp_path, None, curves=None, profile_backend="loop-fake", tps=(1, 2))
+    lines: list[str] = []
+    with api.using_catalog(opts.catalog) as cat:
+        models = bl.loop_models(load_specs(opts.workflow), cat)
+        used = bl.profile_here(opts, models, tmp_path / "profile", cat, lines.append)
+    assert len(used.warnings) == 2
+    for tp, w in zip((1, 2), used.warnings, strict=True):
+        assert w.startswith("warning: the profile of llama-3-8b:x0.0625 at TP "
+                            f"{tp} is noisy")
+        assert "spread 310% of their median" in w and "over the 100%" in w
+        assert "quieter machine" in w
+        assert w in lines
+    assert used.spread_pct["llama-3-8b:x0.0625 tp1"] == pytest.approx(310.0)
+    assert used.to_dict()["warnings"] == list(used.warnings)
+
+
+def test_profile_spread_of_the_bundled_store_is_quiet() -> None:
+    """The bundled store, measured on a machine to itself, stays under the threshold."""
+    records = [r for r in read_store(REPO / "datasets/profiles/"
+                                     "vllm-cpu-llama-3-8b-x0.0625.jsonl").records
+               if r.status == "ok"]
+    p90, top = bl.profile_spread(records)
+    assert 0 < p90 <= top < bl.PROFILE_SPREAD_LIMIT
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.floats(1e-4, 1e3), st.floats(1.0, 1e4), st.none() | st.integers(1, 10_000))
+def test_drive_requests_bound_the_default_drive(rate: float, limit: float,
+                                                given_n: int | None) -> None:
+    """The default drive sends at most DEFAULT_REQUESTS, at least MIN_REQUESTS, and arrives
+    within max_drive_s whenever MIN_REQUESTS can; a given number is kept."""
+    opts = bl.LoopOptions(requests=given_n, max_drive_s=limit)
+    n = bl.drive_requests(opts, rate)
+    if given_n is not None:
+        assert n == given_n
+        return
+    assert bl.MIN_REQUESTS <= n <= bl.DEFAULT_REQUESTS
+    if rate * limit >= bl.MIN_REQUESTS:
+        assert n / rate <= limit * (1 + 1e-9)
+    if rate * limit >= bl.DEFAULT_REQUESTS:
+        assert n == bl.DEFAULT_REQUESTS
+
+
+def test_default_drive_fits_its_limit_and_every_stage_says_so(
+        tmp_path: Path, fake_engine: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without --requests the drive is cut to what arrives within --max-drive-s; stderr gets a
+    line at each stage's start and end with the time, and progress lines while it drives."""
+    monkeypatch.setattr(bl, "PROGRESS_EVERY_S", 1.0)
+    lines: list[str] = []
+    res = api.bench_loop(_options(tmp_path, fake_engine, requests=None, rate=5.0,
+                                  max_drive_s=8.0), say=lines.append)
+    assert res.clean, res.error
+    assert res.requests == 40 and res.drive is not None and res.drive["sent"] == 40
+    doc = json.loads(Path(res.files["results"]).read_text())
+    assert doc["requests"] == 40 and doc["predicted_drive_s"] == pytest.approx(8.0)
+    assert doc["options"]["requests"] is None
+    text = "\n".join(lines)
+    for stage in ("launch", "drive"):
+        assert f"] {stage}: started" in text and f"] {stage}: done after" in text
+    assert "] the drive: 40 requests at 5 req/s, arriving over about 8 s" in text
+    assert any("]   drive: sent " in ln and "completed" in ln for ln in lines), text
+    assert all(ln.startswith("[") and " s] " in ln for ln in lines)
 
 
 def test_loop_stops_servers_when_the_drive_raises(tmp_path: Path, fake_engine: tuple[str, ...],
@@ -441,7 +546,7 @@ def test_signal_to_a_running_loop_leaves_nothing(tmp_path: Path, fake_engine: tu
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         lines.append(line)
-        if line.startswith("driving"):
+        if "] driving" in line:
             break
         assert time.monotonic() < deadline, lines
     time.sleep(1.0)
@@ -450,6 +555,13 @@ def test_signal_to_a_running_loop_leaves_nothing(tmp_path: Path, fake_engine: tu
     assert proc.returncode == 130, "".join(lines) + out
     doc = json.loads((tmp_path / "loop" / "results.json").read_text())
     assert doc["interrupted"] is True
+    # what the drive measured until the signal is kept, marked interrupted
+    drive = doc["drive"]
+    assert drive is not None and drive["interrupted"] is True
+    assert drive["sent"] > 0 and drive["not_sent"] > 0
+    assert drive["completed"] + drive["failed"] == drive["sent"]
+    assert set(drive["failures"]) <= {"interrupted"}
+    assert "drive: stopped after" in out
     _assert_nothing_left(doc)
     assert all(bl.port_free(p) for p in _ports(tmp_path / "loop" / "run" / "plan.json"))
 

@@ -29,6 +29,7 @@ from scepsy_opt.workflows import WorkflowSpec, generate_trace
 from scepsy_place.launch.drive import (
     BATCHES,
     DRIVE_FAILURE_KINDS,
+    DriveProgress,
     DriveResult,
     drive,
     drive_async,
@@ -448,6 +449,35 @@ def test_cancelling_a_drive_ends_every_call(fake):
         return time.perf_counter() - t
 
     assert asyncio.run(main()) < 2.0
+
+
+def test_an_interrupted_drive_keeps_what_it_measured(fake):
+    """Cancelled mid-run (what Ctrl-C does), the drive's progress holds a result of what was
+    measured until then: requests completed, those in flight failed as 'interrupted', the
+    rest not sent; every request accounted for."""
+    spec = coder()
+    progress = DriveProgress()
+
+    async def main() -> None:
+        task = asyncio.create_task(drive_async(
+            [spec], routes_for([spec], fake.base_url + "/v1"), rate=20.0, requests=400,
+            seed=0, timeouts=FAST, progress=progress))
+        while progress.completed < 3:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    res = progress.result
+    assert res is not None and res.interrupted and not res.deadline_hit
+    _accounted(res)
+    assert res.completed >= 3 and res.not_sent > 0
+    assert set(res.failures) <= {"interrupted"}
+    assert (progress.sent, progress.completed, progress.failed) == (res.sent, res.completed,
+                                                                    res.failed)
+    assert res.to_dict()["interrupted"] is True
+    assert "sent " in progress.line() and f"/{res.planned}" in progress.line()
 
 
 # ------------------------------------------------------------------------- statistics

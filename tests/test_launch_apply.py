@@ -43,6 +43,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 argv = sys.argv[1:]
 port = int(argv[len(argv) - 1 - argv[::-1].index("--port") + 1])
+host = argv[len(argv) - 1 - argv[::-1].index("--host") + 1] if "--host" in argv else "0.0.0.0"
 record_dir = os.environ.get("FAKE_RECORD_DIR")
 if "--fake-ignore-term" in argv:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -72,7 +73,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 print(f"fake server on port {port}", flush=True)
-ThreadingHTTPServer(("0.0.0.0", port), Handler).serve_forever()
+ThreadingHTTPServer((host, port), Handler).serve_forever()
 '''
 
 
@@ -142,7 +143,7 @@ def test_apply_starts_every_server_healthy_and_stop_leaves_nothing(tmp_path):
                 os.environ.get("CUDA_VISIBLE_DEVICES")
             assert rec["argv"][:1] == ["/models/tiny"]
             assert rec["argv"][-8:] == ["--served-model-name", replica.llm,
-                                        "--tensor-parallel-size", "1", "--host", "0.0.0.0",
+                                        "--tensor-parallel-size", "1", "--host", "127.0.0.1",
                                         "--port", str(s.port)]
         pids = [s.pid for s in run.servers] + [r["child"] for r in recs.values()]
     finally:
@@ -152,6 +153,33 @@ def test_apply_starts_every_server_healthy_and_stop_leaves_nothing(tmp_path):
     assert_nothing_left(plan, pids, folder)
     again = stop(folder)
     assert again.ok and again.stopped == ()
+
+
+def _accepts(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        return s.connect_ex((host, port)) == 0
+
+
+@pytest.mark.parametrize("address", ["127.0.0.2", "0.0.0.0"])
+def test_servers_listen_on_the_planned_address_only(tmp_path, address):
+    """Each server binds the node's address in the plan (127.0.0.2: another loopback address,
+    so that 127.0.0.1 must refuse); start.sh checks ports and /health there, and apply's URLs
+    point there. Every interface only where the plan says 0.0.0.0."""
+    plan = fake_plan(tmp_path)
+    plan = replace(plan, addresses={"host": address})
+    folder = rendered(plan, tmp_path)
+    run = apply(folder)
+    try:
+        probe = "127.0.0.1" if address == "0.0.0.0" else address
+        for s in run.servers:
+            assert s.url == f"http://{probe}:{s.port}/v1"
+            assert _accepts(address if address != "0.0.0.0" else "127.0.0.1", s.port)
+            assert _accepts("127.0.0.1", s.port) == (address == "0.0.0.0")
+            assert records(tmp_path)[s.port]["argv"][-4:] == ["--host", address, "--port",
+                                                              str(s.port)]
+    finally:
+        assert stop(folder, grace_s=5).ok
 
 
 def test_start_all_and_stop_all_run_a_local_node_without_python(tmp_path):

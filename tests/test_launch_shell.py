@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -467,3 +468,41 @@ def plans(draw) -> LaunchPlan:
 @given(plans())
 def test_any_plan_round_trips(plan):
     assert SHELL.parse(SHELL.render(plan)) == plan.assignments()
+
+
+ADDRESSES = st.sampled_from(["127.0.0.1", "127.0.0.2", "10.0.0.7", "::1", "0.0.0.0",
+                             "node.example"])
+
+
+@settings(max_examples=40, deadline=None)
+@given(plans(), st.data())
+def test_every_server_listens_on_its_node_address(plan, data):
+    """Each server's ``--host`` is its node's address in the plan (its name without one), and
+    start.sh checks ports and /health there; every interface only where the plan says so."""
+    addresses = {n: data.draw(ADDRESSES) for n in plan.nodes if data.draw(st.booleans())}
+    plan = replace(plan, addresses=addresses)
+    files = SHELL.render(plan)
+    for r in replica_records(files):
+        want = plan.address(r.node)
+        assert r.host == want
+        assert "0.0.0.0" not in r.argv or want == "0.0.0.0"
+        probe = "127.0.0.1" if want == "0.0.0.0" else want
+        assert r.url == f"http://{f'[{probe}]' if ':' in probe else probe}:{r.port}/v1"
+        start = files[f"{node_folder(r.node)}/start.sh"]
+        assert f"probe_host={shlex.quote(probe)}\n" in start \
+            or f"probe_host='{probe}'\n" in start
+
+
+def test_other_targets_bind_where_their_network_reaches():
+    """k8s: a pod's server listens on the pod's interfaces (its Service reaches it there, not
+    at the node's address); ray: the proxies on the plan's one address, or every interface
+    where nodes differ (one ``http_options.host`` serves every node's proxy)."""
+    from scepsy_place.launch.k8s import server_argv
+    from scepsy_place.launch.ray import proxy_host
+
+    plan = cpu_plan()
+    for r in plan.replicas:
+        argv = server_argv(plan, r)
+        assert argv[argv.index("--host") + 1] == "0.0.0.0"
+    assert proxy_host(plan) == "127.0.0.1"
+    assert proxy_host(gpu_plan()) == "0.0.0.0"  # node-a at 10.0.0.1, node-b by its name

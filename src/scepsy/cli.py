@@ -290,7 +290,12 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
 
     d = bl.LoopOptions()
     loop.add_argument("--requests", type=COUNT, default=d.requests,
-                      help="requests to drive, over all workflows (default %(default)s)")
+                      help=f"requests to drive, over all workflows (default {bl.DEFAULT_REQUESTS}"
+                      ", fewer where they would arrive over more than --max-drive-s at the "
+                      f"target rate, at least {bl.MIN_REQUESTS})")
+    loop.add_argument("--max-drive-s", type=POSITIVE, default=d.max_drive_s, metavar="S",
+                      help="the longest the default drive's arrivals may take (default "
+                      "%(default)s s; with --requests: a warning line only)")
     loop.add_argument("--rate", type=POSITIVE,
                       help="total arrival rate, req/s (default: --load times the largest "
                       "throughput the plan predicts)")
@@ -308,8 +313,9 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
                       f"{bl.BUNDLED_CURVES} (default: measure the step profile on this machine "
                       "with the vllm backend into OUT/profile/ and fit them there)")
     loop.add_argument("--profile-budget", type=POSITIVE, default=d.profile_budget_s,
-                      metavar="S", help="seconds the profiling stage may take, its engines' "
-                      "start-up included (default %(default)s; ignored with --curves)")
+                      metavar="S", help="seconds of measuring the profiling stage may take, "
+                      "shared by its TP degrees; the engines' start-up comes on top and is "
+                      "reported (default %(default)s; ignored with --curves)")
     loop.add_argument("--tp", default=",".join(map(str, d.tps)), help="default %(default)s")
     loop.add_argument("--shares", default=",".join(f"{x:g}" for x in d.shares),
                       help="share grid of a core (default %(default)s)")
@@ -670,7 +676,8 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
             tps=tuple(_ints(args.tp, "--tp")), shares=tuple(_floats(args.shares, "--shares")),
             engine_python=args.engine_python, max_model_len=args.max_model_len,
             call_timeout_s=args.timeout_s, seed=args.seed, out=str(args.out), keep=args.keep,
-            overheads=None if args.overheads is None else str(args.overheads))
+            overheads=None if args.overheads is None else str(args.overheads),
+            max_drive_s=args.max_drive_s)
     except InputError as exc:
         _loop_usage(exc)
     with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):

@@ -196,7 +196,7 @@ def apply(folder: str | os.PathLike[str], node: str | None = None,
             raise LaunchError(f"{script} succeeded but left no pid file for {r.name} "
                               f"in {runs / 'pids'}")
         servers.append(StartedServer(r.name, r.llm, r.replica, r.node, pid, r.port,
-                                     f"http://127.0.0.1:{r.port}/v1",
+                                     r.url,
                                      runs / "logs" / f"{r.name}.log"))
     return AppliedRun(root, chosen, runs, tuple(servers), time.monotonic() - t0, out)
 

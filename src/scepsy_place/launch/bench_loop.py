@@ -62,7 +62,7 @@ from scepsy_opt.allocation import Allocation
 from scepsy_opt.traces import write_trace
 from scepsy_opt.workload import load_specs
 from scepsy_place.launch import apply as launch_apply
-from scepsy_place.launch.drive import DriveResult, drive
+from scepsy_place.launch.drive import DriveProgress, DriveResult, drive
 from scepsy_place.launch.model import LaunchPlan
 from scepsy_place.launch.planfile import load_plan, write_plan_file
 from scepsy_place.launch.renderers import get_renderer, write_rendered
@@ -96,12 +96,46 @@ from scepsy_profile.profiling.vllm_backend import GPU_MEMORY_FRACTION
 from scepsy_profile.serving import MemoryPolicy
 
 __all__ = [
-    "BUNDLED_CURVES", "CHECKOUT", "FLAGS", "MARKER", "CurvesUsed", "Leftovers", "LoopOptions",
-    "LoopResult", "Planning", "comparison", "cpu_engine_args", "cpu_launch_section",
-    "curves_line", "fit_store", "free_port_range", "given_curves", "gpu_engine_args",
-    "gpu_memory_args", "host_cpu", "leftovers", "loop_models", "marked_processes", "port_free",
-    "prediction_dict", "profile_backend_options", "profile_here", "profile_spec",
-    "read_results", "report_lines", "run_loop", "sent_rates", "server_metrics", "server_terms",
+    "BUNDLED_CURVES",
+    "CHECKOUT",
+    "DEFAULT_REQUESTS",
+    "FLAGS",
+    "MARKER",
+    "MIN_REQUESTS",
+    "PROFILE_SPREAD_LIMIT",
+    "CurvesUsed",
+    "Leftovers",
+    "LoopOptions",
+    "LoopResult",
+    "Planning",
+    "comparison",
+    "cpu_engine_args",
+    "cpu_launch_section",
+    "curves_line",
+    "drive_requests",
+    "fit_store",
+    "free_port_range",
+    "given_curves",
+    "gpu_engine_args",
+    "gpu_memory_args",
+    "host_cpu",
+    "leftovers",
+    "loop_models",
+    "marked_processes",
+    "partial_drive",
+    "port_free",
+    "prediction_dict",
+    "profile_backend_options",
+    "profile_here",
+    "profile_spec",
+    "profile_spread",
+    "read_results",
+    "report_lines",
+    "run_loop",
+    "sent_rates",
+    "server_metrics",
+    "server_terms",
+    "spread_warning",
     "with_default_files",
 ]
 
@@ -121,7 +155,18 @@ PROFILE_POINTS_PER_TP = 24
 """The compact sweep's most points per TP degree, both phases together: the planner's coarse
 design (9 per curve, every curve its 5 first), then refinement where a curve is predicted
 worst until it meets the planner's target error. On this project's 2-core machine a point takes
-0.05-2 s and an engine's start 30-45 s: the two TP degrees take about 2 minutes."""
+0.05-2 s and an engine's start 30-45 s (115 s on a busy machine): the two TP degrees take about
+2 minutes."""
+PROFILE_SPREAD_LIMIT = 1.0
+"""The spread of a sweep's timed runs (:func:`profile_spread`, a fraction of their median)
+above which the loop warns that the machine was busy while it measured."""
+DEFAULT_REQUESTS = 200
+"""Requests the loop drives when ``requests`` is not given, fewer where they would take more
+than ``max_drive_s`` at the target rate (:func:`drive_requests`)."""
+MIN_REQUESTS = 30
+"""The fewest requests a default drive sends (a comparison needs a few per workflow)."""
+PROGRESS_EVERY_S = 15.0
+"""Seconds between the progress lines of a long stage (profile, launch, drive)."""
 PROFILE_MIN_TOKENS = 32
 PROFILE_MAX_BATCH_TOKENS = 16384
 """Cells above 16k tokens per step are left out (a decode step of 32 sequences at context 1024
@@ -136,7 +181,7 @@ FLAGS = {"requests": "--requests", "rate": "--rate", "load": "--load", "tps": "-
          "call_timeout_s": "--timeout-s", "out": "--out", "targets": "--rate",
          "engine_python": "--engine-python", "trace_requests": "--requests",
          "curves": "--curves", "profile_budget_s": "--profile-budget",
-         "overheads": "--overheads"}
+         "overheads": "--overheads", "max_drive_s": "--max-drive-s"}
 """Library fields and sources of the loop's errors, and the options of ``scepsy bench loop``
 that set them."""
 
@@ -153,17 +198,21 @@ class LoopOptions:
     their per-call front-end work is not modelled); measured, the default workload fell
     behind its arrivals (throughput 15-30% under the rate) at 0.2 and 0.4 of the predicted
     maximum.
+    ``requests``: the requests to drive; None (the default): :data:`DEFAULT_REQUESTS`, fewer
+    where they would take longer than ``max_drive_s`` at the target rate (at least
+    :data:`MIN_REQUESTS`; :func:`drive_requests`). A given number is driven as given (a line
+    says when it is predicted to take longer).
     ``curves``: a curves file to plan with (e.g. :data:`BUNDLED_CURVES`); None (the default)
     profiles here first (the module docstring, step 0) with ``profile_backend`` (a name of
     :mod:`scepsy_profile.profiling.registry`, ``vllm``; tests register a fake), the sweeps
-    together bounded by ``profile_budget_s`` (no point is started that would overrun it; the
-    engines' start-up counts).
+    together bounded by ``profile_budget_s`` seconds of measuring (no point is started that
+    would overrun it; the engines' start-up is not counted: it is reported instead).
     ``engine_command``: the command before the model folder (default: vLLM's OpenAI server
     run by :func:`~scepsy_profile.profiling.engine_env.vllm_python`); ``engine_args``: the
     arguments after it (default :func:`cpu_engine_args`); both for tests with a fake engine.
     """
 
-    requests: int = 200
+    requests: int | None = None
     rate: float | None = None
     load: float = 0.05
     workflow: str = "datasets/workflows/cpu-rag-beam.yaml"
@@ -195,9 +244,12 @@ class LoopOptions:
     overheads: str | None = None
     """An engine-overheads calibration (``scepsy profile calibrate``) the plan and the
     predictions add to the curves (None: none, the optimistic default)."""
+    max_drive_s: float = 300.0
+    """The longest the default drive may take (its requests' arrivals at the target rate):
+    with ``requests`` None, fewer requests where :data:`DEFAULT_REQUESTS` would take longer."""
 
     def __post_init__(self) -> None:
-        if not (_is_int(self.requests) and self.requests >= 1):
+        if self.requests is not None and not (_is_int(self.requests) and self.requests >= 1):
             raise InputError(SOURCE, "requests", "an integer >= 1", self.requests)
         if self.rate is not None and not (_is_number(self.rate) and self.rate > 0):
             raise InputError(SOURCE, "rate", "a rate > 0 req/s", self.rate)
@@ -206,7 +258,7 @@ class LoopOptions:
         for name in ("max_model_len", "max_num_seqs", "max_in_flight", "trace_requests"):
             if not (_is_int(getattr(self, name)) and getattr(self, name) >= 1):
                 raise InputError(SOURCE, name, "an integer >= 1", getattr(self, name))
-        for name in ("call_timeout_s", "health_timeout_s", "profile_budget_s"):
+        for name in ("call_timeout_s", "health_timeout_s", "profile_budget_s", "max_drive_s"):
             if not (_is_number(getattr(self, name)) and getattr(self, name) > 0):
                 raise InputError(SOURCE, name, "a number of seconds > 0", getattr(self, name))
         if not (_is_int(self.seed) and self.seed >= 0):
@@ -278,6 +330,14 @@ class CurvesUsed:
     sweeps: Mapping[str, str] = field(default_factory=dict)
     """Per model and TP degree, how its sweep ended: ``done``, ``budget`` (the budget ran out
     first), ``interrupted``, or ``reused`` (the store already held it; no engine started)."""
+    engine_start_s: Mapping[str, float] = field(default_factory=dict)
+    """Per sweep that started an engine this run, the seconds its start took (not counted in
+    the profile budget)."""
+    spread_pct: Mapping[str, float] = field(default_factory=dict)
+    """Per sweep, the spread of its points' timed runs in % of their median
+    (:func:`profile_spread`, 90th percentile)."""
+    warnings: tuple[str, ...] = ()
+    """A line per sweep whose spread is over :data:`PROFILE_SPREAD_LIMIT` (a busy machine)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"path": self.path, "measured_here": self.measured_here,
@@ -285,7 +345,8 @@ class CurvesUsed:
                 "device_detail": self.device_detail, "store": self.store,
                 "backend": self.backend, "engine_version": self.engine_version,
                 "points": self.points, "measured": self.measured, "failed": self.failed,
-                "sweeps": dict(self.sweeps)}
+                "sweeps": dict(self.sweeps), "engine_start_s": dict(self.engine_start_s),
+                "spread_pct": dict(self.spread_pct), "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)
@@ -314,6 +375,10 @@ class LoopResult:
     files: Mapping[str, str] = field(default_factory=dict)
     curves: CurvesUsed | None = None
     """The curves the plan and the prediction used (None when the loop stopped before)."""
+    requests: int | None = None
+    """The requests the drive was planned with (:func:`drive_requests`; None before)."""
+    predicted_drive_s: float | None = None
+    """How long the requests' arrivals take at the target rate (``requests / rate``)."""
     predicted_as: Mapping[str, Any] | None = None
     """The allocation the predictions are of when it is not the plan's (an allocation file's
     ``{"llms": ...}``, which ``scepsy predict`` reads): on a CPU, the servers as they run,
@@ -341,7 +406,8 @@ class LoopResult:
                 "clean": self.clean, "error": self.error, "interrupted": self.interrupted,
                 "out": self.out, "files": dict(self.files),
                 "curves": None if self.curves is None else self.curves.to_dict(),
-                "predicted_as": None if self.predicted_as is None else dict(self.predicted_as)}
+                "predicted_as": None if self.predicted_as is None else dict(self.predicted_as),
+                "requests": self.requests, "predicted_drive_s": self.predicted_drive_s}
 
 
 # ---------------------------------------------------------------------------------- pieces
@@ -687,7 +753,11 @@ def curves_line(c: CurvesUsed) -> str:
     """One line on the curves a loop used (printed by ``scepsy bench loop``)."""
     if not c.measured_here:
         return (f"curves: {c.path} (given; not measured by this run; this host: {c.host_cpu})")
-    sweeps = ", ".join(f"{k} {v}" for k, v in c.sweeps.items())
+    sweeps = ", ".join(
+        f"{k} {v}" + (f" (engine start {c.engine_start_s[k]:.0f} s)" if k in c.engine_start_s
+                      else "") + (f", spread {c.spread_pct[k]:.0f}%" if k in c.spread_pct
+                                  else "")
+        for k, v in c.sweeps.items())
     return (f"curves: {c.path}, measured here on {c.device} ({c.device_detail or c.host_cpu}) "
             f"with {c.backend} {c.engine_version or ''}: {c.points} points, {c.measured} "
             f"measured by this run ({c.failed} failed); sweeps: {sweeps}")
@@ -740,6 +810,7 @@ def report_lines(result: LoopResult) -> list[str]:
     lines.append("wall: " + ", ".join(f"{k} {v:.1f} s" for k, v in t.items()))
     if result.curves is not None:
         lines.append(curves_line(result.curves))
+        lines += list(result.curves.warnings)
     lo = result.leftovers
     lines.append("left running: nothing (no process of the run alive, every port free)"
                  if lo.clean else
@@ -748,7 +819,8 @@ def report_lines(result: LoopResult) -> list[str]:
     if result.drive is not None:
         d = result.drive
         lines.append(f"requests: {d['sent']} sent = {d['completed']} completed + "
-                     f"{d['failed']} failed ({d['failures']}); {d['not_sent']} not sent")
+                     f"{d['failed']} failed ({d['failures']}); {d['not_sent']} not sent"
+                     + ("; the drive was interrupted" if d.get("interrupted") else ""))
     if result.error:
         lines.append(f"error: {result.error}")
     if result.interrupted:
@@ -888,43 +960,56 @@ def profile_here(options: LoopOptions, models: Sequence[EngineModel], folder: Pa
     folder.mkdir(parents=True, exist_ok=True)
     store = folder / "store.jsonl"
     curves_path = folder / "curves.json"
-    backend = get_backend(options.profile_backend)
+    inner = get_backend(options.profile_backend)
     bopts = profile_backend_options(options)
-    reason = backend.unavailable(bopts)
+    reason = inner.unavailable(bopts)
     if reason is not None:
-        raise InputError(SOURCE, "engine_python", f"an environment where the {backend.name} "
+        raise InputError(SOURCE, "engine_python", f"an environment where the {inner.name} "
                          f"profiler runs ({reason}); or pass --curves FILE",
                          options.engine_python)
-    t_end = time.monotonic() + options.profile_budget_s
+    backend = _TimedStarts(inner)
     stored = read_store(store).records if store.exists() else None
     todo = [(m, tp) for m in models for tp in options.tps
             if _sweep_left(stored, backend.name, m, profile_spec(tp, options))]
-    sweeps = {f"{m.profiled_name} tp{tp}": "reused" for m in models for tp in options.tps}
+    sweeps = {_sweep_name(m, tp): "reused" for m in models for tp in options.tps}
+    sweep_s: dict[str, float] = {}
     measured = failed = 0
+    spent = 0.0  # measuring time, engine start-ups left out
     for i, (model, tp) in enumerate(todo):
-        budget = max(0.0, (t_end - time.monotonic()) / (len(todo) - i))
-        _say(say, f"profiling {model.profiled_name} at TP {tp} with {backend.name} "
-             f"(budget {budget:.0f} s) into {store}")
+        name = _sweep_name(model, tp)
+        budget = max(0.0, (options.profile_budget_s - spent) / (len(todo) - i))
+        _say(say, f"profiling {model.profiled_name} at TP {tp} with {backend.name}: "
+             f"{budget:.0f} s of measuring (the engine's start-up not counted) into {store}")
+        starts_before = len(backend.starts)
+        ticker = _PointTicker(say, name)
         res = run_sweep(backend, model, profile_spec(tp, options), store, bopts,
-                        budget_s=budget)
+                        budget_s=budget, clock=backend.clock, on_progress=ticker)
+        start_s = sum(backend.starts[starts_before:])
+        if len(backend.starts) > starts_before:
+            backend.started[name] = start_s
+        sweep_s[name] = max(0.0, res.elapsed_s)
+        spent += sweep_s[name]
         measured += len(res.records)
         failed += len(res.failed)
-        sweeps[f"{model.profiled_name} tp{tp}"] = res.stopped
+        sweeps[name] = res.stopped
+        _say(say, f"profiled {name}: {len(res.ok)} point(s) in {sweep_s[name]:.0f} s of "
+             f"measuring" + (f" after an engine start of {start_s:.0f} s"
+                             if name in backend.started else "") + f" ({res.stopped})")
         if res.stopped == "interrupted":
             raise KeyboardInterrupt
         if res.skipped:
             why = "; ".join(f"tp={s.tp}: {s.reason}" for s in res.skipped)
             raise InputError(SOURCE, "tps", f"TP degrees that {backend.name} can run here "
                              f"({why}); or pass --curves FILE", tp)
+    all_records = checked_store(store).records if store.exists() else ()
+    mine = {_sweep_name(m, tp): [r for r in _sweep_records(all_records, backend.name, m)
+                                 if r.status == "ok" and r.tp == tp and r.share == 1.0]
+            for m in models for tp in options.tps}
     try:
         fitted = fit_store(store, curves_path)
     except InputError as exc:
-        raise InputError(SOURCE, "profile_budget_s", "a budget that measures every curve's "
-                         f"points ({exc}); rerun with the same --out to continue the sweep, or "
-                         "pass --curves FILE", options.profile_budget_s) from None
-    records = [r for m in models
-               for r in _sweep_records(checked_store(store).records, backend.name, m)
-               if r.status == "ok" and r.tp in options.tps and r.share == 1.0]
+        raise _budget_error(options, mine, sweep_s, backend.started, str(exc)) from None
+    records = [r for rs in mine.values() for r in rs]
     devices = sorted({r.device for r in records})
     for device in devices:
         if catalog is not None and not catalog.has_gpu(device):
@@ -933,16 +1018,128 @@ def profile_here(options: LoopOptions, models: Sequence[EngineModel], folder: Pa
         for m in models:
             for tp in options.tps:
                 if not fitted.covers(m.profiled_name, device, tp):
-                    raise InputError(SOURCE, "profile_budget_s", "a budget that measures "
-                                     f"{m.profiled_name} at TP {tp}; rerun with the same --out "
-                                     "to continue the sweep", options.profile_budget_s)
+                    raise _budget_error(options, mine, sweep_s, backend.started,
+                                        f"no curve of {m.profiled_name} at TP {tp}")
+    spread = {name: profile_spread(rs) for name, rs in mine.items() if rs}
+    warnings = tuple(spread_warning(name, sp) for name, sp in spread.items()
+                     if sp[0] > PROFILE_SPREAD_LIMIT)
+    for w in warnings:
+        _say(say, w)
     details = sorted({str(r.device_detail.get("model", "")) for r in records} - {""})
     version = ", ".join(sorted({r.engine_version for r in records})) or None
     return CurvesUsed(path=str(curves_path), measured_here=True, host_cpu=host_cpu(),
                       device=", ".join(devices) or None,
                       device_detail=", ".join(details) or None, store=str(store),
                       backend=backend.name, engine_version=version, points=len(records),
-                      measured=measured, failed=failed, sweeps=sweeps)
+                      measured=measured, failed=failed, sweeps=sweeps,
+                      engine_start_s={k: round(v, 1) for k, v in backend.started.items()},
+                      spread_pct={k: round(100 * v[0], 1) for k, v in spread.items()},
+                      warnings=warnings)
+
+
+def _sweep_name(model: EngineModel, tp: int) -> str:
+    return f"{model.profiled_name} tp{tp}"
+
+
+def profile_spread(records: Sequence[ProfileRecord]) -> tuple[float, float]:
+    """How much the timed runs of a sweep's points disagree: per point, the range of its
+    timed runs over their median ((max − min) / median); over the points, the 90th
+    percentile (nearest rank, so that one odd point does not count) and the largest. On a
+    machine to itself both stay low (the bundled store, measured so: 31% and 51%); a busy
+    machine stretches some runs of a step and not others."""
+    per = sorted((max(r.samples_ms) - min(r.samples_ms)) / r.latency_ms for r in records
+                 if r.samples_ms and r.latency_ms and r.latency_ms > 0)
+    if not per:
+        return 0.0, 0.0
+    return per[max(0, math.ceil(0.9 * len(per)) - 1)], per[-1]
+
+
+def spread_warning(name: str, spread: tuple[float, float]) -> str:
+    """The one line :func:`profile_here` prints for a sweep whose spread is over
+    :data:`PROFILE_SPREAD_LIMIT`."""
+    model, _, tp = name.rpartition(" tp")
+    return (f"warning: the profile of {model} at TP {tp} is noisy: its points' timed runs "
+            f"spread {100 * spread[0]:.0f}% of their median (90th percentile; up to "
+            f"{100 * spread[1]:.0f}%), over the {100 * PROFILE_SPREAD_LIMIT:.0f}% a machine "
+            "to itself stays under: something else was running. Its curves, and the rate the "
+            "plan derives from them, are off; rerun on a quieter machine with a new --out (or "
+            "delete OUT/profile), or pass --curves FILE")
+
+
+def _budget_error(options: LoopOptions, mine: Mapping[str, Sequence[ProfileRecord]],
+                  sweep_s: Mapping[str, float], started: Mapping[str, float],
+                  why: str) -> InputError:
+    """The error of a budget that left a curve without the points a fit needs: per sweep, its
+    points, its measuring time and its engine's start-up, and the flag that raises it."""
+    parts = []
+    for name, rs in mine.items():
+        took = f" in {sweep_s[name]:.0f} s of measuring" if name in sweep_s else ""
+        start = (f", its engine started in {started[name]:.0f} s (not counted)"
+                 if name in started else "")
+        parts.append(f"{name}: {len(rs)} point(s){took}{start}")
+    return InputError(SOURCE, "profile_budget_s",
+                      f"a budget that measures the 5 points a curve needs ({why}; "
+                      f"{'; '.join(parts)}): raise --profile-budget (now "
+                      f"{options.profile_budget_s:g} s of measuring), or rerun with the same "
+                      "--out to continue the sweep, or pass --curves FILE",
+                      options.profile_budget_s)
+
+
+class _TimedStarts:
+    """A profiler backend that times each session's start (the engine's start-up) and a clock
+    without them: the sweeps' budget counts measuring only."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.starts: list[float] = []
+        self.started: dict[str, float] = {}
+        """Per sweep name, the seconds its engine took to start (sweeps that started one)."""
+
+    @property
+    def name(self) -> str:
+        return str(self.backend.name)
+
+    def unavailable(self, options: BackendOptions | None = None) -> str | None:
+        return self.backend.unavailable(options)
+
+    def version(self, options: BackendOptions | None = None) -> str:
+        return str(self.backend.version(options))
+
+    def unsupported(self, model: EngineModel, tp: int, share: float,
+                    options: BackendOptions | None = None) -> str | None:
+        return self.backend.unsupported(model, tp, share, options)
+
+    @contextlib.contextmanager
+    def session(self, model: EngineModel, tp: int, share: float,
+                options: BackendOptions) -> Iterator[Any]:
+        t0 = time.monotonic()
+        up = False
+        try:
+            with self.backend.session(model, tp, share, options) as session:
+                self.starts.append(time.monotonic() - t0)
+                up = True
+                yield session
+        finally:
+            if not up:  # a start that failed counts as a start too
+                self.starts.append(time.monotonic() - t0)
+
+    def clock(self) -> float:
+        """``time.monotonic()`` less every engine start so far."""
+        return time.monotonic() - sum(self.starts)
+
+
+class _PointTicker:
+    """``on_progress`` of a sweep: a line at most every :data:`PROGRESS_EVERY_S` seconds."""
+
+    def __init__(self, say: Callable[[str], None] | None, name: str) -> None:
+        self.say, self.name = say, name
+        self.last = time.monotonic()
+
+    def __call__(self, done: int, total: int, record: ProfileRecord) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            _say(self.say, f"  profiling {self.name}: {done} point(s) of about {total}")
 
 
 def given_curves(path: str) -> CurvesUsed:
@@ -955,10 +1152,57 @@ def _say(say: Callable[[str], None] | None, line: str) -> None:
         say(line)
 
 
+def drive_requests(options: LoopOptions, rate: float) -> int:
+    """The requests a loop drives at ``rate``: ``options.requests`` when given, else
+    :data:`DEFAULT_REQUESTS`, cut to what arrives within ``options.max_drive_s`` (at least
+    :data:`MIN_REQUESTS`)."""
+    if options.requests is not None:
+        return options.requests
+    fit = math.floor(rate * options.max_drive_s) if rate > 0 else MIN_REQUESTS
+    return max(MIN_REQUESTS, min(DEFAULT_REQUESTS, fit))
+
+
+class _Clocked:
+    """``say`` with the seconds since the loop started before each line, and stage lines."""
+
+    def __init__(self, say: Callable[[str], None] | None) -> None:
+        self.say = say
+        self.t0 = time.monotonic()
+
+    def __call__(self, line: str) -> None:
+        _say(self.say, f"[{time.monotonic() - self.t0:6.1f} s] {line}")
+
+    @contextlib.contextmanager
+    def stage(self, name: str, status: Callable[[], str] | None = None) -> Iterator[None]:
+        """A line at the stage's start and at its end (with its time), and with ``status``
+        one every :data:`PROGRESS_EVERY_S` seconds while it runs."""
+        t0 = time.monotonic()
+        self(f"{name}: started")
+        stop = threading.Event()
+        beat = None
+        if status is not None and self.say is not None:
+            def tick() -> None:
+                while not stop.wait(PROGRESS_EVERY_S):
+                    with contextlib.suppress(Exception):
+                        self(f"  {name}: {status()} ({time.monotonic() - t0:.0f} s)")
+            beat = threading.Thread(target=tick, name=f"loop-{name}", daemon=True)
+            beat.start()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            stop.set()
+            if beat is not None:
+                beat.join(timeout=5)
+            self(f"{name}: {'done' if ok else 'stopped'} after {time.monotonic() - t0:.1f} s")
+
+
 def run_loop(options: LoopOptions, planning: Planning,
              say: Callable[[str], None] | None = None) -> LoopResult:
     """Plan, launch, drive, stop and compare (module docstring); ``say`` gets a line at the
-    start of each stage. The servers are stopped whatever happens; a :class:`KeyboardInterrupt`
+    start and the end of each stage (with the seconds since the start), and one every
+    :data:`PROGRESS_EVERY_S` seconds during the long ones. The servers are stopped whatever happens; a :class:`KeyboardInterrupt`
     (Ctrl-C, or SIGTERM in the main thread) is raised again after the stop, other exceptions
     too, with ``results.json`` written first (``error``/``interrupted`` set)."""
     options = with_default_files(options)
@@ -984,14 +1228,18 @@ def run_loop(options: LoopOptions, planning: Planning,
     interrupted = False
     lo = Leftovers()
     raised: BaseException | None = None
+    tell = _Clocked(say)
+    progress = DriveProgress()
+    n_requests: int | None = None
     with planning.using_catalog(options.catalog) as catalog, _terminate_as_interrupt():
         try:
             specs = load_specs(options.workflow)
             topology = load_topology(options.cluster, catalog)  # before any profiling
             t0 = time.monotonic()
             if options.curves is None:
-                used = profile_here(options, loop_models(specs, catalog), out / "profile",
-                                    catalog, say)
+                with tell.stage("profile"):
+                    used = profile_here(options, loop_models(specs, catalog),
+                                        out / "profile", catalog, tell)
                 files["curves"] = used.path
                 files["profile_store"] = str(used.store)
             else:
@@ -1005,7 +1253,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                       "overheads": options.overheads}
             t0 = time.monotonic()
             if options.rate is None:
-                _say(say, "planning: the largest throughput the cluster carries")
+                tell("planning: the largest throughput the cluster carries")
                 top = planning.plan(specs, topology, 1.0,
                                     objective="max-throughput", tps=options.tps,
                                     shares=options.shares, **common)
@@ -1017,7 +1265,7 @@ def run_loop(options: LoopOptions, planning: Planning,
             else:
                 rate = float(options.rate)
             state["rate"] = rate
-            _say(say, f"planning: minimum latency at {rate:.3g} req/s")
+            tell(f"planning: minimum latency at {rate:.3g} req/s")
             res = planning.plan(specs, topology, rate, tps=options.tps,
                                 shares=options.shares, **common)
             if res.allocation is None:
@@ -1028,6 +1276,14 @@ def run_loop(options: LoopOptions, planning: Planning,
             running = running_allocation(doc, options.device)  # what the predictions are of
             state["as"] = None if running is None else running.to_dict()
             timings["plan_s"] = time.monotonic() - t0
+            tell(f"plan: done after {timings['plan_s']:.1f} s")
+            n_requests = drive_requests(options, rate)
+            span = n_requests / rate
+            limit = (f"over --max-drive-s {options.max_drive_s:g} s: fewer --requests or a "
+                     "higher --rate would bound it" if span > options.max_drive_s
+                     else f"limit --max-drive-s {options.max_drive_s:g} s")
+            tell(f"the drive: {n_requests} requests at {rate:.3g} req/s, arriving over about "
+                 f"{span:.0f} s ({limit})")
 
             t0 = time.monotonic()
             model_dirs = _model_dirs(doc, work / "models", catalog)
@@ -1059,30 +1315,30 @@ def run_loop(options: LoopOptions, planning: Planning,
             state["servers"] = len(plan.replicas)
             write_rendered(get_renderer(TARGET).render(plan), launch_dir, TARGET)
             files["launch"] = str(launch_dir)
-            _say(say, f"launching {len(plan.replicas)} server(s) (ports "
+            tell(f"launching {len(plan.replicas)} server(s) (ports "
                  f"{min(state['ports'])}-{max(state['ports'])}), waiting for /health")
             started = True
-            for node in plan.node_names():
-                launch_apply.apply(launch_dir, node)
+            with tell.stage("launch", lambda: f"waiting for {len(plan.replicas)} server(s) "
+                            "to answer /health"):
+                for node in plan.node_names():
+                    launch_apply.apply(launch_dir, node)
             timings["launch_s"] = time.monotonic() - t0
             before = server_metrics(plan)
 
             t0 = time.monotonic()
             routes = load_routes(launch_dir / ROUTES_FILE)
-            _say(say, f"driving {options.requests} requests at {rate:.3g} req/s")
+            tell(f"driving {n_requests} requests at {rate:.3g} req/s")
             timeout = ReplayTimeouts(connect_s=10.0, stall_s=min(60.0, options.call_timeout_s),
                                      call_s=options.call_timeout_s)
-            result: DriveResult = drive(
-                specs, routes, rate=rate, requests=options.requests, seed=options.seed,
-                max_in_flight=options.max_in_flight, timeouts=timeout,
-                deadline_s=options.requests / rate * 3 + 120)
+            with tell.stage("drive", progress.line):
+                result: DriveResult = drive(
+                    specs, routes, rate=rate, requests=n_requests, seed=options.seed,
+                    max_in_flight=options.max_in_flight, timeouts=timeout,
+                    deadline_s=n_requests / rate * 3 + 120, progress=progress)
             state["drive"] = result.to_dict()
             timings["drive_s"] = time.monotonic() - t0
             state["server"] = server_terms(before, server_metrics(plan))
-            if result.calls:
-                trace_path = out / "measured-trace.jsonl"
-                write_trace(trace_path, result.trace().calls)
-                files["trace"] = str(trace_path)
+            _write_measured(result, out, files)
         except KeyboardInterrupt as exc:
             interrupted = True
             raised = exc
@@ -1092,8 +1348,14 @@ def run_loop(options: LoopOptions, planning: Planning,
         finally:
             with _shielded():
                 t0 = time.monotonic()
+                if state["drive"] is None and (progress.result is not None or progress.sent):
+                    # interrupted or failed while driving: keep what the drive measured
+                    state["drive"] = partial_drive(progress)
+                    with contextlib.suppress(Exception):
+                        if progress.result is not None:
+                            _write_measured(progress.result, out, files)
                 if started:
-                    _say(say, "stopping the servers")
+                    tell("stopping the servers")
                     try:
                         launch_apply.stop(launch_dir)
                     except Exception as exc:
@@ -1101,7 +1363,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                 lo = leftovers(run_id, state["ports"])
                 timings["stop_s"] = time.monotonic() - t0
         if raised is None and state["drive"] is not None:
-            _say(say, "predicting at the rates the drive sent")
+            tell("predicting at the rates the drive sent")
             t0 = time.monotonic()
             try:
                 at = sent_rates(state["drive"], state["rate"])
@@ -1126,7 +1388,9 @@ def run_loop(options: LoopOptions, planning: Planning,
                       predicted=state["pred"], predicted_measured=state["pred_m"],
                       comparison=state["cmp"], leftovers=lo, error=error,
                       interrupted=interrupted, out=str(out), files=files,
-                      curves=state["curves"], predicted_as=state["as"])
+                      curves=state["curves"], predicted_as=state["as"], requests=n_requests,
+                      predicted_drive_s=None if n_requests is None or not state["rate"]
+                      else n_requests / state["rate"])
     results = out / "results.json"
     loop = replace(loop, files={**files, "results": str(results)})
     if not options.keep and raised is None and error is None:
@@ -1137,6 +1401,28 @@ def run_loop(options: LoopOptions, planning: Planning,
     if raised is not None:
         raise raised
     return loop
+
+
+def _write_measured(result: DriveResult, out: Path, files: dict[str, str]) -> None:
+    """The measured trace of a drive's completed requests (none without one)."""
+    if result.calls:
+        trace_path = out / "measured-trace.jsonl"
+        write_trace(trace_path, result.trace().calls)
+        files["trace"] = str(trace_path)
+
+
+def partial_drive(progress: DriveProgress) -> dict[str, Any]:
+    """results.json's ``drive`` of a drive that did not return (interrupted, or failed): its
+    result when it got to make one (``interrupted`` set when it was cancelled), else its
+    counts so far (``partial``: requests in flight then counted failed as ``interrupted``)."""
+    if progress.result is not None:
+        return progress.result.to_dict()
+    in_flight = progress.sent - progress.completed - progress.failed
+    return {"planned": progress.planned, "sent": progress.sent,
+            "completed": progress.completed, "failed": progress.failed + in_flight,
+            "not_sent": progress.planned - progress.sent,
+            "failures": {"interrupted": in_flight} if in_flight else {},
+            "interrupted": True, "partial": True, "workflows": {}, "llms": {}}
 
 
 def sent_rates(drive: Mapping[str, Any], target: float) -> dict[str, float] | float:

@@ -66,16 +66,16 @@ from scepsy_profile.profiling.replay import (
 )
 
 __all__ = [
-    "DRIVE_FAILURE_KINDS", "DrivePlan", "DriveResult", "LLMResult", "LatencySummary",
+    "DRIVE_FAILURE_KINDS", "DrivePlan", "DriveProgress", "DriveResult", "LLMResult", "LatencySummary",
     "PlannedRequest", "RequestOutcome", "WorkflowResult", "choose_endpoints", "drive",
     "drive_async", "plan_drive", "summarize_latency", "write_drive_trace",
 ]
 
-DRIVE_FAILURE_KINDS: tuple[str, ...] = (*FAILURE_KINDS, "deadline", "error")
+DRIVE_FAILURE_KINDS: tuple[str, ...] = (*FAILURE_KINDS, "deadline", "error", "interrupted")
 """Why a request failed: the kind of its first failed call
 (:data:`~scepsy_profile.profiling.replay.FAILURE_KINDS`), ``deadline`` (the run's deadline
-ended it while it ran) or ``error`` (an unexpected exception in the client, with its text in
-the detail)."""
+ended it while it ran), ``error`` (an unexpected exception in the client, with its text in
+the detail) or ``interrupted`` (the drive was cancelled, e.g. by Ctrl-C, while it ran)."""
 
 VOCAB = 1000
 """Prompt token ids are drawn from ``[FIRST_TOKEN, VOCAB)`` (every model here has more)."""
@@ -397,6 +397,9 @@ class DriveResult:
     calls: tuple[CallRecord, ...] = field(repr=False)
     requests: tuple[RequestOutcome, ...] = field(repr=False)
     deadline_hit: bool = False
+    interrupted: bool = False
+    """The drive was cancelled (Ctrl-C, SIGTERM): what it measured until then (requests in
+    flight failed as ``interrupted``, the rest not sent)."""
 
     def __post_init__(self) -> None:
         if self.completed + self.failed != self.sent:
@@ -420,6 +423,7 @@ class DriveResult:
                 "failures": dict(self.failures), "call_failures": dict(self.call_failures),
                 "wall_s": self.wall_s, "window_s": self.window_s,
                 "throughput_rps": self.throughput_rps, "deadline_hit": self.deadline_hit,
+                "interrupted": self.interrupted,
                 "workflows": {w: r.to_dict() for w, r in self.workflows.items()},
                 "llms": {m: r.to_dict() for m, r in self.llms.items()},
                 "trace_calls": len(self.calls)}
@@ -436,6 +440,26 @@ def write_drive_trace(path: str, result: DriveResult) -> int:
 
 
 # ============================================================================ the run
+
+
+@dataclass
+class DriveProgress:
+    """A running drive's counts, for another thread to read (a progress line), and its
+    :class:`DriveResult` once it ends: also when it is cancelled (``result.interrupted``), so
+    that an interrupted run keeps what it measured."""
+
+    planned: int = 0
+    sent: int = 0
+    completed: int = 0
+    failed: int = 0
+    started_at: float | None = None
+    """``time.monotonic()`` when the first request was due."""
+    result: DriveResult | None = None
+
+    def line(self) -> str:
+        """``sent 12/200, completed 10, failed 0, in flight 2``."""
+        return (f"sent {self.sent}/{self.planned}, completed {self.completed}, failed "
+                f"{self.failed}, in flight {self.sent - self.completed - self.failed}")
 
 
 @dataclass(slots=True)
@@ -455,8 +479,12 @@ class _CallDone:
 
 class _Run:
     def __init__(self, plan: DrivePlan, client: httpx.AsyncClient, timeouts: ReplayTimeouts,
-                 max_in_flight: int) -> None:
+                 max_in_flight: int, progress: DriveProgress | None = None) -> None:
         self.plan, self.client, self.timeouts = plan, client, timeouts
+        self.progress = progress if progress is not None else DriveProgress()
+        self.progress.planned = len(plan.requests)
+        self.progress.started_at = time.monotonic()
+        self.stop_kind, self.stop_why = "deadline", "the run's deadline came while the request ran"
         self.slots = asyncio.Semaphore(max_in_flight)
         self.t0 = time.perf_counter()
         self.outcomes: dict[int, RequestOutcome] = {}
@@ -473,6 +501,7 @@ class _Run:
                 await asyncio.sleep(delay)
             await self.slots.acquire()
             task = asyncio.create_task(self.request(req, self.now()))
+            self.progress.sent += 1
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
 
@@ -496,8 +525,7 @@ class _Run:
                         first = d
             self.finish(req, admitted, started, done, first, None)
         except asyncio.CancelledError:
-            self.finish(req, admitted, started, done, None, "deadline",
-                        "the run's deadline came while the request ran")
+            self.finish(req, admitted, started, done, None, self.stop_kind, self.stop_why)
             raise
         except Exception as exc:  # a driver bug fails the request, never the run
             self.finish(req, admitted, started, done, None, "error",
@@ -518,6 +546,10 @@ class _Run:
         sent = sum(1 for s in started if s is not None)
         failure, detail = (first.failure, first.detail) if first is not None else (stop, why)
         self.done[req.index] = list(done)
+        if failure is None:
+            self.progress.completed += 1
+        else:
+            self.progress.failed += 1
         self.outcomes[req.index] = RequestOutcome(
             req.index, req.workflow, req.request_id, req.arrival_s, admitted, self.now(),
             failure, detail, calls_sent=sent, calls_ok=ok, calls_failed=failed,
@@ -586,7 +618,8 @@ def offered_rates(arrivals: Sequence[tuple[str, float]]) -> dict[str, float]:
     return {w: k / n * (n - 1) / span for w, k in sorted(counts.items())}
 
 
-def _result(plan: DrivePlan, run: _Run, wall: float, deadline_hit: bool) -> DriveResult:
+def _result(plan: DrivePlan, run: _Run, wall: float, deadline_hit: bool,
+            interrupted: bool = False) -> DriveResult:
     outcomes = [run.outcomes.get(r.index) or RequestOutcome(r.index, r.workflow, r.request_id,
                                                             r.arrival_s)
                 for r in plan.requests]
@@ -644,19 +677,22 @@ def _result(plan: DrivePlan, run: _Run, wall: float, deadline_hit: bool) -> Driv
         call_failures=MappingProxyType(_counts(call_failures)), wall_s=wall, window_s=window,
         throughput_rps=tput, workflows=MappingProxyType(workflows),
         llms=MappingProxyType(llms), calls=tuple(calls), requests=tuple(outcomes),
-        deadline_hit=deadline_hit)
+        deadline_hit=deadline_hit, interrupted=interrupted)
 
 
 async def drive_async(workflows: Sequence[WorkflowSpec] | DrivePlan, routes: Routes | None = None,
                       *, rate: float | None = None, requests: int | None = None, seed: int = 0,
                       mix: Mapping[str, float] | None = None, max_in_flight: int = 64,
                       timeouts: ReplayTimeouts | None = None,
-                      deadline_s: float | None = None, vocab: int = VOCAB) -> DriveResult:
+                      deadline_s: float | None = None, vocab: int = VOCAB,
+                      progress: DriveProgress | None = None) -> DriveResult:
     """Run a drive (:func:`plan_drive` with these arguments, or a plan given instead of the
     workflows) and return what it measured. Failed calls and requests are counted, never
     raised; bad arguments raise :class:`InputError` before anything is sent. One
     :class:`httpx.AsyncClient` serves every call, with a pool of ``max_in_flight`` × the plan's
-    largest fan-out connections. Cancelling it cancels every call in flight."""
+    largest fan-out connections. Cancelling it cancels every call in flight; ``progress``
+    (:class:`DriveProgress`) then holds what was measured until then, as it holds the result
+    of a drive that ends."""
     if isinstance(workflows, DrivePlan):
         given = {"routes": routes, "rate": rate, "requests": requests, "mix": mix}
         extra = sorted(k for k, v in given.items() if v is not None)
@@ -677,7 +713,8 @@ async def drive_async(workflows: Sequence[WorkflowSpec] | DrivePlan, routes: Rou
     timeouts = timeouts or ReplayTimeouts()
     deadline_hit = False
     async with async_client(timeouts, max_in_flight * plan.max_fan_out) as client:
-        run = _Run(plan, client, timeouts, max_in_flight)
+        run = _Run(plan, client, timeouts, max_in_flight, progress)
+        interrupted = False
         try:
             async with asyncio.timeout(deadline_s):
                 await run.dispatch()
@@ -685,12 +722,17 @@ async def drive_async(workflows: Sequence[WorkflowSpec] | DrivePlan, routes: Rou
                     await asyncio.wait(set(run.tasks))
         except TimeoutError:
             deadline_hit = True
+        except asyncio.CancelledError:
+            interrupted = True
+            run.stop_kind, run.stop_why = "interrupted", "the drive was interrupted while it ran"
+            raise
         finally:
             for t in list(run.tasks):
                 t.cancel()
             await asyncio.gather(*run.tasks, return_exceptions=True)
-        wall = run.now()
-    return _result(plan, run, wall, deadline_hit)
+            result = run.progress.result = _result(plan, run, run.now(), deadline_hit,
+                                                   interrupted)
+    return result
 
 
 def drive(workflows: Sequence[WorkflowSpec] | DrivePlan, routes: Routes | None = None,

@@ -124,10 +124,17 @@ def _cores(n: float) -> str:
     return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
 
 
+POD_HOST = "0.0.0.0"
+"""Where a pod's server listens: the pod's interfaces (loopback alone would hide it from its
+Service)."""
+
+
 def server_argv(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
     """Replica ``r``'s server command as the shell target writes it
-    (:func:`~scepsy_place.launch.shell.replica_command`), on :data:`POD_PORT`."""
-    return replica_command(plan, replace(r, port=POD_PORT))
+    (:func:`~scepsy_place.launch.shell.replica_command`), on :data:`POD_PORT` of every
+    interface of its pod: the pod's own network namespace, which only its Service reaches
+    (the plan's node addresses are not the pod's)."""
+    return replica_command(plan, replace(r, port=POD_PORT), host=POD_HOST)
 
 
 def server_env(plan: LaunchPlan, r: ReplicaLaunch, mps: bool) -> dict[str, str]:

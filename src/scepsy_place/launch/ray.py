@@ -149,11 +149,20 @@ def llm_config(plan: LaunchPlan, llm: str) -> dict[str, Any]:
     return cfg
 
 
+def proxy_host(plan: LaunchPlan) -> str:
+    """Where Ray Serve's HTTP proxies listen: the plan's one node address when all its nodes
+    share it (one host, e.g. ``127.0.0.1``); otherwise every interface (``0.0.0.0``), since
+    ``http_options.host`` is one value for the proxy of every node (restrict access with the
+    cluster's network rules)."""
+    addresses = {plan.address(n) for n in plan.node_names()}
+    return addresses.pop() if len(addresses) == 1 else "0.0.0.0"
+
+
 def serve_config(plan: LaunchPlan) -> dict[str, Any]:
     """The whole ``serve.yaml`` as plain data."""
     llms = sorted({r.llm for r in plan.replicas})
     return {"proxy_location": "EveryNode",
-            "http_options": {"host": "0.0.0.0", "port": plan.engine.base_port},
+            "http_options": {"host": proxy_host(plan), "port": plan.engine.base_port},
             "applications": [{"name": f"scepsy-{plan.name}", "route_prefix": "/",
                               "import_path": IMPORT_PATH,
                               "args": {"llm_configs": [llm_config(plan, m) for m in llms]}}]}

@@ -78,7 +78,8 @@ STOP_GRACE_S = 10
 REPLICA_TAG = "# scepsy-replica: "
 KV_RESERVE_GIB = 1.0
 """GiB of a CPU replica's memory left out of its KV cache (activations, the runtime)."""
-HOST = "0.0.0.0"
+ALL_INTERFACES = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+"""Addresses that bind every interface, and the loopback address start.sh checks them at."""
 TOP_FILES = (ROUTES_FILE, "start-all.sh", "stop-all.sh", "run")
 """Top-level names of a rendered folder (``run/`` appears when it is applied)."""
 SOCKET_PATH_MAX = 107
@@ -176,9 +177,25 @@ def _replica_env(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[dict[str, str], fr
     return out, frozenset(k for k in ours if k in RUNTIME_VALUES)
 
 
-def replica_command(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
+def bind_address(plan: LaunchPlan, node: str) -> str:
+    """The address ``node``'s servers listen on (``--host``): the node's address in the plan's
+    launch section (its name where the plan gives none), the one address clients reach it at
+    (routes.json). A server listens on every interface only where the plan says ``0.0.0.0``
+    (or ``::``): an unauthenticated server is not exposed to a network the plan did not name."""
+    return plan.address(node)
+
+
+def probe_address(address: str) -> str:
+    """Where start.sh checks a server bound at ``address`` (port in use, ``/health``): the
+    address itself, or loopback for one that binds every interface."""
+    return ALL_INTERFACES.get(address, address)
+
+
+def replica_command(plan: LaunchPlan, r: ReplicaLaunch, *, host: str | None = None
+                    ) -> tuple[str, ...]:
     """``r``'s server command: the engine's command, the model it serves, the engine's and the
-    model's arguments, then the plan's (which win where an argument repeats)."""
+    model's arguments, then the plan's (which win where an argument repeats), listening on
+    ``host`` (default: :func:`bind_address` of its node)."""
     model = plan.models[r.llm]
     device = plan.device_of(r.node)
     command = plan.engine.command
@@ -191,7 +208,8 @@ def replica_command(plan: LaunchPlan, r: ReplicaLaunch) -> tuple[str, ...]:
     if device.kind == "cuda":
         ours += ["--gpu-memory-utilization",
                  f"{gpu_memory_utilization(r.memory_gib, device.memory_gib):g}"]
-    ours += ["--host", HOST, "--port", str(r.port)]
+    ours += ["--host", bind_address(plan, r.node) if host is None else host,
+             "--port", str(r.port)]
     argv = (*command, model.serve, *plan.engine.args, *model.args, *ours)
     for i, a in enumerate(argv):
         check_text(a, "plan", f"command argument {i}")
@@ -300,17 +318,17 @@ node={node}
 node_folder={folder}
 run_dir=${{{run_env}:-$here/../run}}'''
 
-_START_FUNCS = r'''port_busy() {  # whether something accepts connections on loopback port $1
-  (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+_START_FUNCS = r'''port_busy() {  # whether something accepts connections on port $1 of the servers' address
+  (: <>"/dev/tcp/$probe_host/$1") 2>/dev/null
 }
 
-healthy() {  # whether http://127.0.0.1:$1/health answers 2xx
+healthy() {  # whether http://$probe_url_host:$1/health answers 2xx
   if command -v curl >/dev/null 2>&1; then
-    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://127.0.0.1:$1/health" 2>/dev/null
+    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://$probe_url_host:$1/health" 2>/dev/null
   else
     python3 -c 'import sys, urllib.request as u
 u.build_opener(u.ProxyHandler({})).open(
-    "http://127.0.0.1:%s/health" % sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+    "http://%s:%s/health" % (sys.argv[1], sys.argv[2]), timeout=5)' "$probe_url_host" "$1" >/dev/null 2>&1
   fi
 }
 
@@ -548,6 +566,8 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
     device = plan.device_of(node)
     timeout = max(1, math.ceil(plan.engine.health_timeout_s))
     shared = device.kind == "cuda" and any(r.share < 1.0 for r in reps)
+    bind = bind_address(plan, node)
+    probe = probe_address(bind)
     header = _header([
         f"Start the {len(reps)} vLLM server(s) of node {node} (plan of cluster {plan.name}).",
         "Written by `scepsy launch --target shell` (docs/launch.md): run it on that node.",
@@ -571,6 +591,9 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
              _PREAMBLE.format(node=_assigned(node), folder=_assigned(node_folder(node)),
                               run_env=RUN_DIR_ENV),
              f"health_timeout_s=${{{HEALTH_TIMEOUT_ENV}:-{timeout}}}",
+             "# where start.sh checks the servers' ports and /health: the address they listen on",
+             f"probe_host={_assigned(probe)}",
+             f"probe_url_host={_assigned(f'[{probe}]' if ':' in probe else probe)}",
              'if [[ ! $health_timeout_s =~ ^[0-9]+$ ]]; then\n'
              f'  echo "start.sh ($node): {HEALTH_TIMEOUT_ENV} must be whole seconds '
              '(got $health_timeout_s)" >&2\n  exit 2\nfi',
@@ -708,6 +731,20 @@ class ShellReplica:
 
     def assignment(self) -> Assignment:
         return Assignment(self.llm, self.replica, self.tp, self.share, self.node, self.gpus)
+
+    @property
+    def host(self) -> str:
+        """The address its server listens on (the last ``--host`` of its command; vLLM's
+        default, every interface, without one)."""
+        hosts = [self.argv[i + 1] for i, a in enumerate(self.argv[:-1]) if a == "--host"]
+        return hosts[-1] if hosts else "0.0.0.0"
+
+    @property
+    def url(self) -> str:
+        """Its OpenAI-compatible base URL from its node (:func:`probe_address` of
+        :attr:`host`)."""
+        probe = probe_address(self.host)
+        return f"http://{f'[{probe}]' if ':' in probe else probe}:{self.port}/v1"
 
 
 class ShellRenderer:

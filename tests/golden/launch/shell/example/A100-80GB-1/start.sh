@@ -11,6 +11,9 @@ node='A100-80GB-1'
 node_folder='A100-80GB-1'
 run_dir=${SCEPSY_RUN_DIR:-$here/../run}
 health_timeout_s=${SCEPSY_HEALTH_TIMEOUT_S:-900}
+# where start.sh checks the servers' ports and /health: the address they listen on
+probe_host='A100-80GB-1'
+probe_url_host='A100-80GB-1'
 if [[ ! $health_timeout_s =~ ^[0-9]+$ ]]; then
   echo "start.sh ($node): SCEPSY_HEALTH_TIMEOUT_S must be whole seconds (got $health_timeout_s)" >&2
   exit 2
@@ -47,17 +50,17 @@ proc_alive() {  # whether process $1 runs (not a zombie)
   [[ ${line%% *} != Z ]]
 }
 
-port_busy() {  # whether something accepts connections on loopback port $1
-  (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+port_busy() {  # whether something accepts connections on port $1 of the servers' address
+  (: <>"/dev/tcp/$probe_host/$1") 2>/dev/null
 }
 
-healthy() {  # whether http://127.0.0.1:$1/health answers 2xx
+healthy() {  # whether http://$probe_url_host:$1/health answers 2xx
   if command -v curl >/dev/null 2>&1; then
-    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://127.0.0.1:$1/health" 2>/dev/null
+    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://$probe_url_host:$1/health" 2>/dev/null
   else
     python3 -c 'import sys, urllib.request as u
 u.build_opener(u.ProxyHandler({})).open(
-    "http://127.0.0.1:%s/health" % sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+    "http://%s:%s/health" % (sys.argv[1], sys.argv[2]), timeout=5)' "$probe_url_host" "$1" >/dev/null 2>&1
   fi
 }
 
@@ -221,7 +224,7 @@ cmd=(
   --served-model-name generator
   --tensor-parallel-size 4
   --gpu-memory-utilization 0.5
-  --host 0.0.0.0
+  --host A100-80GB-1
   --port 8000
 )
 start_server generator-2 "${cmd[@]}"
@@ -238,7 +241,7 @@ cmd=(
   --served-model-name generator
   --tensor-parallel-size 4
   --gpu-memory-utilization 0.5
-  --host 0.0.0.0
+  --host A100-80GB-1
   --port 8001
 )
 start_server generator-3 "${cmd[@]}"
@@ -255,7 +258,7 @@ cmd=(
   --served-model-name generator
   --tensor-parallel-size 4
   --gpu-memory-utilization 0.5
-  --host 0.0.0.0
+  --host A100-80GB-1
   --port 8002
 )
 start_server generator-4 "${cmd[@]}"
@@ -272,7 +275,7 @@ cmd=(
   --served-model-name prm
   --tensor-parallel-size 2
   --gpu-memory-utilization 0.9
-  --host 0.0.0.0
+  --host A100-80GB-1
   --port 8003
 )
 start_server prm-2 "${cmd[@]}"
@@ -289,7 +292,7 @@ cmd=(
   --served-model-name reranker
   --tensor-parallel-size 1
   --gpu-memory-utilization 0.1
-  --host 0.0.0.0
+  --host A100-80GB-1
   --port 8004
 )
 start_server reranker-0 "${cmd[@]}"
@@ -306,7 +309,7 @@ cmd=(
   --served-model-name reranker
   --tensor-parallel-size 1
   --gpu-memory-utilization 0.1
-  --host 0.0.0.0
+  --host A100-80GB-1
   --port 8005
 )
 start_server reranker-1 "${cmd[@]}"

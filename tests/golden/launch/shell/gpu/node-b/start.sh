@@ -11,6 +11,9 @@ node='node-b'
 node_folder='node-b'
 run_dir=${SCEPSY_RUN_DIR:-$here/../run}
 health_timeout_s=${SCEPSY_HEALTH_TIMEOUT_S:-900}
+# where start.sh checks the servers' ports and /health: the address they listen on
+probe_host='node-b'
+probe_url_host='node-b'
 if [[ ! $health_timeout_s =~ ^[0-9]+$ ]]; then
   echo "start.sh ($node): SCEPSY_HEALTH_TIMEOUT_S must be whole seconds (got $health_timeout_s)" >&2
   exit 2
@@ -47,17 +50,17 @@ proc_alive() {  # whether process $1 runs (not a zombie)
   [[ ${line%% *} != Z ]]
 }
 
-port_busy() {  # whether something accepts connections on loopback port $1
-  (: <>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+port_busy() {  # whether something accepts connections on port $1 of the servers' address
+  (: <>"/dev/tcp/$probe_host/$1") 2>/dev/null
 }
 
-healthy() {  # whether http://127.0.0.1:$1/health answers 2xx
+healthy() {  # whether http://$probe_url_host:$1/health answers 2xx
   if command -v curl >/dev/null 2>&1; then
-    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://127.0.0.1:$1/health" 2>/dev/null
+    curl -fsS --noproxy '*' -o /dev/null --max-time 5 "http://$probe_url_host:$1/health" 2>/dev/null
   else
     python3 -c 'import sys, urllib.request as u
 u.build_opener(u.ProxyHandler({})).open(
-    "http://127.0.0.1:%s/health" % sys.argv[1], timeout=5)' "$1" >/dev/null 2>&1
+    "http://%s:%s/health" % (sys.argv[1], sys.argv[2]), timeout=5)' "$probe_url_host" "$1" >/dev/null 2>&1
   fi
 }
 
@@ -216,7 +219,7 @@ cmd=(
   --served-model-name big
   --tensor-parallel-size 4
   --gpu-memory-utilization 1
-  --host 0.0.0.0
+  --host node-b
   --port 8000
 )
 start_server big-0 "${cmd[@]}"
@@ -233,7 +236,7 @@ cmd=(
   --served-model-name gen
   --tensor-parallel-size 2
   --gpu-memory-utilization 0.5
-  --host 0.0.0.0
+  --host node-b
   --port 8001
 )
 start_server gen-1 "${cmd[@]}"
@@ -251,7 +254,7 @@ cmd=(
   --served-model-name small
   --tensor-parallel-size 1
   --gpu-memory-utilization 0.3
-  --host 0.0.0.0
+  --host node-b
   --port 8002
 )
 start_server small-2 "${cmd[@]}"
