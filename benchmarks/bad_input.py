@@ -75,10 +75,12 @@ def error_lines(stderr: str) -> list[str]:
 
 def classify(*, expect: str, code: int | None, stdout: str, stderr: str, timed_out: bool,
              changed: Sequence[str], names: Sequence[str], refuse_codes: Sequence[int] = (2,),
-             allowed_codes: Sequence[int] = (0, 1, 2)) -> tuple[str, str]:
+             allowed_codes: Sequence[int] = (0, 1, 2), one_line: bool = True
+             ) -> tuple[str, str]:
     """The class of one outcome and why (see the module docstring). ``changed``: the outputs
     whose bytes differ after the run; ``names``: the file names and flags a refusal must name
-    (any one of them, case-insensitive)."""
+    (any one of them, case-insensitive); ``one_line=False``: progress lines may come before
+    the last line, the refusal (a command that ran before it failed)."""
     if timed_out:
         return "hang", "still running at the timeout"
     if "Traceback (most recent call last)" in stdout + stderr:
@@ -94,9 +96,9 @@ def classify(*, expect: str, code: int | None, stdout: str, stderr: str, timed_o
     lines = error_lines(stderr)
     if code not in refuse_codes:
         return "unclear", f"refused with exit {code}, expected {'/'.join(map(str, refuse_codes))}"
-    if len(lines) != 1:
+    if len(lines) != 1 and (one_line or not lines):
         return "unclear", f"{len(lines)} lines on stderr, expected one"
-    if names and not names_any(lines[0], names):
+    if names and not names_any(lines[-1], names):
         return "unclear", f"the message names none of {', '.join(names)}"
     return "ok", "refused"
 
@@ -137,6 +139,7 @@ class Case:
     needs: tuple[str, ...] = ()  # inputs of the base folder it needs (skipped without them)
     program: tuple[str, ...] | None = None  # instead of scepsy (the classifier's tests)
     root_skips: bool = False  # meaningless as root (unreadable files)
+    one_line: bool = True  # False: progress lines may precede the refusal (see classify)
 
     @property
     def id(self) -> str:
@@ -883,7 +886,7 @@ def _launch_cases() -> list[Case]:
     # a server that exits at once: the failure names the folder; its logs stay in it
     cs.append(Case("launch", "apply-fake-server-exits", (*fake, "--apply"), {}, (),
                    names=("L", "start"), expect=EITHER, refuse_codes=(1, 2),
-                   needs=("fake-plan.json",), timeout=60))
+                   needs=("fake-plan.json",), timeout=60, one_line=False))
     return cs
 
 
@@ -1445,7 +1448,7 @@ def run_case(case: Case, base: Path, workdir: Path | None = None) -> Result:
         cls, why = classify(expect=case.expect, code=None if timed_out else proc.returncode,
                             stdout=stdout, stderr=stderr, timed_out=timed_out, changed=changed,
                             names=case.names, refuse_codes=case.refuse_codes,
-                            allowed_codes=case.allowed_codes)
+                            allowed_codes=case.allowed_codes, one_line=case.one_line)
         lines = error_lines(stderr)
         first = next((ln for ln in lines if "Traceback" in ln), lines[0] if lines else "")
         if cls == "traceback" and lines:
@@ -1483,11 +1486,13 @@ def _rmtree(d: Path) -> None:
 
 def select(all_cases: Sequence[Case | ServerCase], pattern: str | None
            ) -> list[Case | ServerCase]:
-    """The cases whose id matches ``pattern``: a glob (``plan/*``) or a substring."""
+    """The cases whose id matches ``pattern``: a glob (``plan/*``) or a substring, or any of
+    several such separated by commas."""
     if not pattern:
         return list(all_cases)
+    pats = [p for p in pattern.split(",") if p]
     return [c for c in all_cases
-            if fnmatch.fnmatch(c.id, pattern) or pattern in c.id]
+            if any(fnmatch.fnmatch(c.id, p) or p in c.id for p in pats)]
 
 
 def summary(results: Sequence[Result]) -> list[dict[str, Any]]:
