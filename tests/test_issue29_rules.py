@@ -275,3 +275,41 @@ def test_an_allocation_naming_an_llm_no_workflow_calls_is_refused():
         code, _, err = run_cli(cmd, "--workflow", RAG_YAML, "--allocation", alloc,
                                "--rate", "1")
         assert code == 2 and "llms.prm" in err and "generator, reranker, rewriter" in err
+
+
+@pytest.mark.parametrize("objective", ["min-cost", "min-latency"])
+@pytest.mark.parametrize("highs", ["unbounded", "model_error", "solve_error"])
+def test_a_solver_failure_is_reported_as_itself_not_as_a_time_limit(
+        tmp_path, monkeypatch, objective, highs):
+    """HiGHS ending neither optimal, infeasible nor at a limit is named with its status (exit 2),
+    never reported as a time limit that did not happen; nothing is written."""
+    from scepsy.cli import main
+    from scepsy_opt.planning import milp
+
+    monkeypatch.setattr(milp, "_status", lambda prob: (highs, float("inf"), float("inf")))
+    if objective == "min-cost":
+        from scepsy_opt.planning import mincost
+        monkeypatch.setattr(mincost, "_status", milp._status)
+    out = tmp_path / "plan.json"
+    args = [*PLAN[:5], "--objective", objective, "--trace-requests", "50", "--target", "4",
+            "--out", str(out)]
+    if objective == "min-cost":
+        args += ["--latency-bound", "rag=3"]
+    code, _, err = _run_in_process(args, main)
+    assert code == 2, err
+    assert highs in err and "time limit" not in err.replace("not a time limit", ""), err
+    assert not out.exists()
+
+
+def _run_in_process(args, main):
+    """(exit code, stdout, stderr) of ``scepsy ARGS`` run in this process (monkeypatches hold)."""
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except SystemExit as exc:
+            code = exc.code
+    return code, out.getvalue(), err.getvalue()

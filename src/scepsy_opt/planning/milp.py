@@ -83,8 +83,9 @@ from scepsy_opt.planning.plans import (
     time_limit_plan,
 )
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.planning.solver import FAILED as SOLVER_FAILED
 from scepsy_opt.planning.solver import SEED as SEED  # re-exported: the seed of every solve
-from scepsy_opt.planning.solver import SOLVER, highs_status, pulp_highs
+from scepsy_opt.planning.solver import SOLVER, SolverStopped, highs_status, pulp_highs
 from scepsy_opt.prediction.pipeline import min_replicas, replicas_needed
 from scepsy_opt.prediction.tails import floor_cut, latency_quantiles, linearise
 from scepsy_opt.stats import LLMStats
@@ -464,6 +465,8 @@ def solve_min_latency(problem: PlanningProblem, cset: CandidateSet | None = None
                  variables=sum(len(v) for v in xs.values()), solver=SOLVER)
     if status == "time_limit_no_solution":
         return time_limit_plan(name, stats)
+    if status in SOLVER_FAILED:
+        raise SolverStopped(status, "the allocation MILP")
     if status not in ("optimal", "time_limit"):
         if extra:  # a constrained solve (latency bounds) that has no answer
             return no_allocation_plan(optimiser=name, status="infeasible", candidates={},

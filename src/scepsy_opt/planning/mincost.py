@@ -81,6 +81,7 @@ from scepsy_opt.planning.plans import (
     time_limit_plan,
 )
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.planning.solver import FAILED, SolverStopped
 from scepsy_opt.prediction.pipeline import class_latencies, min_replicas
 from scepsy_opt.prediction.tails import latency_quantiles
 from scepsy_profile.catalog import default_catalog
@@ -534,7 +535,9 @@ def _solve_fixed(problem: PlanningProblem, cset: CandidateSet, prices: Mapping[s
         stats["total_s"] = time.perf_counter() - t0
         if first.status == "time_limit_no_solution":
             return time_limit_plan(NAME, stats)
-        if first.status != "infeasible":  # HiGHS ended otherwise (unbounded cannot happen)
+        if first.status in FAILED:  # HiGHS failed: say so, not a time limit
+            raise SolverStopped(first.status, "the min-cost MILP")
+        if first.status != "infeasible":
             return time_limit_plan(NAME, dict(stats, highs_status=first.status))
         if not rows and not _percentile_bounds(problem):
             return _diagnosed(problem, cset, NAME, stats, deadline)

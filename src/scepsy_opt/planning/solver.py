@@ -8,7 +8,8 @@ here.
   take further HiGHS options by their HiGHS names (tolerances, ``presolve``), so that each caller
   states the settings that differ on purpose;
 * :func:`highs_status` reads a finished solve's status, objective and dual bound the same way for
-  both.
+  both; :class:`SolverStopped` is what a caller raises when a solve ended otherwise (neither
+  optimal, infeasible nor at a limit), so that such an end is never reported as a time limit.
 
 Importing this module has no side effect. HiGHS prints a banner to stdout when a process creates
 its first solver; the factories swallow it (once per process) before they create one, so that
@@ -25,6 +26,8 @@ from typing import Any
 
 import highspy
 import pulp
+
+from scepsy_common.errors import InputError
 
 SEED = 0
 """HiGHS's ``random_seed`` in every solve (with one thread, runs are deterministic)."""
@@ -100,9 +103,28 @@ def highs_status(h: highspy.Highs) -> tuple[str, float, float]:
     found = info.primal_solution_status == _FEASIBLE
     if st == highspy.HighsModelStatus.kOptimal:
         return "optimal", info.objective_function_value, info.mip_dual_bound
-    if st == highspy.HighsModelStatus.kInfeasible:
+    if st in (highspy.HighsModelStatus.kInfeasible,
+              highspy.HighsModelStatus.kUnboundedOrInfeasible):  # every model here is bounded
         return "infeasible", math.inf, math.inf
     if st in _LIMITS:
         return ("time_limit" if found else "time_limit_no_solution",
                 info.objective_function_value if found else math.inf, info.mip_dual_bound)
     return h.modelStatusToString(st).lower().replace(" ", "_"), math.inf, math.inf
+
+
+FAILED = frozenset({"unbounded", "model_error", "solve_error", "load_error", "presolve_error",
+                    "postsolve_error", "unknown", "not_set"})
+"""The :func:`highs_status` values of a solve that failed: no answer, no proof, no limit."""
+
+
+class SolverStopped(InputError):
+    """HiGHS ended a solve neither optimal, infeasible nor at a limit (``unbounded``,
+    ``model_error``, numerical trouble): nothing is known, and no time limit ran out. In
+    practice the model's numbers are out of range, so it is reported as bad input (exit 2)."""
+
+    def __init__(self, status: str, model: str) -> None:
+        super().__init__(
+            "HiGHS", model, "an optimal, infeasible or time-limited solve; it ended with status "
+            f"{status} before any allocation was found (not a time limit: the model's numbers "
+            "are likely out of range; check the magnitudes of prices, targets and bounds)")
+        self.status = status
