@@ -457,3 +457,25 @@ def test_port_ranges_lie_outside_the_ephemeral_ports():
         base = free_port_range(n)
         assert base >= 10_000 and (base + n - 1 < lo or base > hi), (base, n, lo, hi)
         assert all(port_free(base + i) for i in range(n))
+
+
+def test_an_llm_name_with_a_slash_starts_and_stops_with_its_files_in_their_folders(tmp_path):
+    """A name like ``org/model`` (a valid name) becomes the server name ``org%2Fmodel-0``: its
+    log and pid files are single files in run/logs and run/pids, not a missing sub-folder."""
+    plan = fake_plan(tmp_path)
+    gen = plan.models["generator"]
+    models = {"rewriter": plan.models["rewriter"], "org/gen": replace(gen, llm="org/gen")}
+    reps = tuple(replace(r, llm="org/gen") if r.llm == "generator" else r for r in plan.replicas)
+    plan = replace(plan, models=models, replicas=reps,
+                   workflows={"rag": ("org/gen", "rewriter")})
+    folder = rendered(plan, tmp_path)
+    run = apply(folder)
+    try:
+        assert {s.name for s in run.servers} == {"org%2Fgen-0", "rewriter-0"}
+        logs = folder / "run" / "logs"
+        assert (logs / "org%2Fgen-0.log").is_file() and not (logs / "org").exists()
+        pids = [s.pid for s in run.servers]
+    finally:
+        report = stop(folder, grace_s=5)
+    assert report.ok and set(report.stopped) == {"org%2Fgen-0", "rewriter-0"}
+    assert_nothing_left(plan, pids, folder)

@@ -42,6 +42,13 @@ _ENV_NAME_RE = re.compile(ENV_NAME_PATTERN)
 _TEXT_RE = re.compile(TEXT_PATTERN)
 
 
+def server_name(llm: str, replica: int) -> str:
+    """A replica's server name, ``LLM-REPLICA``, usable as one file name: ``/`` in the LLM's
+    name is written ``%2F`` (``%`` is not a name character, so no two replicas share a name),
+    so that its log and pid files stay in their folders."""
+    return f"{llm.replace('/', '%2F')}-{replica}"
+
+
 def check_env_name(name: object, source: str, field: str) -> str:
     """``name`` if it is an environment variable name (:data:`ENV_NAME_PATTERN`), else an
     :class:`~scepsy_common.errors.InputError` saying :data:`ENV_NAME_EXPECTED`."""
@@ -133,8 +140,9 @@ class ReplicaLaunch:
 
     @property
     def name(self) -> str:
-        """``LLM-REPLICA``: unique in the plan (log, pid and object names derive from it)."""
-        return f"{self.llm}-{self.replica}"
+        """``LLM-REPLICA`` (:func:`server_name`): unique in the plan (log, pid and object names
+        derive from it)."""
+        return server_name(self.llm, self.replica)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from scepsy_place.launch.model import (
     ReplicaLaunch,
     check_env_name,
     check_text,
+    server_name,
 )
 from scepsy_place.launch.renderers import register_renderer
 from scepsy_place.launch.routes import ROUTES_FILE, plan_routes
@@ -831,7 +832,7 @@ def _check_replica(rec: dict[str, Any], words: list[str], start: list[str], fold
     except (KeyError, TypeError, ValueError) as exc:
         raise InputError(path, "scepsy-replica", "llm, replica, node, gpus, share, port and "
                          "device", str(exc)) from None
-    name = f"{llm}-{replica}"
+    name = server_name(llm, replica)
 
     def bad(what: str, expected: str, got: object) -> InputError:
         return InputError(path, f"{name}: {what}", expected, got)
