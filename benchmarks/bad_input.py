@@ -1328,7 +1328,7 @@ def _run_server(case: ServerCase, base: Path, workdir: Path) -> tuple[str, str, 
     def pump(stream: Any) -> None:
         for ln in stream:
             lines.append(ln)
-            m = re.search(r"listening on (http://[^\s,/]+)", ln)
+            m = re.search(r"listening on (http://[^\s,;/]+)", ln)
             if m and not url:
                 url.append(m.group(1))
                 seen.set()

@@ -153,7 +153,15 @@ def test_engine_args_the_target_cannot_take_are_refused(args: tuple[str, ...]) -
 
 
 EVIL = ["a: b", "x # c", "{flow: map", "&anchor", "*alias", "!!python/object/apply:os.system",
-        "l1\n---\nkind: Secret", "yes", "null", "12:30", "1_000"]
+        "l1 --- kind: Secret", "yes", "null", "12:30", "1_000"]
+
+
+def test_a_value_with_a_newline_is_refused_by_the_text_rule() -> None:
+    plan = gpu_plan()
+    models = dict(plan.models)
+    models["small"] = replace(models["small"], env={"EVIL": "l1\n---\nkind: Secret"})
+    with pytest.raises(InputError, match="no control character"):
+        RAY.render(replace(plan, models=models))
 
 
 @pytest.mark.parametrize("evil", EVIL)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import shlex
 import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from scepsy_place.launch.model import (
     ModelLaunch,
     ReplicaLaunch,
     assign_ports,
+    url_host,
 )
 from scepsy_place.launch.renderers import get_renderer, write_rendered
 from scepsy_place.launch.routes import parse_routes
@@ -232,13 +235,18 @@ def test_node_folders_never_collide_or_nest():
 
 
 def test_odd_node_names_render_and_parse():
+    """Node names that are no host names need an address (servers are reached there); with
+    one they render into their own folders and parse back."""
     plan = cpu_plan()
-    for node in ("a/../b", "run", "n:1+x"):
+    for node in ("a/../b", "run", "n:1+x", "a:"):
         reps = tuple(replace(r, node=node) for r in plan.replicas)
-        odd = replace(plan, nodes={node: "cpu"}, addresses={}, replicas=reps)
+        odd = replace(plan, nodes={node: "cpu"}, addresses={node: "10.0.0.1"}, replicas=reps)
         files = SHELL.render(odd)
         assert f"{node_folder(node)}/start.sh" in files
         assert SHELL.parse(files) == odd.assignments()
+        if node != "run":
+            with pytest.raises(InputError, match=re.escape(f"launch.addresses.{node}")):
+                SHELL.render(replace(odd, addresses={}))
 
 
 # -- quoting, checked by bash ---------------------------------------------------------------------
@@ -389,6 +397,10 @@ def _check_gpu_start_and_stop(tmp_path: Path, plan: LaunchPlan, folder: Path,
     assert mps == ["ARGS=-d", f"PIPE={pipe}", f"LOG={run_dir / 'mps' / 'node-a' / 'log'}",
                    "CVD=unset"]
     servers = _records(tmp_path, "server")
+    deadline = time.monotonic() + 20  # the stub servers run in the background: wait for them
+    while len(servers) < 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+        servers = _records(tmp_path, "server")
     assert len(servers) == 3
     for r in plan.replicas_on("node-a"):
         want = _expected_words(plan, r, {**RUNTIME, "mps_pipe": pipe})
@@ -459,7 +471,8 @@ def plans(draw) -> LaunchPlan:
             reps.append(ReplicaLaunch(llm, k, draw(st.sampled_from(nodes)), gpus, share,
                                       40.0 * share, 0))
     used = sorted({r.node for r in reps})
-    return LaunchPlan("c", 1, {"dev": device}, {n: "dev" for n in used}, {}, models,
+    named = {n: f"10.0.0.{i + 1}" for i, n in enumerate(used) if url_host(n) is None}
+    return LaunchPlan("c", 1, {"dev": device}, {n: "dev" for n in used}, named, models,
                       assign_ports(tuple(reps), 9000), {"w": tuple(sorted(models))},
                       EngineLaunch(base_port=9000))
 
@@ -479,7 +492,8 @@ ADDRESSES = st.sampled_from(["127.0.0.1", "127.0.0.2", "10.0.0.7", "::1", "0.0.0
 def test_every_server_listens_on_its_node_address(plan, data):
     """Each server's ``--host`` is its node's address in the plan (its name without one), and
     start.sh checks ports and /health there; every interface only where the plan says so."""
-    addresses = {n: data.draw(ADDRESSES) for n in plan.nodes if data.draw(st.booleans())}
+    addresses = {n: data.draw(ADDRESSES) for n in plan.nodes
+                 if url_host(n) is None or data.draw(st.booleans())}
     plan = replace(plan, addresses=addresses)
     files = SHELL.render(plan)
     for r in replica_records(files):

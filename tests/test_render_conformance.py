@@ -30,6 +30,7 @@ from scepsy_place.launch.model import (
     ModelLaunch,
     ReplicaLaunch,
     assign_ports,
+    url_host,
 )
 from scepsy_place.launch.planfile import load_plan
 from scepsy_place.launch.renderers import (
@@ -75,7 +76,9 @@ def launch_plans(draw: st.DrawFn) -> LaunchPlan:
     workflows = {draw(names): tuple(sorted(llms))}
     return LaunchPlan(
         name=draw(names), version=1, devices={gpu: DeviceLaunch(gpu, "cuda", 80.0)},
-        nodes={n: gpu for n in node_names}, addresses={}, models=models,
+        nodes={n: gpu for n in node_names}, models=models,
+        # a node whose name is no host name gets an address (else the plan is refused)
+        addresses={n: f"10.0.0.{i + 1}" for i, n in enumerate(node_names) if url_host(n) is None},
         replicas=assign_ports(tuple(reps), 8000), workflows=workflows, engine=EngineLaunch())
 
 

@@ -704,7 +704,7 @@ def server_metrics(plan: LaunchPlan) -> dict[str, list[MetricsSnapshot | None]]:
     for r in plan.replicas:
         try:
             snap: MetricsSnapshot | None = fetch_metrics(
-                f"http://{plan.address(r.node)}:{r.port}", timeout_s=10.0)
+                f"http://{plan.url_host(r.node)}:{r.port}", timeout_s=10.0)
         except (httpx.HTTPError, OSError):
             snap = None
         out.setdefault(r.llm, []).append(snap)

@@ -9,6 +9,7 @@ take ``base_port``, ``base_port + 1``, ... so the same plan gives the same ports
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,21 @@ HOST_EXPECTED = (f"a host name or IP address of at most {HOST_MAX} characters: a
                  "digit, then letters, digits and . : _ -")
 _ENV_NAME_RE = re.compile(ENV_NAME_PATTERN)
 _TEXT_RE = re.compile(TEXT_PATTERN)
+
+
+_HOSTNAME = re.compile(r"^[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?$")
+
+
+def url_host(address: str) -> str | None:
+    """``address`` as the host part of a URL: a host name or an IPv4 address as it is, an IPv6
+    address in brackets; ``None`` when it is neither."""
+    if _HOSTNAME.match(address) and ".." not in address:
+        return address
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    return f"[{address}]" if ip.version == 6 else address
 
 
 def server_name(llm: str, replica: int) -> str:
@@ -208,6 +224,18 @@ class LaunchPlan:
 
     def address(self, node: str) -> str:
         return self.addresses.get(node, node)
+
+    def url_host(self, node: str, source: str = "plan") -> str:
+        """``node``'s address as a URL's host (:func:`url_host`), or an :class:`InputError`
+        naming ``launch.addresses`` when the address (the node's name if none is given) is no
+        host name or IP address (a name such as ``rack:1`` or ``a/b``)."""
+        host = url_host(self.address(node))
+        if host is None:
+            raise InputError(source, f"launch.addresses.{node}",
+                             f"an address for node {node} (a host name or an IP address): "
+                             f"{self.address(node)!r} is neither, so its servers cannot be "
+                             "reached at it", self.addresses.get(node))
+        return host
 
     def assignments(self) -> frozenset[Assignment]:
         """Every replica's full assignment (what the shell target expresses exactly)."""

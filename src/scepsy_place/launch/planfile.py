@@ -753,7 +753,7 @@ def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
                              tuple(launch.models[m].args), dict(launch.models[m].env))
               for m, row in doc.llms.items()}
     devices = {g: DeviceLaunch(g, d.kind, d.memory_gib) for g, d in doc.devices.items()}
-    return LaunchPlan(
+    plan = LaunchPlan(
         name=doc.cluster.name, version=doc.version, devices=devices,
         nodes={n.name: n.gpu for n in nodes.nodes}, addresses=dict(launch.addresses),
         models=models, replicas=replicas,
@@ -761,6 +761,9 @@ def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
         splits=(doc.allocation.splits if doc.allocation is not None else None) or {},
         engine=EngineLaunch(tuple(launch.command), tuple(launch.args), dict(launch.env),
                             launch.base_port, launch.health_timeout_s))
+    for node in plan.node_names():  # every server reachable at a URL, before anything renders
+        plan.url_host(node, source)
+    return plan
 
 
 def load_plan(path: str | os.PathLike[str]) -> LaunchPlan:

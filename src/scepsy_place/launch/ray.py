@@ -192,7 +192,7 @@ class RayRenderer:
 
     def render(self, plan: LaunchPlan) -> Mapping[str, str]:
         head = plan.node_names()[0] if plan.replicas else "localhost"
-        url = f"http://{plan.address(head)}:{plan.engine.base_port}/v1"
+        url = f"http://{plan.url_host(head)}:{plan.engine.base_port}/v1"
         return {SERVE_FILE: _dump(serve_config(plan)),
                 ROUTES_FILE: service_routes(plan, lambda m: url).dumps()}
 

@@ -80,7 +80,7 @@ def plan_routes(plan: LaunchPlan,
     """Routes to every replica of ``plan``: ``endpoint(replica)`` gives its base URL (default
     ``http://ADDRESS:PORT/v1`` with the node's address)."""
     def default(r: ReplicaLaunch) -> str:
-        return f"http://{plan.address(r.node)}:{r.port}/v1"
+        return f"http://{plan.url_host(r.node)}:{r.port}/v1"
     url = endpoint or default
     out: dict[str, dict[str, tuple[Endpoint, ...]]] = {}
     for w in plan.workflows:

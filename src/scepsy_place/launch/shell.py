@@ -182,7 +182,9 @@ def bind_address(plan: LaunchPlan, node: str) -> str:
     """The address ``node``'s servers listen on (``--host``): the node's address in the plan's
     launch section (its name where the plan gives none), the one address clients reach it at
     (routes.json). A server listens on every interface only where the plan says ``0.0.0.0``
-    (or ``::``): an unauthenticated server is not exposed to a network the plan did not name."""
+    (or ``::``): an unauthenticated server is not exposed to a network the plan did not name.
+    An address that is no host name or IP address is an :class:`InputError`."""
+    plan.url_host(node)
     return plan.address(node)
 
 
