@@ -75,7 +75,7 @@ def _value(text: str) -> Any:
     if text[:1] in "{[":
         try:
             return json.loads(text)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return text
     return text
 

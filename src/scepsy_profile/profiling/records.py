@@ -96,6 +96,6 @@ def is_store(path: str | os.PathLike[str]) -> bool:
                 if raw.strip():
                     obj = json.loads(raw)
                     return isinstance(obj, dict) and "engine" in obj and "status" in obj
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return False

@@ -41,7 +41,7 @@ import httpx
 import numpy as np
 
 from scepsy_common.errors import InputError
-from scepsy_common.files import atomic_write_text
+from scepsy_common.files import atomic_write_text, parse_json, read_text
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
@@ -288,10 +288,7 @@ def save_result(result: ServeCurveResult, path: str | os.PathLike[str]) -> Path:
 
 def load_result(path: str | os.PathLike[str]) -> ServeCurveResult:
     """Read a file written by :func:`save_result`."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise InputError(str(path), "", f"a readable serve-curve JSON file ({exc})") from None
+    data = parse_json(read_text(path, "serve-curve JSON file"), str(path))
     return ServeCurveResult.from_json(data)
 
 
