@@ -491,6 +491,9 @@ DOCUMENTED: dict[str, tuple[dict[str, Any], str]] = {
     "report/status-infeasible": (dict(refuse_codes=(1,)), "the page shows what happened; "
                                  "exit 1 as scepsy plan's"),
     "report/missing-placement": (dict(refuse_codes=(1,)), "as report/status-infeasible"),
+    **{f"trace import/{k}{r}": (dict(expect=EITHER), "imported leniently: the usable calls, "
+                                "a warning line counting the problems; --strict refuses")
+       for k in ("spans-cycle", "spans-negative-tokens") for r in ("", "-report")},
     "record/out-in-missing-folder": (dict(expect=EITHER), "an output's folders are created, "
                                      "as for every command's --out"),
     "trace receive/out-in-missing-folder": (dict(expect=EITHER), "as record's"),
@@ -709,9 +712,8 @@ def _predict_simulate_stats_cases() -> list[Case]:
 def _swap(cs: list[Case], command: str, extra: tuple[str, ...]) -> tuple[str, ...]:
     """The argv of ``command``'s first case with valid inputs, plus ``extra``."""
     first = next(c for c in cs if c.command == command and c.name == "rate-negative")
-    argv = list(first.argv)
-    i = argv.index("--rate")
-    argv[i + 1] = "2"
+    argv = list(first.argv[:-2])  # without its own "--rate -3"
+    assert "-3" not in argv
     return (*argv, *extra)
 
 

@@ -73,3 +73,19 @@ def test_an_empty_file_says_no_spans(tmp_path, capsys) -> None:
     src.write_text(json.dumps({"resourceSpans": []}) + "\n")
     assert main(_args(src, tmp_path / "t.jsonl")) == 2
     assert f"no LLM or tool calls in {src}: no spans in it" in capsys.readouterr().err
+
+
+def test_an_import_with_problems_warns_on_stderr_and_names_strict(tmp_path, capsys) -> None:
+    """Some spans usable, some not: the usable ones are imported (exit 0) and one warning line on
+    stderr counts the problems and names --strict, with or without --json."""
+    b = Otlp()
+    b.chat(1, None, 0, 5, BIG)
+    b.chat(2, None, 0, 5, BIG, (-3, 10))  # a bad token count: dropped
+    src = b.jsonl(tmp_path / "spans.jsonl")
+    for more in ((), ("--json",)):
+        out = tmp_path / f"trace{len(more)}.jsonl"
+        assert main(_args(src, out, *more)) == 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "warning: 1 problems in" in err, err
+        assert str(src) in err and "malformed 1" in err and "--strict" in err, err
+        assert out.exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,11 @@ def cmd_import(args: argparse.Namespace) -> int:
     if args.report is not None:
         atomic_write_text(args.report, json.dumps(rep.to_dict(), indent=2, sort_keys=True) + "\n")
     gaps = len(calls) - len(imp.calls)
+    if rep.problems:  # imported leniently: say so where a script looks, not only in the table
+        found = ", ".join(f"{k} {counts[k]}" for k in STRICT_KINDS if counts[k])
+        print(f"scepsy: warning: {rep.problems} problems in {files} ({found}): those spans "
+              f"were dropped or read as they are; {args.report or ('the JSON' if args.json else 'the table below')} lists "
+              "them (--strict refuses such input)", file=sys.stderr)
     if args.json:
         print(json.dumps({"out": str(args.out), "client_time_calls": gaps, **rep.to_dict()},
                          sort_keys=True))
