@@ -1046,7 +1046,7 @@ def _plan_json_consumers() -> list[Case]:
             ("move-cost-negative", ("--event", "load=rag*1.1", "--move-cost", "-1"),
              ("--move-cost",)),
             ("workflow-mismatch", ("--event", "load=rag*1.1", "--workflow",
-                                   f"{B}/cpu-rag.yaml"), ("--workflow",))):
+                                   f"{B}/cpu-rag.yaml"), ("--workflow", "cpu-rag.yaml"))):
         cs.append(Case("replan", name, (*replan, *extra), {"out.json": copy("cpu-plan.json")},
                        ("out.json",), names=names, needs=("plan.json", "cpu-plan.json"), timeout=120,
                        allowed_codes=(0, 1, 2, 3)))

@@ -4,6 +4,7 @@ written here from the rule's own words, and each message says that rule, not ano
 
 from __future__ import annotations
 
+import json
 import socket
 import string
 
@@ -313,3 +314,25 @@ def _run_in_process(args, main):
         except SystemExit as exc:
             code = exc.code
     return code, out.getvalue(), err.getvalue()
+
+
+def test_a_drive_with_failures_keeps_an_earlier_result_and_writes_beside_it(tmp_path):
+    """A run with failed requests (exit 1) never replaces an earlier --json result: it goes to
+    NAME.failed.json and stderr says so; with nothing there it is written in place."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    routes = str(_routes(tmp_path, f"http://127.0.0.1:{port}/v1"))
+    earlier = tmp_path / "res.json"
+    earlier.write_text('{"earlier": 1}\n')
+    args = ("drive", "--workflow", RAG_YAML, "--routes", routes, "--rate", "50", "--requests",
+            "2", "--connect-timeout", "2")
+    code, _, err = run_cli(*args, "--json", str(earlier))
+    assert code == 1
+    assert earlier.read_text() == '{"earlier": 1}\n'
+    beside = tmp_path / "res.failed.json"
+    assert json.loads(beside.read_text())["failed"] == 2
+    assert f"{earlier} holds an earlier result and was kept" in err and str(beside) in err
+    fresh = tmp_path / "new.json"
+    assert run_cli(*args, "--json", str(fresh))[0] == 1
+    assert json.loads(fresh.read_text())["failed"] == 2

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -90,7 +91,7 @@ def cmd_drive(args: argparse.Namespace) -> int:
     from scepsy.api import using_catalog
     from scepsy.cli_util import UsageError, check_out, print_rows
     from scepsy_common.errors import InputError
-    from scepsy_common.files import atomic_write_text
+    from scepsy_common.files import atomic_write_text, failed_run_output
     from scepsy_place.launch.drive import drive, write_drive_trace
     from scepsy_place.launch.routes import load_routes
     from scepsy_profile.profiling.replay import ReplayTimeouts
@@ -139,14 +140,25 @@ def cmd_drive(args: argparse.Namespace) -> int:
           f"{result.failed} failed, {result.not_sent} not sent; {result.throughput_rps:.3g} "
           f"req/s over {result.window_s:.3g} s (run {result.wall_s:.3g} s"
           f"{', deadline reached' if result.deadline_hit else ''})")
+    ok = result.failed == 0 and result.not_sent == 0
+
+    def dest(path: Path) -> Path:  # a run with failures never replaces an earlier result
+        out = path if ok else failed_run_output(path)
+        if out != path:
+            print(f"scepsy: {path} holds an earlier result and was kept; this run had failures: "
+                  f"its output is in {out}", file=sys.stderr)
+        return out
+
     if args.trace_out is not None:
         if result.calls:
-            n = write_drive_trace(str(args.trace_out), result)
-            print(f"wrote {n} calls of {result.completed} requests to {args.trace_out}")
+            trace_out = dest(args.trace_out)
+            n = write_drive_trace(str(trace_out), result)
+            print(f"wrote {n} calls of {result.completed} requests to {trace_out}")
         else:
             print(f"no request completed: {args.trace_out} not written")
     if args.json is not None:
-        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2, sort_keys=True)
+        json_out = dest(args.json)
+        atomic_write_text(json_out, json.dumps(result.to_dict(), indent=2, sort_keys=True)
                           + "\n")
-        print(f"wrote {args.json}")
-    return 0 if result.failed == 0 and result.not_sent == 0 else EXIT_FAILURES
+        print(f"wrote {json_out}")
+    return 0 if ok else EXIT_FAILURES

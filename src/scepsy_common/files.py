@@ -43,6 +43,20 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         raise
 
 
+def failed_path(path: str | os.PathLike[str]) -> Path:
+    """Where a failed run's output goes when ``path`` already holds a result it must not
+    destroy: ``NAME.EXT`` -> ``NAME.failed.EXT`` (``NAME`` -> ``NAME.failed.json``)."""
+    p = Path(path)
+    return p.with_name(f"{p.stem if p.suffix else p.name}.failed{p.suffix or '.json'}")
+
+
+def failed_run_output(path: str | os.PathLike[str]) -> Path:
+    """Where a failed run writes its output ``path``: ``path`` itself when nothing is there,
+    else :func:`failed_path` beside it (a failed run never destroys an earlier result)."""
+    p = Path(path)
+    return failed_path(p) if p.exists() else p
+
+
 def replace_folder(out: Path, fill: Callable[[Path], None], *, mode: int | None = None,
                    check: Callable[[], None] | None = None) -> Path:
     """Write the folder ``out`` whole, so that readers see the old one or the whole new one:

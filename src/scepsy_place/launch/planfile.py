@@ -35,7 +35,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from scepsy_common.errors import InputError, Name, described, validated
-from scepsy_common.files import atomic_write_text, read_json
+from scepsy_common.files import atomic_write_text, failed_path, read_json
 from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
@@ -511,8 +511,7 @@ def write_plan_file(path: str | os.PathLike[str], doc: Mapping[str, Any]) -> Pat
 def failed_plan_path(path: str | os.PathLike[str]) -> Path:
     """Where :func:`write_plan_file` puts a failed run's plan.json when ``path`` holds a placed
     plan: ``plan.json`` -> ``plan.failed.json`` (``NAME`` -> ``NAME.failed.json``)."""
-    p = Path(path)
-    return p.with_name(f"{p.stem if p.suffix else p.name}.failed{p.suffix or '.json'}")
+    return failed_path(path)
 
 
 def holds_placed_plan(path: str | os.PathLike[str]) -> bool:
