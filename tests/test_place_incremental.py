@@ -530,6 +530,8 @@ def test_cli_no_plan_left_exits_1(scepsy, plan_file, tmp_path):
     (["--event", "explode=now"], ["--event", "kind"]),
     (["--event", "load=rag*2", "--move-cost", "-1"], ["--move-cost"]),
     (["--event", "load=rag*2", "--tp", "0"], ["--tp"]),
+    (["--event", "load=rag*1e12"], ["--event", "load=rag*1e+12", "1e+06] requests/s"]),
+    (["--event", "load=rag=2e6"], ["--event", "load=rag=2e+06"]),
 ])
 def test_cli_bad_input_is_one_line_exit_2(scepsy, plan_file, tmp_path, args, words):
     out = tmp_path / "new.json"
