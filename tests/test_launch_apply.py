@@ -295,8 +295,9 @@ def test_stop_escalates_to_sigkill_for_a_server_that_ignores_sigterm(tmp_path):
 
 
 INJECTIONS = ("$(touch {t}/pwned)", "`touch {t}/pwned`", "'; touch {t}/pwned; '",
-              '"; touch {t}/pwned; "', "a\nb; touch {t}/pwned", "; rm -rf {t}/victim",
+              '"; touch {t}/pwned; "', "a b; touch {t}/pwned", "; rm -rf {t}/victim",
               "$HOME ${{PATH}} * ? ~ \\ | & > <", "x\\'y", "--port=1 && touch {t}/pwned")
+# (a control character, a newline say, is refused by the text rule: tests/test_issue29_rules.py)
 
 
 def test_hostile_values_reach_the_server_verbatim_and_run_nothing(tmp_path):
