@@ -24,7 +24,7 @@ from scepsy.argtypes import (
     TOKENS,
     percentile_bound,
 )
-from scepsy.cli_util import UsageError, check_out, wrote_note
+from scepsy.cli_util import UsageError, check_out, check_outputs_apart, wrote_note
 from scepsy.cli_util import floats as _floats
 from scepsy.cli_util import ints as _ints
 from scepsy.cli_util import naming as _naming
@@ -34,6 +34,7 @@ from scepsy.helptext import PlainHelpFormatter
 EXIT_INFEASIBLE = 1  # plan: no allocation meets the targets (proven)
 EXIT_USAGE = 2
 EXIT_TIME_LIMIT = 3  # plan: the time limit ran out before any (placeable) allocation was found
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: 128 + 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,6 +50,26 @@ class _Parser(argparse.ArgumentParser):
         print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_USAGE)
 
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> Any:
+        """argparse's, after refusing a single-valued option given twice (argparse keeps the
+        last value silently): each parser checks its own options on the words it is given."""
+        words = list(sys.argv[1:] if args is None else args)
+        seen: dict[argparse.Action, str] = {}
+        for i, word in enumerate(words):
+            if word == "--":
+                break
+            name, eq, value = word.partition("=") if word.startswith("--") else (word, "", "")
+            action = self._option_string_actions.get(name)
+            if type(action) is not argparse._StoreAction:  # append, switches, help: no
+                continue
+            value = value if eq else (words[i + 1] if i + 1 < len(words) else "")
+            if action in seen:
+                self.error(f"{'/'.join(action.option_strings)}: expected once (given "
+                           f"{seen[action]!r}, then {value!r}: only one value can count)")
+            seen[action] = value
+        return super().parse_known_args(words, namespace)
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -59,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from scepsy_common.errors import InputError
 
     try:
+        check_outputs_apart(args)
         return int(args.func(args) or 0)
     except (InputError, UsageError) as exc:
         print(f"scepsy: error: {_one_line(str(exc))}", file=sys.stderr)
@@ -66,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into `head` and the like: not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C: every write is atomic, so nothing is half-written
+        print(f"scepsy: interrupted; nothing more was written (exit {EXIT_INTERRUPTED})",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _one_line(text: str) -> str:

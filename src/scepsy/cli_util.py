@@ -41,6 +41,50 @@ def check_out(path: Path, flag: str = "--out") -> None:
     os.unlink(tmp)
 
 
+OUTPUT_DESTS = ("out", "json", "trace_out", "report", "catalog_out")
+"""The option destinations that name a file or folder a command writes (where the value is a
+path: ``--json`` is a switch in most commands)."""
+
+
+def _paths(value: object) -> list[str]:
+    if isinstance(value, str | os.PathLike):
+        return [os.fspath(value)]
+    if isinstance(value, list | tuple):
+        return [os.fspath(v) for v in value if isinstance(v, str | os.PathLike)]
+    return []
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_outputs_apart(args: argparse.Namespace) -> None:
+    """A :class:`UsageError` when an output path (:data:`OUTPUT_DESTS`) names a file the
+    command reads (any other path option or argument that is an existing file) or the same
+    path as another output: the run would overwrite its own input or one output with another.
+    Checked before anything runs."""
+    given = {d: v for d, v in vars(args).items() if d != "func"}
+    outs = [(d, p) for d in OUTPUT_DESTS for p in _paths(given.get(d))]
+    seen: dict[str, str] = {}
+    for dest, path in outs:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"{_flag(dest)}: expected a path other than {_flag(seen[real])}'s "
+                             f"(both name {path!r}: one output would overwrite the other)")
+        seen[real] = dest
+    for dest, path in outs:
+        if not os.path.exists(path):
+            continue
+        for other, value in given.items():
+            if other in OUTPUT_DESTS:
+                continue
+            for src in _paths(value):
+                if os.path.isfile(src) and os.path.samefile(src, path):
+                    raise UsageError(f"{_flag(dest)}: expected a path other than an input "
+                                     f"({path!r} is {src!r}, which the command reads); "
+                                     "nothing written")
+
+
 def wrote_note(out: Path, written: Path) -> str:
     """What a failed run says about its plan.json: ``wrote OUT``, or, where ``OUT`` held a
     placed plan that was kept (:func:`scepsy_place.launch.planfile.write_plan_file`), where

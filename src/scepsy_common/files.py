@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -29,18 +30,37 @@ def read_text(path: str | os.PathLike[str], expected: str) -> str:
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+
+    What is at ``path`` must be a regular file (or nothing): a folder, a device (``/dev/null``)
+    or another special file is never replaced. That, and a write the system refuses (no space
+    left, no permission, a read-only file system), is an :class:`InputError` naming ``path``,
+    with nothing left behind."""
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    if p.exists() and not p.is_file():
+        what = "a folder" if p.is_dir() else "a device or special file, which scepsy never replaces"
+        raise InputError(str(p), "", f"a path for a file (this is {what})")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _unwritable(p, exc) from None
     try:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, p)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise _unwritable(p, exc) from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _unwritable(path: Path, exc: OSError) -> InputError:
+    """A write the system refused, as bad input naming the path and the system's reason."""
+    return InputError(str(path), "", f"a path this user can write ({exc.strerror or exc})")
 
 
 def failed_path(path: str | os.PathLike[str]) -> Path:
@@ -64,14 +84,24 @@ def replace_folder(out: Path, fill: Callable[[Path], None], *, mode: int | None 
     ``check`` (the caller's test that ``out`` may still be replaced) runs once more, then the
     new folder takes ``out``'s place; what was there is moved aside and removed, and put back
     if the rename fails. On any error nothing is left but what was at ``out``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        what = "a symbolic link" if out.is_symlink() else "a file"
+        raise InputError(str(out), "", f"a path for a folder, which is replaced whole (this is "
+                         f"{what}; give the folder itself or a new path)")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise _unwritable(out, exc) from None
     try:
         os.chmod(tmp, 0o777 & ~_umask() if mode is None else mode)  # mkdtemp makes 0700
         fill(tmp)
         if check is not None:
             check()
         old = _swap(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _unwritable(out, exc) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -205,11 +235,23 @@ def parse_yaml(text: str, source: str, loader: type = UniqueKeyLoader) -> Any:
         raise InputError(source, where, f"valid YAML ({problem})") from None
     except RecursionError:
         raise InputError(source, "", "valid YAML (nested too deeply)") from None
+    except ValueError as exc:  # a scalar its constructor refuses: a 13th month, an integer
+        why = "an integer of more than 4300 digits" if "digits" in str(exc) else str(exc)
+        raise InputError(source, "", f"valid YAML ({why})") from None
 
 
 def read_yaml(path: str | os.PathLike[str], expected: str, loader: type = UniqueKeyLoader) -> Any:
     """The parsed content of a YAML (or JSON) file; see :func:`parse_yaml`."""
     return parse_yaml(read_text(path, expected), str(path), loader)
+
+
+def _json_int(text: str) -> int | float:
+    """A JSON integer; one too long for Python's ``int`` (more than 4300 digits) reads as an
+    infinity of its sign, which every field check refuses by name (instead of a ValueError)."""
+    try:
+        return int(text)
+    except ValueError:
+        return -math.inf if text.startswith("-") else math.inf
 
 
 def parse_json(text: str, source: str) -> Any:
@@ -225,7 +267,7 @@ def parse_json(text: str, source: str) -> Any:
         return out
 
     try:
-        return json.loads(text, object_pairs_hook=pairs)
+        return json.loads(text, object_pairs_hook=pairs, parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise InputError(source, f"line {exc.lineno}", f"valid JSON ({exc.msg})") from None
     except _DuplicateJSONKey as exc:
