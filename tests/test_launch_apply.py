@@ -480,3 +480,64 @@ def test_an_llm_name_with_a_slash_starts_and_stops_with_its_files_in_their_folde
         report = stop(folder, grace_s=5)
     assert report.ok and set(report.stopped) == {"org%2Fgen-0", "rewriter-0"}
     assert_nothing_left(plan, pids, folder)
+
+
+def _unrelated_group() -> subprocess.Popen:
+    """A process group that scepsy did not start: ``sleep`` in its own session."""
+    return subprocess.Popen(["sleep", "600"], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("how", ["stop", "stop.sh"])
+def test_a_stale_pid_file_never_signals_an_unrelated_process_group(tmp_path, how):
+    """The red team's case: after a reboot or pid reuse, run/pids/NAME.pid names a process
+    group that is not the server. stop (and stop.sh) must leave it alone, say so, and drop
+    the pid file."""
+    plan = fake_plan(tmp_path)
+    folder = rendered(plan, tmp_path)
+    (folder / "run" / "pids").mkdir(parents=True)
+    other = _unrelated_group()
+    try:
+        pid_file = folder / "run" / "pids" / "generator-0.pid"
+        pid_file.write_text(f"{other.pid}\n")
+        if how == "stop":
+            report = stop(folder, grace_s=1)
+            assert report.ok and report.stopped == ()
+            assert report.stale == (("generator-0", other.pid),)
+            said = report.output
+        else:
+            done = subprocess.run(["bash", str(folder / "host" / "stop.sh")],
+                                  capture_output=True, text=True, timeout=60, check=False,
+                                  env={**os.environ, "SCEPSY_STOP_GRACE_S": "1"})
+            assert done.returncode == 0, done.stdout + done.stderr
+            said = done.stderr
+        assert f"stale pid file, process group {other.pid} is not generator-0: not signalled" \
+            in said, said
+        time.sleep(0.2)
+        assert other.poll() is None, "the unrelated process group was signalled"
+        assert not pid_file.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_stale_pid_file_does_not_block_a_start(tmp_path):
+    """start.sh refuses to start a server that already runs, not one whose pid file names
+    an unrelated group: it starts, and stop then stops it (its marker is there)."""
+    plan = fake_plan(tmp_path)
+    folder = rendered(plan, tmp_path)
+    (folder / "run" / "pids").mkdir(parents=True)
+    other = _unrelated_group()
+    try:
+        (folder / "run" / "pids" / "generator-0.pid").write_text(f"{other.pid}\n")
+        run = apply(folder)
+        try:
+            assert {s.name for s in run.servers} == {"generator-0", "rewriter-0"}
+            assert other.pid not in [s.pid for s in run.servers]
+        finally:
+            report = stop(folder, grace_s=5)
+        assert report.ok and set(report.stopped) == {"generator-0", "rewriter-0"}
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()

@@ -133,8 +133,12 @@ def cmd_stop(args: argparse.Namespace) -> int:
     report = stop(args.folder, args.grace_s, node=args.node)
     if args.json:
         print(json.dumps({"stopped": list(report.stopped), "left": list(report.left),
-                          "busy_ports": list(report.busy_ports), "ok": report.ok}, indent=2))
+                          "busy_ports": list(report.busy_ports),
+                          "stale": [{"server": n, "pid": p} for n, p in report.stale],
+                          "ok": report.ok}, indent=2))
     else:
+        for n, p in report.stale:
+            print(f"stale pid file, process {p} is not {n}: not signalled", file=sys.stderr)
         rows = [{"server": n, "state": "stopped"} for n in report.stopped]
         rows += [{"server": n, "state": "STILL RUNNING"} for n in report.left]
         if rows:

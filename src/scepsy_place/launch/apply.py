@@ -27,6 +27,7 @@ from scepsy_place.launch.shell import (
     HEALTH_TIMEOUT_ENV,
     NAME,
     RUN_DIR_ENV,
+    SERVER_ENV,
     STOP_GRACE_ENV,
     STOP_GRACE_S,
     ShellReplica,
@@ -69,12 +70,15 @@ class AppliedRun:
 @dataclass(frozen=True)
 class StopReport:
     """``stopped``: servers that ran and were stopped; ``left``: servers with a process still
-    alive; ``busy_ports``: their ports something still listens on. ``ok`` when both are empty."""
+    alive; ``busy_ports``: their ports something still listens on. ``ok`` when both are empty.
+    ``stale``: ``(server, pid)`` of pid files whose process group runs but is not that server
+    (its pid reused): not signalled, the pid file removed."""
 
     stopped: tuple[str, ...]
     left: tuple[str, ...]
     busy_ports: tuple[int, ...]
     output: str
+    stale: tuple[tuple[str, int], ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -209,6 +213,26 @@ def _live(pid: int) -> bool:
         return group_alive(pid)
 
 
+def _ours(pid: int, runs: Path, name: str) -> bool:
+    """Whether a live process of group ``pid`` is server ``name`` started into ``runs`` (its
+    environment holds start.sh's marker, :data:`~scepsy_place.launch.shell.SERVER_ENV`): a
+    stale pid file's group (the server gone, its pid reused) is not. Without ``/proc``, any
+    live group counts (the pid file is all there is to go by)."""
+    marker = f"{SERVER_ENV}={runs.resolve() / 'pids' / name}".encode()
+    try:
+        members = group_members(pid)
+    except OSError:  # no /proc
+        return group_alive(pid)
+    for m in members:
+        try:
+            env = Path(f"/proc/{m}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker in env.split(b"\0"):
+            return True
+    return False
+
+
 def running_servers(folder: str | os.PathLike[str], *,
                     run_dir: str | os.PathLike[str] | None = None) -> tuple[str, ...]:
     """The servers started from ``folder`` that still run here (none when ``folder`` is not a
@@ -221,7 +245,7 @@ def running_servers(folder: str | os.PathLike[str], *,
     runs = _run_dir(root, run_dir)
     return tuple(r.name for r in replicas
                  if (pid := _read_pid(runs, r.name)) is not None
-                 and _live(pid))
+                 and _ours(pid, runs, r.name))
 
 
 def stop(folder: str | os.PathLike[str], grace_s: float = STOP_GRACE_S, *,
@@ -229,7 +253,9 @@ def stop(folder: str | os.PathLike[str], grace_s: float = STOP_GRACE_S, *,
     """Stop what :func:`apply` (or start.sh) started from ``folder`` on this host: each node's
     ``stop.sh`` (or ``node``'s only), then check that no process of a server's group is left
     (SIGKILL to any that is) and that its port is free. Idempotent: with nothing running it
-    does nothing and reports ok."""
+    does nothing and reports ok. A pid file whose process group is not the server start.sh
+    started (no process of it carries :data:`~scepsy_place.launch.shell.SERVER_ENV`) is never
+    signalled: stop.sh removes it and the report lists it as ``stale``."""
     root, replicas = shell_folder(folder)
     nodes = sorted({r.node for r in replicas}) if node is None else [
         _choose_node(replicas, node, root)]
@@ -237,8 +263,12 @@ def stop(folder: str | os.PathLike[str], grace_s: float = STOP_GRACE_S, *,
     if not (math.isfinite(grace_s) and grace_s >= 0):
         raise InputError("stop", "--grace-s", "a number of seconds >= 0", grace_s)
     mine = [r for r in replicas if r.node in nodes]
-    pids = {r.name: _read_pid(runs, r.name) for r in mine}
-    running = [n for n, p in pids.items() if p is not None and _live(p)]
+    # only groups that are ours: a stale pid file's group is stop.sh's to report, never ours
+    # to signal
+    found = {r.name: p for r in mine if (p := _read_pid(runs, r.name)) is not None}
+    pids = {n: p for n, p in found.items() if _ours(p, runs, n)}
+    stale = tuple((n, p) for n, p in sorted(found.items()) if n not in pids and _live(p))
+    running = sorted(pids)
     outputs = []
     if runs.is_dir():
         for n in nodes:
@@ -250,7 +280,7 @@ def stop(folder: str | os.PathLike[str], grace_s: float = STOP_GRACE_S, *,
             outputs.append(done.stdout + done.stderr)
     left = []
     for name, pid in pids.items():
-        if pid is None or not _live(pid):
+        if not _live(pid):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -265,7 +295,7 @@ def stop(folder: str | os.PathLike[str], grace_s: float = STOP_GRACE_S, *,
         time.sleep(0.2)
         busy = [p for p in busy if port_in_use(p)]
     return StopReport(tuple(sorted(running)), tuple(sorted(left)), tuple(busy),
-                      "".join(outputs))
+                      "".join(outputs), stale)
 
 
 @contextlib.contextmanager

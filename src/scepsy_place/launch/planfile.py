@@ -7,8 +7,9 @@ Schema, and the launch view a launcher reads (:class:`~scepsy_place.launch.model
 edited ``launch`` section is caught), then that the sections agree with each other (every
 placed replica is an LLM of ``llms`` with its TP degree and share, on a node of the cluster and
 GPU indices that node has, each replica exactly once; ``launch.models`` names every LLM;
-``launch.addresses`` names nodes; a workflow's ``curve`` is bounded by an LLM it calls; an
-LLM's ``extrapolated_share`` repeats its share).
+``launch.addresses`` names nodes, no two at one address; no GPU holds more than its
+capacity (shares summing above 1, memory beyond the device's); a workflow's ``curve`` is
+bounded by an LLM it calls; an LLM's ``extrapolated_share`` repeats its share).
 Every error is an :class:`~scepsy_common.errors.InputError` naming the file and the field. :func:`launch_plan` turns a placed plan into the launch view and
 rejects one without a placement, saying why there is none; :func:`load_plan` does both for a
 file.
@@ -25,6 +26,7 @@ committed JSON Schema from these models (a test checks that it is up to date).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import sys
@@ -62,6 +64,8 @@ from scepsy_place.launch.model import (
     ReplicaLaunch,
     assign_ports,
 )
+from scepsy_place.packing.check import overloads
+from scepsy_place.packing.replicas import Slot
 from scepsy_place.packing.topology import Topology, TopologyRecord, from_cluster, parse_topology
 from scepsy_place.request import PlanRequest
 from scepsy_profile.catalog import Catalog
@@ -371,7 +375,8 @@ class PlanDoc(BaseModel):
     optimiser: Name
     status: Status
     objective: Objective
-    targets: dict[Name, float]
+    targets: dict[Name, Annotated[float, Field(gt=0, allow_inf_nan=False)]]
+    """per workflow its target throughput (req/s): finite and > 0, as a plan request's"""
     scale: float = Field(ge=0)
     cluster: ClusterRecord
     topology: TopologyRecord | None = None
@@ -598,6 +603,7 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
         if not nodes.has_node(node):
             raise InputError(source, f"launch.addresses.{node}",
                              f"a node of the cluster ({_nodes_text(nodes)})", node)
+    _check_addresses(doc, nodes, source)
     if set(doc.launch.models) != set(llms):
         extra = sorted(set(doc.launch.models) - set(llms))
         missing = sorted(set(llms) - set(doc.launch.models))
@@ -633,6 +639,34 @@ def _check_consistent(doc: PlanDoc, source: str) -> None:
     _check_splits(doc, source)
     if doc.placement is not None:
         _check_instances(doc, nodes, source)
+
+
+def _address_key(address: str) -> str:
+    """``address`` as one host is named once: an IP address in its canonical form, a host
+    name in lower case (host names are case-insensitive)."""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return address.lower()
+
+
+def _check_addresses(doc: PlanDoc, nodes: Topology, source: str) -> None:
+    """No two nodes at one address (``launch.addresses``, a node's name where it has none):
+    servers get ports per node from ``launch.base_port`` and GPU indices per node, so two
+    nodes on one host would start two servers on one URL and on the same GPUs."""
+    addresses = doc.launch.addresses
+    seen: dict[str, str] = {}
+    for n in nodes.nodes:
+        address = addresses.get(n.name, n.name)
+        other = seen.setdefault(_address_key(address), n.name)
+        if other != n.name:
+            node = n.name if n.name in addresses else other
+            twin = other if node == n.name else n.name
+            raise InputError(source, f"launch.addresses.{node}",
+                             f"an address no other node has (node {twin} is at "
+                             f"{addresses.get(twin, twin)!r} too: its servers would share "
+                             "ports and GPUs with this node's; give each node its own host, "
+                             "or plan for a cluster of one node)", address)
 
 
 def _check_sizes(doc: PlanDoc, nodes: Topology, source: str) -> None:
@@ -677,7 +711,9 @@ def _nodes_text(nodes: Topology, most: int = 8) -> str:
 
 def _check_instances(doc: PlanDoc, nodes: Topology, source: str) -> None:
     """Every placed replica: an LLM of ``llms`` with its TP degree and share, on GPUs its node
-    has and of its GPU type, memory within the device's; each replica index once."""
+    has and of its GPU type, memory within the device's; each replica index once; and per
+    GPU, the replicas on it within its capacity (shares summing to at most 1, memory within
+    the device's), by the placement checker's rule (:func:`~scepsy_place.packing.check.overloads`)."""
     assert doc.placement is not None
     pl, llms = doc.placement, doc.llms or {}
     if pl.instances and not pl.placed:
@@ -717,6 +753,12 @@ def _check_instances(doc: PlanDoc, nodes: Topology, source: str) -> None:
             raise InputError(source, f"{where}.memory_gib",
                              f"at most the {cap} GiB of a {node.gpu}", inst.memory_gib)
         seen.setdefault(inst.llm, []).append(inst.replica)
+    for o in overloads(nodes, [Slot(i.llm, i.replica, i.node, tuple(i.gpus), i.share,
+                                    i.memory_gib) for i in pl.instances]):
+        raise InputError(source, f"placement.instances (node {o.node}, GPU {o.gpu})",
+                         "at most the GPU's capacity: shares summing to at most 1 and memory "
+                         f"within the device's (replicas on it: {', '.join(o.replicas)}); move "
+                         "a replica to a GPU with room or re-run `scepsy plan`", o.problem)
     if not pl.placed:
         return
     for m, row in llms.items():

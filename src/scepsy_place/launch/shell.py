@@ -76,6 +76,11 @@ HEALTH_TIMEOUT_ENV = "SCEPSY_HEALTH_TIMEOUT_S"
 STOP_GRACE_ENV = "SCEPSY_STOP_GRACE_S"
 """Seconds stop.sh waits after SIGTERM before SIGKILL (default :data:`STOP_GRACE_S`)."""
 STOP_GRACE_S = 10
+SERVER_ENV = "SCEPSY_SERVER"
+"""Set by start.sh in each server's environment to ``RUN/pids/NAME`` (RUN: the run folder's
+physical path): stop.sh (and :func:`scepsy_place.launch.apply.stop`) signal a pid file's
+process group only when a process of it carries this marker, so a stale pid file (the server
+gone, its pid reused) never stops an unrelated process."""
 REPLICA_TAG = "# scepsy-replica: "
 KV_RESERVE_GIB = 1.0
 """GiB of a CPU replica's memory left out of its KV cache (activations, the runtime)."""
@@ -303,6 +308,27 @@ _GROUP_ALIVE = r'''group_alive() {  # whether a live process (not a zombie) of p
   return 1
 }'''
 
+_OURS = r'''ours() {  # PID NAME: whether a live process of group PID is server NAME of this run folder
+  local stat line var
+  local -a fields
+  if [[ ! -r /proc/self/stat ]]; then
+    group_alive "$1"  # no /proc: the pid file is all there is to go by
+    return
+  fi
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"$stat"; } 2>/dev/null || continue
+    read -r -a fields <<<"${line##*) }"
+    if [[ ${fields[2]:-} == "$1" && ${fields[0]:-} != Z ]]; then
+      while IFS= read -r -d '' var; do
+        if [[ $var == "__MARKER__=$run_dir/pids/$2" ]]; then
+          return 0
+        fi
+      done 2>/dev/null <"${stat%/stat}/environ" || true
+    fi
+  done
+  return 1
+}'''
+
 _PROC_ALIVE = r'''proc_alive() {  # whether process $1 runs (not a zombie)
   local line
   if [[ ! -r /proc/self/stat ]]; then
@@ -374,7 +400,7 @@ trap on_signal INT TERM
 check_free() {  # NAME PORT: refuse to start where NAME already runs or PORT is taken
   local pid_file=$run_dir/pids/$1.pid
   if [[ -f $pid_file ]]; then
-    if group_alive "$(<"$pid_file")"; then
+    if ours "$(<"$pid_file")" "$1"; then
       echo "start.sh ($node): $1 already runs (pid $(<"$pid_file")); run stop.sh first" >&2
       exit 1
     fi
@@ -392,7 +418,8 @@ start_server() {  # NAME COMMAND...: COMMAND in a new session (its own process g
   launching=1
   echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) start.sh ($node) starts $name" \
     >>"$run_dir/logs/$name.log"
-  setsid "$@" >>"$run_dir/logs/$name.log" 2>&1 </dev/null &
+  # the marker stop.sh checks before it signals: this server of this run folder
+  __MARKER__="$run_dir/pids/$name" setsid "$@" >>"$run_dir/logs/$name.log" 2>&1 </dev/null &
   printf '%s\n' "$!" >"$run_dir/pids/$name.pid"
   launching=
   if [[ -n $interrupted ]]; then
@@ -504,12 +531,15 @@ stop_all() {  # NAME...: SIGTERM each running group, SIGKILL after the grace per
       continue
     fi
     pid=$(<"$pid_file")
-    if [[ $pid =~ ^[0-9]+$ ]] && group_alive "$pid"; then
+    if [[ $pid =~ ^[0-9]+$ ]] && ours "$pid" "$name"; then
       echo "stop.sh ($node): stopping $name (process group $pid)"
       kill -TERM -- "-$pid" 2>/dev/null || true
       names+=("$name")
       pids+=("$pid")
     else
+      if [[ $pid =~ ^[0-9]+$ ]] && group_alive "$pid"; then
+        echo "stop.sh ($node): stale pid file, process group $pid is not $name: not signalled" >&2
+      fi
       rm -f -- "$pid_file"
     fi
   done
@@ -601,12 +631,13 @@ def _start_script(plan: LaunchPlan, node: str) -> str:
              f'  echo "start.sh ($node): {HEALTH_TIMEOUT_ENV} must be whole seconds '
              '(got $health_timeout_s)" >&2\n  exit 2\nfi',
              'mkdir -p -- "$run_dir/logs" "$run_dir/pids" "$run_dir/state/$node_folder"',
-             'run_dir=$(cd -- "$run_dir" && pwd)',
+             'run_dir=$(cd -- "$run_dir" && pwd -P)',
              'state=$run_dir/state/$node_folder',
              "",
-             _GROUP_ALIVE, "", _PROC_ALIVE, "",
+             _GROUP_ALIVE, "", _OURS.replace("__MARKER__", SERVER_ENV), "", _PROC_ALIVE, "",
              _START_FUNCS.replace("__ROOM__", str(IPC_PATH_ROOM))
-             .replace("__MAX__", str(SOCKET_PATH_MAX)).replace("__RUN_ENV__", RUN_DIR_ENV),
+             .replace("__MAX__", str(SOCKET_PATH_MAX)).replace("__RUN_ENV__", RUN_DIR_ENV)
+             .replace("__MARKER__", SERVER_ENV),
              "",
              "# refuse before anything starts",
              *(f"check_free {_word(r.name)} {r.port}" for r in reps), ""]
@@ -644,11 +675,11 @@ def _stop_script(plan: LaunchPlan, node: str) -> str:
              '(got $grace_s)" >&2\n  exit 2\nfi',
              'if [[ ! -d $run_dir ]]; then\n'
              '  echo "stop.sh ($node): nothing of this node runs (no $run_dir)"\n  exit 0\nfi',
-             'run_dir=$(cd -- "$run_dir" && pwd)',
+             'run_dir=$(cd -- "$run_dir" && pwd -P)',
              'state=$run_dir/state/$node_folder',
              "left=()",
              "",
-             _GROUP_ALIVE, "", _STOP_BODY, "",
+             _GROUP_ALIVE, "", _OURS.replace("__MARKER__", SERVER_ENV), "", _STOP_BODY, "",
              "stop_all " + _words(r.name for r in reps),
              _STOP_TAIL]
     return "\n".join(parts) + "\n"

@@ -15,11 +15,12 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from scepsy_common.units import UNITS, share_units
 from scepsy_place.packing.placement import Placement
-from scepsy_place.packing.replicas import Demand
+from scepsy_place.packing.replicas import Demand, Slot
 from scepsy_place.packing.topology import MEMORY_TOL_GIB, Topology
 
 
@@ -41,7 +42,6 @@ def violations(topology: Topology, demands: Sequence[Demand], placement: Placeme
     for m, r, why in placement.unplaced:
         if not (isinstance(why, str) and why.strip()):
             out.append(f"{m}[{r}] unplaced without a reason")
-    load: dict[tuple[str, int], list[float]] = {}
     for s in placement.slots:
         who = f"{s.llm}[{s.replica}]"
         if not (isinstance(s.node, str) and topology.has_node(s.node)):
@@ -68,15 +68,46 @@ def violations(topology: Topology, demands: Sequence[Demand], placement: Placeme
                 out.append(f"{who}: share {s.share} for a demand of {d.share}")
             if s.memory_gib < d.memory_gib - MEMORY_TOL_GIB:
                 out.append(f"{who}: {s.memory_gib} GiB per GPU for a demand of {d.memory_gib}")
+    out.extend(f"{o.node} GPU {o.gpu}: {o.problem}" for o in overloads(topology, placement.slots))
+    return out
+
+
+@dataclass(frozen=True)
+class Overload:
+    """A GPU that rule 1 (capacity) finds over-committed: its node and index, what is over
+    (``shares sum to 1.1 > 1``, ``memory 88 GiB > 80 GiB``) and the replicas on it."""
+
+    node: str
+    gpu: int
+    problem: str
+    replicas: tuple[str, ...]
+
+
+def overloads(topology: Topology, slots: Iterable[Slot]) -> list[Overload]:
+    """Rule 1 (capacity) per GPU, the one check of it: every GPU whose pre-existing use plus
+    the shares of the slots on it sums above 1 (in thousandths, :func:`share_units`) or whose
+    memory exceeds the device's (beyond ``MEMORY_TOL_GIB``), shares first, GPUs in order.
+    Slots on a node the topology lacks or on GPU indices outside their node are left out
+    (:func:`violations` reports those)."""
+    load: dict[tuple[str, int], tuple[int, float, list[str]]] = {}
+    for s in slots:
+        if not (isinstance(s.node, str) and topology.has_node(s.node)):
+            continue
+        n = topology.node(s.node)
+        if not all(isinstance(g, int) and not isinstance(g, bool) and 0 <= g < n.gpus
+                   for g in s.gpus):
+            continue
         for g in s.gpus:
-            u = load.setdefault((n.name, g), [0, 0.0])
-            u[0] += s.units
-            u[1] += s.memory_gib
-    for (name, g), (units, mem) in sorted(load.items()):
+            units, mem, who = load.get((n.name, g), (0, 0.0, []))
+            load[(n.name, g)] = (units + s.units, mem + s.memory_gib,
+                                 [*who, f"{s.llm}[{s.replica}]"])
+    out: list[Overload] = []
+    for (name, g), (units, mem, who) in sorted(load.items()):
         n = topology.node(name)
         total = units + share_units(n.used[g][0])
         if total > UNITS:
-            out.append(f"{name} GPU {g}: shares sum to {total / UNITS:g} > 1")
+            out.append(Overload(name, g, f"shares sum to {total / UNITS:g} > 1", tuple(who)))
         if mem + n.used[g][1] > n.memory_gib + MEMORY_TOL_GIB:
-            out.append(f"{name} GPU {g}: memory {mem + n.used[g][1]:g} GiB > {n.memory_gib:g} GiB")
+            out.append(Overload(name, g, f"memory {mem + n.used[g][1]:g} GiB > "
+                                f"{n.memory_gib:g} GiB", tuple(who)))
     return out

@@ -19,7 +19,7 @@ if [[ ! $health_timeout_s =~ ^[0-9]+$ ]]; then
   exit 2
 fi
 mkdir -p -- "$run_dir/logs" "$run_dir/pids" "$run_dir/state/$node_folder"
-run_dir=$(cd -- "$run_dir" && pwd)
+run_dir=$(cd -- "$run_dir" && pwd -P)
 state=$run_dir/state/$node_folder
 
 group_alive() {  # whether a live process (not a zombie) of process group $1 remains
@@ -34,6 +34,27 @@ group_alive() {  # whether a live process (not a zombie) of process group $1 rem
     read -r -a fields <<<"${line##*) }"
     if [[ ${fields[2]:-} == "$1" && ${fields[0]:-} != Z ]]; then
       return 0
+    fi
+  done
+  return 1
+}
+
+ours() {  # PID NAME: whether a live process of group PID is server NAME of this run folder
+  local stat line var
+  local -a fields
+  if [[ ! -r /proc/self/stat ]]; then
+    group_alive "$1"  # no /proc: the pid file is all there is to go by
+    return
+  fi
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"$stat"; } 2>/dev/null || continue
+    read -r -a fields <<<"${line##*) }"
+    if [[ ${fields[2]:-} == "$1" && ${fields[0]:-} != Z ]]; then
+      while IFS= read -r -d '' var; do
+        if [[ $var == "SCEPSY_SERVER=$run_dir/pids/$2" ]]; then
+          return 0
+        fi
+      done 2>/dev/null <"${stat%/stat}/environ" || true
     fi
   done
   return 1
@@ -103,7 +124,7 @@ trap on_signal INT TERM
 check_free() {  # NAME PORT: refuse to start where NAME already runs or PORT is taken
   local pid_file=$run_dir/pids/$1.pid
   if [[ -f $pid_file ]]; then
-    if group_alive "$(<"$pid_file")"; then
+    if ours "$(<"$pid_file")" "$1"; then
       echo "start.sh ($node): $1 already runs (pid $(<"$pid_file")); run stop.sh first" >&2
       exit 1
     fi
@@ -121,7 +142,8 @@ start_server() {  # NAME COMMAND...: COMMAND in a new session (its own process g
   launching=1
   echo "=== $(date -u +%Y-%m-%dT%H:%M:%SZ) start.sh ($node) starts $name" \
     >>"$run_dir/logs/$name.log"
-  setsid "$@" >>"$run_dir/logs/$name.log" 2>&1 </dev/null &
+  # the marker stop.sh checks before it signals: this server of this run folder
+  SCEPSY_SERVER="$run_dir/pids/$name" setsid "$@" >>"$run_dir/logs/$name.log" 2>&1 </dev/null &
   printf '%s\n' "$!" >"$run_dir/pids/$name.pid"
   launching=
   if [[ -n $interrupted ]]; then

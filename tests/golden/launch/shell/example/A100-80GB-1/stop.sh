@@ -18,7 +18,7 @@ if [[ ! -d $run_dir ]]; then
   echo "stop.sh ($node): nothing of this node runs (no $run_dir)"
   exit 0
 fi
-run_dir=$(cd -- "$run_dir" && pwd)
+run_dir=$(cd -- "$run_dir" && pwd -P)
 state=$run_dir/state/$node_folder
 left=()
 
@@ -34,6 +34,27 @@ group_alive() {  # whether a live process (not a zombie) of process group $1 rem
     read -r -a fields <<<"${line##*) }"
     if [[ ${fields[2]:-} == "$1" && ${fields[0]:-} != Z ]]; then
       return 0
+    fi
+  done
+  return 1
+}
+
+ours() {  # PID NAME: whether a live process of group PID is server NAME of this run folder
+  local stat line var
+  local -a fields
+  if [[ ! -r /proc/self/stat ]]; then
+    group_alive "$1"  # no /proc: the pid file is all there is to go by
+    return
+  fi
+  for stat in /proc/[0-9]*/stat; do
+    { read -r line <"$stat"; } 2>/dev/null || continue
+    read -r -a fields <<<"${line##*) }"
+    if [[ ${fields[2]:-} == "$1" && ${fields[0]:-} != Z ]]; then
+      while IFS= read -r -d '' var; do
+        if [[ $var == "SCEPSY_SERVER=$run_dir/pids/$2" ]]; then
+          return 0
+        fi
+      done 2>/dev/null <"${stat%/stat}/environ" || true
     fi
   done
   return 1
@@ -64,12 +85,15 @@ stop_all() {  # NAME...: SIGTERM each running group, SIGKILL after the grace per
       continue
     fi
     pid=$(<"$pid_file")
-    if [[ $pid =~ ^[0-9]+$ ]] && group_alive "$pid"; then
+    if [[ $pid =~ ^[0-9]+$ ]] && ours "$pid" "$name"; then
       echo "stop.sh ($node): stopping $name (process group $pid)"
       kill -TERM -- "-$pid" 2>/dev/null || true
       names+=("$name")
       pids+=("$pid")
     else
+      if [[ $pid =~ ^[0-9]+$ ]] && group_alive "$pid"; then
+        echo "stop.sh ($node): stale pid file, process group $pid is not $name: not signalled" >&2
+      fi
       rm -f -- "$pid_file"
     fi
   done
