@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from scepsy.argtypes import (
     COUNT,
     POSITIVE,
+    RATE,
     SEED,
     TOKENS,
     percentile_bound,
@@ -191,7 +192,7 @@ def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--workflow", type=Path, required=True,
                      help="workflow, workload or rate workload (kind: rates) YAML")
     cmd.add_argument("--allocation", type=Path, required=True, help="allocation YAML/JSON")
-    cmd.add_argument("--rate", type=POSITIVE,
+    cmd.add_argument("--rate", type=RATE,
                      help="total arrival rate, req/s (split over a workload's weights); "
                      "optional for a rate workload: its rates, rescaled to this total if given")
     cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
@@ -263,7 +264,7 @@ def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
                      help="run the same kit on this CPU (both LLMs on one core) instead of a GPU")
     gpu.add_argument("--requests", type=COUNT, default=d.requests,
                      help="requests to drive (default %(default)s)")
-    gpu.add_argument("--rate", type=POSITIVE, help="arrival rate, req/s (default: --load times "
+    gpu.add_argument("--rate", type=RATE, help="arrival rate, req/s (default: --load times "
                      "the largest throughput the plan predicts)")
     gpu.add_argument("--load", type=POSITIVE, default=d.load,
                      help="the target as a fraction of the largest predicted throughput "
@@ -296,7 +297,7 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
     loop.add_argument("--max-drive-s", type=POSITIVE, default=d.max_drive_s, metavar="S",
                       help="the longest the default drive's arrivals may take (default "
                       "%(default)s s; with --requests: a warning line only)")
-    loop.add_argument("--rate", type=POSITIVE,
+    loop.add_argument("--rate", type=RATE,
                       help="total arrival rate, req/s (default: --load times the largest "
                       "throughput the plan predicts)")
     loop.add_argument("--load", type=POSITIVE, default=d.load,

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_opt.planning.problem import OBJECTIVES, TENTHS, PlanOptions
-from scepsy_opt.ratework import MAX_RATE
+from scepsy_opt.ratework import check_rate
 from scepsy_opt.workflows import MAX_REQUESTS
 from scepsy_place.formulations.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
 from scepsy_place.packing.placement import PLACERS
@@ -122,9 +122,7 @@ class Inputs(_Model):
         rates = (self.targets.values() if isinstance(self.targets, dict) else
                  () if self.targets is None else (self.targets,))
         for rate in rates:
-            if not 0 < rate <= MAX_RATE:
-                raise InputError(SOURCE, "targets", f"a rate in (0, {MAX_RATE:.0e}] requests/s",
-                                 rate)
+            check_rate(rate, SOURCE, "targets")
         if not 1 <= self.trace_requests <= MAX_REQUESTS:
             raise InputError(SOURCE, "trace_requests", f"1 to {MAX_REQUESTS} requests per "
                              "workflow (the largest trace generated)", self.trace_requests)
