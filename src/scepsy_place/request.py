@@ -35,7 +35,7 @@ from scepsy_opt.ratework import check_rate
 from scepsy_opt.workflows import MAX_REQUESTS
 from scepsy_place.formulations.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
 from scepsy_place.packing.placement import PLACERS
-from scepsy_profile.serving import MemoryPolicy
+from scepsy_profile.serving import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_NUM_SEQS, MemoryPolicy
 
 SOURCE = "plan"
 """The source an invalid request's :class:`InputError` names (its field: the request field)."""
@@ -301,6 +301,17 @@ class Engine(_Model):
     policy: Any = None
     """a scepsy_profile.serving.MemoryPolicy in place of the fields (the Python API; plan.json
     records its fields)"""
+
+    @model_validator(mode="after")
+    def _in_range(self) -> Engine:
+        for name, most, what in (("max_batch", MAX_NUM_SEQS, "calls a replica runs at once"),
+                                 ("block_size", MAX_BLOCK_SIZE, "tokens per KV block"),
+                                 ("max_num_batched_tokens", MAX_BATCHED_TOKENS,
+                                  "prompt tokens one iteration takes")):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= most:
+                raise InputError(SOURCE, name, f"1 to {most} {what}", value)
+        return self
 
     def memory_policy(self) -> Any:
         """The :class:`~scepsy_profile.serving.MemoryPolicy` (None: the defaults)."""
