@@ -103,7 +103,7 @@ class Inputs(_Model):
     trace: Annotated[Source | None, Flag("--trace", "path")] = None
     """recorded trace (default: generated)"""
     trace_requests: Annotated[int, Flag("--trace-requests", "count")] = DEFAULT_TRACE_REQUESTS
-    """requests per workflow of a generated trace"""
+    """requests per workflow of a generated trace (not with --trace)"""
     seed: Annotated[int, Flag("--seed", "seed")] = 0
     """seed of the generated trace and its statistics"""
     curves: Annotated[Source | None, Flag("--curves", "path")] = None
@@ -126,6 +126,10 @@ class Inputs(_Model):
         if not 1 <= self.trace_requests <= MAX_REQUESTS:
             raise InputError(SOURCE, "trace_requests", f"1 to {MAX_REQUESTS} requests per "
                              "workflow (the largest trace generated)", self.trace_requests)
+        if self.trace is not None and self.trace_requests != DEFAULT_TRACE_REQUESTS:
+            raise InputError(SOURCE, "trace_requests", "no requests count together with a "
+                             "recorded trace (it sizes a generated trace; a recorded one is "
+                             "used whole: drop one of the two)", self.trace_requests)
         if self.arrivals is not None and self.targets is not None:
             raise InputError(SOURCE, "arrivals", "no targets with it (the arrivals' peak "
                              "window sets them)", self.targets)
