@@ -5,8 +5,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import REPO, run_cli
 
+from conftest import REPO, run_cli
 from scepsy import api
 from scepsy_common.errors import InputError
 
