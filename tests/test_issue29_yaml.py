@@ -6,10 +6,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import REPO
 from scepsy_common.files import parse_yaml
 from scepsy_opt.workflows import load_workflow
 
