@@ -847,7 +847,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from scepsy_opt.stats import stats_table, stats_to_dict, trace_stats
     from scepsy_opt.traces import read_trace
 
-    stats = trace_stats(read_trace(args.trace), seed=args.seed)
+    stats = trace_stats(read_trace(args.trace), seed=args.seed, source=str(args.trace))
     if args.json:
         print(json.dumps(stats_to_dict(stats), indent=2, sort_keys=True))
         return 0

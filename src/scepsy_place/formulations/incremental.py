@@ -168,20 +168,20 @@ def apply_events(problem: PlanningProblem, topology: Topology, events: Sequence[
     for e in events:
         if isinstance(e, NodeFailed):
             if not top.has_node(e.node):
-                left = _names([n.name for n in top.nodes])
+                names = _names([n.name for n in top.nodes])
                 raise InputError(source, "node-failed", (
-                    f"a node still in the cluster ({left}); an earlier event already removed "
+                    f"a node still in the cluster ({names}); an earlier event already removed "
                     "this one: give each node once" if topology.has_node(e.node) else
-                    f"a node of the cluster ({left})"), e.node)
+                    f"a node of the cluster ({names})"), e.node)
             gone = {e.node}
         elif isinstance(e, RackDrained):
             racks = top.racks()
             if e.rack not in racks:
-                left = _names(list(racks))
+                names = _names(list(racks))
                 raise InputError(source, "rack-drained", (
-                    f"a rack still in the cluster ({left}); an earlier event already removed "
+                    f"a rack still in the cluster ({names}); an earlier event already removed "
                     "its nodes: give each rack once" if e.rack in topology.racks() else
-                    f"a rack of the cluster ({left})"), e.rack)
+                    f"a rack of the cluster ({names})"), e.rack)
             gone = set(racks[e.rack])
         elif isinstance(e, LoadChanged):
             if e.workflow not in targets:
