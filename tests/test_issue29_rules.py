@@ -35,8 +35,8 @@ ALLOWED = START | set(".+:-/")
 
 
 def stated_name_rule(s: str) -> bool:
-    """NAME_EXPECTED, read literally: 1 to 128 characters, letters, digits and _ . + : - in
-    parts separated by single /, each part starting with a letter, digit or _."""
+    """NAME_EXPECTED, read literally: 1 to 128 characters, ASCII letters, digits and _ . + : -
+    in parts separated by single /, each part starting with an ASCII letter, digit or _."""
     if not 1 <= len(s) <= NAME_MAX or any(c not in ALLOWED for c in s):
         return False
     return all(part and part[0] in START for part in s.split("/"))
@@ -56,7 +56,8 @@ _long = st.builds(lambda a, n: a * n, st.sampled_from(["a", "a.", "a/"]),
 def test_the_message_states_the_rule_the_oracle_reads():
     assert f"1 to {NAME_MAX} characters" in NAME_EXPECTED
     assert "parts separated by single /" in NAME_EXPECTED
-    assert "each part starting with a letter, digit or _" in NAME_EXPECTED
+    assert "each part starting with an ASCII letter, digit or _" in NAME_EXPECTED
+    assert "ASCII letters, digits and _ . + : -" in NAME_EXPECTED
 
 
 @settings(max_examples=400, derandomize=True, deadline=None)
@@ -130,6 +131,32 @@ def test_each_string_field_says_its_own_rule(change, field, expected):
     assert "\n" not in str(exc.value)
     if expected != NAME_EXPECTED:
         assert "letters, digits and _ . + : -" not in exc.value.expected
+
+
+@pytest.mark.parametrize("name", ["кластер", "modèle", "名前"])
+def test_a_non_ascii_letter_is_refused_in_words_that_say_so(name):
+    with pytest.raises(InputError) as exc:
+        check_name(name, "cluster.yaml", "name")
+    assert "ASCII letters" in str(exc.value)
+
+
+@settings(max_examples=100, derandomize=True, deadline=None)
+@given(value=st.one_of(st.text(min_size=0, max_size=300), st.integers(-10**400, 10**400),
+                       st.lists(st.integers(), max_size=60)))
+def test_a_long_bad_value_is_quoted_shortened(value):
+    from scepsy_common.errors import GOT_MAX
+    message = str(InputError("f.yaml", "name", "a name", value))
+    assert len(message) <= len("f.yaml: name: expected a name (got )") + GOT_MAX + 40
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) <= GOT_MAX:
+        assert message.endswith(f"(got {value!r})")
+
+
+def test_a_5000_character_name_is_not_echoed_in_full():
+    with pytest.raises(InputError) as exc:
+        check_name("a" * 5000, "cluster.yaml", "name")
+    assert len(str(exc.value)) < 500 and "(5000 characters)" in str(exc.value)
+    assert exc.value.got == "a" * 5000
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)

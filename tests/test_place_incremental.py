@@ -101,6 +101,15 @@ def test_apply_events_removes_nodes_and_sets_targets():
         with pytest.raises(InputError) as exc:
             apply_events(problem, top, bad)
         assert exc.value.field == field
+    for twice in ([NodeFailed("n00"), NodeFailed("n00")],
+                  [RackDrained("rack0"), RackDrained("rack0")],
+                  [RackDrained("rack0"), NodeFailed("n00")]):
+        with pytest.raises(InputError) as exc:
+            apply_events(problem, top, twice)
+        assert "an earlier event already removed" in exc.value.expected
+    with pytest.raises(InputError) as exc:
+        apply_events(problem, top, [NodeFailed("zz")])
+    assert "earlier event" not in exc.value.expected
 
 
 # ------------------------------------------------------------------------------- replan

@@ -162,6 +162,8 @@ def _doc() -> dict:
     (lambda d: d.update(kind="rate"), "kind", "rates"),
     (lambda d: d.update(llms={}), "llms", "at least 1"),
     (lambda d: [v.update(rate=0) for v in d["llms"].values()], "llms", "rate > 0"),
+    (lambda d: d["llms"]["x"].update(rate=1e-320), "llms.x.rate",
+     "0 (not served) or a rate in [1e-06, 1e+06] requests/s"),
     (lambda d: d.update(reference_gpu="Z100"), "reference_gpu", "GPU"),
 ])
 def test_bad_rate_files_name_file_and_field(tmp_path, change, field, expected):

@@ -313,6 +313,10 @@ def _trace(specs: Sequence[WorkflowSpec], trace: PathLike | Trace | None, reques
     _count(seed, "seed", 0)
     if trace is None:
         _count(requests, "trace_requests", 1)
+    elif requests != DEFAULT_TRACE_REQUESTS:  # it would change nothing
+        raise InputError("trace_requests", "", "no requests count together with a recorded "
+                         "trace (it sizes a generated trace; a recorded one is used whole: "
+                         "drop one of the two)", requests)
     return workload_trace(specs, trace, requests=requests, seed=seed)
 
 
@@ -679,12 +683,17 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
     :func:`scepsy_opt.arrivals.load_arrivals` reads, or :class:`~scepsy_opt.arrivals.Arrivals`),
     ``time_scale`` times as fast, replayed in place of the Poisson process (the first
     ``requests`` of them; ``None``: all); each draws a workflow in proportion to the rates
-    (``rate`` defaults to their mean rate, split as for :func:`plan`) (docs/arrivals.md)."""
+    (``rate``: a mapping workflow -> rate, or None for their mean rate split as for
+    :func:`plan`; a total rate is refused, as the arrivals set it) (docs/arrivals.md)."""
     from scepsy_opt.prediction.simulate import simulate as _simulate
     from scepsy_opt.workload import models_of, specs_and_rates
 
     times = None
     if arrivals is not None:
+        if rate is not None and not isinstance(rate, Mapping):  # it would change nothing
+            raise InputError("rate", "", "no total rate together with arrivals (the arrival "
+                             "times set the rate; the workload's weights, or rates given per "
+                             "workflow, set the mix)", rate)
         arr = _arrivals(arrivals, time_scale)
         times = arr.times_s
         if rate is None and specs_and_rates(workflows)[1] is None:  # not a rate workload

@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from scepsy_common.rates import RATE_EXPECTED, is_rate
+
 
 def arg_type(convert: Callable[[str], Any], ok: Callable[[Any], bool], expected: str
               ) -> Callable[[str], Any]:
@@ -28,6 +30,8 @@ POSITIVE = arg_type(float, lambda v: math.isfinite(v) and v > 0, "a number > 0")
 NONNEGATIVE = arg_type(float, lambda v: math.isfinite(v) and v >= 0, "a number >= 0")
 FINITE = arg_type(float, math.isfinite, "a finite number")
 SHARE = arg_type(float, lambda v: math.isfinite(v) and 0 < v <= 1, "a number in (0, 1]")
+RATE = arg_type(float, is_rate, RATE_EXPECTED)
+"""A rate flag (``--rate``): the rule of every rate (:func:`scepsy_common.rates.is_rate`)."""
 MAX_TOKENS = 10_000_000
 TOKENS = arg_type(float, lambda v: math.isfinite(v) and 1 <= v <= MAX_TOKENS,
                   f"a number of tokens in [1, {MAX_TOKENS}]")

@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 from scepsy.argtypes import (
     COUNT,
     POSITIVE,
+    RATE,
     SEED,
     TOKENS,
     percentile_bound,
@@ -217,7 +218,7 @@ def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--workflow", type=Path, required=True,
                      help="workflow, workload or rate workload (kind: rates) YAML")
     cmd.add_argument("--allocation", type=Path, required=True, help="allocation YAML/JSON")
-    cmd.add_argument("--rate", type=POSITIVE,
+    cmd.add_argument("--rate", type=RATE,
                      help="total arrival rate, req/s (split over a workload's weights); "
                      "optional for a rate workload: its rates, rescaled to this total if given")
     cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
@@ -289,7 +290,7 @@ def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
                      help="run the same kit on this CPU (both LLMs on one core) instead of a GPU")
     gpu.add_argument("--requests", type=COUNT, default=d.requests,
                      help="requests to drive (default %(default)s)")
-    gpu.add_argument("--rate", type=POSITIVE, help="arrival rate, req/s (default: --load times "
+    gpu.add_argument("--rate", type=RATE, help="arrival rate, req/s (default: --load times "
                      "the largest throughput the plan predicts)")
     gpu.add_argument("--load", type=POSITIVE, default=d.load,
                      help="the target as a fraction of the largest predicted throughput "
@@ -322,7 +323,7 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
     loop.add_argument("--max-drive-s", type=POSITIVE, default=d.max_drive_s, metavar="S",
                       help="the longest the default drive's arrivals may take (default "
                       "%(default)s s; with --requests: a warning line only)")
-    loop.add_argument("--rate", type=POSITIVE,
+    loop.add_argument("--rate", type=RATE,
                       help="total arrival rate, req/s (default: --load times the largest "
                       "throughput the plan predicts)")
     loop.add_argument("--load", type=POSITIVE, default=d.load,
@@ -872,7 +873,7 @@ def _cmd_stats(args: argparse.Namespace) -> int:
     from scepsy_opt.stats import stats_table, stats_to_dict, trace_stats
     from scepsy_opt.traces import read_trace
 
-    stats = trace_stats(read_trace(args.trace), seed=args.seed)
+    stats = trace_stats(read_trace(args.trace), seed=args.seed, source=str(args.trace))
     if args.json:
         print(json.dumps(stats_to_dict(stats), indent=2, sort_keys=True))
         return 0

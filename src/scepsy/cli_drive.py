@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, POSITIVE, SEED
+from scepsy.argtypes import COUNT, POSITIVE, RATE, SEED
 
 HELP = "run workflow requests against the servers of a routing table (routes.json) at a " \
        "Poisson rate; print throughput and latency, write the measured trace"
@@ -35,7 +35,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      "that it lacks, e.g. datasets/catalogs/cpu-host.yaml)")
     cmd.add_argument("--routes", type=Path, required=True,
                      help="routing table (routes.json, written by `scepsy launch`)")
-    cmd.add_argument("--rate", type=POSITIVE, required=True,
+    cmd.add_argument("--rate", type=RATE, required=True,
                      help="total arrival rate, requests/s (Poisson, split over the workflows)")
     cmd.add_argument("--requests", type=COUNT, required=True, help="requests in all")
     cmd.add_argument("--seed", type=SEED, default=0,

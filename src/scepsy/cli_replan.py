@@ -137,6 +137,14 @@ def cmd_replan(args: argparse.Namespace) -> int:
                 if exc.source == "event":
                     raise UsageError(f"--event: {exc.field}: expected {exc.expected} "
                                      f"(got {exc.got!r})") from None
+                if exc.source == "running plan" and args.cluster is not None \
+                        and exc.field == "placement":
+                    raise InputError("--cluster", "", f"the cluster {args.plan} runs on (its "
+                                     "replicas do not fit this one; omit --cluster to use the "
+                                     f"plan's own nodes): {exc.got}", str(args.cluster)) from None
+                if exc.source == "running plan":
+                    raise InputError(f"{args.plan} (--plan)", exc.field, exc.expected,
+                                     exc.got) from None
                 raise
             doc = res.document(policy=placer, timings=not args.no_timings)
     written = write_plan_file(args.out, doc)  # a failed replan never replaces a placed plan

@@ -5,6 +5,7 @@
 * :mod:`scepsy_common.files`: reading the project's files with clear errors, atomic writes.
 * :mod:`scepsy_common.units`: GPU shares counted in thousandths of a GPU (exact integers).
 * :mod:`scepsy_common.bisection`: the largest value a monotone predicate accepts.
+* :mod:`scepsy_common.rates`: the one rule of every rate (``--rate``, targets, load events).
 
 Layers, each importing only those before it: ``scepsy_common`` ← ``scepsy_profile`` ←
 ``scepsy_opt`` ← ``scepsy_place`` ← ``scepsy`` (tests/test_structure.py checks it).

@@ -25,8 +25,26 @@ class InputError(ValueError):
         self.expected = expected
         self.got = got
         where = f"{_one_line(source)}: {_one_line(field)}" if field else _one_line(source)
-        tail = f" (got {got!r})" if got is not None else ""
+        tail = f" (got {_shown(got)})" if got is not None else ""
         super().__init__(f"{where}: expected {_one_line(expected)}{tail}")
+
+
+GOT_MAX = 80
+"""The most characters of a bad value an :class:`InputError` message quotes; a longer one is
+shown as its first :data:`GOT_MAX` characters and its length (the value itself stays in
+``InputError.got``)."""
+
+
+def _shown(got: object) -> str:
+    """``repr(got)``, a long string or other value cut to its first :data:`GOT_MAX` characters
+    followed by ``... (N characters)``."""
+    if isinstance(got, int) and got.bit_length() > 4 * GOT_MAX:  # (repr may pass Python's
+        return f"an integer of about {got.bit_length() * 0.30103:.0f} digits"  # digit limit)
+    text = got if isinstance(got, str) else repr(got)
+    if len(text) <= GOT_MAX:
+        return repr(got)
+    head = repr(text[:GOT_MAX]) if isinstance(got, str) else text[:GOT_MAX]
+    return f"{head}... ({len(text)} characters)"
 
 
 def _one_line(text: str) -> str:
@@ -45,8 +63,9 @@ separated by single ``/``, each part a letter, digit or ``_`` followed by letter
 metacharacters or control characters, and no part ``.`` or ``..``, empty part or leading or
 trailing ``/``: a name used in a file or folder name stays inside its folder."""
 NAME_MAX = 128
-NAME_EXPECTED = (f"a name of 1 to {NAME_MAX} characters: letters, digits and _ . + : - in "
-                 "parts separated by single /, each part starting with a letter, digit or _ "
+NAME_EXPECTED = (f"a name of 1 to {NAME_MAX} characters: ASCII letters, digits and _ . + : - "
+                 "in parts separated by single /, each part starting with an ASCII letter, "
+                 "digit or _ "
                  "(e.g. meta-llama/Llama-3.1-8B)")
 _NAME_RE = re.compile(NAME_PATTERN)
 _RULES: dict[str, str] = {}

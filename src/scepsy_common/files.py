@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -214,6 +215,14 @@ class UniqueKeyLoader(yaml.SafeLoader):
             if duplicate:
                 raise DuplicateKeyError(key, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
+
+
+# Numbers with an exponent are numbers, as in YAML 1.2 (1e15, -2E-3, 1.0e15, .5e3): YAML 1.1
+# (PyYAML's) reads them as strings unless they have a dot and a signed exponent (1.0e+15).
+UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 def parse_yaml(text: str, source: str, loader: type = UniqueKeyLoader) -> Any:

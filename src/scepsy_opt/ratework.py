@@ -23,7 +23,6 @@ positive).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from scepsy_common.errors import InputError, Name, check_name, validated
 from scepsy_common.files import read_yaml
+from scepsy_common.rates import MAX_RATE, MIN_RATE, RATE_EXPECTED, check_rate, is_rate
 from scepsy_opt.stats import WorkflowStats, workflow_stats
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_opt.workflows import (
@@ -50,8 +50,6 @@ KIND = "rates"
 """The ``kind`` that marks a rate workload file."""
 PROGRAM = "call"
 """The program every rate-workload LLM's one-call workflow runs."""
-MAX_RATE = 1e6
-"""The largest rate (calls/s) one LLM of a rate workload may have."""
 
 
 @dataclass(frozen=True)
@@ -97,9 +95,9 @@ class RateWorkload:
             if not isinstance(llm, RateLLM):
                 raise InputError(src, where, "a RateLLM", type(llm).__name__)
             r = llm.rate
-            if isinstance(r, bool) or not isinstance(r, int | float) or not (
-                    math.isfinite(r) and 0 <= r <= MAX_RATE):
-                raise InputError(src, f"{where}.rate", f"a rate in [0, {MAX_RATE:.0e}] calls/s",
+            if not (is_rate(r) or (r == 0 and not isinstance(r, bool)
+                                   and isinstance(r, int | float))):
+                raise InputError(src, f"{where}.rate", f"0 (not served) or {RATE_EXPECTED}",
                                  r)
             for part in ("input", "output"):
                 if not isinstance(getattr(llm, part), Distribution):
@@ -240,6 +238,6 @@ def rate_stats(workload: RateWorkload, requests_per_llm: int = 2000, seed: int =
                              for s in workload.specs()})
 
 
-__all__ = ["KIND", "MAX_RATE", "PROGRAM", "RateLLM", "RateWorkload", "is_rate_workload",
-           "load_rate_workload", "models", "parse_rate_workload", "rate_stats", "rate_trace",
+__all__ = ["KIND", "MAX_RATE", "MIN_RATE", "PROGRAM", "RATE_EXPECTED", "RateLLM", "RateWorkload",
+           "check_rate", "is_rate", "is_rate_workload", "load_rate_workload", "models", "parse_rate_workload", "rate_stats", "rate_trace",
            "rates"]

@@ -299,24 +299,25 @@ def _classes(calls: Sequence[CallRecord], llm: str, requests: int) -> tuple[Call
 
 # --------------------------------------------------------------------------- public API
 def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
-                   bootstrap: int = 200) -> WorkflowStats:
+                   bootstrap: int = 200, source: str = "trace") -> WorkflowStats:
     """Aggregate statistics of one workflow of ``trace`` (definitions in the module docstring).
 
     ``bootstrap`` half-samples of the requests (drawn with ``numpy.random.default_rng(seed)``)
     give ``time_share_cv_halves``; the result is deterministic for a given seed and independent of
-    the other workflows in the trace.
+    the other workflows in the trace. Errors name ``source`` (the trace's file, if any).
     """
     if not isinstance(bootstrap, int) or bootstrap < 0:
         raise InputError("workflow_stats", "bootstrap", "an integer >= 0", bootstrap)
     if not any(c.workflow == workflow for c in trace.calls):
-        raise InputError("trace", "workflow",
+        raise InputError(source, "workflow",
                          f"one of {', '.join(trace.workflows()) or '(no workflows)'}", workflow)
     failed = sum(c.failed for c in trace.calls if c.workflow == workflow)
     trace = trace.succeeded()
     keys = sorted(k for k in trace.requests if k[0] == workflow)
     if not keys:
-        raise InputError("trace", "workflow", f"calls of workflow {workflow!r} that did not fail "
-                         f"(all {failed} failed)", workflow)
+        raise InputError(source, "workflow", f"calls of workflow {workflow!r} that did not fail "
+                         f"(all {failed} failed: their servers answered with errors; record "
+                         "again once they serve, or leave this workflow out)", workflow)
     reqs = [tuple(sorted(trace.requests[k], key=lambda c: c.call_id)) for k in keys]
     llms = sorted({c.llm for calls in reqs for c in calls if c.llm is not None})
     per = [_request(calls, llms) for calls in reqs]
@@ -390,9 +391,12 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
     )
 
 
-def trace_stats(trace: Trace, seed: int = 0, *, bootstrap: int = 200) -> dict[str, WorkflowStats]:
-    """:func:`workflow_stats` of every workflow in ``trace`` (sorted by name, same seed each)."""
-    return {w: workflow_stats(trace, w, seed=seed, bootstrap=bootstrap) for w in trace.workflows()}
+def trace_stats(trace: Trace, seed: int = 0, *, bootstrap: int = 200,
+                source: str = "trace") -> dict[str, WorkflowStats]:
+    """:func:`workflow_stats` of every workflow in ``trace`` (sorted by name, same seed each);
+    errors name ``source`` (the trace's file, if any)."""
+    return {w: workflow_stats(trace, w, seed=seed, bootstrap=bootstrap, source=source)
+            for w in trace.workflows()}
 
 
 def _as_mapping(stats: WorkflowStats | Mapping[str, WorkflowStats]) -> Mapping[str, WorkflowStats]:

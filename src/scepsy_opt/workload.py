@@ -11,14 +11,13 @@ total rate over the workflows' weights (:func:`split_rate`).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from scepsy_common.errors import InputError
 from scepsy_common.files import read_yaml
-from scepsy_opt.ratework import RateWorkload, is_rate_workload, parse_rate_workload
+from scepsy_opt.ratework import RateWorkload, check_rate, is_rate_workload, parse_rate_workload
 from scepsy_opt.traces import CallRecord, Trace, read_trace, validate_calls
 from scepsy_opt.workflows import WorkflowSpec, generate_trace, load_workflow, load_workload
 
@@ -86,9 +85,7 @@ def models_of(specs: Sequence[WorkflowSpec]) -> dict[str, str]:
 
 def split_rate(specs: Sequence[WorkflowSpec], total: float) -> dict[str, float]:
     """A total rate (req/s) split over the workflows in proportion to their weights."""
-    if isinstance(total, bool) or not (isinstance(total, int | float) and math.isfinite(total)
-                                       and total > 0):
-        raise InputError("rate", "", "a total rate > 0 req/s", total)
+    total = check_rate(total, "rate", "")
     weight = sum(s.weight for s in specs)
     return {s.name: total * s.weight / weight for s in specs}
 
@@ -103,9 +100,7 @@ def per_workflow_rates(specs: Sequence[WorkflowSpec], rates: float | Mapping[str
     for w, r in rates.items():
         if w not in names:
             raise InputError(what, w, f"a workflow of the workload ({', '.join(names)})", w)
-        if isinstance(r, bool) or not (isinstance(r, int | float) and math.isfinite(r) and r > 0):
-            raise InputError(what, w, "a rate > 0 req/s", r)
-        out[w] = float(r)
+        out[w] = check_rate(r, what, w)
     if not out:
         raise InputError(what, "", "a rate for at least one workflow", dict(rates))
     return out

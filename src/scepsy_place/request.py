@@ -31,11 +31,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_opt.planning.problem import OBJECTIVES, TENTHS, PlanOptions
-from scepsy_opt.ratework import MAX_RATE
+from scepsy_opt.ratework import check_rate
 from scepsy_opt.workflows import MAX_REQUESTS
 from scepsy_place.formulations.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
 from scepsy_place.packing.placement import PLACERS
-from scepsy_profile.serving import MemoryPolicy
+from scepsy_profile.serving import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_NUM_SEQS, MemoryPolicy
 
 SOURCE = "plan"
 """The source an invalid request's :class:`InputError` names (its field: the request field)."""
@@ -103,7 +103,7 @@ class Inputs(_Model):
     trace: Annotated[Source | None, Flag("--trace", "path")] = None
     """recorded trace (default: generated)"""
     trace_requests: Annotated[int, Flag("--trace-requests", "count")] = DEFAULT_TRACE_REQUESTS
-    """requests per workflow of a generated trace"""
+    """requests per workflow of a generated trace (not with --trace)"""
     seed: Annotated[int, Flag("--seed", "seed")] = 0
     """seed of the generated trace and its statistics"""
     curves: Annotated[Source | None, Flag("--curves", "path")] = None
@@ -122,12 +122,14 @@ class Inputs(_Model):
         rates = (self.targets.values() if isinstance(self.targets, dict) else
                  () if self.targets is None else (self.targets,))
         for rate in rates:
-            if not 0 < rate <= MAX_RATE:
-                raise InputError(SOURCE, "targets", f"a rate in (0, {MAX_RATE:.0e}] requests/s",
-                                 rate)
+            check_rate(rate, SOURCE, "targets")
         if not 1 <= self.trace_requests <= MAX_REQUESTS:
             raise InputError(SOURCE, "trace_requests", f"1 to {MAX_REQUESTS} requests per "
                              "workflow (the largest trace generated)", self.trace_requests)
+        if self.trace is not None and self.trace_requests != DEFAULT_TRACE_REQUESTS:
+            raise InputError(SOURCE, "trace_requests", "no requests count together with a "
+                             "recorded trace (it sizes a generated trace; a recorded one is "
+                             "used whole: drop one of the two)", self.trace_requests)
         if self.arrivals is not None and self.targets is not None:
             raise InputError(SOURCE, "arrivals", "no targets with it (the arrivals' peak "
                              "window sets them)", self.targets)
@@ -303,6 +305,17 @@ class Engine(_Model):
     policy: Any = None
     """a scepsy_profile.serving.MemoryPolicy in place of the fields (the Python API; plan.json
     records its fields)"""
+
+    @model_validator(mode="after")
+    def _in_range(self) -> Engine:
+        for name, most, what in (("max_batch", MAX_NUM_SEQS, "calls a replica runs at once"),
+                                 ("block_size", MAX_BLOCK_SIZE, "tokens per KV block"),
+                                 ("max_num_batched_tokens", MAX_BATCHED_TOKENS,
+                                  "prompt tokens one iteration takes")):
+            value = getattr(self, name)
+            if value is not None and not 1 <= value <= most:
+                raise InputError(SOURCE, name, f"1 to {most} {what}", value)
+        return self
 
     def memory_policy(self) -> Any:
         """The :class:`~scepsy_profile.serving.MemoryPolicy` (None: the defaults)."""

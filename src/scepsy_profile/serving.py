@@ -87,6 +87,14 @@ from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 
 KV_MANAGEMENT = ("paged", "reserve")
+MAX_NUM_SEQS = 65_536
+"""The most calls one replica may run at once (:attr:`MemoryPolicy.max_batch`, vLLM
+``--max-num-seqs``) and the largest batch ``scepsy profile show`` evaluates."""
+MAX_BLOCK_SIZE = 1024
+"""The most tokens per KV block (:attr:`MemoryPolicy.block_size`, vLLM ``--block-size``; its
+backends use 8 to 256)."""
+MAX_BATCHED_TOKENS = 10_000_000
+"""The most prompt tokens one iteration may take (:attr:`MemoryPolicy.max_num_batched_tokens`)."""
 """The KV-cache disciplines of :attr:`MemoryPolicy.kv_management` (module docstring)."""
 
 
@@ -109,24 +117,25 @@ class MemoryPolicy:
     """Preemptions per call above which an instance counts as overloaded."""
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_batch):
-            raise InputError("memory policy", "max_batch", "an integer >= 1", self.max_batch)
+        if not (_is_int(self.max_batch) and 1 <= self.max_batch <= MAX_NUM_SEQS):
+            raise InputError("memory policy", "max_batch", f"an integer in [1, {MAX_NUM_SEQS}]",
+                             self.max_batch)
         if not 0 <= self.reserve_fraction < 1:
             raise InputError("memory policy", "reserve_fraction", "a fraction in [0, 1)",
                              self.reserve_fraction)
         if not (math.isfinite(self.reserve_gib) and self.reserve_gib >= 0):
             raise InputError("memory policy", "reserve_gib", "a number >= 0", self.reserve_gib)
-        if self.max_batch < 1:
-            raise InputError("memory policy", "max_batch", "an integer >= 1", self.max_batch)
         if self.kv_management not in KV_MANAGEMENT:
             raise InputError("memory policy", "kv_management", "'paged' or 'reserve'",
                              self.kv_management)
-        if not (_is_int(self.block_size) and self.block_size >= 1):
-            raise InputError("memory policy", "block_size", "an integer >= 1", self.block_size)
+        if not (_is_int(self.block_size) and 1 <= self.block_size <= MAX_BLOCK_SIZE):
+            raise InputError("memory policy", "block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]",
+                             self.block_size)
         budget = self.max_num_batched_tokens
-        if budget is not None and not (_is_int(budget) and budget >= 1):
+        if budget is not None and not (_is_int(budget) and 1 <= budget <= MAX_BATCHED_TOKENS):
             raise InputError("memory policy", "max_num_batched_tokens",
-                             "an integer >= 1 or None (unlimited)", budget)
+                             f"an integer in [1, {MAX_BATCHED_TOKENS}] or None (unlimited)",
+                             budget)
         t = self.preemption_threshold
         if not (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
                 and t >= 0):

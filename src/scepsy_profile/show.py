@@ -10,7 +10,7 @@ from scepsy_common.errors import InputError
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.fitted import FittedLatencyModel
 from scepsy_profile.latency import LatencyModel
-from scepsy_profile.serving import MemoryPolicy, serving_curve
+from scepsy_profile.serving import MAX_NUM_SEQS, MemoryPolicy, serving_curve
 
 
 def profile_rows(latency: LatencyModel, model: str, gpu: str, tps: Sequence[int],
@@ -33,6 +33,9 @@ def profile_rows(latency: LatencyModel, model: str, gpu: str, tps: Sequence[int]
                      ("output_tokens", output_tokens)):
         if not v >= 1:  # also catches nan
             raise InputError("profile show", field, "a number >= 1", v)
+    if batch > MAX_NUM_SEQS:  # no engine runs more calls at once (MemoryPolicy.max_batch)
+        raise InputError("profile show", "batch", f"a batch of 1 to {MAX_NUM_SEQS} calls (the "
+                         "most one replica runs at once)", batch)
     spec = cat.model(model)
     g = cat.gpu(gpu)
     # beyond the context no call can run: the serving model would answer μ = 0 without a word

@@ -202,16 +202,21 @@ class PlanningProblem:
                 raise InputError("plan", f"llms.{m}", "the catalog model this LLM runs")
             cat.model(self.models[m])
         cur = self.options.current
+        # the file it came from (a plan.json or allocation YAML, scepsy plan --current)
+        cur_src = ("current allocation" if cur is None or cur.source == "allocation" else
+                   f"{cur.source} (--current)")
         if cur is not None and cur.splits:
-            raise InputError("current allocation", f"splits.{next(iter(cur.splits))}",
+            raise InputError(cur_src, f"splits.{next(iter(cur.splits))}",
                              "an allocation whose LLMs each run on one GPU type (re-planning a "
                              "plan that splits an LLM over GPU types is not supported: plan "
                              "again with scepsy plan)")
         if cur is not None:
             for m in cur.llms:
                 if m not in self.llms:
-                    raise InputError("current allocation", f"llms.{m}",
-                                     f"an LLM of the workflows ({', '.join(self.llms)})", m)
+                    raise InputError(cur_src, f"llms.{m}", f"an LLM of the workflows planned "
+                                     f"({', '.join(self.llms)}): the current allocation must "
+                                     "be one of these workflows' (their plan.json or "
+                                     "allocation)", m)
         for w in self.options.weights:
             if w not in self.targets:
                 raise InputError("plan options", f"weights.{w}", "a workflow with a target", w)

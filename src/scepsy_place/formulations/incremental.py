@@ -55,7 +55,7 @@ from scepsy_opt.planning.candidates import CandidateSet, generate_candidates
 from scepsy_opt.planning.milp import Row, solve_min_latency
 from scepsy_opt.planning.problem import Deadline, PlanningProblem
 from scepsy_opt.planning.solver import has_solution, highs_status, pulp_highs
-from scepsy_opt.ratework import MAX_RATE
+from scepsy_opt.ratework import check_rate
 from scepsy_place.formulations.loop import (
     UNPRUNED_MAX_GPUS,
     PlacedPlan,
@@ -168,24 +168,29 @@ def apply_events(problem: PlanningProblem, topology: Topology, events: Sequence[
     for e in events:
         if isinstance(e, NodeFailed):
             if not top.has_node(e.node):
-                raise InputError(source, "node-failed", "a node of the cluster "
-                                 f"({_names([n.name for n in top.nodes])})", e.node)
+                names = _names([n.name for n in top.nodes])
+                raise InputError(source, "node-failed", (
+                    f"a node still in the cluster ({names}); an earlier event already removed "
+                    "this one: give each node once" if topology.has_node(e.node) else
+                    f"a node of the cluster ({names})"), e.node)
             gone = {e.node}
         elif isinstance(e, RackDrained):
             racks = top.racks()
             if e.rack not in racks:
-                raise InputError(source, "rack-drained",
-                                 f"a rack of the cluster ({_names(list(racks))})", e.rack)
+                names = _names(list(racks))
+                raise InputError(source, "rack-drained", (
+                    f"a rack still in the cluster ({names}); an earlier event already removed "
+                    "its nodes: give each rack once" if e.rack in topology.racks() else
+                    f"a rack of the cluster ({names})"), e.rack)
             gone = set(racks[e.rack])
         elif isinstance(e, LoadChanged):
             if e.workflow not in targets:
                 raise InputError(source, "load", f"a workflow with a target "
                                  f"({_names(sorted(targets))})", e.workflow)
-            targets[e.workflow] = e.new_target(targets[e.workflow])
-            if targets[e.workflow] > MAX_RATE:  # the rule of every target (scepsy plan's)
-                raise InputError(source, "load", f"a load that leaves {e.workflow} a rate in "
-                                 f"(0, {MAX_RATE:.0e}] requests/s ({e.spec} makes it "
-                                 f"{targets[e.workflow]:.3g})", e.spec)
+            new = e.new_target(targets[e.workflow])  # the rule of every target (scepsy plan's)
+            targets[e.workflow] = check_rate(
+                new, source, "load", f" for {e.workflow} after the event ({e.spec} makes it "
+                f"{new:.3g})")
             continue
         else:
             raise InputError(source, "kind", "an event (NodeFailed, RackDrained, LoadChanged)",

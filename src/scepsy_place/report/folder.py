@@ -10,6 +10,7 @@ empty folder may be written into; any other folder, or a file, at the output pat
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,7 +43,10 @@ def is_report(folder: Path) -> bool:
 
 def check_out(out: Path) -> None:
     """An :class:`InputError` unless a report may be written at ``out`` (module docstring)."""
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():  # replacing it would replace the link, not write where it points
+        raise InputError(str(out), "", f"{EXPECTED}, not a symbolic link: give the folder it "
+                         f"points to ({os.readlink(out)}) instead", "a symbolic link")
+    if out.exists() and not out.is_dir():
         raise InputError(str(out), "", EXPECTED, "a file")
     if out.is_dir() and not is_report(out):
         raise InputError(str(out), "", EXPECTED, "a folder with other files")
