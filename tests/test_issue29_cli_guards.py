@@ -64,7 +64,7 @@ SINGLE = [
        second=st.sampled_from(["2", "b", "y.yaml"]), joined=st.booleans())
 def test_a_single_valued_option_given_twice_is_refused_naming_both_values(
         case, first, second, joined):
-    command, flag, argv = case
+    _command, flag, argv = case
     twice = [f"{flag}={first}", flag, second] if joined else [flag, first, flag, second]
     code, out, err = run_cli(*argv, *twice)
     assert code == 2 and out == "" and len(err.strip().splitlines()) == 1, err
