@@ -154,8 +154,11 @@ CASES: list[Case] = [
      lambda out, tmp, p: ["replan", "--plan", str(p["infeasible"]), "--workflow", WORKFLOW,
                           *CPU, "--event", "load=cpu_rag*1.1", "--out", str(out)], 2),
     ("replan infeasible after the event", _plan_copy,
-     lambda out, tmp, p: ["replan", "--plan", str(out), "--workflow", WORKFLOW, *CPU,
+     lambda out, tmp, p: ["replan", "--plan", str(p["good"]), "--workflow", WORKFLOW, *CPU,
                           "--event", "load=cpu_rag*100", "--out", str(out)], 1),
+    ("replan over its own --plan", _plan_copy,  # refused before anything runs
+     lambda out, tmp, p: ["replan", "--plan", str(out), "--workflow", WORKFLOW, *CPU,
+                          "--event", "load=cpu_rag*100", "--out", str(out)], 2),
     ("launch --apply bad --node", _launch_folder,
      lambda out, tmp, p: ["launch", str(p["good"]), "--target", "shell", "--out", str(out),
                           "--apply", "--node", "nosuch"], 2),

@@ -157,7 +157,7 @@ def test_failed_rename_removes_the_temporary_file(
         raise OSError("disk full")
 
     monkeypatch.setattr(measurements_module.os, "replace", broken_replace)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(InputError, match="disk full"):  # a refused write: one line, the path
         write_measurements(path, [Measurement("new", "g", 1, 0.5, "prefill", 1, 32, 1.0)])
     monkeypatch.undo()
     assert seen, "the write did not go through a temporary file"
