@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
-from scepsy_common.errors import InputError
-from scepsy_common.rates import MAX_RATE, MIN_RATE, RATE_EXPECTED, check_rate, is_rate
+from scepsy_common.errors import InputError, check_rate
+from scepsy_common.rates import MAX_RATE, MIN_RATE, RATE_EXPECTED, is_rate
 from scepsy_opt.workload import load_specs, per_workflow_rates, split_rate
 
 D = REPO / "datasets"

@@ -13,6 +13,8 @@ from typing import Annotated, Any, TypeGuard, TypeVar
 
 from pydantic import BaseModel, StringConstraints, ValidationError
 
+from scepsy_common.rates import RATE_EXPECTED, is_rate
+
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -207,3 +209,13 @@ def from_validation(
     elif got is None and not quiet:
         got = _KINDS[type(None)]
     return InputError(source, field, expected, got)
+
+
+def check_rate(value: object, source: str, field: str, why: str = "") -> float:
+    """``value`` as a float if it is a rate (:func:`scepsy_common.rates.is_rate`), else an
+    :class:`InputError` naming ``source`` and ``field`` and saying
+    :data:`~scepsy_common.rates.RATE_EXPECTED` followed by ``why`` (e.g. how the value came
+    about)."""
+    if not is_rate(value):
+        raise InputError(source, field, RATE_EXPECTED + why, value)
+    return float(value)  # type: ignore[arg-type]

@@ -2,6 +2,8 @@
 load event's result): a finite number of requests/s in [:data:`MIN_RATE`, :data:`MAX_RATE`].
 
 Light on purpose (no pydantic, no numpy): the command line's argument types use it.
+:func:`scepsy_common.errors.check_rate` turns a value that breaks the rule into an
+:class:`~scepsy_common.errors.InputError`.
 """
 
 from __future__ import annotations
@@ -23,13 +25,3 @@ def is_rate(value: object) -> bool:
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and math.isfinite(value) and MIN_RATE <= value <= MAX_RATE)
 
-
-def check_rate(value: object, source: str, field: str, why: str = "") -> float:
-    """``value`` as a float if it is a rate (:func:`is_rate`), else an
-    :class:`~scepsy_common.errors.InputError` naming ``source`` and ``field`` and saying
-    :data:`RATE_EXPECTED` followed by ``why`` (e.g. how the value came about)."""
-    if not is_rate(value):
-        from scepsy_common.errors import InputError
-
-        raise InputError(source, field, RATE_EXPECTED + why, value)
-    return float(value)  # type: ignore[arg-type]

@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_common.errors import InputError, Name, check_name, validated
+from scepsy_common.errors import InputError, Name, check_name, check_rate, validated
 from scepsy_common.files import read_yaml
-from scepsy_common.rates import MAX_RATE, MIN_RATE, RATE_EXPECTED, check_rate, is_rate
+from scepsy_common.rates import MAX_RATE, MIN_RATE, RATE_EXPECTED, is_rate
 from scepsy_opt.stats import WorkflowStats, workflow_stats
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_opt.workflows import (
