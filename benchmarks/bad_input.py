@@ -506,8 +506,9 @@ PLAN_OUT = {"out.json": copy("plan.json")}
 
 def _plan_argv(*extra: str, workflow: str = f"{B}/rag.yaml", cluster: str = f"{B}/a100-4.yaml",
                target: Sequence[str] = ("--target", "4")) -> tuple[str, ...]:
+    limit = () if "--time-limit" in extra else ("--time-limit", "30")  # given once
     return ("plan", "--workflow", workflow, "--cluster", cluster, *target, "--trace-requests",
-            "200", "--time-limit", "30", "--quiet", "--no-timings", "--out", "out.json", *extra)
+            "200", *limit, "--quiet", "--no-timings", "--out", "out.json", *extra)
 
 
 def _plan_cases() -> list[Case]:
@@ -1100,7 +1101,9 @@ def _drive_cases() -> list[Case]:
             ("version-99", routes_edit(lambda r: r.update(version=99)), REFUSE)):
         a = tuple("r.json" if t == "@R" else t for t in drive)
         cs.append(Case("drive", name, a, {**kw["files"], "r.json": spec}, ("res.json",),
-                       names=("r.json", "--routes"), expect=expect, needs=("routes.json",),
+                       # a run with failures says where its result went (the kept res.json)
+                       names=("r.json", "--routes") + (("res.json",) if expect == EITHER else ()),
+                       expect=expect, needs=("routes.json",),
                        timeout=60, refuse_codes=(2,) if expect == REFUSE else (1, 2)))
     good = tuple(f"{B}/routes.json" if t == "@R" else t for t in drive)
     for name, extra, names in (

@@ -140,3 +140,12 @@ def test_ctrl_c_during_plan_exits_130_without_traceback_or_output(tmp_path):
     assert proc.returncode == 130, err
     assert "Traceback" not in err and "scepsy: interrupted" in err, err
     assert not out.exists() and not list(tmp_path.glob(".*"))
+
+
+def test_a_launch_folder_over_the_plan_it_renders_is_refused(tmp_path):
+    out = tmp_path / "p.json"
+    out.write_text("an earlier plan\n")
+    code, _, err = run_cli("plan", "--workflow", str(RAG), "--cluster", str(A16), "--target",
+                           "1", "--out", str(out), "--launch", "shell", "--launch-out", str(out))
+    assert code == 2 and "--launch-out: expected a path other than --out's" in err, err
+    assert out.read_text() == "an earlier plan\n"
