@@ -774,10 +774,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
     check_out(args.out)
     if args.catalog_out:
-        check_out(args.catalog_out, "--catalog-out")
-        if args.catalog_out.resolve() == args.out.resolve():
-            raise UsageError(f"--catalog-out: expected a file other than --out (got "
-                             f"{str(args.catalog_out)!r})")
+        check_out(args.catalog_out, "--catalog-out")  # not --out itself: main checks that
     with progress("reading measurements", quiet=args.quiet or args.json) as bar:
         from scepsy_profile.fitted import fit_latency_model, save_curves
         from scepsy_profile.importers import load_muxserve_grid

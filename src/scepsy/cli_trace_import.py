@@ -51,9 +51,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
     check_out(args.out)
     if args.report is not None:
-        check_out(args.report, "--report")
-        if args.report.resolve() == args.out.resolve():
-            raise UsageError(f"--report: expected a file other than --out (got {str(args.report)!r})")
+        check_out(args.report, "--report")  # not --out itself: main checks that
     tmap = trace_map(args.map, args.model, workflow=args.workflow,
                      request_attribute=args.request_attribute)
     imp = import_otlp(args.files, tmap)
