@@ -58,11 +58,16 @@ def url_host(address: str) -> str | None:
     return f"[{address}]" if ip.version == 6 else address
 
 
+def file_name(name: str) -> str:
+    """``name`` as one file or folder name: ``/`` written ``%2F`` (``%`` is not a name
+    character, so no two names become one)."""
+    return name.replace("/", "%2F")
+
+
 def server_name(llm: str, replica: int) -> str:
-    """A replica's server name, ``LLM-REPLICA``, usable as one file name: ``/`` in the LLM's
-    name is written ``%2F`` (``%`` is not a name character, so no two replicas share a name),
+    """A replica's server name, ``LLM-REPLICA``, usable as one file name (:func:`file_name`),
     so that its log and pid files stay in their folders."""
-    return f"{llm.replace('/', '%2F')}-{replica}"
+    return f"{file_name(llm)}-{replica}"
 
 
 def check_env_name(name: object, source: str, field: str) -> str:

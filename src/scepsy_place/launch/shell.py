@@ -55,6 +55,7 @@ from scepsy_place.launch.model import (
     ReplicaLaunch,
     check_env_name,
     check_text,
+    file_name,
     server_name,
 )
 from scepsy_place.launch.renderers import register_renderer
@@ -98,7 +99,7 @@ _TOL = 1e-9
 def node_folder(node: str) -> str:
     """The folder of ``node``'s scripts: its name, ``/`` written ``%2F`` (``%`` is not a name
     character, so no two nodes share a folder), ``%`` added to a name that is a top-level file."""
-    folder = node.replace("/", "%2F")
+    folder = file_name(node)
     return folder + "%" if folder in TOP_FILES else folder
 
 
