@@ -230,8 +230,13 @@ def test_patterns_get_time_when_the_loop_cannot_finish():
     none and below what a loaded machine leaves."""
     p = random_problem(10, 64, ROOF, seed=1, options=PlanOptions(time_limit_s=8.0))
     res = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
-    assert {"blocks", "aggregate", "patterns"} <= set(res.compared)
-    assert res.compared["patterns"].seconds > 0.05
+    assert {"blocks", "aggregate"} <= set(res.compared)
+    if "patterns" not in res.compared:
+        # a fast machine may prove the plan inside the aggregate loop's share: then patterns
+        # has nothing to add, and the plan must say it is proven
+        assert res.placed and res.plan.status == "optimal", (res.plan.status, res.compared)
+    else:
+        assert res.compared["patterns"].seconds > 0.05
     check_truthful(p, res)
 
 
