@@ -399,10 +399,10 @@ def test_a_client_exception_is_an_error_failure(fake, monkeypatch):
 
     real = drive_mod.replay_call
 
-    async def flaky(client, url, call, model, timeouts, send_s):
+    async def flaky(client, url, call, model, timeouts, send_s, headers=None):
         if model.endswith("generator"):
             raise RuntimeError("boom")
-        return await real(client, url, call, model, timeouts, send_s)
+        return await real(client, url, call, model, timeouts, send_s, headers)
 
     monkeypatch.setattr(drive_mod, "replay_call", flaky)
     spec = rag(k=2)

@@ -51,6 +51,7 @@ from numpy.typing import NDArray
 from scipy import stats as _scipy_stats
 
 from scepsy_common.errors import InputError
+from scepsy_opt.ingest.record import HEADER_REQUEST, HEADER_WORKFLOW
 from scepsy_opt.traces import CallRecord, Trace, validate_calls, write_trace
 from scepsy_opt.workflows import MAX_REQUESTS, WorkflowSpec, generate_trace
 from scepsy_opt.workload import as_specs
@@ -62,6 +63,7 @@ from scepsy_profile.profiling.replay import (
     ReplayTimeouts,
     async_client,
     poisson_arrivals,
+    stepped_poisson_arrivals,
     replay_call,
 )
 
@@ -156,7 +158,8 @@ def _max_fan_out(calls: Sequence[CallRecord]) -> int:
 
 def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float,
                requests: int, seed: int = 0, mix: Mapping[str, float] | None = None,
-               vocab: int = VOCAB) -> DrivePlan:
+               vocab: int = VOCAB, rate_steps: Sequence[tuple[float, float]] = ()
+               ) -> DrivePlan:
     """Draw the requests of a drive: ``requests`` arrivals in all at total ``rate`` req/s.
 
     ``mix`` gives each workflow's relative rate (default: each spec's ``weight``, 1 unless it
@@ -164,7 +167,10 @@ def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float
     each arrival's workflow, then every LLM call's endpoint (request by request); workflow ``i``
     's calls are ``generate_trace(spec, n_i, seed + i)``. Every workflow's LLMs must have a
     route (an :class:`InputError` before anything is sent). Prompt token ids are drawn from
-    ``[3, vocab)``: lower ``vocab`` for a test model with a smaller vocabulary.
+    ``[3, vocab)``: lower ``vocab`` for a test model with a smaller vocabulary. ``rate_steps``:
+    ``(at_s, rate)`` pairs, ``at_s`` increasing from > 0: the total rate becomes ``rate`` at
+    ``at_s`` (a load that steps up or down mid-run,
+    :func:`~scepsy_profile.profiling.replay.stepped_poisson_arrivals`).
     """
     specs = as_specs(workflows)  # one or more specs with unique names
     names = [s.name for s in specs]
@@ -173,6 +179,15 @@ def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float
            f"an integer in [1, {MAX_REQUESTS}]", requests)
     _check(_is_int(seed) and seed >= 0, "seed", "an integer >= 0", seed)
     _check(_is_int(vocab) and vocab > FIRST_TOKEN, "vocab", f"an integer > {FIRST_TOKEN}", vocab)
+    last = 0.0
+    for k, step in enumerate(rate_steps):
+        ok = (isinstance(step, tuple) and len(step) == 2 and _is_number(step[0])
+              and math.isfinite(step[0]) and step[0] > last)
+        _check(ok, f"rate_steps[{k}].at_s", f"a time in s > {last:g} (steps in time order)",
+               step)
+        _check(_is_number(step[1]) and step[1] > 0, f"rate_steps[{k}].rate",
+               "a number of requests/s > 0", step[1])
+        last = float(step[0])
     if mix is None:
         weights = {s.name: float(s.weight) for s in specs}
     else:
@@ -189,7 +204,8 @@ def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float
     total = sum(weights.values())
     p = np.array([weights[n] / total for n in names])
     rng = np.random.default_rng(seed)
-    arrivals = poisson_arrivals(float(rate), requests, rng)
+    arrivals = (stepped_poisson_arrivals(float(rate), rate_steps, requests, rng) if rate_steps
+                else poisson_arrivals(float(rate), requests, rng))
     which = rng.choice(len(specs), size=requests, p=p)
     counts = np.bincount(which, minlength=len(specs))
     by_workflow: list[dict[str, list[CallRecord]]] = []
@@ -580,13 +596,19 @@ class _Run:
                 where = f"LLM {c.llm} at {url}"
                 spec = CallSpec(j, 0.0, _prompt(self.plan, req, j), c.output_tokens)
                 res = await replay_call(self.client, url, spec, endpoint.model, self.timeouts,
-                                        start)
+                                        start, call_headers(req))
                 d = _CallDone(start, self.now(), res.failure,
                               f"{where}: {res.detail}" if res.failure else res.detail, res)
         except Exception as exc:  # a client bug fails the call, never the run
             d = _CallDone(start, self.now(), "error", f"{where}: {type(exc).__name__}: {exc}")
         done[j] = d
         return d
+
+
+def call_headers(req: PlannedRequest) -> dict[str, str]:
+    """The headers every LLM call of ``req`` carries: its workflow and its request
+    (``WORKFLOW/rN``), as a gateway or ``scepsy record`` reads them (docs/record.md)."""
+    return {HEADER_WORKFLOW: req.workflow, HEADER_REQUEST: f"{req.workflow}/{req.request_id}"}
 
 
 def _counts(kinds: Sequence[str]) -> dict[str, int]:

@@ -24,7 +24,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
@@ -141,6 +141,22 @@ def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> NDArray[n
     gaps = rng.exponential(1.0 / rate, n)
     gaps[0] = 0.0
     return np.cumsum(gaps)
+
+
+def stepped_poisson_arrivals(rate: float, steps: Sequence[tuple[float, float]], n: int,
+                             rng: np.random.Generator) -> NDArray[np.float64]:
+    """``n`` arrival times of a Poisson process whose rate is ``rate`` from 0 and then each
+    ``(at_s, rate)`` of ``steps`` from ``at_s`` on (``at_s`` increasing, > 0), the first arrival
+    at 0: the unit-rate process of :func:`poisson_arrivals` mapped through the inverse of the
+    cumulative rate (time rescaling): without steps, the times of :func:`poisson_arrivals` for the same
+    generator state, up to rounding."""
+    unit = poisson_arrivals(1.0, n, rng)
+    starts = np.array([0.0, *(float(a) for a, _ in steps)])
+    rates = np.array([float(rate), *(float(r) for _, r in steps)])
+    # cumulative rate at each piece's start
+    cum = np.concatenate(([0.0], np.cumsum(rates[:-1] * np.diff(starts))))
+    piece = np.searchsorted(cum, unit, side="right") - 1
+    return starts[piece] + (unit - cum[piece]) / rates[piece]
 
 
 def async_client(timeouts: ReplayTimeouts, max_connections: int) -> httpx.AsyncClient:
@@ -296,10 +312,11 @@ def _chunk_tokens(line: str) -> int | None:
 
 
 async def _stream_call(client: httpx.AsyncClient, url: str, body: dict[str, Any], t0: float,
-                       times: list[float], status: list[int]) -> bool:
+                       times: list[float], status: list[int],
+                       headers: Mapping[str, str] | None = None) -> bool:
     """Send one call and read its stream; fills ``times`` with token arrival times (from
     ``t0``); True when the stream ended with ``[DONE]``."""
-    async with client.stream("POST", url, json=body) as resp:
+    async with client.stream("POST", url, json=body, headers=headers) as resp:
         status.append(resp.status_code)
         if resp.status_code >= 400:
             text = (await resp.aread())[:200].decode(errors="replace")
@@ -319,8 +336,11 @@ async def _stream_call(client: httpx.AsyncClient, url: str, body: dict[str, Any]
 
 
 async def replay_call(client: httpx.AsyncClient, url: str, call: CallSpec, model: str,
-                      timeouts: ReplayTimeouts, send_s: float) -> CallResult:
-    """Send one call now and return what it saw (never raises for a failed call)."""
+                      timeouts: ReplayTimeouts, send_s: float,
+                      headers: Mapping[str, str] | None = None) -> CallResult:
+    """Send one call now and return what it saw (never raises for a failed call); ``headers``
+    go with it (the driver's ``X-Scepsy-Request`` and ``X-Scepsy-Workflow``, which a gateway
+    reads)."""
     t0 = time.perf_counter()
     times: list[float] = []
     status: list[int] = []
@@ -329,7 +349,7 @@ async def replay_call(client: httpx.AsyncClient, url: str, call: CallSpec, model
     try:
         async with asyncio.timeout(timeouts.call_s):
             done = await _stream_call(client, url, completion_body(call, model), t0, times,
-                                      status)
+                                      status, headers)
         if len(times) < call.output_tokens:
             failure = "short_stream"
             detail = (f"{len(times)} of {call.output_tokens} tokens, "
