@@ -36,8 +36,9 @@ def las_level(attained_tokens: int | float) -> int:
         raise ValueError(f"attained service must be >= 0 tokens, got {attained_tokens!r}")
     if math.isinf(attained_tokens):
         return LAS_LEVELS - 1
-    level = int(math.floor(math.log2(1.0 + float(attained_tokens) / LAS_QUANTUM_TOKENS)))
-    return min(level, LAS_LEVELS - 1)
+    # the largest k with (2^k - 1) * quantum <= attained, in integers (no log rounding)
+    quanta = int(attained_tokens // LAS_QUANTUM_TOKENS)
+    return min((quanta + 1).bit_length() - 1, LAS_LEVELS - 1)
 
 
 def priority_level(policy: PriorityPolicy, attained_tokens: int | float) -> int:

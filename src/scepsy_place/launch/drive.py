@@ -63,8 +63,8 @@ from scepsy_profile.profiling.replay import (
     ReplayTimeouts,
     async_client,
     poisson_arrivals,
-    stepped_poisson_arrivals,
     replay_call,
+    stepped_poisson_arrivals,
 )
 
 __all__ = [
