@@ -10,6 +10,8 @@
   (docs/slo.md);
 * :mod:`scepsy_opt.prediction.simulate`: the discrete-event simulator (``simulate``,
   ``saturation_rate``, docs/simulator.md);
+* :mod:`scepsy_opt.prediction.schedule`: allocations that change over a simulated run
+  (``AllocationChange``) and when each replica was up (``ReplicaSpan``);
 * :mod:`scepsy_opt.prediction.reports`: predictions and simulation results as plain dicts (the
   CLI's ``--json`` documents).
 """
