@@ -48,6 +48,26 @@ KV cache (``policy.kv_management``)
     generated and then generates the rest; repeated until the step fits. ``"reserve"``: a call
     reserves its whole ``input + output`` tokens at admission and is never preempted.
 
+Changes (``changes=``)
+    At each :class:`~scepsy_opt.prediction.schedule.AllocationChange` (sorted by time; one at
+    the same instant as an event goes first) the serving allocation becomes the change's: per
+    LLM, the same instance shape adds replicas (routed to from that instant) or drains the
+    highest-index ones; a new shape adds its replicas and drains every old one. Routing
+    (``round_robin`` and ``least_loaded``) sees only the replicas that are up and not draining;
+    a draining replica finishes its queue, its running set and the calls on their way to it,
+    and is down when its last call ends. Every change must keep every simulated LLM at one
+    replica or more; split LLMs are not taken, nor new shapes for LLMs on a shared mesh or with
+    a prefill limit. Changes after the run stopped are not applied.
+
+Priority (``priority=``)
+    ``"fcfs"``: each waiting queue in the order the calls reached the replica. ``"las"``
+    (:mod:`scepsy_opt.prediction.priority`): ordered by (the LAS level of the call's request
+    when the call became ready, from the tokens of the request's LLM calls finished by then;
+    the time it became ready; the order it was routed in), as vLLM's priority scheduling does;
+    a preempted call goes back to its place in that order. Admission takes the head of the
+    ordered queue as above (no overtaking); a call that becomes the head during a decode jump
+    cuts it short if it fits.
+
 Speed
     Nothing is done per token or per sequence per step. A replica with a running set and nothing
     to admit jumps straight to its next completion: ``n`` steps (the fewest remaining output
@@ -77,8 +97,11 @@ Saturation
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 import heapq
 import math
+import operator
 import sys
 import time
 from collections import deque
@@ -91,7 +114,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from scepsy_common.errors import InputError
-from scepsy_opt.allocation import Allocation, check_allocation
+from scepsy_opt.allocation import Allocation, Instance, check_allocation
+from scepsy_opt.prediction.priority import PRIORITY_POLICIES, PriorityPolicy, las_level
+from scepsy_opt.prediction.schedule import AllocationChange, ReplicaSpan
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
@@ -108,6 +133,7 @@ _DEFAULT_POLICY = MemoryPolicy()
 _GRID_STEP = 0.01  # log spacing of the step-time tables (1%)
 _ARRIVAL, _START, _TOOL_END, _WAKE, _SUBMIT = 0, 1, 2, 3, 4
 _IDLE, _PREFILL, _DECODE, _BOUNDARY = 0, 1, 2, 3
+_las_key = operator.itemgetter(4, 5, 6)  # a call's (LAS level, ready time, routing order)
 
 
 # --------------------------------------------------------------------------- results
@@ -185,6 +211,7 @@ class SimulationResult:
     llm_calls: int  # LLM calls completed
     events: int  # events processed: arrivals, call starts, tool ends, iteration ends
     call_log: tuple[CallEvent, ...] | None = None
+    replica_spans: tuple[ReplicaSpan, ...] = ()  # every replica, in the order it came up
     wall_s: float = field(default=0.0, compare=False)
 
     @property
@@ -311,11 +338,11 @@ class _Replica:
     """
 
     __slots__ = (
-        "admitted", "bs", "busy", "calls", "ctx_base", "decode_batch", "decode_steps", "eng",
-        "front_free",
+        "admitted", "bs", "busy", "calls", "ctx_base", "decode_batch", "decode_steps", "down",
+        "draining", "eng", "front_free",
         "hist", "idx", "inflight", "jump_n", "jump_t0", "jump_tau", "kv_cap", "kv_used", "llm",
         "max_batch", "n_prefill", "paged", "preemptions", "prefill_calls", "queue", "running",
-        "state", "steps", "version",
+        "state", "steps", "up", "version",
     )
 
     def __init__(self, eng: _Engine, llm: int, idx: int, kv_cap: int, max_batch: int,
@@ -339,6 +366,16 @@ class _Replica:
         self.calls = self.preemptions = self.inflight = 0
         self.busy = self.decode_steps = self.decode_batch = 0.0
         self.n_prefill = self.prefill_calls = 0
+        self.up = 0.0  # when it came up (changes=), routed to from then on
+        self.down: float | None = None  # when it was down after draining
+        self.draining = False
+
+    def drain(self, t: float) -> None:
+        """Take no new calls; down once the queue, the running set and the calls on their way
+        to it are done (now, if there are none)."""
+        self.draining = True
+        if self.state == _IDLE and not self.inflight:
+            self.down = t
 
     def load(self) -> int:
         return len(self.queue) + len(self.running) + len(self.admitted) + self.inflight
@@ -380,7 +417,11 @@ class _Replica:
         self.ctx_base -= d
         self.hist[d % self.bs] -= 1
         tokens = d + self.steps  # prompt + generated so far: the recompute prefill's input
-        self.queue.appendleft((c[0], c[1], tokens, c[3] - (tokens - c[2])))
+        back = (c[0], c[1], tokens, c[3] - (tokens - c[2]))
+        if self.eng.las:  # back to its place in the priority order
+            bisect.insort(self.queue, back + c[4:], key=_las_key)
+        else:
+            self.queue.appendleft(back)
         self.preemptions += 1
         log = self.eng.log
         if log is not None:
@@ -396,13 +437,18 @@ class _Replica:
     # ----------------------------------------------------------------- events
     def submit(self, call: tuple, t: float) -> None:
         q = self.queue
-        q.append(call)
+        if self.eng.las:
+            bisect.insort(q, call, key=_las_key)
+            head = q[0] is call
+        else:
+            q.append(call)
+            head = len(q) == 1
         st = self.state
         if st == _IDLE:  # start once every call arriving at this instant is queued
             self.state = _BOUNDARY
             self.version += 1
             self.eng.push(t, _WAKE, self, self.version)
-        elif st == _DECODE and len(q) == 1 and len(self.running) < self.max_batch:
+        elif st == _DECODE and head and len(self.running) < self.max_batch:
             k = int((t - self.jump_t0) / self.jump_tau) + 1  # end the step in progress
             if k < self.jump_n and (self.fits_paged(call, self.steps + k) if self.paged
                                     else self.kv_used + call[2] + call[3] <= self.kv_cap):
@@ -502,6 +548,8 @@ class _Replica:
             eng.push(t + n * tau, _WAKE, self, self.version)
             return
         self.state = _IDLE
+        if self.draining and not self.inflight:
+            self.down = t
 
     def wake(self, t: float, version: int) -> None:
         if version != self.version:
@@ -555,18 +603,28 @@ class _Engine:
                  tables: list[tuple[_StepTable, _StepTable]], shapes: list[_Shape],
                  routing: str, window: tuple[float, float], horizon: float,
                  prefill_budget: float, delay: float, record: bool, progress: bool,
-                 routes: list[tuple[tuple[int, float], ...]] | None = None) -> None:
+                 routes: list[tuple[tuple[int, float], ...]] | None = None,
+                 changes: Sequence[_Change] = (), las: bool = False) -> None:
         self.templates = templates
         # per LLM the templates call: its deployments and weights (smooth weighted round
         # robin among them: deterministic, each gets its weight's share of every long run)
-        self.routes = routes if routes is not None else [((m, 1.0),) for m in range(len(shapes))]
+        self.routes = list(routes) if routes is not None else [((m, 1.0),)
+                                                               for m in range(len(shapes))]
         self.credit = [[0.0] * len(r) for r in self.routes]
         self.arrivals = arrivals
         self.prefill = [p for p, _ in tables]
         self.decode = [d for _, d in tables]
+        self.shapes = list(shapes)
         self.replicas = [[_Replica(self, m, r, sh.kv_cap, sh.max_batch, sh.block_size)
                           for r in range(sh.replicas)] for m, sh in enumerate(shapes)]
+        self.active = [list(reps) for reps in self.replicas]  # routed to: up, not draining
+        self.order = [rep for reps in self.replicas for rep in reps]  # in the order they came up
         self.rr = [0] * len(shapes)
+        # per LLM the templates call: the index its next new replica gets (unique per LLM)
+        self.next_idx = [sum(len(self.replicas[m]) for m, _ in r) for r in self.routes]
+        self.changes = changes
+        self.las = las
+        self.attained = [0] * len(arrivals) if las else None  # tokens of finished LLM calls
         self.least = routing == "least_loaded"
         self.w0, self.w1 = window
         self.horizon = horizon
@@ -630,7 +688,7 @@ class _Engine:
             k = max(range(len(route)), key=lambda j: (credit[j], -j))
             credit[k] -= 1.0
             m = route[k][0]
-        reps = self.replicas[m]
+        reps = self.active[m]
         if len(reps) == 1:
             rep = reps[0]
         elif self.least:
@@ -641,17 +699,52 @@ class _Engine:
             self.rr[m] = (r + 1) % len(reps)
         if self.log is not None:
             self.log[(aid, i)] = [rep.idx, t, None, None, [], [], m]
+        call: tuple = (aid, i, tm.inp[i], tm.out[i])
+        if self.attained is not None:  # LAS: its request's service so far sets its place
+            self.seq += 1
+            call = (aid, i, tm.inp[i], tm.out[i], las_level(self.attained[aid]), t, self.seq)
         if self.delay > 0:  # routed now, seen by the replica after its front end's delay
             rep.inflight += 1
             rep.front_free = max(t, rep.front_free) + self.delay
-            self.push(rep.front_free, _SUBMIT, rep, (aid, i, tm.inp[i], tm.out[i]))
+            self.push(rep.front_free, _SUBMIT, rep, call)
         else:
-            rep.submit((aid, i, tm.inp[i], tm.out[i]), t)
+            rep.submit(call, t)
+
+    def apply(self, change: _Change, t: float) -> None:
+        """The serving allocation becomes ``change``'s: per LLM, replicas come up or drain."""
+        for c, (m, n) in enumerate(change.targets):
+            cur = self.routes[c][0][0]
+            if m != cur:  # a new shape: every old replica drains, the new ones serve
+                for rep in self.active[cur]:
+                    rep.drain(t)
+                self.active[cur] = []
+                self.routes[c] = ((m, 1.0),)
+                self.credit[c] = [0.0]
+            reps = self.active[m]
+            if n < len(reps):  # the highest-index ones drain
+                for rep in reps[n:]:
+                    rep.drain(t)
+                self.active[m] = reps[:n]
+            elif n > len(reps):
+                sh = self.shapes[m]
+                new = []
+                for _ in range(n - len(reps)):
+                    rep = _Replica(self, m, self.next_idx[c], sh.kv_cap, sh.max_batch,
+                                   sh.block_size)
+                    self.next_idx[c] += 1
+                    rep.up = t
+                    new.append(rep)
+                self.replicas[m].extend(new)
+                self.order.extend(new)
+                self.active[m] = reps + new
+            self.rr[m] %= max(len(self.active[m]), 1)
 
     def finish(self, aid: int, i: int, t: float) -> None:
         if self.log is not None:
             self.log[(aid, i)][3] = t
         tm = self.templates[self.arrivals[aid][1]]
+        if self.attained is not None and tm.llm[i] >= 0:
+            self.attained[aid] += tm.inp[i] + tm.out[i]
         pend = self.pending[aid]
         for ch in tm.children[i]:
             pend[ch] -= 1
@@ -670,18 +763,34 @@ class _Engine:
         nxt = 0  # arrivals are merged into the event stream without sitting in the heap
         horizon = self.horizon
         events = 0
+        changes = self.changes
+        n_chg = len(changes)
+        chg = 0  # changes too: one goes before every event at or after its time
+        cht = changes[0].at_s if n_chg else math.inf
         shown = last = time.perf_counter()
         while True:
             if nxt < n_arr and (not heap or arrivals[nxt][0] <= heap[0][0]):
                 t = arrivals[nxt][0]
                 if t > horizon:
                     break
+                if t >= cht:
+                    self.now = cht
+                    self.apply(changes[chg], cht)
+                    chg += 1
+                    cht = changes[chg].at_s if chg < n_chg else math.inf
+                    continue
                 self.now = t
                 self.begin(nxt, t)
                 nxt += 1
             else:
                 if not heap or heap[0][0] > horizon:
                     break
+                if heap[0][0] >= cht:
+                    self.now = cht
+                    self.apply(changes[chg], cht)
+                    chg += 1
+                    cht = changes[chg].at_s if chg < n_chg else math.inf
+                    continue
                 t, _, kind, a, b = pop(heap)
                 self.now = t
                 if kind == _WAKE:
@@ -738,6 +847,77 @@ class _Prepared:
     shapes: list[_Shape]
     # per LLM the trace calls (the templates' index): its deployments and their weights
     routes: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
+    instances: list[Instance] = field(default_factory=list)  # per deployment, replicas=1
+
+
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """An :class:`AllocationChange`, compiled: per LLM the templates call, the deployment
+    (index into the prepared shapes) and how many of its replicas serve from ``at_s``."""
+
+    at_s: float
+    targets: tuple[tuple[int, int], ...]
+
+
+def _shape_key(inst: Instance) -> tuple:
+    return (inst.gpu, inst.tp, inst.share, inst.memory_share)
+
+
+def _prepare_changes(prep: _Prepared, trace: Trace, workflows: list[str],
+                     models: Mapping[str, str], allocation: Allocation,
+                     changes: Sequence[AllocationChange], latency: LatencyModel,
+                     policy: MemoryPolicy, catalog: Catalog,
+                     latencies: Mapping[str, LatencyModel]) -> list[_Change]:
+    """Check ``changes`` and compile them; a new instance shape of an LLM adds a deployment
+    (step tables and KV capacity) to ``prep``."""
+    wanted = set(workflows)
+    calls = [c for c in trace.calls if c.workflow in wanted]
+    split = sorted({c.llm for c in calls if c.llm is not None and c.llm in allocation.splits})
+    if split:
+        raise InputError(allocation.source, f"splits.{split[0]}", "an LLM that runs as one "
+                         "deployment (changes= does not take split LLMs)")
+    called = list(prep.llm_names)  # without splits: one deployment per LLM, named after it
+    deployments = {(c, _shape_key(allocation.llms[c])): m for m, c in enumerate(called)}
+    out: list[_Change] = []
+    last = 0.0
+    bs = _kv_block_size(policy)
+    for k, ch in enumerate(changes):
+        where = f"changes[{k}]"
+        if not isinstance(ch, AllocationChange):
+            raise InputError("simulate", where, "an AllocationChange", type(ch).__name__)
+        if ch.at_s < last:
+            raise InputError("simulate", f"{where}.at_s", f"changes sorted by time (at or after "
+                             f"the previous one, {last:g} s)", ch.at_s)
+        last = ch.at_s
+        alloc = ch.allocation
+        check_allocation(alloc, alloc.models(models), catalog=catalog, policy=policy)
+        targets = []
+        for c in called:
+            if c in alloc.splits:
+                raise InputError("simulate", f"{where}.allocation.splits.{c}", "an LLM that runs "
+                                 "as one deployment (changes= does not take split LLMs)")
+            inst = alloc.llms.get(c)
+            if inst is None:
+                raise InputError("simulate", f"{where}.allocation.llms.{c}", "an instance for "
+                                 "every LLM the simulated workflows call (a change cannot take "
+                                 "an LLM to 0 replicas)")
+            key = (c, _shape_key(inst))
+            m = deployments.get(key)
+            if m is None:
+                if inst.mesh is not None or inst.prefill_share is not None or c in latencies:
+                    raise InputError("simulate", f"{where}.allocation.llms.{c}", "the same "
+                                     "shape as before for an LLM on a shared mesh, with a "
+                                     "prefill limit or with its own latency model (latencies=)")
+                table, shape = _deployment(c, c, calls, models, alloc, latency, policy,
+                                           catalog, bs)
+                m = deployments[key] = len(prep.llm_names)
+                prep.llm_names.append(c)
+                prep.instances.append(dataclasses.replace(inst, replicas=1))
+                prep.tables.append(table)
+                prep.shapes.append(shape)
+            targets.append((m, inst.replicas))
+        out.append(_Change(float(ch.at_s), tuple(targets)))
+    return out
 
 
 def _kv_block_size(policy: MemoryPolicy) -> int:
@@ -785,7 +965,8 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
                                        latencies.get(name, latency), policy, catalog, bs)
             tables.append(table)
             shapes.append(shape)
-    return _Prepared(templates, by_workflow, llm_names, tables, shapes, routes)
+    instances = [dataclasses.replace(allocation.llms[n], replicas=1) for n in llm_names]
+    return _Prepared(templates, by_workflow, llm_names, tables, shapes, routes, instances)
 
 
 def _deployment(name: str, called: str, calls: list[CallRecord], models: Mapping[str, str],
@@ -917,9 +1098,16 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
          seed: int, routing: str, policy: MemoryPolicy, catalog: Catalog | None,
          warmup_fraction: float, drain_s: float | None, max_prefill_tokens: int | None,
          record: bool, progress: bool, latencies: Mapping[str, LatencyModel] | None = None,
-         arrival_times_s: Sequence[float] | None = None):
+         arrival_times_s: Sequence[float] | None = None,
+         changes: Sequence[AllocationChange] = (), priority: PriorityPolicy = "fcfs"):
     if routing not in ROUTINGS:
         raise InputError("simulate", "routing", f"one of {', '.join(ROUTINGS)}", routing)
+    if priority not in PRIORITY_POLICIES:
+        raise InputError("simulate", "priority", f"one of {', '.join(PRIORITY_POLICIES)}",
+                         priority)
+    if isinstance(changes, AllocationChange) or not isinstance(changes, Sequence):
+        raise InputError("simulate", "changes", "a sequence of AllocationChange",
+                         type(changes).__name__)
     if requests is not None and duration_s is not None:
         raise InputError("simulate", "requests/duration_s", "at most one of the two")
     if requests is not None and not (isinstance(requests, int) and requests >= 1):
@@ -968,6 +1156,8 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
     if not arrivals:
         raise InputError("simulate", "duration_s", "a duration that holds at least one arrival",
                          duration_s)
+    compiled = _prepare_changes(prep, trace, workflows, models, allocation, changes, latency,
+                                policy, cat, own) if changes else []
     n = len(arrivals)
     warm = min(math.floor(warmup_fraction * n), n - 1)
     w0, w1 = arrivals[warm][0], arrivals[-1][0]
@@ -976,7 +1166,8 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
         w1 = math.inf
     budget = math.inf if max_prefill_tokens is None else float(max_prefill_tokens)
     eng = _Engine(prep.templates, arrivals, prep.tables, prep.shapes, routing, (w0, w1),
-                  horizon, budget, float(delay), record, progress, prep.routes)
+                  horizon, budget, float(delay), record, progress, prep.routes, compiled,
+                  priority == "las")
     tic = time.perf_counter()
     eng.run()
     wall = time.perf_counter() - tic
@@ -1007,6 +1198,8 @@ def simulate(
     progress: bool = False,
     latencies: Mapping[str, LatencyModel] | None = None,
     arrival_times_s: Sequence[float] | None = None,
+    changes: Sequence[AllocationChange] = (),
+    priority: PriorityPolicy = "fcfs",
 ) -> SimulationResult:
     """Replay workflow requests on ``allocation`` and measure latency, throughput and use.
 
@@ -1031,12 +1224,17 @@ def simulate(
     in place of the Poisson process, each arrival a workflow drawn in proportion to ``rates``
     (their scale does not matter then); the run is the first ``requests`` of them, those
     before ``duration_s``, or all.
+    ``changes``: :class:`~scepsy_opt.prediction.schedule.AllocationChange` s sorted by time; at
+    each the serving allocation becomes its allocation (replicas come up at once, or drain:
+    :mod:`scepsy_opt.prediction.schedule`); ``replica_spans`` says when each replica was up.
+    ``priority``: the order of each replica's waiting queue, ``"fcfs"`` or ``"las"``
+    (:mod:`scepsy_opt.prediction.priority`).
     See the module docstring for the serving model and the statistics.
     """
     prep, arrivals, warm, workflows, eng, wall = _run(
         trace, models, allocation, latency, rates, requests, duration_s, seed, routing, policy,
         catalog, warmup_fraction, drain_s, max_prefill_tokens, record_events, progress,
-        latencies, arrival_times_s)
+        latencies, arrival_times_s, changes, priority)
     w0, w1 = eng.w0, eng.w1
     end_t = eng.now
     if w1 == math.inf:  # one measured arrival: measured until the run stopped
@@ -1063,20 +1261,33 @@ def simulate(
             p50_latency_s=_pct(lat, 50), p90_latency_s=_pct(lat, 90), p99_latency_s=_pct(lat, 99),
         )
     per_llm: dict[str, SimulatedLLM] = {}
+    deployments: dict[str, list[int]] = {}  # a name has several with changes= (new shapes)
     for m, name in enumerate(prep.llm_names):
-        reps = eng.replicas[m]
+        deployments.setdefault(name, []).append(m)
+    for name, ms in deployments.items():
+        reps = [r for m in ms for r in eng.replicas[m]]
         steps = sum(r.decode_steps for r in reps)
         n_pre = sum(r.n_prefill for r in reps)
         calls = sum(r.calls for r in reps)
         evicted = sum(r.preemptions for r in reps)
+        if eng.changes:  # replicas serving at the end; busy over the time each was up
+            m = next((m for m in reversed(ms) if eng.active[m]), ms[-1])
+            n_up = sum(len(eng.active[m]) for m in ms)
+            up = math.fsum(max(min(end_t if r.down is None else r.down, w1) - max(r.up, w0), 0.0)
+                           for r in reps)
+            util = sum(r.busy for r in reps) / up if up > 0 else 0.0
+        else:
+            m, n_up = ms[0], len(reps)
+            util = sum(r.busy for r in reps) / (span * len(reps)) if span > 0 else 0.0
         per_llm[name] = SimulatedLLM(
-            replicas=len(reps), calls=calls,
-            utilisation=sum(r.busy for r in reps) / (span * len(reps)) if span > 0 else 0.0,
+            replicas=n_up, calls=calls, utilisation=util,
             mean_batch=sum(r.decode_batch for r in reps) / steps if steps else 0.0,
             mean_prefill_batch=sum(r.prefill_calls for r in reps) / n_pre if n_pre else 0.0,
             kv_tokens=prep.shapes[m].kv_tokens, max_batch=reps[0].max_batch,
             preemptions=evicted, preemptions_per_call=evicted / calls if calls else 0.0,
         )
+    spans = tuple(ReplicaSpan(prep.llm_names[r.llm], prep.instances[r.llm], r.up, r.down, r.idx)
+                  for r in eng.order)
     log = None
     if eng.log is not None:
         names = prep.llm_names
@@ -1090,7 +1301,7 @@ def simulate(
     return SimulationResult(
         workflows=MappingProxyType(per_wf), llms=MappingProxyType(per_llm), requests=outcomes,
         window_s=(w0, w1), end_s=end_t, llm_calls=sum(per.calls for per in per_llm.values()),
-        events=eng.events, call_log=log, wall_s=wall,
+        events=eng.events, call_log=log, replica_spans=spans, wall_s=wall,
     )
 
 
