@@ -25,15 +25,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from scepsy_place.control.core import WindowStats
 from scepsy_profile.profiling.server import HistogramDelta
-
-if TYPE_CHECKING:
-    from scepsy_place.control.core import WindowStats
 
 REQUESTS = "scepsy_gateway_requests_total"
 CALL_LATENCY = "scepsy_gateway_call_latency_seconds"
@@ -125,8 +122,6 @@ def window_stats(first: Scrape, last: Scrape, polls: Sequence[Scrape] = (), *,
     (Prometheus's ``histogram_quantile`` of the increase; left out where no call finished) and
     its mean queue over ``polls`` (default: ``first`` and ``last``). A window without both
     gateway reads has no rates (:class:`ValueError`: it cannot be judged)."""
-    from scepsy_place.control.core import WindowStats
-
     if first.gateway is None or last.gateway is None:
         raise ValueError("the gateway's /metrics did not answer at both ends of the window")
     span = last.at_s - first.at_s
