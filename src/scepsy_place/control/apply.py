@@ -361,7 +361,7 @@ def apply_decision(decision: Any, plan: LaunchPlan, target: ApplyTarget, gateway
     t0 = time.monotonic()
 
     def step(name: str, **fields: Any) -> None:
-        row = {"step": name, "at_s": round(time.monotonic() - t0, 3),
+        row = {"step": name, "elapsed_s": round(time.monotonic() - t0, 3),
                "decision_at_s": getattr(decision, "at_s", None), **fields}
         steps.append(row)
         log(row)
