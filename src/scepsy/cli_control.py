@@ -152,10 +152,10 @@ def cmd_control(args: argparse.Namespace) -> int:
     log_path = _log_path(args.log)
     listen = parse_listen(args.metrics_listen, "--metrics-listen") \
         if args.metrics_listen is not None else None
+    gateway = _gateway(args.gateway)
     problem, topology, placed, launch = build(args)
     config = ControlConfig(window_s=args.window, startup_s=args.startup_s)
     controller = Controller(problem, topology, placed, config)
-    gateway = _gateway(args.gateway)
     dry_run = args.dry_run or args.target == "none"
     target = None
     if not dry_run:
