@@ -335,10 +335,6 @@ class ApplyResult:
     interrupted: bool = False
 
 
-class Interrupted(Exception):
-    pass
-
-
 def _endpoint_urls(plan: LaunchPlan, rs: Sequence[ReplicaLaunch],
                    target: ApplyTarget) -> set[str]:
     return {target.url(plan, r).rstrip("/") for r in rs}
