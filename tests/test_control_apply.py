@@ -109,6 +109,13 @@ def test_plan_change_keeps_ports_and_gives_new_replicas_free_ones():
     assert ch.after.models["generator"].share == 0.5
 
 
+def test_plan_change_skips_ports_the_target_says_are_busy():
+    plan = running_plan()
+    busy = {8002, 8003}  # taken on the host by something that is not the plan's
+    ch = plan_change(plan, move_generator(), lambda node, port: port not in busy)
+    assert sorted(r.port for r in ch.start) == [8004, 8005]
+
+
 def test_order_start_health_routes_drain_stop():
     events: list[tuple[str, Any]] = []
     target = FakeTarget(events, healthy_after=2)

@@ -187,6 +187,10 @@ class ShellTarget:
         (pids / f"{self._tag(replica)}.pid").write_text(f"{proc.pid}\n")
         self._started[key] = _Started(proc, log, tmp)
 
+    def port_free(self, node: str, port: int) -> bool:
+        """Whether ``port`` is free on this host (:func:`plan_change` skips busy ones)."""
+        return not port_in_use(port)
+
     def _probe_url(self, plan: LaunchPlan, r: ReplicaLaunch) -> str:
         host = probe_address(bind_address(plan, r.node))
         host = f"[{host}]" if ":" in host else host
@@ -271,11 +275,13 @@ class PlanChange:
         return not self.start and not self.stop
 
 
-def plan_change(plan: LaunchPlan, rp: Replan) -> PlanChange:
+def plan_change(plan: LaunchPlan, rp: Replan,
+                port_free: Callable[[str, int], bool] | None = None) -> PlanChange:
     """What applying ``rp`` to the running ``plan`` means: the new launch view (each LLM's
     shape from the re-plan's allocation; engine, models' commands and addresses from ``plan``);
     kept replicas keep their server and port, new ones (started, moved) take the lowest ports
-    from the plan's ``base_port`` up that no server of either plan uses on their node."""
+    from the plan's ``base_port`` up that no server of either plan uses on their node (and
+    that ``port_free(node, port)`` says is free there, when given)."""
     if not rp.ok or rp.placed.placement is None or rp.placed.plan.allocation is None:
         raise InputError("decision", "replan", "a placed re-plan", rp.status)
     alloc = rp.placed.plan.allocation
@@ -309,7 +315,8 @@ def plan_change(plan: LaunchPlan, rp: Replan) -> PlanChange:
     for s in fresh:
         taken = used.setdefault(s.node, set())
         port = plan.engine.base_port
-        while port in taken:
+        while port in taken or (port_free is not None and port <= MAX_PORT
+                                and not port_free(s.node, port)):
             port += 1
         if port > MAX_PORT:
             raise InputError("decision", "port", f"a free port <= {MAX_PORT} on {s.node}")
@@ -365,7 +372,7 @@ def apply_decision(decision: Any, plan: LaunchPlan, target: ApplyTarget, gateway
     rp = getattr(decision, "replan", None)
     if rp is None:
         return ApplyResult(True, plan, "no change", steps)
-    change = plan_change(plan, rp)
+    change = plan_change(plan, rp, getattr(target, "port_free", None))
     step("plan", action=getattr(decision, "action", None), dry_run=dry_run,
          start=[_rep(r) for r in change.start], stop=[_rep(r) for r in change.stop],
          kept=len(change.kept))

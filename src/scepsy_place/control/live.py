@@ -26,6 +26,7 @@ from typing import IO, Any
 import httpx
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from scepsy_common.errors import InputError
 from scepsy_place.control.apply import ApplyTarget, apply_decision
 from scepsy_place.control.core import Controller, Decision
 from scepsy_place.control.telemetry import Scrape, Telemetry, window_stats
@@ -147,6 +148,9 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
                     break
             last = polls[-1]
             if last.gateway is None:  # the window cannot be judged: wait for the next read
+                if await _wait(stop, poll_s):
+                    res.interrupted = True
+                    return res
                 continue
             gw = [p for p in polls if p.gateway is not None]
             w = window_stats(gw[0], last, polls, workflows=workflows)
@@ -159,29 +163,37 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
             if on_decision is not None:
                 on_decision(d)
             if d.replan is not None and d.action in ("scale-up", "scale-down"):
-                if target is None or dry_run:
-                    apply_decision(d, plan, _NoTarget(), gateway_url,
-                                   log=lambda row: log({"kind": "apply", **row}),
-                                   timeout_s=health_timeout_s, dry_run=True)
-                else:
+                def log_step(row: dict[str, Any]) -> None:
+                    log({"kind": "apply", **row})
+                try:
+                    if target is None or dry_run:
+                        apply_decision(d, plan, _NoTarget(), gateway_url, log=log_step,
+                                       timeout_s=health_timeout_s, dry_run=True)
+                        first = last
+                        continue
                     out = await asyncio.to_thread(
-                        apply_decision, d, plan, target, gateway_url,
-                        log=lambda row: log({"kind": "apply", **row}),
+                        apply_decision, d, plan, target, gateway_url, log=log_step,
                         timeout_s=health_timeout_s, interrupted=stop.is_set)
-                    if out.ok:
-                        controller.commit(d)
-                        plan = out.plan
-                        tel.set_replicas(replica_urls(plan, target))
-                        res.applied += 1
-                        res.moves += d.moves
-                        if metrics is not None:
-                            metrics.moves.inc(d.moves)
-                            metrics.running(plan)
-                    else:
-                        res.failed += 1
-                    if out.interrupted:
-                        res.interrupted = True
-                        return res
+                except InputError as exc:  # a re-plan this deployment cannot take
+                    log_step({"step": "failed", "decision_at_s": d.at_s, "reason": str(exc),
+                              "routes": "unchanged"})
+                    res.failed += 1
+                    first = last
+                    continue
+                if out.ok:
+                    controller.commit(d)
+                    plan = out.plan
+                    tel.set_replicas(replica_urls(plan, target))
+                    res.applied += 1
+                    res.moves += d.moves
+                    if metrics is not None:
+                        metrics.moves.inc(d.moves)
+                        metrics.running(plan)
+                else:
+                    res.failed += 1
+                if out.interrupted:
+                    res.interrupted = True
+                    return res
             first = last
         res.interrupted = True
         return res
