@@ -213,6 +213,14 @@ class Gateway(RecordingProxy):
                                      "Time from a call's arrival to the choice of its endpoint",
                                      registry=r, buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
                                                           5e-3, 1e-2, 5e-2))
+        self._children: dict[tuple[Any, ...], Any] = {}  # labels() once per label set
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -315,7 +323,7 @@ class Gateway(RecordingProxy):
         srv.in_flight += 1
         srv.calls += 1
         srv.seen_as = (wf, llm)
-        gauge = self._m_in_flight.labels(llm, srv.url)
+        gauge = self._child(self._m_in_flight, llm, srv.url)
         gauge.inc()
         counts = self._wf_counts.get(wf)
         if counts is None:
@@ -330,7 +338,7 @@ class Gateway(RecordingProxy):
             call.route = srv
             if call.call_id == "c0":
                 counts[0] += 1
-                self._m_requests.labels(wf).inc()
+                self._child(self._m_requests, wf).inc()
             if self.gateway.priority == "las":
                 key = (call.workflow, call.request_id)
                 las = self._las.get(key)
@@ -364,8 +372,8 @@ class Gateway(RecordingProxy):
         srv = call.route
         if error is not None and srv is not None:
             srv.failed += 1
-        self._m_calls.labels(call.workflow, call.llm, error or "ok").inc()
-        self._m_latency.labels(call.workflow, call.llm).observe(
+        self._child(self._m_calls, call.workflow, call.llm, error or "ok").inc()
+        self._child(self._m_latency, call.workflow, call.llm).observe(
             max(0.0, time.monotonic() - self._origin - call.start_s))
         if error is None and usage is not None and self.gateway.priority == "las":
             las = self._las.get((call.workflow, call.request_id))
