@@ -453,7 +453,8 @@ def test_help_names_the_gateway_options():
 @pytest.mark.vllm
 def test_las_gateway_in_front_of_a_real_vllm_with_priority_scheduling(tmp_path):
     """One real ``vllm serve --scheduling-policy priority`` (CPU, dummy weights) behind the
-    gateway with ``--priority las``: every call of two requests succeeds with its priority."""
+    gateway with ``--priority las``: every call of two requests succeeds, the third call of the
+    long request with priority 1 (vLLM refuses a nonzero priority without that policy)."""
     from scepsy_profile.profiling.backend import BackendUnavailable
     from scepsy_profile.profiling.engine_env import vllm_python
     from scepsy_profile.profiling.models import engine_model
@@ -464,21 +465,24 @@ def test_las_gateway_in_front_of_a_real_vllm_with_priority_scheduling(tmp_path):
     except BackendUnavailable as exc:
         pytest.skip(f"no vLLM environment: {exc}")
     cfg = ServerConfig(model=engine_model("llama-3-8b", 1 / 16), kv_gib=1.0, max_num_seqs=4,
-                       max_model_len=256, extra_args=("--scheduling-policy", "priority"))
-    name = cfg.served_name
+                       max_model_len=2048, extra_args=("--scheduling-policy", "priority"))
+    name, prompt, out = cfg.served_name, list(range(1, 1101)), 8
     with vllm_server(cfg, tmp_path / "serve") as srv:
         doc = {"version": 1, "workflows": {"rag": {"gen": [
             {"url": srv.base_url + "/v1", "model": name, "weight": 1.0}]}}}
         with gateway(tmp_path, doc, priority="las") as url, \
                 httpx.Client(base_url=url, timeout=300) as c:
-            answers = [c.post("/v1/completions", headers={"X-Scepsy-Request": rid},
-                              json={"model": "gen", "prompt": list(range(1, 40)),
-                                    "max_tokens": 8, "ignore_eos": True})
-                       for rid in ("a", "a", "a", "b")]
             gw: Gateway = url._proxy  # type: ignore[attr-defined]
+            answers, levels = [], []
+            for rid in ("a", "a", "a", "b"):
+                levels.append(las_level(gw.attained("agent", rid)))
+                answers.append(c.post("/v1/completions", headers={"X-Scepsy-Request": rid},
+                                      json={"model": "gen", "prompt": prompt, "max_tokens": out,
+                                            "ignore_eos": True}))
             attained = gw.attained("agent", "a")
     assert [r.status_code for r in answers] == [200] * 4, [r.text for r in answers]
-    assert attained == 3 * (39 + 8)
+    assert levels == [0, 0, 1, 0]
+    assert attained == 3 * (len(prompt) + out)
     calls = read_trace(tmp_path / "trace.jsonl").calls
     assert [(c.request_id, c.error, c.output_tokens) for c in calls] == [
-        ("a", None, 8), ("a", None, 8), ("a", None, 8), ("b", None, 8)]
+        ("a", None, out), ("a", None, out), ("a", None, out), ("b", None, out)]
