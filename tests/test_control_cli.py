@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from prometheus_client import generate_latest
 
@@ -187,3 +188,119 @@ def test_the_live_loop_applies_a_scale_up(plan_file, tmp_path):
     assert snap.value("scepsy_control_decisions_total") == res.windows
     assert snap.value("scepsy_control_replicas") == after
     assert snap.value("scepsy_control_forecast_rate") > 1.0
+
+
+# -- end to end: the real gateway, fake servers, the live loop --------------------------------------
+
+
+class FakeServersTarget:
+    """Each replica a FakeOpenAIServer (started on a port of its own; the plan's port is its
+    key), so calls really flow through the gateway to replicas that start and stop."""
+
+    name = "fake-servers"
+
+    def __init__(self) -> None:
+        self.servers: dict[int, Any] = {}
+        self.stopped: list[Any] = []
+
+    def start(self, plan, r) -> None:
+        from fakes.openai_server import FakeOpenAIServer
+
+        srv = FakeOpenAIServer(slots=8)
+        srv.__enter__()
+        self.servers[r.port] = srv
+
+    def healthy(self, plan, r) -> bool:
+        return r.port in self.servers
+
+    def url(self, plan, r) -> str:
+        return self.servers[r.port].base_url + "/v1"
+
+    def stop(self, plan, r) -> None:
+        srv = self.servers.pop(r.port)
+        srv.__exit__(None, None, None)
+        self.stopped.append(srv)
+
+    def close(self) -> None:
+        for srv in self.servers.values():
+            srv.__exit__(None, None, None)
+
+
+def test_end_to_end_a_scale_up_through_the_real_gateway_loses_no_call(plan_file, tmp_path):
+    """The gateway routes the plan's replicas (fake servers); load well above the plan's rate
+    flows through it; the controller scales up through the gateway's admin API; every call
+    answers 200 and the gateway counts no failed call."""
+    import aiohttp
+
+    from scepsy.cli_control import add_arguments, build
+    from scepsy_opt.ingest.record import RecordConfig
+    from scepsy_place.control.core import ControlConfig, Controller
+    from scepsy_place.control.gateway import GatewayConfig, gateway_in_thread
+    from scepsy_place.control.live import control_loop
+    from scepsy_place.launch.routes import plan_routes
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    problem, topology, placed, launch = build(p.parse_args(
+        control(plan_file, "http://127.0.0.1:1")[1:]))
+    controller = Controller(problem, topology, placed, ControlConfig(window_s=1.0,
+                                                                     startup_s=1.0))
+    target = FakeServersTarget()
+    for r in launch.replicas:
+        target.start(launch, r)
+    initial = set(target.servers.values())
+    rows: list[dict] = []
+    statuses: list[int] = []
+    try:
+        cfg = GatewayConfig(record=RecordConfig(out=tmp_path / "trace.jsonl", routed=True,
+                                                client_time=False),
+                            routes=plan_routes(launch, lambda r: target.url(launch, r)))
+        with gateway_in_thread(cfg) as url:
+            base = str(url)
+
+            async def load(stop: asyncio.Event) -> None:
+                async with aiohttp.ClientSession() as s:
+                    async def one(i: int) -> None:
+                        for llm in ("rewriter", "reranker", "generator"):
+                            async with s.post(base + "/v1/completions", json={
+                                    "model": llm, "max_tokens": 4, "prompt": [1, 2, 3]},
+                                    headers={"X-Scepsy-Request": f"r{i}",
+                                             "X-Scepsy-Workflow": "rag"}) as resp:
+                                await resp.read()
+                                statuses.append(resp.status)
+                    tasks, i = [], 0
+                    while not stop.is_set():
+                        tasks.append(asyncio.ensure_future(one(i)))
+                        i += 1
+                        await asyncio.sleep(1 / 12)  # 12 req/s, planned for 1
+                    await asyncio.gather(*tasks)
+
+            async def main():
+                stop = asyncio.Event()
+
+                def decided(d):
+                    if d.action == "scale-up":
+                        asyncio.get_running_loop().call_later(3.0, stop.set)
+
+                feeding = asyncio.ensure_future(load(stop))
+                res = await control_loop(controller, launch, target, base, window_s=1.0,
+                                         log=rows.append, stop=stop, health_timeout_s=10,
+                                         on_decision=decided)
+                stop.set()
+                await feeding
+                return res
+
+            res = asyncio.run(asyncio.wait_for(main(), 240))
+            final = httpx.get(base + "/scepsy/state", timeout=10).json()
+            new = [srv for srv in [*target.servers.values(), *target.stopped]
+                   if srv not in initial]
+    finally:
+        target.close()
+    assert res.applied >= 1, rows
+    steps = [r["step"] for r in rows if r.get("kind") == "apply"]
+    assert "routes" in steps and "applied" in steps, steps
+    assert statuses and set(statuses) == {200}  # no call lost or failed during the change
+    assert all(e["failed"] == 0 for e in final["endpoints"])
+    assert final["version"] >= 2  # the controller's routes were taken
+    assert new and any(srv.requests for srv in new)  # the new replicas took calls
+    assert len(statuses) > 50
