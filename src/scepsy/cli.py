@@ -406,6 +406,8 @@ _REGISTERED: dict[str, tuple[str, str]] = {
                "rack drained, load changed)"),
     "record": ("scepsy.cli_record", "an OpenAI-compatible proxy that records every call it "
                "forwards as a trace"),
+    "control": ("scepsy.cli_control", "keep a running plan right while its load moves: "
+                "telemetry, forecasts, incremental re-plans applied without losing a call"),
     "validate": ("scepsy.cli_validate", "compare measured serving runs with scepsy's "
                  "predictions and simulations"),
 }

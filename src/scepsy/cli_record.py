@@ -1,5 +1,7 @@
 """``scepsy record``: an OpenAI-compatible proxy that records every call it forwards as a trace
-(docs/record.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.ingest.record`.
+(docs/record.md); with ``--routes`` the routing gateway in front of every replica
+(docs/gateway.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.ingest.record`, the
+gateway :mod:`scepsy_place.control.gateway`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,14 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "http://127.0.0.1:8000 (a trailing /v1 is fine)")
     cmd.add_argument("--upstream-for", action="append", default=[], metavar="MODEL=URL",
                      help="the server of one model (repeatable; others go to --upstream)")
+    cmd.add_argument("--routes", type=Path, metavar="ROUTES.json",
+                     help="route each call by this routing table (routes.json of a launch) to "
+                     "the least-loaded endpoint of its LLM within the weights; re-read on SIGHUP "
+                     "and when it changes (not with --upstream/--upstream-for; docs/gateway.md)")
+    cmd.add_argument("--priority", choices=("fcfs", "las"), default="fcfs",
+                     help="with --routes: las sets each call's vLLM priority from its "
+                     "request's tokens served so far (least attained service; the servers need "
+                     "--scheduling-policy priority); fcfs leaves calls alone (default)")
     cmd.add_argument("--out", type=Path, required=True, metavar="TRACE.jsonl",
                      help="the trace to write (must not exist; one line per call, flushed as "
                      "each call ends)")
@@ -42,18 +52,34 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Any:
+    """The proxy's :class:`RecordConfig`, or with ``--routes`` the gateway's config."""
     from scepsy.cli_util import check_new_out
+    from scepsy_common.errors import InputError
     from scepsy_common.net import parse_listen
     from scepsy_opt.ingest.record import MAX_BODY_BYTES, RecordConfig, upstream_pairs
     from scepsy_opt.ingest.tracemap import trace_map
 
+    routed = args.routes is not None
+    if routed and (args.upstream is not None or args.upstream_for):
+        raise InputError("--routes", "", "either --routes (the gateway) or --upstream / "
+                         "--upstream-for (the plain proxy), not both")
+    if not routed and args.priority != "fcfs":
+        raise InputError("--priority", "", "--routes with it (priorities are a gateway "
+                         "policy)", args.priority)
     host, port = parse_listen(args.listen)
-    config = RecordConfig(out=args.out, upstream=args.upstream,
-                          upstream_for=upstream_pairs(args.upstream_for),
-                          trace_map=trace_map(args.map, args.model, workflow=args.workflow),
-                          host=host, port=port, timeout_s=args.timeout,
-                          client_time=not args.no_client_time,
-                          max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES)
+    config: Any = RecordConfig(out=args.out, upstream=args.upstream,
+                               upstream_for=upstream_pairs(args.upstream_for),
+                               trace_map=trace_map(args.map, args.model, workflow=args.workflow),
+                               host=host, port=port, timeout_s=args.timeout,
+                               client_time=not args.no_client_time,
+                               max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
+                               routed=routed)
+    if routed:
+        from scepsy_place.control.gateway import GatewayConfig
+        from scepsy_place.launch.routes import load_routes
+
+        config = GatewayConfig(record=config, routes=load_routes(args.routes),
+                               routes_file=args.routes, priority=args.priority)
     check_new_out(args.out)  # last: it may create the folder
     return config
 
@@ -65,9 +91,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     import sys
 
     from scepsy.cli_trace_receive import startup_line
-    from scepsy_opt.ingest.record import serve
+    from scepsy_opt.ingest.record import RecordingProxy, serve
 
     config = _config(args)
+    record = config if args.routes is None else config.record
 
     async def main() -> Any:
         loop = asyncio.get_running_loop()
@@ -76,18 +103,28 @@ def cmd_record(args: argparse.Namespace) -> int:
             loop.add_signal_handler(sig, stop.set)
         if args.duration is not None:
             loop.call_later(args.duration, stop.set)
+        proxy: RecordingProxy | None = None
+        if args.routes is not None:
+            from scepsy_place.control.gateway import Gateway
+
+            gateway = proxy = Gateway(config)
+            loop.add_signal_handler(signal.SIGHUP, gateway.reload_file)
+            n = len({e.url for llms in config.routes.workflows.values()
+                     for eps in llms.values() for e in eps})
+            ups = [f"{n} endpoints of {args.routes} (priority {args.priority})"]
+        else:
+            ups = [f"{m} -> {u}" for m, u in record.upstream_for.items()]
+            if record.upstream is not None:
+                ups.append(record.upstream)
 
         def started(url: str) -> None:
-            ups = [f"{m} -> {u}" for m, u in config.upstream_for.items()]
-            if config.upstream is not None:
-                ups.append(config.upstream)
-            print(startup_line("scepsy record", url, config.out, args.duration, ", ".join(ups)),
+            print(startup_line("scepsy record", url, record.out, args.duration, ", ".join(ups)),
                   file=sys.stderr, flush=True)
 
-        return await serve(config, stop, started)
+        return await serve(record, stop, started, proxy=proxy)
 
     stats = asyncio.run(main())
-    _summary(stats, config.out)
+    _summary(stats, record.out)
     return 0
 
 

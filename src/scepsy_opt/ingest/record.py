@@ -116,7 +116,9 @@ class RecordConfig:
     it. ``out`` must not exist yet (a trace is never overwritten); it is removed again when the
     proxy stops without having recorded a call. A client whose request body is over
     ``max_body_bytes`` is answered 413, one that pauses longer than ``read_timeout_s`` while
-    sending it 408 (:mod:`scepsy_common.httpguard`).
+    sending it 408 (:mod:`scepsy_common.httpguard`). ``routed``: a subclass of
+    :class:`RecordingProxy` chooses each call's upstream (the gateway,
+    :mod:`scepsy_place.control.gateway`); no upstream is needed here then.
     """
 
     out: Path
@@ -129,6 +131,7 @@ class RecordConfig:
     client_time: bool = True
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_s: float = READ_TIMEOUT_S
+    routed: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "out", Path(self.out))
@@ -136,7 +139,7 @@ class RecordConfig:
             object.__setattr__(self, "upstream", normalize_upstream(self.upstream))
         per = {m: normalize_upstream(u, "--upstream-for", m) for m, u in self.upstream_for.items()}
         object.__setattr__(self, "upstream_for", MappingProxyType(per))
-        if self.upstream is None and not per:
+        if self.upstream is None and not per and not self.routed:
             raise InputError("--upstream", "", "an upstream server URL (--upstream URL or "
                              "--upstream-for MODEL=URL)")
         t = self.timeout_s
@@ -364,6 +367,19 @@ class _Call:
     start_s: float
     unattributed: bool
     ended: bool = False
+    route: Any = None
+    """What a routing subclass keeps of the call (the gateway: its endpoint)."""
+
+
+@dataclass(slots=True)
+class Upstream:
+    """Where one recorded call goes (:meth:`RecordingProxy._upstream`): the server's base URL;
+    ``changed``: the body was changed in place (it is serialised again); ``release``: called
+    once the call is over, however it ended."""
+
+    base: str
+    changed: bool = False
+    release: Callable[[], None] | None = None
 
 
 def _json_error(status: int, message: str, kind: str) -> web.Response:
@@ -494,6 +510,16 @@ class RecordingProxy:
             if task is not None:
                 self._inflight.discard(task)
 
+    def _default_upstream(self) -> str:
+        """Where requests that are not recorded go."""
+        return self.config.default_upstream
+
+    def _upstream(self, request: web.BaseRequest, body: dict[str, Any],
+                  call: _Call | None) -> Upstream | web.StreamResponse:
+        """The upstream of one recorded call (``call`` is None for an unmapped model), or the
+        answer when it cannot be forwarded; a routing subclass overrides it."""
+        return Upstream(self.config.upstream_of(body.get("model")))
+
     async def _body(self, request: web.BaseRequest) -> bytes:
         return await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
 
@@ -502,7 +528,7 @@ class RecordingProxy:
         assert self._session is not None
         self._counters.counts["forwarded"] += 1
         body = await self._body(request)
-        url = self.config.default_upstream + request.path_qs
+        url = self._default_upstream() + request.path_qs
         try:
             async with self._session.request(
                     request.method, url, data=body or None,
@@ -585,10 +611,14 @@ class RecordingProxy:
         if inject:
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}),
                                       "include_usage": True}
+        up = self._upstream(request, body, call)
+        if not isinstance(up, Upstream):
+            return up
+        if inject or up.changed:
             raw = json.dumps(body).encode()
         headers = _forward_headers(request.headers, _DROP_REQUEST)
         headers["Accept-Encoding"] = "identity"  # the proxy reads what passes
-        url = self.config.upstream_of(body.get("model")) + request.path_qs
+        url = up.base + request.path_qs
         try:
             return await self._exchange(request, call, url, raw, headers, stream, inject)
         except asyncio.CancelledError:
@@ -597,6 +627,9 @@ class RecordingProxy:
         except ConnectionError:  # writing to a client that has gone
             self._end(call, None, "client_disconnected")
             raise
+        finally:
+            if up.release is not None:
+                up.release()
 
     async def _exchange(self, request: web.BaseRequest, call: _Call | None, url: str, raw: bytes,
                         headers: CIMultiDict[str], stream: bool,
@@ -734,13 +767,17 @@ async def _snapshot(proxy: RecordingProxy) -> RecordStats:
     return proxy.stats()
 
 
-@contextlib.contextmanager
-def recording_proxy(config: RecordConfig) -> Iterator[ProxyURL]:
+def recording_proxy(config: RecordConfig) -> contextlib.AbstractContextManager[ProxyURL]:
     """Run a :class:`RecordingProxy` on its own event loop in a thread; yields its base URL (a
     :class:`ProxyURL`: a ``str`` with ``.stats()``); stops it (``proxy_stopped`` for calls still
     in flight) and closes the trace on exit."""
+    return proxy_in_thread(RecordingProxy(config))
+
+
+@contextlib.contextmanager
+def proxy_in_thread(proxy: RecordingProxy) -> Iterator[ProxyURL]:
+    """:func:`recording_proxy` for a proxy already built (a subclass: the gateway)."""
     loop = asyncio.new_event_loop()
-    proxy = RecordingProxy(config)
     started: dict[str, Any] = {}
     ready = threading.Event()
 
@@ -775,10 +812,12 @@ def recording_proxy(config: RecordConfig) -> Iterator[ProxyURL]:
 
 
 async def serve(config: RecordConfig, stop: asyncio.Event,
-                on_start: Callable[[str], None] | None = None) -> RecordStats:
+                on_start: Callable[[str], None] | None = None,
+                proxy: RecordingProxy | None = None) -> RecordStats:
     """Run a proxy on the current loop until ``stop`` is set; its final stats. ``on_start``
-    (optional) is called with the base URL once it listens."""
-    proxy = RecordingProxy(config)
+    (optional) is called with the base URL once it listens; ``proxy``: one already built (a
+    subclass: the gateway) in place of ``RecordingProxy(config)``."""
+    proxy = proxy if proxy is not None else RecordingProxy(config)
     url = await proxy.start()
     try:
         if on_start is not None:

@@ -53,7 +53,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, parse_allocation
 from scepsy_opt.planning.candidates import CandidateSet, generate_candidates
 from scepsy_opt.planning.milp import Row, solve_min_latency
-from scepsy_opt.planning.problem import Deadline, PlanningProblem
+from scepsy_opt.planning.problem import OBJECTIVES, Deadline, Objective, PlanningProblem
 from scepsy_opt.planning.solver import has_solution, highs_status, pulp_highs
 from scepsy_opt.ratework import check_rate
 from scepsy_place.formulations.loop import (
@@ -625,7 +625,7 @@ def replan(problem: PlanningProblem, topology: Topology,
            policy: str = "hierarchical", formulation: str = "auto",
            placer_options: Mapping[str, Any] | None = None,
            max_tests: int = MAX_TESTS, search_s: float = MOVE_SEARCH_S,
-           alternatives: int = ALTERNATIVES) -> Replan:
+           alternatives: int = ALTERNATIVES, objective: Objective = "min-latency") -> Replan:
     """Re-plan ``running`` (a :class:`Running`, a placed :class:`PlacedPlan` or a plan.json
     document; on ``topology``, for ``problem``) after ``event`` (one or a sequence, applied in
     order; module docstring). ``move_cost_s``: cost of one moved replica
@@ -634,8 +634,13 @@ def replan(problem: PlanningProblem, topology: Topology,
     ``alternatives`` next-best allocations are tried and the one of least cost (objective plus
     moves) kept. Everything runs within ``deadline`` (default: the problem's time limit from
     now); the search for the fewest moves within ``search_s`` and ``max_tests``
-    (:func:`place_around`)."""
+    (:func:`place_around`). ``objective``: the re-plan's objective (``min-latency`` by default,
+    which spreads over the whole cluster; ``min-cost`` takes the cheapest GPUs that carry the
+    new targets within the problem's latency bounds, what a controller that gives GPUs back
+    wants). The next-best allocations are searched under ``min-latency`` only."""
     t0 = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise InputError("replan", "objective", f"one of {list(OBJECTIVES)}", objective)
     deadline = Deadline.of(problem, deadline)
     for name, x in (("move_cost_s", move_cost_s), ("change_penalty_s", change_penalty_s)):
         if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x) and x >= 0):
@@ -655,7 +660,7 @@ def replan(problem: PlanningProblem, topology: Topology,
         counts[s.llm] = counts.get(s.llm, 0) + 1
     current = Allocation({m: replace(run.allocation.llms[m], replicas=k)
                           for m, k in counts.items()}, "surviving replicas")
-    opts = replace(new_problem.options, objective="min-latency",
+    opts = replace(new_problem.options, objective=objective,
                    current=current if counts else None,
                    change_penalty_s=float(change_penalty_s) if counts else 0.0)
     new_problem = replace(new_problem, options=opts)
@@ -671,7 +676,8 @@ def replan(problem: PlanningProblem, topology: Topology,
                           "deadline": deadline, "max_tests": max_tests, "search_s": search_s}
     best = _realise(new_problem, top, run, surviving, res, **kw)
     tried, tests = 1, best.tests
-    if best.moved and move_cost_s > 0 and alternatives > 0 and best.placed.placed:
+    if (best.moved and move_cost_s > 0 and alternatives > 0 and best.placed.placed
+            and objective == "min-latency"):
         cset = generate_candidates(new_problem, prune=top.total_gpus > UNPRUNED_MAX_GPUS)
         rows: list[Row] = [_nogood(cset, res.plan.allocation)]
         for _ in range(alternatives):

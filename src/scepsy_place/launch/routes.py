@@ -13,7 +13,8 @@ File format (JSON, ``version`` 1)::
 the server answers to; weights of one LLM sum to 1 (replicas of one LLM have one shape, so each
 carries an equal part; an LLM split over GPU types, plan.json's ``splits``, routes to every
 replica of its groups, each group's fraction shared equally by its replicas). ``replica`` is None where the target routes to a service rather than to
-one replica.
+one replica. An endpoint of weight 0 gets no new calls (the gateway drains a
+replica that way, docs/gateway.md); the weights of every LLM still sum to 1.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ class _EndpointRec(BaseModel):
     model_config = ConfigDict(extra="forbid")
     url: str = Field(pattern=described(r"^https?://[^\s'\"`$\\]+$", URL_EXPECTED))
     model: Name
-    weight: float = Field(gt=0, le=1)
+    weight: float = Field(ge=0, le=1)
     replica: int | None = Field(default=None, ge=0)
 
 

@@ -10,7 +10,7 @@ a free loopback port and is ready when ``/health`` answers 200. :func:`vllm_serv
 manager that SIGTERMs the whole group on exit (SIGKILL after a grace period) and waits until the
 port is free again.
 
-``/metrics`` (Prometheus text) is parsed by :func:`parse_metrics`; two snapshots give the
+``/metrics`` (Prometheus text) is parsed by :func:`parse_metrics` (``prometheus_client``'s parser); two snapshots give the
 server-side means and quantiles of the calls finished between them (:func:`histogram_delta`).
 On a 2-core machine the server's own times are the ones to trust: a streaming client sees tokens
 arrive in bunches.
@@ -22,7 +22,6 @@ import contextlib
 import math
 import os
 import random
-import re
 import shutil
 import socket
 import subprocess
@@ -33,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from scepsy_common.errors import InputError
 from scepsy_profile.profiling.backend import BackendOptions
@@ -246,10 +247,6 @@ def engine_tmp(workdir: Path) -> tuple[Path, bool]:
 
 # -- /metrics ---------------------------------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)")
-_LE = re.compile(r'(?:^|,)\s*le="([^"]*)"')
-
-
 @dataclass(frozen=True, slots=True)
 class MetricsSnapshot:
     """One read of ``/metrics``: each sample summed over its label sets (engines, models),
@@ -269,22 +266,35 @@ class MetricsSnapshot:
         return sorted(rows)
 
 
-def parse_metrics(text: str, at: float = 0.0) -> MetricsSnapshot:
-    """Parse Prometheus exposition text (comment lines skipped; unparsable values skipped)."""
-    samples: dict[tuple[str, str | None], float] = {}
+def _families(text: str) -> list[Metric]:
+    """The metric families of ``text`` by ``prometheus_client``'s parser; where the whole text does
+    not parse, line by line, dropping the lines that do not (a value that is no number, a line
+    that is no sample): one bad line costs that line, not the read."""
+    try:
+        return list(text_string_to_metric_families(text))
+    except ValueError:
+        pass
+    out: list[Metric] = []
     for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
+        if not line.strip() or line.lstrip().startswith("#"):
             continue
         try:
-            value = float(m.group(4))
+            out.extend(text_string_to_metric_families(line + "\n"))
         except ValueError:
             continue
-        le_match = _LE.search(m.group(3) or "")
-        key = (m.group(1), le_match.group(1) if le_match else None)
-        samples[key] = samples.get(key, 0.0) + value
+    return out
+
+
+def parse_metrics(text: str, at: float = 0.0) -> MetricsSnapshot:
+    """Parse Prometheus exposition text with ``prometheus_client``'s parser (escaped label values,
+    ``}`` inside a label value, ``# HELP``/``# TYPE`` comments, timestamps): each sample summed
+    over its label sets except a histogram bucket's ``le``. Lines that do not parse are skipped."""
+    samples: dict[tuple[str, str | None], float] = {}
+    for family in _families(text):
+        for sample in family.samples:
+            le = sample.labels.get("le") if sample.name.endswith("_bucket") else None
+            key = (sample.name, le)
+            samples[key] = samples.get(key, 0.0) + float(sample.value)
     return MetricsSnapshot(samples=samples, at=at)
 
 

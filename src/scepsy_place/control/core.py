@@ -1,0 +1,340 @@
+"""The decision core of ``scepsy control``: one telemetry window in, one decision out (pure, no
+I/O). The live controller and ``scepsy bench control`` share it (docs/bench-control.md).
+
+Each window (:meth:`Controller.observe`):
+
+1. **Forecast.** Every workflow's request rate is forecast (:mod:`scepsy_place.control.forecast`,
+   Holt's double exponential smoothing by default) over the next ``H = 1 + ceil(startup_s /
+   window_s)`` windows, and the largest of those forecasts is kept: a replica started now is
+   healthy ``startup_s`` later, so the capacity decided now must carry the load until the window
+   after it has started. The **target** is that forecast times ``1 + headroom`` (the forecast's
+   error margin).
+2. **Predict** the running plan at the target with the Aggregate LLM Pipeline
+   (:func:`scepsy_opt.prediction.pipeline.predict`): each LLM's utilisation (its
+   ``LLMLoad.utilisation``, ``load / (replicas·μ)``, the one the optimiser's ``max_utilisation``
+   bounds) and each workflow's mean latency.
+3. **Decide**, with a hysteresis band ``[down_utilisation, up_utilisation]``:
+
+   * **scale-up** when some LLM's utilisation exceeds ``up_utilisation`` or some workflow's
+     predicted latency exceeds its bound;
+   * **scale-down** when every LLM's utilisation is below ``down_utilisation`` for
+     ``hold_windows`` consecutive windows (one window above it starts the count again);
+   * **keep** otherwise.
+
+   A change is an incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`,
+   fewest replicas started, stopped and moved) of the running plan to the target: by default the
+   ``min-cost`` objective (the cheapest GPUs that carry the target within the latency bounds, at
+   a utilisation of at most ``up_utilisation``, so the new plan sits inside the band). When no
+   plan meets the bounds the re-plan falls back to ``min-latency`` on the whole cluster, and when
+   the cluster cannot carry the target at all to ``max-throughput`` (the largest multiple of the
+   target's mix it carries); without any plan the decision is ``replan-failed`` (the running
+   plan stays). A scale-down whose plan uses no fewer GPUs is a keep.
+4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
+   counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
+   :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
+   is applied, or at once in a simulation that delays the new replicas itself).
+
+The latency bound of a workflow is the problem's ``latency_bound_s`` for it, else
+``bound_factor`` (1.5) times the running plan's predicted mean latency at the problem's targets.
+:meth:`Decision.to_dict` is one line of the decision log: reason, forecast and predicted effect.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Literal
+
+from scepsy_common.errors import InputError
+from scepsy_opt.allocation import Allocation
+from scepsy_opt.planning.problem import OBJECTIVES, Objective, PlanningProblem
+from scepsy_opt.prediction.pipeline import predict
+from scepsy_place.control.forecast import (
+    ALPHA,
+    BETA,
+    FORECASTS,
+    ForecastKind,
+    RateForecaster,
+    check_smoothing,
+)
+from scepsy_place.formulations.incremental import LoadChanged, Replan, replan
+from scepsy_place.formulations.loop import PlacedPlan
+from scepsy_place.packing.topology import Topology
+
+Action = Literal["keep", "scale-up", "scale-down", "replan-failed"]
+MIN_RATE = 1e-3
+"""The smallest target (req/s) a re-plan is given: a workflow forecast at 0 keeps a minimal
+deployment (every LLM keeps at least one replica)."""
+SOURCE = "control config"
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """One telemetry window: the rate of new workflow requests (req/s) and, optionally, per LLM
+    the mean waiting calls and the p90 call latency."""
+
+    start_s: float
+    end_s: float
+    workflow_rates: Mapping[str, float]
+    llm_queue: Mapping[str, float] = field(default_factory=dict)
+    llm_latency_s: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        src = "window"
+        for name in ("start_s", "end_s"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x)):
+                raise InputError(src, name, "a time in seconds", x)
+        if not self.end_s > self.start_s:
+            raise InputError(src, "end_s", f"a time after start_s ({self.start_s})", self.end_s)
+        for name in ("workflow_rates", "llm_queue", "llm_latency_s"):
+            m = getattr(self, name)
+            for k, x in m.items():
+                if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x)
+                                               and x >= 0):
+                    raise InputError(src, f"{name}.{k}", "a finite number >= 0", x)
+            object.__setattr__(self, name, MappingProxyType(dict(m)))
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """The controller's knobs (module docstring); every one validated (an input error naming
+    it)."""
+
+    window_s: float = 30.0
+    startup_s: float = 60.0  # time a new replica takes to be healthy
+    forecast: ForecastKind = "holt"
+    alpha: float = ALPHA
+    beta: float = BETA
+    headroom: float = 0.15
+    up_utilisation: float = 0.85
+    down_utilisation: float = 0.5
+    hold_windows: int = 3
+    objective: Objective = "min-cost"  # of the re-plans
+    bound_factor: float = 1.5  # bound = factor x the running plan's latency, without one given
+
+    def __post_init__(self) -> None:
+        def positive(name: str, x: Any, zero: bool = False) -> None:
+            ok = isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) \
+                and (x >= 0 if zero else x > 0)
+            if not ok:
+                raise InputError(SOURCE, name, "a number >= 0" if zero else "a number > 0", x)
+
+        positive("window_s", self.window_s)
+        positive("startup_s", self.startup_s, zero=True)
+        positive("headroom", self.headroom, zero=True)
+        positive("bound_factor", self.bound_factor)
+        if self.forecast not in FORECASTS:
+            raise InputError(SOURCE, "forecast", f"one of {', '.join(FORECASTS)}", self.forecast)
+        check_smoothing(self.alpha, self.beta, SOURCE)
+        for name in ("up_utilisation", "down_utilisation"):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not (isinstance(x, int | float) and 0 < x < 1):
+                raise InputError(SOURCE, name, "a utilisation in (0, 1)", x)
+        if not self.down_utilisation < self.up_utilisation:
+            raise InputError(SOURCE, "down_utilisation", "a utilisation below up_utilisation "
+                             f"({self.up_utilisation})", self.down_utilisation)
+        if isinstance(self.hold_windows, bool) or not (isinstance(self.hold_windows, int)
+                                                       and self.hold_windows >= 1):
+            raise InputError(SOURCE, "hold_windows", "a whole number of windows >= 1",
+                             self.hold_windows)
+        if self.objective not in OBJECTIVES:
+            raise InputError(SOURCE, "objective", f"one of {', '.join(OBJECTIVES)}",
+                             self.objective)
+
+    @property
+    def horizon(self) -> int:
+        """Windows the forecast covers: the next one plus those a new replica takes to start."""
+        return 1 + math.ceil(self.startup_s / self.window_s - 1e-9)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the controller decided at ``at_s`` (module docstring)."""
+
+    at_s: float
+    action: Action
+    reason: str
+    observed_rates: Mapping[str, float]
+    forecast_rates: Mapping[str, float]
+    predicted_now: Mapping[str, Any]  # {"latency_s": {wf: s}, "utilisation": {llm: x}}
+    predicted_after: Mapping[str, Any] | None = None
+    replan: Replan | None = None
+    startup_s: float = 0.0  # 0 when nothing starts
+
+    @property
+    def allocation(self) -> Allocation | None:
+        """The new plan's allocation (None without a change)."""
+        if self.replan is None or not self.replan.ok:
+            return None
+        return self.replan.placed.plan.allocation
+
+    @property
+    def moves(self) -> int:
+        """Replicas started, stopped and moved by the change."""
+        r = self.replan
+        return 0 if r is None or not r.ok else len(r.started) + len(r.stopped) + len(r.moved)
+
+    def to_dict(self) -> dict[str, Any]:
+        """One line of the decision log (JSON-ready; a non-finite number is null)."""
+        r = self.replan
+        summary = None
+        if r is not None:
+            alloc = self.allocation
+            summary = {"status": r.status, "reason": r.placed.reason,
+                       "events": [e.spec for e in r.events],
+                       "objective": r.problem.options.objective,
+                       "started": len(r.started), "stopped": len(r.stopped),
+                       "moved": len(r.moved), "kept": len(r.kept),
+                       "gpus": None if alloc is None else round(alloc.gpus(), 6),
+                       "llms": r.per_llm() if r.ok else None}
+        return _finite({"at_s": self.at_s, "action": self.action, "reason": self.reason,
+                        "observed_rates": dict(self.observed_rates),
+                        "forecast_rates": dict(self.forecast_rates),
+                        "predicted_now": _plain(self.predicted_now),
+                        "predicted_after": (None if self.predicted_after is None
+                                            else _plain(self.predicted_after)),
+                        "replan": summary, "startup_s": self.startup_s})
+
+
+def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _plain(v) if isinstance(v, Mapping) else v for k, v in m.items()}
+
+
+def _finite(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+class Controller:
+    """The running plan, the forecasts and the hysteresis count (module docstring)."""
+
+    def __init__(self, problem: PlanningProblem, topology: Topology, placed: PlacedPlan,
+                 config: ControlConfig | None = None) -> None:
+        self.config = config or ControlConfig()
+        if not placed.placed or placed.plan.allocation is None:
+            raise InputError("running plan", "placement", "a placed plan (every replica placed)",
+                             placed.status)
+        self.topology = topology
+        self._placed = placed
+        cfg = self.config
+        given = problem.options.latency_bound_s
+        missing = [w for w in problem.targets if w not in given]
+        bounds = {w: float(given[w]) for w in problem.targets if w in given}
+        if missing:
+            pred = self._predict(problem, placed.plan.allocation, problem.targets)
+            for w in missing:
+                lat = pred["latency_s"][w]
+                if not math.isfinite(lat):
+                    raise InputError("running plan", "latency", f"a plan that carries the "
+                                     f"problem's targets (workflow {w} is saturated); give "
+                                     "latency_bound_s", lat)
+                bounds[w] = cfg.bound_factor * lat
+        self.bounds: Mapping[str, float] = MappingProxyType(dict(sorted(bounds.items())))
+        cap = min(problem.options.max_utilisation, cfg.up_utilisation)
+        self.problem = replace(problem, options=replace(
+            problem.options, latency_bound_s=dict(self.bounds), max_utilisation=cap))
+        self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
+                            for w in problem.targets}
+        self.below = 0  # consecutive windows with every LLM below down_utilisation
+
+    @property
+    def placed(self) -> PlacedPlan:
+        """The running plan."""
+        return self._placed
+
+    @property
+    def allocation(self) -> Allocation:
+        alloc = self._placed.plan.allocation
+        assert alloc is not None
+        return alloc
+
+    def _predict(self, problem: PlanningProblem, alloc: Allocation,
+                 rates: Mapping[str, float]) -> dict[str, Any]:
+        p = predict(problem.stats, problem.models, alloc, problem.latency, dict(rates),
+                    catalog=problem.catalog, policy=problem.policy)
+        return {"latency_s": {w: float(x.mean_latency_s) for w, x in sorted(p.workflows.items())},
+                "utilisation": {m: float(x.utilisation) for m, x in sorted(p.llms.items())}}
+
+    def observe(self, w: WindowStats) -> Decision:
+        """Take one window's telemetry and decide (module docstring). The decision is at
+        ``w.end_s``; nothing changes until :meth:`commit`."""
+        cfg = self.config
+        observed = {wf: float(w.workflow_rates.get(wf, 0.0)) for wf in self.forecasters}
+        for wf, f in self.forecasters.items():
+            f.update(observed[wf])
+        forecast = {wf: f.peak(cfg.horizon) for wf, f in self.forecasters.items()}
+        target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom)) for wf, x in forecast.items()}
+        now = self._predict(self.problem, self.allocation, target)
+        util, lat = now["utilisation"], now["latency_s"]
+        over = sorted(m for m, u in util.items() if u > cfg.up_utilisation)
+        late = sorted(wf for wf, x in lat.items() if x > self.bounds[wf])
+
+        def decide(action: Action, reason: str, rp: Replan | None = None,
+                   after: Mapping[str, Any] | None = None) -> Decision:
+            started = rp is not None and rp.ok and bool(rp.started or rp.moved)
+            return Decision(w.end_s, action, reason, observed, forecast, now, after, rp,
+                            cfg.startup_s if started else 0.0)
+
+        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)")
+        if over or late:
+            self.below = 0
+            why = "; ".join(
+                [f"{m} utilisation {util[m]:.2f} > {cfg.up_utilisation:g}" for m in over]
+                + [f"{wf} latency {lat[wf]:.3g} s > bound {self.bounds[wf]:.3g} s"
+                   for wf in late]) + f" {at}"
+            return self._change("scale-up", why, target, decide)
+        if all(u < cfg.down_utilisation for u in util.values()):
+            self.below += 1
+            if self.below < cfg.hold_windows:
+                return decide("keep", f"every LLM below {cfg.down_utilisation:g} {at} for "
+                              f"{self.below}/{cfg.hold_windows} windows")
+            why = (f"every LLM below {cfg.down_utilisation:g} {at} for {self.below} windows "
+                   f"(max {max(util.values(), default=0.0):.2f})")
+            return self._change("scale-down", why, target, decide)
+        self.below = 0
+        return decide("keep", f"within the band [{cfg.down_utilisation:g}, "
+                      f"{cfg.up_utilisation:g}] and the latency bounds {at}")
+
+    def _change(self, action: Action, why: str, target: Mapping[str, float],
+                decide: Any) -> Decision:
+        """Re-plan the running plan to ``target`` (module docstring) for ``action``."""
+        cfg = self.config
+        events = [LoadChanged(wf, target=t) for wf, t in sorted(target.items())]
+        rp = replan(self.problem, self.topology, self._placed, events, objective=cfg.objective)
+        note = ""
+        if not rp.ok and action == "scale-up" and cfg.objective != "min-latency":
+            rp = replan(self.problem, self.topology, self._placed, events,
+                        objective="min-latency")
+            note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
+        if not rp.ok and action == "scale-up" and rp.status == "infeasible":
+            rp = replan(self.problem, self.topology, self._placed, events,
+                        objective="max-throughput")
+            note = " (the cluster cannot carry the target: the most it carries of its mix)"
+        if not rp.ok or rp.placed.plan.allocation is None:
+            return decide("replan-failed", f"{why}; re-plan {rp.status}: "
+                          f"{rp.placed.reason or 'no plan'}", rp)
+        new = rp.placed.plan.allocation
+        after = self._predict(self.problem, new, target)
+        if not (rp.started or rp.stopped or rp.moved):
+            return decide("keep", f"{why}; the re-plan keeps the running plan", None)
+        if action == "scale-down" and new.gpus() >= self.allocation.gpus() - 1e-9:
+            return decide("keep", f"{why}; the cheapest plan within the bounds uses no fewer "
+                          f"GPUs ({new.gpus():g})", None)
+        return decide(action, f"{why}; re-plan: {len(rp.started)} started, {len(rp.stopped)} "
+                      f"stopped, {len(rp.moved)} moved, {self.allocation.gpus():g} -> "
+                      f"{new.gpus():g} GPUs{note}", rp, after)
+
+    def commit(self, d: Decision) -> None:
+        """The change of ``d`` was applied: its plan becomes the running one (a decision
+        without one changes nothing)."""
+        if d.replan is not None and d.replan.ok and d.action in ("scale-up", "scale-down"):
+            self._placed = d.replan.placed
+            self.below = 0
