@@ -60,14 +60,21 @@ def url_word(text: str) -> str:
                    for c in text)
 
 
+def replica_word(r: ReplicaLaunch) -> str:
+    """Replica ``r`` as one URL word: ``LLM-REPLICA`` (the server name of the other targets),
+    the LLM's name escaped by :func:`url_word` (the number after the last ``-`` is the
+    replica, so no two replicas share a word)."""
+    return f"{url_word(r.llm)}-{r.replica}"
+
+
 def app_name(plan: LaunchPlan, r: ReplicaLaunch) -> str:
     """The Serve application of replica ``r``: ``scepsy:PLAN:LLM-REPLICA`` (escaped)."""
-    return f"{APP_PREFIX}:{url_word(plan.name)}:{url_word(r.name)}"
+    return f"{APP_PREFIX}:{url_word(plan.name)}:{replica_word(r)}"
 
 
 def route_prefix(plan: LaunchPlan, r: ReplicaLaunch) -> str:
     """Where the Serve proxy routes replica ``r``'s application: ``/scepsy/PLAN/LLM-REPLICA``."""
-    return f"/{APP_PREFIX}/{url_word(plan.name)}/{url_word(r.name)}"
+    return f"/{APP_PREFIX}/{url_word(plan.name)}/{replica_word(r)}"
 
 
 def proxy_url(plan: LaunchPlan) -> str:
