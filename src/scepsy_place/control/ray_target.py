@@ -37,12 +37,12 @@ from typing import Any
 import httpx
 
 from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
-from scepsy_place.launch.ray import llm_config, proxy_host
+from scepsy_place.launch.ray import SERVE_ACTORS_ON_CPU, llm_config, proxy_host
 
 NAME = "ray"
 APP_PREFIX = "scepsy"
 CANCEL_WAIT_S = 30.0
-NO_CPU: Mapping[str, Any] = {"ray_actor_options": {"num_cpus": 0}}
+NO_CPU: Mapping[str, Any] = {"ray_actor_options": SERVE_ACTORS_ON_CPU}
 """Deployment options of Serve's own actors of a replica's application (module docstring)."""
 
 _PLAIN = re.compile(r"[A-Za-z0-9._-]")
