@@ -101,6 +101,37 @@ def test_cpu_configs_bundle_cores() -> None:
     # one rank: the engine in one process, as the shell target runs it (docs/launch.md)
     assert cfg["runtime_env"] == {"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2",
                                                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}}
+    assert cfg["deployment_config"] == {"num_replicas": 1,
+                                        "ray_actor_options": {"num_cpus": 0}}
+
+
+def _cpus_asked(app_args: dict) -> float:
+    """CPUs Ray reserves for an application of Ray Serve LLM: every replica's engine bundles
+    plus its replica actor, plus the ingress (Ray Serve LLM's default: 1 CPU per actor)."""
+    total = float(app_args.get("ingress_deployment_config", {})
+                  .get("ray_actor_options", {}).get("num_cpus", 1))
+    for cfg in app_args["llm_configs"]:
+        dep = cfg["deployment_config"]
+        actor = dep.get("ray_actor_options", {}).get("num_cpus", 1)
+        engine = sum(b.get("CPU", 0.0) for b in cfg["placement_group_config"]["bundles"])
+        total += dep["num_replicas"] * (engine + actor)
+    return total
+
+
+def test_a_cpu_application_asks_ray_for_the_planned_cores_only() -> None:
+    """Serve's own actors ask for no CPU on a CPU plan: a cluster of the plan's cores
+    (``ray start --num-cpus 2`` for two one-core replicas) schedules every replica and the
+    ingress, where Ray Serve LLM's defaults (1 CPU each) would ask for 5."""
+    plan = cpu_plan()
+    args = serve(plan)["applications"][0]["args"]
+    planned = sum(r.share * r.tp for r in plan.replicas)
+    assert planned == 2.0 and _cpus_asked(args) == pytest.approx(planned)
+    assert args["ingress_deployment_config"] == {"ray_actor_options": {"num_cpus": 0}}
+    # the GPU plan keeps Ray Serve LLM's defaults (its cores are not what the plan shares)
+    gpu_args = serve(gpu_plan())["applications"][0]["args"]
+    assert "ingress_deployment_config" not in gpu_args
+    assert all("ray_actor_options" not in c["deployment_config"]
+               for c in gpu_args["llm_configs"])
 
 
 def test_exact_fields_and_parse_checks_bundles() -> None:

@@ -16,7 +16,10 @@ of the plan (fields of ``ray.serve.llm.LLMConfig``):
   on a CPU plan ``{CPU: share}``) with ``STRICT_PACK``, so a replica's workers share one node;
 * ``accelerator_type`` where the plan's GPU names one of Ray's accelerator types;
 * ``runtime_env.env_vars``: the engine's and the model's environment (and, as the other
-  targets, the MPS client limits below a whole GPU, or the KV-cache size on a CPU).
+  targets, the MPS client limits below a whole GPU, or the KV-cache size on a CPU);
+* on a CPU plan, ``deployment_config.ray_actor_options`` and the application's
+  ``ingress_deployment_config`` ask for no CPU (:data:`SERVE_ACTORS_ON_CPU`): the plan's cores
+  go to the engines' bundles.
 
 Ray chooses the nodes and GPUs itself: only ``tp`` and ``share`` are exact; the plan's node
 and GPU indices are not expressed. ``routes.json`` sends each LLM to the Serve proxy (which runs
@@ -48,6 +51,11 @@ RAY_ACCELERATORS = (
     "V100", "P100", "T4", "P4", "K80", "A10G", "L4", "L40S", "A100", "H100", "H200", "H20",
     "B200", "B300", "GB200", "GB300", "RTX-PRO-6000", "A100-40G", "A100-80G")
 """Ray 2.60.0's NVIDIA accelerator types (``ray.util.accelerators``; a test compares)."""
+
+SERVE_ACTORS_ON_CPU = {"num_cpus": 0}
+"""``ray_actor_options`` of Serve's own actors (each LLM's replica actor, the OpenAI ingress)
+on a CPU plan: Ray Serve LLM's default of 1 CPU each is added to the planned cores, so a
+one-core replica would ask for 3 and a cluster of the plan's cores never schedules its ingress."""
 
 RESERVED = ("model", "served_model_name", "tensor_parallel_size", "host", "port")
 """Engine arguments the target sets itself (Ray Serve LLM refuses the first two)."""
@@ -133,9 +141,12 @@ def llm_config(plan: LaunchPlan, llm: str) -> dict[str, Any]:
                              "sets itself", "--" + k.replace("_", "-"))
         kwargs[k] = v
     bundle = {"GPU" if kind == "cuda" else "CPU": float(r.share)}
+    deployment: dict[str, Any] = {"num_replicas": len(reps)}
+    if kind == "cpu":
+        deployment["ray_actor_options"] = dict(SERVE_ACTORS_ON_CPU)
     cfg: dict[str, Any] = {
         "model_loading_config": {"model_id": llm, "model_source": model.serve},
-        "deployment_config": {"num_replicas": len(reps)},
+        "deployment_config": deployment,
         "engine_kwargs": kwargs,
         "placement_group_config": {"bundles": [dict(bundle) for _ in range(r.tp)],
                                    "strategy": STRATEGY},
@@ -161,11 +172,13 @@ def proxy_host(plan: LaunchPlan) -> str:
 def serve_config(plan: LaunchPlan) -> dict[str, Any]:
     """The whole ``serve.yaml`` as plain data."""
     llms = sorted({r.llm for r in plan.replicas})
+    args: dict[str, Any] = {"llm_configs": [llm_config(plan, m) for m in llms]}
+    if any(plan.device_of(r.node).kind == "cpu" for r in plan.replicas):
+        args["ingress_deployment_config"] = {"ray_actor_options": dict(SERVE_ACTORS_ON_CPU)}
     return {"proxy_location": "EveryNode",
             "http_options": {"host": proxy_host(plan), "port": plan.engine.base_port},
             "applications": [{"name": f"scepsy-{plan.name}", "route_prefix": "/",
-                              "import_path": IMPORT_PATH,
-                              "args": {"llm_configs": [llm_config(plan, m) for m in llms]}}]}
+                              "import_path": IMPORT_PATH, "args": args}]}
 
 
 def _dump(data: Any) -> str:
