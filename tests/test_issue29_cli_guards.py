@@ -127,6 +127,12 @@ def test_a_refused_write_names_the_path_and_leaves_nothing(tmp_path, monkeypatch
     assert target.read_text() == "earlier\n" and sorted(tmp_path.iterdir()) == [target]
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def test_ctrl_c_during_plan_exits_130_without_traceback_or_output(tmp_path):
     out = tmp_path / "plan.json"
     proc = subprocess.Popen(
@@ -134,7 +140,12 @@ def test_ctrl_c_during_plan_exits_130_without_traceback_or_output(tmp_path):
          "plan", "--workflow", str(REPO / "datasets/workflows/rag-beam.yaml"), "--cluster",
          str(A16), "--target", "0.6", "--trace-requests", "20000", "--out", str(out)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)  # past the imports, inside the planning (20000 requests take a minute)
+    # past `from scepsy.cli import main` (under a second of CPU), inside the command's imports or
+    # its planning (20000 requests take a minute): waited for in CPU time, which a loaded
+    # machine does not shorten as it does wall time
+    deadline = time.monotonic() + 120
+    while _cpu_s(proc.pid) < 2.5 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err

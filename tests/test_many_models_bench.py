@@ -18,7 +18,8 @@ def run(tmp: Path, *args: str) -> tuple[int, dict]:
 
 
 def test_two_copies_are_planned_at_or_above_their_replication_floor(tmp_path):
-    code, res = run(tmp_path, "--sizes", "16x32,32x64", "--time-limit", "8",
+    # 15 s: 8 s left a loaded 2-core machine (a test run beside other work) below the floor
+    code, res = run(tmp_path, "--sizes", "16x32,32x64", "--time-limit", "15",
                     "--no-min-latency")
     assert code == 0 and res["problems"] == []
     one, two = res["rows"]
@@ -27,7 +28,7 @@ def test_two_copies_are_planned_at_or_above_their_replication_floor(tmp_path):
         assert row["status"] == "placed"
         assert 0 < row["scale"] <= row["bound"]
         assert row["gap"] == row["bound"] / row["scale"] - 1
-        assert row["wall_s"] <= 8 * 1.1 + 1
+        assert row["wall_s"] <= 15 * 1.1 + 1
 
 
 def test_a_plan_below_its_floor_is_reported_as_a_problem(tmp_path, monkeypatch):

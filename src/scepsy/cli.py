@@ -78,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser(argv).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed (2)
         return int(exc.code or 0)
+    except KeyboardInterrupt:  # Ctrl-C while the command's modules load: nothing written
+        return _interrupted()
     from scepsy_common.errors import InputError
 
     try:
@@ -90,9 +92,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:  # Ctrl-C: every write is atomic, so nothing is half-written
-        print(f"scepsy: interrupted; nothing more was written (exit {EXIT_INTERRUPTED})",
-              file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return _interrupted()
+
+
+def _interrupted() -> int:
+    print(f"scepsy: interrupted; nothing more was written (exit {EXIT_INTERRUPTED})",
+          file=sys.stderr)
+    return EXIT_INTERRUPTED
 
 
 def _one_line(text: str) -> str:
@@ -362,6 +368,25 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
                       help="keep the plan, the launch folder, the model folders and the servers' "
                       "logs under --out (default: only the results and the measured trace)")
     loop.add_argument("--json", action="store_true", help="print the results JSON")
+    ctl = loop.add_argument_group("the controller (docs/control.md)")
+    ctl.add_argument("--control", action="store_true",
+                     help="plan the cheapest deployment within 1.5x the fastest plan's latency, "
+                     "serve it behind a gateway, step the load up mid-run and let scepsy "
+                     "control add capacity")
+    ctl.add_argument("--step-at", type=POSITIVE, default=90.0, metavar="S",
+                     help="with --control: when the load steps up, s (default %(default)s)")
+    ctl.add_argument("--step-factor", type=POSITIVE, default=3.0, metavar="F",
+                     help="with --control: the rate after the step, times the rate before "
+                     "(default %(default)s)")
+    ctl.add_argument("--window", type=POSITIVE, default=10.0, metavar="S",
+                     help="with --control: the controller's window, s (default %(default)s)")
+    ctl.add_argument("--startup-s", type=POSITIVE, metavar="S",
+                     help="with --control: the start-up time the controller plans with "
+                     "(default: the time the loop's own servers took to answer /health)")
+    ctl.add_argument("--priority", choices=("fcfs", "las"), default="fcfs",
+                     help="with --control: the gateway's priority policy (las needs the "
+                     "servers' --scheduling-policy priority, which --control sets; default "
+                     "%(default)s)")
     loop.set_defaults(func=_cmd_bench_loop)
 
 
@@ -706,11 +731,28 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
             engine_python=args.engine_python, max_model_len=args.max_model_len,
             call_timeout_s=args.timeout_s, seed=args.seed, out=str(args.out), keep=args.keep,
             overheads=None if args.overheads is None else str(args.overheads),
-            max_drive_s=args.max_drive_s)
+            max_drive_s=args.max_drive_s, control=_control_loop(args))
     except InputError as exc:
         _loop_usage(exc)
     with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
         return _loop_report(lambda: api.bench_loop(options, say=_say), args)
+
+
+def _control_loop(args: argparse.Namespace) -> Any:
+    """``bench loop``'s controller options (None without --control; refused without it)."""
+    from scepsy_place.control.realloop import ControlLoop
+
+    if not args.control:
+        given = [f for f, v in (("--step-at", args.step_at != 90.0),
+                                ("--step-factor", args.step_factor != 3.0),
+                                ("--window", args.window != 10.0),
+                                ("--startup-s", args.startup_s is not None),
+                                ("--priority", args.priority != "fcfs")) if v]
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --control")
+        return None
+    return ControlLoop(step_at_s=args.step_at, step_factor=args.step_factor,
+                       window_s=args.window, startup_s=args.startup_s, priority=args.priority)
 
 
 def _loop_usage(exc: Exception) -> None:

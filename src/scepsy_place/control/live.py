@@ -114,9 +114,11 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
                        health_timeout_s: float = 900.0,
                        metrics: ControlMetrics | None = None,
                        client: httpx.AsyncClient | None = None,
-                       on_decision: Callable[[Decision], None] | None = None) -> LoopResult:
+                       on_decision: Callable[[Decision], None] | None = None,
+                       on_plan: Callable[[LaunchPlan], None] | None = None) -> LoopResult:
     """Run windows of ``window_s`` until ``stop`` is set (module docstring). ``target`` None
-    (or ``dry_run``): decisions are logged, nothing is changed."""
+    (or ``dry_run``): decisions are logged, nothing is changed. ``on_decision`` sees every
+    decision; ``on_plan`` every launch plan a change made the running one."""
     res = LoopResult()
     own = client is None
     http = client if client is not None else httpx.AsyncClient(trust_env=False)
@@ -183,6 +185,8 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
                 if out.ok:
                     controller.commit(d)
                     plan = out.plan
+                    if on_plan is not None:
+                        on_plan(plan)
                     tel.set_replicas(replica_urls(plan, target))
                     res.applied += 1
                     res.moves += d.moves

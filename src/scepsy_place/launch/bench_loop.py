@@ -61,6 +61,7 @@ from scepsy_common.files import atomic_write_text, read_json
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.traces import write_trace
 from scepsy_opt.workload import load_specs
+from scepsy_place.control.realloop import ControlLoop, drive_under_control, running_controller
 from scepsy_place.launch import apply as launch_apply
 from scepsy_place.launch.drive import DriveProgress, DriveResult, drive
 from scepsy_place.launch.model import LaunchPlan
@@ -181,7 +182,9 @@ FLAGS = {"requests": "--requests", "rate": "--rate", "load": "--load", "tps": "-
          "call_timeout_s": "--timeout-s", "out": "--out", "targets": "--rate",
          "engine_python": "--engine-python", "trace_requests": "--requests",
          "curves": "--curves", "profile_budget_s": "--profile-budget",
-         "overheads": "--overheads", "max_drive_s": "--max-drive-s"}
+         "overheads": "--overheads", "max_drive_s": "--max-drive-s",
+         "step_at_s": "--step-at", "step_factor": "--step-factor", "window_s": "--window",
+         "startup_s": "--startup-s", "priority": "--priority"}
 """Library fields and sources of the loop's errors, and the options of ``scepsy bench loop``
 that set them."""
 
@@ -247,6 +250,11 @@ class LoopOptions:
     max_drive_s: float = 300.0
     """The longest the default drive may take (its requests' arrivals at the target rate):
     with ``requests`` None, fewer requests where :data:`DEFAULT_REQUESTS` would take longer."""
+    control: ControlLoop | None = None
+    """Run the controller (:mod:`scepsy_place.control.realloop`): the plan is the cheapest
+    that keeps each workflow within ``BOUND_FACTOR`` times its minimum-latency prediction at
+    the target rate (so that there is room to add capacity), the servers run behind a gateway,
+    the load steps up mid-run and ``scepsy control``'s loop changes the deployment."""
 
     def __post_init__(self) -> None:
         if self.requests is not None and not (_is_int(self.requests) and self.requests >= 1):
@@ -384,6 +392,9 @@ class LoopResult:
     ``{"llms": ...}``, which ``scepsy predict`` reads): on a CPU, the servers as they run,
     taking turns on shared cores (:func:`~scepsy_place.launch.time_sliced.running_allocation`);
     None: the plan's."""
+    control: Mapping[str, Any] | None = None
+    """With ``LoopOptions.control``: what the controller did
+    (:meth:`~scepsy_place.control.realloop.ControlRun.to_dict`)."""
 
     @property
     def clean(self) -> bool:
@@ -407,7 +418,8 @@ class LoopResult:
                 "out": self.out, "files": dict(self.files),
                 "curves": None if self.curves is None else self.curves.to_dict(),
                 "predicted_as": None if self.predicted_as is None else dict(self.predicted_as),
-                "requests": self.requests, "predicted_drive_s": self.predicted_drive_s}
+                "requests": self.requests, "predicted_drive_s": self.predicted_drive_s,
+                "control": None if self.control is None else dict(self.control)}
 
 
 # ---------------------------------------------------------------------------------- pieces
@@ -1198,6 +1210,29 @@ class _Clocked:
             self(f"{name}: {'done' if ok else 'stopped'} after {time.monotonic() - t0:.1f} s")
 
 
+BOUND_FACTOR = 1.5
+"""With the controller: each workflow's latency bound, times its minimum-latency prediction at
+the target rate (the controller keeps the plan within it, :class:`ControlConfig`)."""
+
+
+def _control_plan(planning: Planning, specs: Sequence[Any], topology: Any, rate: float,
+                  fastest: Any, options: LoopOptions, common: Mapping[str, Any],
+                  tell: Callable[[str], None]) -> Any:
+    """The controlled run's first plan: the cheapest that keeps every workflow within
+    :data:`BOUND_FACTOR` times its latency in ``fastest`` (the minimum-latency plan) at
+    ``rate``, so that the cluster has room for the controller to add capacity."""
+    pred = planning.predict(specs, fastest.placed.plan.allocation, rate, **common)
+    bounds = {w: BOUND_FACTOR * p.mean_latency_s for w, p in pred.workflows.items()}
+    tell("planning: the cheapest plan within "
+         + ", ".join(f"{w} {b:.2f} s" for w, b in sorted(bounds.items())))
+    res = planning.plan(specs, topology, rate, objective="min-cost", latency_bound_s=bounds,
+                        tps=options.tps, shares=options.shares, **common)
+    if res.allocation is None:
+        raise InputError(SOURCE, "plan", f"a placed min-cost plan at {rate:.3g} req/s "
+                         f"(status {res.plan.status})")
+    return res
+
+
 def run_loop(options: LoopOptions, planning: Planning,
              say: Callable[[str], None] | None = None) -> LoopResult:
     """Plan, launch, drive, stop and compare (module docstring); ``say`` gets a line at the
@@ -1221,7 +1256,7 @@ def run_loop(options: LoopOptions, planning: Planning,
     running: Allocation | None = None
     state: dict[str, Any] = {"rate": 0.0, "max": None, "alloc": {}, "servers": 0, "drive": None,
                              "pred": None, "pred_m": None, "cmp": None, "ports": (),
-                             "server": None, "curves": None, "as": None}
+                             "server": None, "curves": None, "as": None, "control": None}
     launch_dir = work / "launch"
     started = False
     error: str | None = None
@@ -1271,6 +1306,8 @@ def run_loop(options: LoopOptions, planning: Planning,
             if res.allocation is None:
                 raise InputError(SOURCE, "plan", f"a placed allocation at {rate:.3g} req/s "
                                  f"(status {res.plan.status}); lower --rate or --load")
+            if options.control is not None:
+                res = _control_plan(planning, specs, topology, rate, res, options, common, tell)
             doc = res.to_dict(timings=False)
             state["alloc"] = doc["allocation"]["llms"]
             running = running_allocation(doc, options.device)  # what the predictions are of
@@ -1296,6 +1333,9 @@ def run_loop(options: LoopOptions, planning: Planning,
             make_args = gpu_engine_args if cuda else cpu_engine_args
             args = options.engine_args if options.engine_args is not None else make_args(
                 options.max_model_len, options.max_num_seqs)
+            if options.control is not None and options.control.priority == "las":
+                # the gateway's per-call priorities are read only under this policy
+                args = (*args, "--scheduling-policy", "priority")
             nodes = sorted({i["node"] for i in doc["placement"]["instances"]})
             n_servers = len(doc["placement"]["instances"])
             env = {k: v for k, v in engine_environment(
@@ -1320,8 +1360,10 @@ def run_loop(options: LoopOptions, planning: Planning,
             started = True
             with tell.stage("launch", lambda: f"waiting for {len(plan.replicas)} server(s) "
                             "to answer /health"):
+                t_up = time.monotonic()
                 for node in plan.node_names():
                     launch_apply.apply(launch_dir, node)
+                up_s = time.monotonic() - t_up
             timings["launch_s"] = time.monotonic() - t0
             before = server_metrics(plan)
 
@@ -1331,10 +1373,24 @@ def run_loop(options: LoopOptions, planning: Planning,
             timeout = ReplayTimeouts(connect_s=10.0, stall_s=min(60.0, options.call_timeout_s),
                                      call_s=options.call_timeout_s)
             with tell.stage("drive", progress.line):
-                result: DriveResult = drive(
-                    specs, routes, rate=rate, requests=n_requests, seed=options.seed,
-                    max_in_flight=options.max_in_flight, timeouts=timeout,
-                    deadline_s=n_requests / rate * 3 + 120, progress=progress)
+                if options.control is None:
+                    result: DriveResult = drive(
+                        specs, routes, rate=rate, requests=n_requests, seed=options.seed,
+                        max_in_flight=options.max_in_flight, timeouts=timeout,
+                        deadline_s=n_requests / rate * 3 + 120, progress=progress)
+                else:
+                    startup = (options.control.startup_s if options.control.startup_s
+                               is not None else up_s)
+                    result, ctl = drive_under_control(
+                        control=options.control, specs=specs, plan=plan,
+                        launch_dir=launch_dir, work=work, startup_s=startup,
+                        controller=running_controller(res.problem, res.topology or topology,
+                                                      res.placed, options.control, startup),
+                        rate=rate, requests=n_requests, seed=options.seed,
+                        max_in_flight=options.max_in_flight, timeouts=timeout,
+                        health_timeout_s=options.health_timeout_s, progress=progress,
+                        say=tell)
+                    state["control"] = ctl.to_dict()
             state["drive"] = result.to_dict()
             timings["drive_s"] = time.monotonic() - t0
             state["server"] = server_terms(before, server_metrics(plan))
@@ -1390,7 +1446,7 @@ def run_loop(options: LoopOptions, planning: Planning,
                       interrupted=interrupted, out=str(out), files=files,
                       curves=state["curves"], predicted_as=state["as"], requests=n_requests,
                       predicted_drive_s=None if n_requests is None or not state["rate"]
-                      else n_requests / state["rate"])
+                      else n_requests / state["rate"], control=state["control"])
     results = out / "results.json"
     loop = replace(loop, files={**files, "results": str(results)})
     if not options.keep and raised is None and error is None:
