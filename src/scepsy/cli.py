@@ -370,7 +370,7 @@ def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
     loop.add_argument("--json", action="store_true", help="print the results JSON")
     ctl = loop.add_argument_group("the controller (docs/control.md)")
     ctl.add_argument("--control", action="store_true",
-                     help="plan the cheapest deployment within 1.5x the fastest plan's latency, "
+                     help="plan the cheapest deployment within 2.5x the fastest plan's latency, "
                      "serve it behind a gateway, step the load up mid-run and let scepsy "
                      "control add capacity")
     ctl.add_argument("--step-at", type=POSITIVE, default=90.0, metavar="S",

@@ -203,7 +203,7 @@ def drive_under_control(*, control: ControlLoop, specs: Sequence[WorkflowSpec],
     routes = load_routes(launch_dir / "routes.json")
     record = RecordConfig(out=work / GATEWAY_TRACE, routed=True,
                           timeout_s=timeouts.call_s)
-    target = ShellTarget(work / "control-run")
+    target = ShellTarget(launch_dir / "run")  # where start.sh keeps its pid files
     log_path = work / CONTROL_LOG
     rows: list[dict[str, Any]] = []
     stepped = rate * control.step_factor

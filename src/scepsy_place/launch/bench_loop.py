@@ -1210,7 +1210,7 @@ class _Clocked:
             self(f"{name}: {'done' if ok else 'stopped'} after {time.monotonic() - t0:.1f} s")
 
 
-BOUND_FACTOR = 1.5
+BOUND_FACTOR = 2.5
 """With the controller: each workflow's latency bound, times its minimum-latency prediction at
 the target rate (the controller keeps the plan within it, :class:`ControlConfig`)."""
 
