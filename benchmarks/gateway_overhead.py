@@ -1,7 +1,8 @@
 """What the routing gateway (``scepsy record --routes``) adds to a call: the same client sends N
 sequential calls to a fast loopback upstream directly and through the gateway (the real command,
 in its own process, routes of two endpoints, ``--priority las``), non-streamed and streamed; the
-overhead is the gateway's median (p90) minus the direct one. The plain recording proxy
+overhead is the gateway's median (p90) minus the direct one; the CPU time the gateway process
+spends per call is measured too (it does not depend on how busy the machine's cores are). The plain recording proxy
 (``scepsy record --upstream``) runs beside it, so the table also shows what routing adds to
 recording.
 
@@ -119,6 +120,12 @@ def _start(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]
     return proc, line.split("listening on ")[1].split(";")[0]
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _q(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[int(q * 100) - 1]
 
@@ -188,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
                 kind = "streaming" if stream else "non-streaming"
                 print(f"{kind}: {args.calls} calls each way after {args.warmup} warm-up",
                       file=sys.stderr, flush=True)
+                cpu0 = {"record": _cpu_s(rec.pid), "routed": _cpu_s(gw.pid)}
                 res = asyncio.run(_measure(urls, args.calls, args.warmup, stream))
+                n = args.calls + args.warmup
+                cpu = {k: 1e3 * (_cpu_s(proc.pid) - cpu0[k]) / n
+                       for k, proc in (("record", rec), ("routed", gw))}
                 raw[kind] = res
                 d, r, p = res["direct"], res["record"], res["routed"]
                 med = {k: statistics.median(v) for k, v in res.items()}
@@ -201,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                     "record_overhead_p50_ms": round(1e3 * (med["record"] - med["direct"]), 3),
                     "routing_over_record_p50_ms": round(1e3 * (med["routed"] - med["record"]),
                                                         3),
-                    "record_overhead_p90_ms": round(1e3 * (_q(r, 0.9) - _q(d, 0.9)), 3)})
+                    "record_overhead_p90_ms": round(1e3 * (_q(r, 0.9) - _q(d, 0.9)), 3),
+                    "record_cpu_ms_per_call": round(cpu["record"], 3),
+                    "gateway_cpu_ms_per_call": round(cpu["routed"], 3)})
             own = _gateway_overhead(routed)
         finally:
             for proc in procs:
