@@ -178,7 +178,7 @@ def test_weights_respected_under_concurrent_load(tmp_path):
 
 
 def test_least_loaded_sends_calls_past_a_slow_endpoint(tmp_path):
-    with Upstream(1.0) as slow, Upstream(0.0) as fast, \
+    with Upstream(2.0) as slow, Upstream(0.0) as fast, \
             gateway(tmp_path, routes_doc([(slow, 0.5), (fast, 0.5)])) as url:
         async def run() -> None:
             async with aiohttp.ClientSession() as s:
