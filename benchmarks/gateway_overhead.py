@@ -1,7 +1,8 @@
 """What the routing gateway (``scepsy record --routes``) adds to a call: the same client sends N
 sequential calls to a fast loopback upstream directly and through the gateway (the real command,
 in its own process, routes of two endpoints, ``--priority las``), non-streamed and streamed; the
-overhead is the gateway's median (p90) minus the direct one. The plain recording proxy
+overhead is the gateway's median (p90) minus the direct one; the CPU time the gateway process
+spends per call is measured too (it does not depend on how busy the machine's cores are). The plain recording proxy
 (``scepsy record --upstream``) runs beside it, so the table also shows what routing adds to
 recording.
 
@@ -35,8 +36,9 @@ from aiohttp import web
 from scepsy_opt.traces import read_trace
 
 TARGET_MS = 1.0
-BLOCK = 50
-"""Calls per block; direct and routed blocks alternate."""
+BLOCK = 10
+"""Calls per block; direct, proxy and gateway blocks alternate (small blocks: a burst of
+other work on the machine hits all three alike)."""
 
 
 def _upstream(port_q: mp.Queue, chunks: int) -> None:
@@ -119,6 +121,12 @@ def _start(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]
     return proc, line.split("listening on ")[1].split(";")[0]
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _q(xs: list[float], q: float) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[int(q * 100) - 1]
 
@@ -146,6 +154,37 @@ def _gateway_overhead(url: str) -> dict[str, float]:
                                          4) if n else float("nan")}
 
 
+def _routing_us(priority: str, n: int = 20_000) -> float:
+    """The gateway's own work per call, in this process, microseconds: choose the endpoint,
+    set the priority, serialise the body again, count it in flight and release it (no network;
+    the counts at its end are left out)."""
+    from types import SimpleNamespace
+
+    from multidict import CIMultiDict
+
+    from scepsy_opt.ingest.record import RecordConfig, _Call
+    from scepsy_place.control.gateway import Gateway, GatewayConfig
+    from scepsy_place.launch.routes import parse_routes
+
+    doc = {"version": 1, "workflows": {"bench": {"m": [
+        {"url": f"http://127.0.0.1:{p}/v1", "model": "m", "weight": 0.5} for p in (1, 2)]}}}
+    with tempfile.TemporaryDirectory() as tmp:
+        gw = Gateway(GatewayConfig(record=RecordConfig(out=Path(tmp) / "t.jsonl", routed=True),
+                                   routes=parse_routes(doc, "routes"),
+                                   priority=priority))  # type: ignore[arg-type]
+        req = SimpleNamespace(headers=CIMultiDict({"X-Scepsy-Workflow": "bench"}))
+        body0 = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        t0 = time.perf_counter()
+        for i in range(n):
+            call = _Call("bench", f"r{i // 10}", f"c{i % 10}", "m", None, 0.0, False)
+            body = dict(body0)
+            up = gw._upstream(req, body, call)  # type: ignore[arg-type]
+            if up.changed:
+                json.dumps(body).encode()
+            up.release()
+        return 1e6 * (time.perf_counter() - t0) / n
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calls", type=int, default=2000)
@@ -165,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     ports = port_q.get(timeout=60)
     direct = f"http://127.0.0.1:{ports[0]}"
     rows, raw = [], {}
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         routes = Path(tmp) / "routes.json"
         routes.write_text(json.dumps({"version": 1, "workflows": {"bench": {"m": [
@@ -188,7 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                 kind = "streaming" if stream else "non-streaming"
                 print(f"{kind}: {args.calls} calls each way after {args.warmup} warm-up",
                       file=sys.stderr, flush=True)
+                cpu0 = {"record": _cpu_s(rec.pid), "routed": _cpu_s(gw.pid)}
                 res = asyncio.run(_measure(urls, args.calls, args.warmup, stream))
+                n = args.calls + args.warmup
+                cpu = {k: 1e3 * (_cpu_s(proc.pid) - cpu0[k]) / n
+                       for k, proc in (("record", rec), ("routed", gw))}
                 raw[kind] = res
                 d, r, p = res["direct"], res["record"], res["routed"]
                 med = {k: statistics.median(v) for k, v in res.items()}
@@ -201,7 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                     "record_overhead_p50_ms": round(1e3 * (med["record"] - med["direct"]), 3),
                     "routing_over_record_p50_ms": round(1e3 * (med["routed"] - med["record"]),
                                                         3),
-                    "record_overhead_p90_ms": round(1e3 * (_q(r, 0.9) - _q(d, 0.9)), 3)})
+                    "record_overhead_p90_ms": round(1e3 * (_q(r, 0.9) - _q(d, 0.9)), 3),
+                    "record_cpu_ms_per_call": round(cpu["record"], 3),
+                    "gateway_cpu_ms_per_call": round(cpu["routed"], 3)})
             own = _gateway_overhead(routed)
         finally:
             for proc in procs:
@@ -212,17 +258,22 @@ def main(argv: list[str] | None = None) -> int:
             if trace.exists() else 0  # LLM calls, not the client's time between them
     expected = 2 * (args.calls + args.warmup)
     print(_table(rows))
-    print(f"\ngateway's own time to route a call (arrival to endpoint chosen): "
+    routing_us = _routing_us(args.priority)
+    print(f"\ngateway's routing work per call, in process (choice, priority, body, counts): "
+          f"{routing_us:.1f} us")
+    print(f"gateway's own time to route a call (arrival to endpoint chosen): "
           f"{own['mean_ms']} ms mean over {own['calls']:.0f} calls")
     print(f"calls recorded by the gateway: {recorded} (expected {expected}); priority "
-          f"{args.priority}; {os.cpu_count()} cores")
+          f"{args.priority}; {os.cpu_count()} cores, 1-min load average {load_before:.1f} "
+          f"before, {os.getloadavg()[0]:.1f} after")
     met = all(r["overhead_p50_ms"] < TARGET_MS for r in rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "rows": rows, "target_p50_ms": TARGET_MS, "target_met": met,
-        "gateway_route_mean_ms": own["mean_ms"], "recorded": recorded, "expected": expected,
+        "gateway_route_mean_ms": own["mean_ms"], "routing_us_per_call": round(routing_us, 2), "recorded": recorded, "expected": expected,
         "calls": args.calls, "warmup": args.warmup, "chunks": args.chunks,
         "priority": args.priority, "block": BLOCK, "cores": os.cpu_count(),
+        "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "samples_ms": {k: {n: [round(1e3 * x, 4) for x in v] for n, v in r.items()}
                        for k, r in raw.items()}}, indent=1) + "\n")
     print(f"wrote {args.out}")

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, run_cli
 from fakes.loop_thread import LoopThreadServer
+from scepsy_common.errors import InputError
 from scepsy_opt.ingest.record import RecordConfig
 from scepsy_opt.prediction.priority import las_level
 from scepsy_opt.traces import read_trace
@@ -177,7 +178,7 @@ def test_weights_respected_under_concurrent_load(tmp_path):
 
 
 def test_least_loaded_sends_calls_past_a_slow_endpoint(tmp_path):
-    with Upstream(1.0) as slow, Upstream(0.0) as fast, \
+    with Upstream(2.0) as slow, Upstream(0.0) as fast, \
             gateway(tmp_path, routes_doc([(slow, 0.5), (fast, 0.5)])) as url:
         async def run() -> None:
             async with aiohttp.ClientSession() as s:
@@ -365,7 +366,7 @@ def test_las_priorities_follow_the_tokens_of_finished_calls(tmp_path):
 
 def test_las_state_is_forgotten_after_idle(tmp_path):
     with Upstream() as a, gateway(tmp_path, routes_doc([(a, 1.0)]), priority="las",
-                                  las_idle_s=0.2, poll_s=0.05) as url, \
+                                  request_idle_s=0.2, poll_s=0.05) as url, \
             httpx.Client(base_url=url, timeout=10) as c:
         gw: Gateway = url._proxy  # type: ignore[attr-defined]
         c.post("/v1/chat/completions", json=call_body(), headers={"X-Scepsy-Request": "r"})
@@ -486,3 +487,27 @@ def test_las_gateway_in_front_of_a_real_vllm_with_priority_scheduling(tmp_path):
     calls = read_trace(tmp_path / "trace.jsonl").calls
     assert [(c.request_id, c.error, c.output_tokens) for c in calls] == [
         ("a", None, out), ("a", None, out), ("a", None, out), ("b", None, out)]
+
+
+def test_idle_requests_are_forgotten_by_the_recorder_too_and_call_ids_stay_unique(tmp_path):
+    with Upstream() as a, gateway(tmp_path, routes_doc([(a, 1.0)]), request_idle_s=0.2,
+                                  poll_s=0.05) as url, \
+            httpx.Client(base_url=url, timeout=10) as c:
+        gw: Gateway = url._proxy  # type: ignore[attr-defined]
+        c.post("/v1/chat/completions", json=call_body(), headers={"X-Scepsy-Request": "r"})
+        assert ("agent", "r") in gw._requests
+        time.sleep(0.5)
+        assert ("agent", "r") not in gw._requests and gw._active == {}
+        c.post("/v1/chat/completions", json=call_body(), headers={"X-Scepsy-Request": "r"})
+    calls = read_trace(tmp_path / "trace.jsonl").calls
+    assert [(c.call_id, c.parents) for c in calls] == [("c0", ()), ("c1", ())]
+
+
+def test_a_table_without_endpoints_is_refused(tmp_path):
+    with Upstream() as a, gateway(tmp_path, routes_doc([(a, 1.0)])) as url:
+        r = httpx.put(url + "/scepsy/routes", json={"version": 1, "workflows": {}}, timeout=10)
+        assert r.status_code == 400 and "workflows" in r.json()["error"]["message"]
+        assert state(url)["version"] == 1
+    with pytest.raises(InputError, match="at least one workflow"):
+        GatewayConfig(record=RecordConfig(out=tmp_path / "x.jsonl", routed=True),
+                      routes=parse_routes({"version": 1, "workflows": {"w": {}}}, "r"))

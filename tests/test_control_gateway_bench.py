@@ -31,5 +31,5 @@ def test_gateway_overhead_bench_runs_at_smoke_size(tmp_path):
     for kind in ("non-streaming", "streaming"):
         assert {k: len(v) for k, v in res["samples_ms"][kind].items()} == {
             "direct": 30, "record": 30, "routed": 30}
-    assert res["gateway_route_mean_ms"] > 0
+    assert res["gateway_route_mean_ms"] > 0 and res["routing_us_per_call"] > 0
     assert "overhead_p50_ms" in run.stdout and f"wrote {out}" in run.stdout

@@ -168,6 +168,22 @@ def test_to_json_omits_unset_optionals():
     assert "llm" not in d and "role" not in d and d["tool"] == "search" and d["parents"] == []
 
 
+@given(st.sampled_from([None, "gen"]), st.sampled_from([None, "plan"]),
+       st.lists(st.sampled_from(["c0", "c1", "c2"]), max_size=3, unique=True),
+       st.sampled_from([None, "upstream_503"]), st.integers(0, 10**6))
+def test_to_json_is_asdict_without_nones(llm, role, parents, error, tokens):
+    """The line the recorder writes per call is built from the fields directly (fast path):
+    it is the dataclass's fields, None left out, byte for byte."""
+    from dataclasses import asdict
+
+    rec = CallRecord("w", "r0", "c3", start_s=0.25, end_s=1.5, llm=llm,
+                     tool=None if llm else "search", role=role, parents=tuple(parents),
+                     input_tokens=tokens, output_tokens=tokens // 3, error=error)
+    want = {k: v for k, v in asdict(rec).items() if v is not None}
+    want["parents"] = list(parents)
+    assert rec.to_json() == json.dumps(want, sort_keys=True)
+
+
 # --------------------------------------------------------------------------- round trip
 
 # names as the trace format allows them (NAME_PATTERN): a letter, digit or _ first

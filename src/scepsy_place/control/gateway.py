@@ -17,9 +17,11 @@ body is serialised again only when something in it changed.
 Priorities (``priority="las"``): a request's attained service is the prompt plus output tokens
 of its finished calls (usage as recorded); each call's body gets ``"priority"`` =
 :func:`~scepsy_opt.prediction.priority.las_level` of its request's attained service (vLLM
-honours it under ``--scheduling-policy priority``). A request's state is forgotten once it has
-had no call in flight and no new call for ``las_idle_s`` seconds (memory stays bounded by the
-requests active in that window). ``fcfs`` leaves the body alone.
+honours it under ``--scheduling-policy priority``). ``fcfs`` leaves the body alone. A request's
+state (its attained service, and the calls the recorder keeps to infer the parents of its next
+call) is forgotten once it has had no call in flight and no new call for ``request_idle_s``
+seconds, so memory stays bounded by the requests active in that window (plus one call counter
+per request id, which keeps the trace's call ids unique).
 
 Live reload: ``PUT /scepsy/routes`` with a routes document, :meth:`Gateway.reload_file` (the
 CLI calls it on SIGHUP) and a poll of the routes file's modification time every ``poll_s``
@@ -68,8 +70,9 @@ __all__ = ["Gateway", "GatewayConfig", "choose", "gateway_in_thread", "serve_gat
 ROUTES_PATH = "/scepsy/routes"
 STATE_PATH = "/scepsy/state"
 METRICS_PATH = "/metrics"
-LAS_IDLE_S = 600.0
-"""How long a request's attained service is kept after its last call, s."""
+REQUEST_IDLE_S = 600.0
+"""How long a request's state (its attained service, the calls that give the parents of its
+next one) is kept after its last call, s."""
 POLL_S = 1.0
 """How often the routes file's modification time is checked, s."""
 MAX_ROUTES_BYTES = 16 * 1024 * 1024
@@ -106,7 +109,7 @@ class GatewayConfig:
     routes: Routes
     routes_file: Path | None = None
     priority: PriorityPolicy = "fcfs"
-    las_idle_s: float = LAS_IDLE_S
+    request_idle_s: float = REQUEST_IDLE_S
     poll_s: float = POLL_S
 
     def __post_init__(self) -> None:
@@ -119,13 +122,14 @@ class GatewayConfig:
                              rec.routed)
         if self.priority not in PRIORITY_POLICIES:
             raise InputError("--priority", "", " or ".join(PRIORITY_POLICIES), self.priority)
-        for name in ("las_idle_s", "poll_s"):
+        for name in ("request_idle_s", "poll_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (
                     math.isfinite(v) and v > 0):
                 raise InputError("gateway config", name, "a number of seconds > 0", v)
         if self.routes_file is not None:
             object.__setattr__(self, "routes_file", Path(self.routes_file))
+        check_routes(self.routes, str(self.routes_file or "routes"))
 
 
 # ------------------------------------------------------------------------------ the table
@@ -157,6 +161,15 @@ class _Table:
     by_key: Mapping[tuple[str, str], tuple[_Choice, ...]]
     by_llm: Mapping[str, tuple[_Choice, ...]]
     default: str
+
+
+def check_routes(routes: Routes, source: str) -> Routes:
+    """``routes`` if the gateway can route by it (at least one endpoint), else an
+    :class:`InputError`."""
+    if not any(routes.workflows.values()):
+        raise InputError(source, "workflows", "at least one workflow with an LLM and its "
+                         "endpoints")
+    return routes
 
 
 def _compile(routes: Routes, version: int, servers: dict[str, _Server]) -> _Table:
@@ -193,7 +206,8 @@ class Gateway(RecordingProxy):
         self.gateway = config
         self._servers: dict[str, _Server] = {}
         self._table = _compile(config.routes, 1, self._servers)
-        self._las: dict[tuple[str, str], list[float]] = {}  # [tokens, last seen, in flight]
+        # per workflow request: [attained tokens, last seen (monotonic), calls in flight]
+        self._active: dict[tuple[str, str], list[float]] = {}
         self._wf_counts: dict[str, list[int]] = {}  # workflow -> [requests, calls]
         self._file_sig: tuple[int, int, int] | None = self._signature()
         self._poller: asyncio.Task[None] | None = None
@@ -255,7 +269,7 @@ class Gateway(RecordingProxy):
             return False
         self._file_sig = self._signature()
         try:
-            routes = load_routes(path)
+            routes = check_routes(load_routes(path), str(path))
         except InputError as exc:
             _LOG.warning("routes refused, keeping version %d: %s", self._table.version, exc)
             return False
@@ -277,19 +291,25 @@ class Gateway(RecordingProxy):
         """Every ``poll_s``: reload the routes file when it changed; forget idle requests."""
         while True:
             await asyncio.sleep(self.gateway.poll_s)
-            if self.gateway.routes_file is not None:
-                sig = self._signature()
-                if sig is not None and sig != self._file_sig:
-                    self.reload_file()
-            self._forget_idle()
+            try:
+                if self.gateway.routes_file is not None:
+                    sig = self._signature()
+                    if sig is not None and sig != self._file_sig:
+                        self.reload_file()
+                self._forget_idle()
+            except Exception as exc:  # never let the poll die: the next round tries again
+                _LOG.warning("routes poll failed: %s: %s", type(exc).__name__, exc)
 
     def _forget_idle(self) -> None:
-        """Drop the LAS state of requests idle for ``las_idle_s``."""
-        if not self._las:
+        """Forget the requests idle for ``request_idle_s``: their attained service and the calls
+        the recorder keeps to infer parents (only their call counter stays, so that the call
+        ids of a request that comes back stay unique)."""
+        if not self._active:
             return
-        horizon = time.monotonic() - self.gateway.las_idle_s
-        for key in [k for k, v in self._las.items() if v[1] < horizon and v[2] <= 0]:
-            del self._las[key]
+        horizon = time.monotonic() - self.gateway.request_idle_s
+        for key in [k for k, v in self._active.items() if v[1] < horizon and v[2] <= 0]:
+            del self._active[key]
+            self._requests.pop(key, None)
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -333,24 +353,23 @@ class Gateway(RecordingProxy):
         if c.model != model:
             body["model"] = c.model
             changed = True
-        las = None
+        active = None
+        now = time.monotonic()
         if call is not None:
             call.route = srv
             if call.call_id == "c0":
                 counts[0] += 1
                 self._child(self._m_requests, wf).inc()
+            key = (call.workflow, call.request_id)
+            active = self._active.get(key)
+            if active is None:
+                active = self._active[key] = [0, now, 0]
+            active[1] = now
+            active[2] += 1
             if self.gateway.priority == "las":
-                key = (call.workflow, call.request_id)
-                las = self._las.get(key)
-                if las is None and not call.unattributed:
-                    las = self._las[key] = [0, 0.0, 0]
-                level = las_level(las[0]) if las is not None else 0
-                if las is not None:
-                    las[1] = time.monotonic()
-                    las[2] += 1
-                body["priority"] = level
+                body["priority"] = las_level(active[0])
                 changed = True
-            self._m_overhead.observe(max(0.0, time.monotonic() - self._origin - call.start_s))
+            self._m_overhead.observe(max(0.0, now - self._origin - call.start_s))
         elif self.gateway.priority == "las":
             body["priority"] = 0
             changed = True
@@ -358,9 +377,9 @@ class Gateway(RecordingProxy):
         def release() -> None:
             srv.in_flight -= 1
             gauge.dec()
-            if las is not None:
-                las[1] = time.monotonic()
-                las[2] -= 1
+            if active is not None:
+                active[1] = time.monotonic()
+                active[2] -= 1
 
         return Upstream(srv.base, changed, release)
 
@@ -375,15 +394,15 @@ class Gateway(RecordingProxy):
         self._child(self._m_calls, call.workflow, call.llm, error or "ok").inc()
         self._child(self._m_latency, call.workflow, call.llm).observe(
             max(0.0, time.monotonic() - self._origin - call.start_s))
-        if error is None and usage is not None and self.gateway.priority == "las":
-            las = self._las.get((call.workflow, call.request_id))
-            if las is not None:
-                las[0] += usage.input_tokens + usage.output_tokens
+        if error is None and usage is not None:
+            active = self._active.get((call.workflow, call.request_id))
+            if active is not None:
+                active[0] += usage.input_tokens + usage.output_tokens
 
     def attained(self, workflow: str, request_id: str) -> int:
         """The attained service of a request (tokens of its finished calls) as LAS sees it."""
-        las = self._las.get((workflow, request_id))
-        return int(las[0]) if las is not None else 0
+        active = self._active.get((workflow, request_id))
+        return int(active[0]) if active is not None else 0
 
     # -- admin API ---------------------------------------------------------------------------
 
@@ -416,7 +435,7 @@ class Gateway(RecordingProxy):
                     doc = json.loads(raw)
                 except (ValueError, RecursionError):
                     raise InputError(source, "", "a routes document (JSON)") from None
-                routes = parse_routes(doc, source)
+                routes = check_routes(parse_routes(doc, source), source)
             except InputError as exc:
                 _LOG.warning("routes refused, keeping version %d: %s", self._table.version,
                              exc)
