@@ -12,6 +12,8 @@
   ``saturation_rate``, docs/simulator.md);
 * :mod:`scepsy_opt.prediction.schedule`: allocations that change over a simulated run
   (``AllocationChange``) and when each replica was up (``ReplicaSpan``);
+* :mod:`scepsy_opt.prediction.priority`: program-level priorities (least attained service) that
+  the gateway sets and the simulator's queues follow (docs/gateway.md);
 * :mod:`scepsy_opt.prediction.reports`: predictions and simulation results as plain dicts (the
   CLI's ``--json`` documents).
 """

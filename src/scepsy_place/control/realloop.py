@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import math
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
