@@ -36,7 +36,7 @@ def las_level(attained_tokens: int | float) -> int:
         raise ValueError(f"attained service must be >= 0 tokens, got {attained_tokens!r}")
     if math.isinf(attained_tokens):
         return LAS_LEVELS - 1
-    level = int(math.floor(math.log2(1.0 + float(attained_tokens) / LAS_QUANTUM_TOKENS)))
+    level = math.floor(math.log2(1.0 + float(attained_tokens) / LAS_QUANTUM_TOKENS))
     return min(level, LAS_LEVELS - 1)
 
 

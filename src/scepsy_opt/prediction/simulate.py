@@ -914,7 +914,7 @@ def _prepare_changes(prep: _Prepared, trace: Trace, workflows: list[str],
                 prep.llm_names.append(c)
                 prep.instances.append(dataclasses.replace(inst, replicas=1))
                 prep.tables.append(table)
-                prep.shapes.append(shape)
+                prep.shapes.append(dataclasses.replace(shape, replicas=0))  # none at the start
             targets.append((m, inst.replicas))
         out.append(_Change(float(ch.at_s), tuple(targets)))
     return out
