@@ -99,7 +99,7 @@ class BenchOptions:
         if bad or not self.profiles:
             raise InputError(src, "profiles", f"profiles among {', '.join(PROFILES)}",
                              ",".join(self.profiles))
-        if not (isinstance(self.gpus, int) and 1 <= self.gpus):
+        if not (isinstance(self.gpus, int) and self.gpus >= 1):
             raise InputError(src, "gpus", "a number of GPUs >= 1", self.gpus)
         if not (isinstance(self.windows, int) and self.windows >= 4):
             raise InputError(src, "windows", "a number of windows >= 4", self.windows)
@@ -111,7 +111,7 @@ class BenchOptions:
             raise InputError(src, "startup_s", "seconds >= 0", self.startup_s)
 
 
-QUICK = BenchOptions(profiles=("daily", "bursts"), windows=24, trace_requests=150,
+QUICK = BenchOptions(profiles=("daily",), windows=24, trace_requests=150,
                      time_limit_s=3.0, priority=True)
 
 

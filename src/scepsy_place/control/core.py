@@ -25,10 +25,11 @@ Each window (:meth:`Controller.observe`):
    fewest replicas started, stopped and moved) of the running plan to the target: by default the
    ``min-cost`` objective (the cheapest GPUs that carry the target within the latency bounds, at
    a utilisation of at most ``up_utilisation``, so the new plan sits inside the band). When no
-   plan meets the bounds the re-plan falls back to ``min-latency`` on the whole cluster, and when
-   the cluster cannot carry the target at all to ``max-throughput`` (the largest multiple of the
-   target's mix it carries); without any plan the decision is ``replan-failed`` (the running
-   plan stays). A scale-down whose plan uses no fewer GPUs is a keep.
+   plan meets the bounds the re-plan falls back to ``min-latency`` (no bounds) on the whole
+   cluster; without any plan the decision is ``replan-failed`` (the running plan stays). A
+   target beyond the cluster's **capacity** (the total rate of its max-throughput plan within
+   the bounds and the band, computed once) is scaled down to it, keeping its mix: the
+   controller then asks for the most the cluster carries instead of a plan that cannot exist. A scale-down whose plan uses no fewer GPUs is a keep.
 4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
    counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
@@ -60,7 +61,7 @@ from scepsy_place.control.forecast import (
     check_smoothing,
 )
 from scepsy_place.formulations.incremental import LoadChanged, Replan, replan
-from scepsy_place.formulations.loop import PlacedPlan
+from scepsy_place.formulations.loop import PlacedPlan, plan_and_place
 from scepsy_place.packing.topology import Topology
 
 Action = Literal["keep", "scale-up", "scale-down", "replan-failed"]
@@ -241,9 +242,20 @@ class Controller:
         cap = min(problem.options.max_utilisation, cfg.up_utilisation)
         self.problem = replace(problem, options=replace(
             problem.options, latency_bound_s=dict(self.bounds), max_utilisation=cap))
+        self.capacity = self._capacity()
         self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
                             for w in problem.targets}
         self.below = 0  # consecutive windows with every LLM below down_utilisation
+
+    def _capacity(self) -> float:
+        """The largest total rate (req/s, at the problem's mix) a plan on the whole cluster
+        carries within the bounds and the band (its max-throughput plan); inf without one."""
+        p = self.problem
+        res = plan_and_place(replace(p, options=replace(p.options, objective="max-throughput",
+                                                        current=None)), self.topology)
+        if not res.placed or res.plan.allocation is None:
+            return math.inf
+        return res.plan.scale * sum(p.targets.values())
 
     @property
     def placed(self) -> PlacedPlan:
@@ -272,6 +284,10 @@ class Controller:
             f.update(observed[wf])
         forecast = {wf: f.peak(cfg.horizon) for wf, f in self.forecasters.items()}
         target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom)) for wf, x in forecast.items()}
+        total = sum(target.values())
+        capped = total > self.capacity
+        if capped:  # more than the cluster carries: plan for what it carries, at this mix
+            target = {wf: max(MIN_RATE, x * self.capacity / total) for wf, x in target.items()}
         now = self._predict(self.problem, self.allocation, target)
         util, lat = now["utilisation"], now["latency_s"]
         over = sorted(m for m, u in util.items() if u > cfg.up_utilisation)
@@ -283,7 +299,9 @@ class Controller:
             return Decision(w.end_s, action, reason, observed, forecast, now, after, rp,
                             cfg.startup_s if started else 0.0)
 
-        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)")
+        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)"
+              + (f", capped at the cluster's capacity {self.capacity:.4g} req/s" if capped
+                 else ""))
         if over or late:
             self.below = 0
             why = "; ".join(
@@ -311,13 +329,10 @@ class Controller:
         rp = replan(self.problem, self.topology, self._placed, events, objective=cfg.objective)
         note = ""
         if not rp.ok and action == "scale-up" and cfg.objective != "min-latency":
-            rp = replan(self.problem, self.topology, self._placed, events,
-                        objective="min-latency")
+            free = replace(self.problem, options=replace(self.problem.options,
+                                                         latency_bound_s={}))
+            rp = replan(free, self.topology, self._placed, events, objective="min-latency")
             note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
-        if not rp.ok and action == "scale-up" and rp.status == "infeasible":
-            rp = replan(self.problem, self.topology, self._placed, events,
-                        objective="max-throughput")
-            note = " (the cluster cannot carry the target: the most it carries of its mix)"
         if not rp.ok or rp.placed.plan.allocation is None:
             return decide("replan-failed", f"{why}; re-plan {rp.status}: "
                           f"{rp.placed.reason or 'no plan'}", rp)
