@@ -10,7 +10,7 @@ from functools import cache
 from scepsy_place.control.bench import POLICIES, BenchOptions, run
 
 TINY = BenchOptions(workflow="rag-beam", gpus=8, profiles=("daily",), windows=6, window_s=30.0,
-                    startup_s=30.0, trace_requests=60, time_limit_s=5.0, priority=False)
+                    startup_s=30.0, trace_requests=60, priority=False)
 KEYS = {"p90_latency_s": float, "slo_attainment": float, "gpu_hours": float, "moves": int,
         "lost_requests": int}
 

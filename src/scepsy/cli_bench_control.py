@@ -42,7 +42,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return cmd
 
 
-def options(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+def options(args: argparse.Namespace):
     """The bench options of the parsed arguments."""
     from scepsy_place.control.bench import QUICK, BenchOptions
 

@@ -22,11 +22,13 @@ Each window (:meth:`Controller.observe`):
    * **keep** otherwise.
 
    A change is an incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`,
-   fewest replicas started, stopped and moved) of the running plan to the target: by default the
+   fewest replicas started, stopped and moved) of the running plan to the target, first among
+   the instance shapes already running (GPU shares and TP degrees: only replica counts change,
+   no running replica restarts), then among all: by default the
    ``min-cost`` objective (the cheapest GPUs that carry the target within the latency bounds, at
    a utilisation of at most ``up_utilisation``, so the new plan sits inside the band). When no
    plan meets the bounds the re-plan falls back to ``min-latency`` (no bounds) on the whole
-   cluster; without any plan the decision is ``replan-failed`` (the running plan stays). A
+   cluster (again the running shapes first); without any plan the decision is ``replan-failed`` (the running plan stays). A
    target beyond the cluster's **capacity** (the total rate of its max-throughput plan within
    the bounds and the band, computed once) is scaled down to it, keeping its mix: the
    controller then asks for the most the cluster carries instead of a plan that cannot exist. A scale-down whose plan uses no fewer GPUs is a keep.
@@ -61,7 +63,12 @@ from scepsy_place.control.forecast import (
     check_smoothing,
 )
 from scepsy_place.formulations.incremental import LoadChanged, Replan, replan
-from scepsy_place.formulations.loop import PlacedPlan, plan_and_place
+from scepsy_place.formulations.loop import (
+    FORMULATIONS,
+    Formulation,
+    PlacedPlan,
+    plan_and_place,
+)
 from scepsy_place.packing.topology import Topology
 
 Action = Literal["keep", "scale-up", "scale-down", "replan-failed"]
@@ -114,6 +121,9 @@ class ControlConfig:
     down_utilisation: float = 0.5
     hold_windows: int = 3
     objective: Objective = "min-cost"  # of the re-plans
+    # of the re-plans (scepsy_place.formulations.loop): "aggregate" solves the aggregate MILP
+    # and places it, quick and independent of the time limit; "auto" searches further
+    formulation: Formulation = "aggregate"
     bound_factor: float = 1.5  # bound = factor x the running plan's latency, without one given
 
     def __post_init__(self) -> None:
@@ -144,6 +154,9 @@ class ControlConfig:
         if self.objective not in OBJECTIVES:
             raise InputError(SOURCE, "objective", f"one of {', '.join(OBJECTIVES)}",
                              self.objective)
+        if self.formulation not in FORMULATIONS:
+            raise InputError(SOURCE, "formulation", f"one of {', '.join(FORMULATIONS)}",
+                             self.formulation)
 
     @property
     def horizon(self) -> int:
@@ -252,7 +265,8 @@ class Controller:
         carries within the bounds and the band (its max-throughput plan); inf without one."""
         p = self.problem
         res = plan_and_place(replace(p, options=replace(p.options, objective="max-throughput",
-                                                        current=None)), self.topology)
+                                                        current=None)), self.topology,
+                             formulation=self.config.formulation)
         if not res.placed or res.plan.allocation is None:
             return math.inf
         return res.plan.scale * sum(p.targets.values())
@@ -326,12 +340,27 @@ class Controller:
         """Re-plan the running plan to ``target`` (module docstring) for ``action``."""
         cfg = self.config
         events = [LoadChanged(wf, target=t) for wf, t in sorted(target.items())]
-        rp = replan(self.problem, self.topology, self._placed, events, objective=cfg.objective)
+        form = cfg.formulation
+        # first within the running shapes (GPU shares and TP degrees): counts change, replicas
+        # keep running; a new shape restarts every replica of its LLM
+        run = self.allocation.llms.values()
+        within = replace(self.problem, options=replace(
+            self.problem.options, shares=tuple(sorted({i.share for i in run})),
+            tps=tuple(sorted({i.tp for i in run}))))
+        rp = replan(within, self.topology, self._placed, events, objective=cfg.objective,
+                    formulation=form)
         note = ""
+        if not rp.ok:
+            rp = replan(self.problem, self.topology, self._placed, events,
+                        objective=cfg.objective, formulation=form)
+            note = " (new shapes: none of the running ones carries the target)"
         if not rp.ok and action == "scale-up" and cfg.objective != "min-latency":
-            free = replace(self.problem, options=replace(self.problem.options,
-                                                         latency_bound_s={}))
-            rp = replan(free, self.topology, self._placed, events, objective="min-latency")
+            for base in (within, self.problem):  # the running shapes first, again
+                free = replace(base, options=replace(base.options, latency_bound_s={}))
+                rp = replan(free, self.topology, self._placed, events,
+                            objective="min-latency", formulation=form)
+                if rp.ok:
+                    break
             note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
         if not rp.ok or rp.placed.plan.allocation is None:
             return decide("replan-failed", f"{why}; re-plan {rp.status}: "
