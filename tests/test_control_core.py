@@ -184,3 +184,19 @@ def test_starting_replicas_count_from_the_decision():
     assert [c.at_s for c in changes] == [60.0, 90.0, 400.0]
     assert changes[1].allocation.llms["m"].replicas == 5
     assert changes[1].allocation.llms["n"].share == 0.5
+
+
+def test_a_percentile_bound_is_checked_on_the_predicted_percentile_at_or_above_it():
+    from scepsy_place.control.core import _stat
+
+    assert [_stat(q) for q in (10, 50, 90, 95, 99, 99.9)] == [50, 50, 90, 99, 99, 99]
+    problem, top, start = _setup()
+    wf = next(iter(problem.targets))
+    bounded = replace(problem, options=replace(problem.options,
+                                               latency_bounds={wf: (95.0, 1e4)}))
+    ctl = Controller(bounded, top, start, ControlConfig())
+    assert ctl.percentiles[wf] == 99 and ctl.bounds[wf] == 1e4
+    assert ctl.problem.options.latency_bounds[wf] == (95.0, 1e4)
+    assert wf not in ctl.problem.options.latency_bound_s
+    d = ctl.observe(_window(0, dict(problem.targets)))
+    assert d.predicted_now["latency_s"][wf] >= d.predicted_now["mean_latency_s"][wf] - 1e-9

@@ -72,8 +72,11 @@ def run_cli(args: argparse.Namespace) -> int:
     cols = ["policy", "p90_latency_s", "slo_attainment", "gpu_hours", "moves", "lost_requests"]
     for name, prof in result["profiles"].items():
         print(f"\n{name} (mean {prof['mean_rate']:.3g} req/s, peak {prof['peak_rate']:.3g}; "
-              f"forecast MAPE holt {result['forecast'][name]['holt']:.3g}, last "
-              f"{result['forecast'][name]['last']:.3g})")
+              f"forecast MAPE one window ahead: holt {_pct(result['forecast'][name]['holt'])}, "
+              f"last {_pct(result['forecast'][name]['last'])}; "
+              f"{result['forecast'][name]['horizon']} ahead: holt "
+              f"{_pct(result['forecast'][name]['holt_at_horizon'])}, last "
+              f"{_pct(result['forecast'][name]['last_at_horizon'])})")
         print_table([{"policy": p, **{k: _cell(v) for k, v in row.items()}}
                      for p, row in prof["policies"].items()], cols)
     if result["priority"]:
@@ -95,3 +98,7 @@ def run_cli(args: argparse.Namespace) -> int:
 
 def _cell(v: object) -> object:
     return float(f"{v:.3g}") if isinstance(v, float) else ("-" if v is None else v)
+
+
+def _pct(x: object) -> str:
+    return f"{100 * x:.0f}%" if isinstance(x, float) else "-"

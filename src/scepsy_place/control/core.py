@@ -37,8 +37,10 @@ Each window (:meth:`Controller.observe`):
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
    is applied, or at once in a simulation that delays the new replicas itself).
 
-The latency bound of a workflow is the problem's ``latency_bound_s`` for it, else
-``bound_factor`` (1.5) times the running plan's predicted mean latency at the problem's targets.
+The latency bound of a workflow is the problem's percentile bound for it (``latency_bounds``:
+the predicted percentile, :mod:`scepsy_opt.prediction.tails`, of the predictor's at or above
+the one given), else its mean bound (``latency_bound_s``), else ``bound_factor`` (1.5) times the
+running plan's predicted mean latency at the problem's targets; the re-plans keep it.
 :meth:`Decision.to_dict` is one line of the decision log: reason, forecast and predicted effect.
 """
 
@@ -54,6 +56,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.planning.problem import OBJECTIVES, Objective, PlanningProblem
 from scepsy_opt.prediction.pipeline import predict
+from scepsy_opt.prediction.tails import QUANTILES
 from scepsy_place.control.forecast import (
     ALPHA,
     BETA,
@@ -227,6 +230,13 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def _stat(q: float) -> float:
+    """The predicted percentile that stands for a bound on percentile ``q``: the smallest of
+    the predictor's (:data:`scepsy_opt.prediction.tails.QUANTILES`) at or above it."""
+    have = sorted(QUANTILES)
+    return next((x for x in have if x >= q - 1e-9), have[-1])
+
+
 class Controller:
     """The running plan, the forecasts and the hysteresis count (module docstring)."""
 
@@ -239,22 +249,34 @@ class Controller:
         self.topology = topology
         self._placed = placed
         cfg = self.config
+        pct = problem.options.latency_bounds
         given = problem.options.latency_bound_s
-        missing = [w for w in problem.targets if w not in given]
-        bounds = {w: float(given[w]) for w in problem.targets if w in given}
+        bounds: dict[str, float] = {}
+        qs: dict[str, float | None] = {}
+        for w in problem.targets:
+            if w in pct:
+                qs[w], bounds[w] = _stat(pct[w][0]), float(pct[w][1])
+            elif w in given:
+                qs[w], bounds[w] = None, float(given[w])
+        # per workflow: the predicted percentile its bound is on (None: the mean)
+        self.percentiles: Mapping[str, float | None] = MappingProxyType(qs)
+        missing = [w for w in problem.targets if w not in bounds]
         if missing:
             pred = self._predict(problem, placed.plan.allocation, problem.targets)
             for w in missing:
-                lat = pred["latency_s"][w]
+                lat = pred["mean_latency_s"][w]
                 if not math.isfinite(lat):
                     raise InputError("running plan", "latency", f"a plan that carries the "
                                      f"problem's targets (workflow {w} is saturated); give "
                                      "latency_bound_s", lat)
-                bounds[w] = cfg.bound_factor * lat
+                qs[w], bounds[w] = None, cfg.bound_factor * lat
+        self.percentiles = MappingProxyType(dict(sorted(qs.items())))
         self.bounds: Mapping[str, float] = MappingProxyType(dict(sorted(bounds.items())))
         cap = min(problem.options.max_utilisation, cfg.up_utilisation)
         self.problem = replace(problem, options=replace(
-            problem.options, latency_bound_s=dict(self.bounds), max_utilisation=cap))
+            problem.options, max_utilisation=cap,
+            latency_bound_s={w: b for w, b in self.bounds.items() if qs[w] is None},
+            latency_bounds={w: pct[w] for w in self.bounds if w in pct}))
         self.capacity = self._capacity()
         self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
                             for w in problem.targets}
@@ -284,9 +306,20 @@ class Controller:
 
     def _predict(self, problem: PlanningProblem, alloc: Allocation,
                  rates: Mapping[str, float]) -> dict[str, Any]:
+        """``latency_s``: per workflow the statistic its bound is on (a percentile or the
+        mean); ``mean_latency_s``; ``utilisation`` per LLM."""
         p = predict(problem.stats, problem.models, alloc, problem.latency, dict(rates),
                     catalog=problem.catalog, policy=problem.policy)
-        return {"latency_s": {w: float(x.mean_latency_s) for w, x in sorted(p.workflows.items())},
+        qs: Mapping[str, float | None] = getattr(self, "percentiles", {})
+
+        def stat(w: str, x: Any) -> float:
+            q = qs.get(w)
+            v = getattr(x, f"p{int(q)}_latency_s", math.nan) if q is not None else math.nan
+            return float(v if v == v else x.mean_latency_s)  # NaN: no path data, the mean
+
+        return {"latency_s": {w: stat(w, x) for w, x in sorted(p.workflows.items())},
+                "mean_latency_s": {w: float(x.mean_latency_s)
+                                   for w, x in sorted(p.workflows.items())},
                 "utilisation": {m: float(x.utilisation) for m, x in sorted(p.llms.items())}}
 
     def observe(self, w: WindowStats) -> Decision:
@@ -356,7 +389,8 @@ class Controller:
             note = " (new shapes: none of the running ones carries the target)"
         if not rp.ok and action == "scale-up" and cfg.objective != "min-latency":
             for base in (within, self.problem):  # the running shapes first, again
-                free = replace(base, options=replace(base.options, latency_bound_s={}))
+                free = replace(base, options=replace(base.options, latency_bound_s={},
+                                                     latency_bounds={}))
                 rp = replan(free, self.topology, self._placed, events,
                             objective="min-latency", formulation=form)
                 if rp.ok:
