@@ -200,3 +200,15 @@ def test_a_percentile_bound_is_checked_on_the_predicted_percentile_at_or_above_i
     assert wf not in ctl.problem.options.latency_bound_s
     d = ctl.observe(_window(0, dict(problem.targets)))
     assert d.predicted_now["latency_s"][wf] >= d.predicted_now["mean_latency_s"][wf] - 1e-9
+
+
+def test_min_cost_by_the_aggregate_formulation_searches_nothing_else():
+    problem, top, _ = _setup()
+    cost = replace(problem, options=replace(problem.options, objective="min-cost"))
+    agg = plan_and_place(cost, top, formulation="aggregate")
+    assert agg.placed and agg.formulation == "aggregate"
+    assert set(agg.compared) == {"aggregate"}
+    full = plan_and_place(cost, top)
+    assert set(full.compared) > {"aggregate"}
+    assert full.plan.stats["placed_cost_per_hour"] <= agg.plan.stats["placed_cost_per_hour"] \
+        + 1e-9
