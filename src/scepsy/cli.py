@@ -286,6 +286,12 @@ def _bench_args(bench: argparse.ArgumentParser) -> None:
     gpu = bsub.add_parser("gpu", help="the GPU kit: two small LLMs under MPS shares on one GPU: "
                           "profile, plan, launch, drive, stop; predicted vs measured")
     _bench_gpu_args(gpu)
+    control = bsub.add_parser("control", help="control policies in the simulator under loads "
+                              "that move: static, per-LLM autoscaling, scepsy's controller")
+    from scepsy.cli_bench_control import add_arguments as control_arguments
+
+    control_arguments(control)
+    control.set_defaults(func=_cmd_bench_control)
 
 
 def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
@@ -513,6 +519,12 @@ def _json_float(o: object) -> object:
 
 def _cmd_bench_openb(args: argparse.Namespace) -> int:
     from scepsy.bench_openb import run_cli
+
+    return run_cli(args)
+
+
+def _cmd_bench_control(args: argparse.Namespace) -> int:
+    from scepsy.cli_bench_control import run_cli
 
     return run_cli(args)
 

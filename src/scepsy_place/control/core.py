@@ -22,20 +22,25 @@ Each window (:meth:`Controller.observe`):
    * **keep** otherwise.
 
    A change is an incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`,
-   fewest replicas started, stopped and moved) of the running plan to the target: by default the
+   fewest replicas started, stopped and moved) of the running plan to the target, first among
+   the instance shapes already running (GPU shares and TP degrees: only replica counts change,
+   no running replica restarts), then among all: by default the
    ``min-cost`` objective (the cheapest GPUs that carry the target within the latency bounds, at
    a utilisation of at most ``up_utilisation``, so the new plan sits inside the band). When no
-   plan meets the bounds the re-plan falls back to ``min-latency`` on the whole cluster, and when
-   the cluster cannot carry the target at all to ``max-throughput`` (the largest multiple of the
-   target's mix it carries); without any plan the decision is ``replan-failed`` (the running
-   plan stays). A scale-down whose plan uses no fewer GPUs is a keep.
+   plan meets the bounds the re-plan falls back to ``min-latency`` (no bounds) on the whole
+   cluster (again the running shapes first); without any plan the decision is ``replan-failed`` (the running plan stays). A
+   target beyond the cluster's **capacity** (the total rate of its max-throughput plan within
+   the bounds and the band, computed once) is scaled down to it, keeping its mix: the
+   controller then asks for the most the cluster carries instead of a plan that cannot exist. A scale-down whose plan uses no fewer GPUs is a keep.
 4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
    counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
    is applied, or at once in a simulation that delays the new replicas itself).
 
-The latency bound of a workflow is the problem's ``latency_bound_s`` for it, else
-``bound_factor`` (1.5) times the running plan's predicted mean latency at the problem's targets.
+The latency bound of a workflow is the problem's percentile bound for it (``latency_bounds``:
+the predicted percentile, :mod:`scepsy_opt.prediction.tails`, of the predictor's at or above
+the one given), else its mean bound (``latency_bound_s``), else ``bound_factor`` (1.5) times the
+running plan's predicted mean latency at the problem's targets; the re-plans keep it.
 :meth:`Decision.to_dict` is one line of the decision log: reason, forecast and predicted effect.
 """
 
@@ -51,6 +56,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.planning.problem import OBJECTIVES, Objective, PlanningProblem
 from scepsy_opt.prediction.pipeline import predict
+from scepsy_opt.prediction.tails import QUANTILES
 from scepsy_place.control.forecast import (
     ALPHA,
     BETA,
@@ -60,7 +66,12 @@ from scepsy_place.control.forecast import (
     check_smoothing,
 )
 from scepsy_place.formulations.incremental import LoadChanged, Replan, replan
-from scepsy_place.formulations.loop import PlacedPlan
+from scepsy_place.formulations.loop import (
+    FORMULATIONS,
+    Formulation,
+    PlacedPlan,
+    plan_and_place,
+)
 from scepsy_place.packing.topology import Topology
 
 Action = Literal["keep", "scale-up", "scale-down", "replan-failed"]
@@ -113,6 +124,9 @@ class ControlConfig:
     down_utilisation: float = 0.5
     hold_windows: int = 3
     objective: Objective = "min-cost"  # of the re-plans
+    # of the re-plans (scepsy_place.formulations.loop): "aggregate" solves the aggregate MILP
+    # and places it, quick and independent of the time limit; "auto" searches further
+    formulation: Formulation = "aggregate"
     bound_factor: float = 1.5  # bound = factor x the running plan's latency, without one given
 
     def __post_init__(self) -> None:
@@ -143,6 +157,9 @@ class ControlConfig:
         if self.objective not in OBJECTIVES:
             raise InputError(SOURCE, "objective", f"one of {', '.join(OBJECTIVES)}",
                              self.objective)
+        if self.formulation not in FORMULATIONS:
+            raise InputError(SOURCE, "formulation", f"one of {', '.join(FORMULATIONS)}",
+                             self.formulation)
 
     @property
     def horizon(self) -> int:
@@ -213,6 +230,13 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def _stat(q: float) -> float:
+    """The predicted percentile that stands for a bound on percentile ``q``: the smallest of
+    the predictor's (:data:`scepsy_opt.prediction.tails.QUANTILES`) at or above it."""
+    have = sorted(QUANTILES)
+    return next((x for x in have if x >= q - 1e-9), have[-1])
+
+
 class Controller:
     """The running plan, the forecasts and the hysteresis count (module docstring)."""
 
@@ -225,25 +249,49 @@ class Controller:
         self.topology = topology
         self._placed = placed
         cfg = self.config
+        pct = problem.options.latency_bounds
         given = problem.options.latency_bound_s
-        missing = [w for w in problem.targets if w not in given]
-        bounds = {w: float(given[w]) for w in problem.targets if w in given}
+        bounds: dict[str, float] = {}
+        qs: dict[str, float | None] = {}
+        for w in problem.targets:
+            if w in pct:
+                qs[w], bounds[w] = _stat(pct[w][0]), float(pct[w][1])
+            elif w in given:
+                qs[w], bounds[w] = None, float(given[w])
+        # per workflow: the predicted percentile its bound is on (None: the mean)
+        self.percentiles: Mapping[str, float | None] = MappingProxyType(qs)
+        missing = [w for w in problem.targets if w not in bounds]
         if missing:
             pred = self._predict(problem, placed.plan.allocation, problem.targets)
             for w in missing:
-                lat = pred["latency_s"][w]
+                lat = pred["mean_latency_s"][w]
                 if not math.isfinite(lat):
                     raise InputError("running plan", "latency", f"a plan that carries the "
                                      f"problem's targets (workflow {w} is saturated); give "
                                      "latency_bound_s", lat)
-                bounds[w] = cfg.bound_factor * lat
+                qs[w], bounds[w] = None, cfg.bound_factor * lat
+        self.percentiles = MappingProxyType(dict(sorted(qs.items())))
         self.bounds: Mapping[str, float] = MappingProxyType(dict(sorted(bounds.items())))
         cap = min(problem.options.max_utilisation, cfg.up_utilisation)
         self.problem = replace(problem, options=replace(
-            problem.options, latency_bound_s=dict(self.bounds), max_utilisation=cap))
+            problem.options, max_utilisation=cap,
+            latency_bound_s={w: b for w, b in self.bounds.items() if qs[w] is None},
+            latency_bounds={w: pct[w] for w in self.bounds if w in pct}))
+        self.capacity = self._capacity()
         self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
                             for w in problem.targets}
         self.below = 0  # consecutive windows with every LLM below down_utilisation
+
+    def _capacity(self) -> float:
+        """The largest total rate (req/s, at the problem's mix) a plan on the whole cluster
+        carries within the bounds and the band (its max-throughput plan); inf without one."""
+        p = self.problem
+        res = plan_and_place(replace(p, options=replace(p.options, objective="max-throughput",
+                                                        current=None)), self.topology,
+                             formulation=self.config.formulation)
+        if not res.placed or res.plan.allocation is None:
+            return math.inf
+        return res.plan.scale * sum(p.targets.values())
 
     @property
     def placed(self) -> PlacedPlan:
@@ -258,9 +306,20 @@ class Controller:
 
     def _predict(self, problem: PlanningProblem, alloc: Allocation,
                  rates: Mapping[str, float]) -> dict[str, Any]:
+        """``latency_s``: per workflow the statistic its bound is on (a percentile or the
+        mean); ``mean_latency_s``; ``utilisation`` per LLM."""
         p = predict(problem.stats, problem.models, alloc, problem.latency, dict(rates),
                     catalog=problem.catalog, policy=problem.policy)
-        return {"latency_s": {w: float(x.mean_latency_s) for w, x in sorted(p.workflows.items())},
+        qs: Mapping[str, float | None] = getattr(self, "percentiles", {})
+
+        def stat(w: str, x: Any) -> float:
+            q = qs.get(w)
+            v = getattr(x, f"p{int(q)}_latency_s", math.nan) if q is not None else math.nan
+            return float(v if v == v else x.mean_latency_s)  # NaN: no path data, the mean
+
+        return {"latency_s": {w: stat(w, x) for w, x in sorted(p.workflows.items())},
+                "mean_latency_s": {w: float(x.mean_latency_s)
+                                   for w, x in sorted(p.workflows.items())},
                 "utilisation": {m: float(x.utilisation) for m, x in sorted(p.llms.items())}}
 
     def observe(self, w: WindowStats) -> Decision:
@@ -272,6 +331,10 @@ class Controller:
             f.update(observed[wf])
         forecast = {wf: f.peak(cfg.horizon) for wf, f in self.forecasters.items()}
         target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom)) for wf, x in forecast.items()}
+        total = sum(target.values())
+        capped = total > self.capacity
+        if capped:  # more than the cluster carries: plan for what it carries, at this mix
+            target = {wf: max(MIN_RATE, x * self.capacity / total) for wf, x in target.items()}
         now = self._predict(self.problem, self.allocation, target)
         util, lat = now["utilisation"], now["latency_s"]
         over = sorted(m for m, u in util.items() if u > cfg.up_utilisation)
@@ -283,7 +346,9 @@ class Controller:
             return Decision(w.end_s, action, reason, observed, forecast, now, after, rp,
                             cfg.startup_s if started else 0.0)
 
-        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)")
+        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)"
+              + (f", capped at the cluster's capacity {self.capacity:.4g} req/s" if capped
+                 else ""))
         if over or late:
             self.below = 0
             why = "; ".join(
@@ -308,16 +373,29 @@ class Controller:
         """Re-plan the running plan to ``target`` (module docstring) for ``action``."""
         cfg = self.config
         events = [LoadChanged(wf, target=t) for wf, t in sorted(target.items())]
-        rp = replan(self.problem, self.topology, self._placed, events, objective=cfg.objective)
+        form = cfg.formulation
+        # first within the running shapes (GPU shares and TP degrees): counts change, replicas
+        # keep running; a new shape restarts every replica of its LLM
+        run = self.allocation.llms.values()
+        within = replace(self.problem, options=replace(
+            self.problem.options, shares=tuple(sorted({i.share for i in run})),
+            tps=tuple(sorted({i.tp for i in run}))))
+        rp = replan(within, self.topology, self._placed, events, objective=cfg.objective,
+                    formulation=form)
         note = ""
+        if not rp.ok:
+            rp = replan(self.problem, self.topology, self._placed, events,
+                        objective=cfg.objective, formulation=form)
+            note = " (new shapes: none of the running ones carries the target)"
         if not rp.ok and action == "scale-up" and cfg.objective != "min-latency":
-            rp = replan(self.problem, self.topology, self._placed, events,
-                        objective="min-latency")
+            for base in (within, self.problem):  # the running shapes first, again
+                free = replace(base, options=replace(base.options, latency_bound_s={},
+                                                     latency_bounds={}))
+                rp = replan(free, self.topology, self._placed, events,
+                            objective="min-latency", formulation=form)
+                if rp.ok:
+                    break
             note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
-        if not rp.ok and action == "scale-up" and rp.status == "infeasible":
-            rp = replan(self.problem, self.topology, self._placed, events,
-                        objective="max-throughput")
-            note = " (the cluster cannot carry the target: the most it carries of its mix)"
         if not rp.ok or rp.placed.plan.allocation is None:
             return decide("replan-failed", f"{why}; re-plan {rp.status}: "
                           f"{rp.placed.reason or 'no plan'}", rp)

@@ -218,7 +218,7 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
     if problem.options.objective == "max-throughput" and name == "milp":
         return _max_throughput(problem, topology, formulation, **kw)
     if problem.options.objective == "min-cost" and name == "milp":
-        return _min_cost(problem, topology, **kw)
+        return _min_cost(problem, topology, aggregate_only=formulation == "aggregate", **kw)
     return keep_current(problem, topology, _min_latency(problem, topology, formulation, **kw),
                         policy=policy, placer_options=placer_options, deadline=deadline)
 
@@ -270,7 +270,8 @@ COST_TIE = 1e-6
 the largest total latency, so that latency only breaks ties in price."""
 
 
-def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> PlacedPlan:
+def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: bool = False,
+              **kw: Any) -> PlacedPlan:
     """The min-cost placed plan (docs/min-cost.md): the cheapest allocation in aggregate
     (:func:`scepsy_opt.planning.mincost.solve_min_cost`: its price is a lower bound on that of every
     placeable allocation) placed by the placer (then the exact test), and, without percentile
@@ -280,7 +281,10 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     price of a placed plan is that of the GPUs its placement uses
     (``stats["placed_cost_per_hour"]``, gap to the best bound in ``placed_cost_gap``). Open
     pools without ``max_nodes`` get nodes for twice the GPUs the aggregate plan uses, and
-    ``stats["nodes_to_buy"]`` counts the nodes of open pools the placement uses."""
+    ``stats["nodes_to_buy"]`` counts the nodes of open pools the placement uses.
+    ``aggregate_only`` (``formulation="aggregate"``): the cheapest allocation in aggregate,
+    placed, and no other search (quick, and independent of the time limit once the MILP is
+    solved: what a controller re-planning every window wants)."""
     deadline: Deadline = kw["deadline"]
     t0 = time.perf_counter()
     plan = solve_min_cost(problem, deadline=deadline)
@@ -310,16 +314,16 @@ def _min_cost(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
                                         reason=f"{len(placement.unplaced)} replica(s) of the "
             "cheapest allocation in aggregate did not fit on the cluster's nodes", exact=False,
             formulation="aggregate", status="unplaced", seconds=time.perf_counter() - t0)
-    if (not problem.options.latency_bounds and deadline.remaining() > 0
-            and slots.applicable(problem) is None):
+    if (not aggregate_only and not problem.options.latency_bounds
+            and deadline.remaining() > 0 and slots.applicable(problem) is None):
         tried["slots"] = _min_cost_slots(slots.on_nodes(problem, top), top, prices,
                                          _share(deadline, SLOTS_SHARE))
-    if not problem.options.latency_bounds and deadline.remaining() > 0:
+    if not aggregate_only and not problem.options.latency_bounds and deadline.remaining() > 0:
         # candidates within the nodes it may use (an open pool's budget is that of its nodes)
         pat, pat_bound = _min_cost_patterns(slots.on_nodes(problem, top), top, prices, deadline)
         tried["patterns"] = pat
         bound = max(bound, pat_bound)
-    if mixing_applies(problem) and deadline.remaining() > 0:
+    if not aggregate_only and mixing_applies(problem) and deadline.remaining() > 0:
         mixed, mixed_bound = _min_cost_mixed(slots.on_nodes(problem, top), top, prices,
                                              _share(deadline, MIXED_SHARE), kw)
         tried["mixed"] = mixed

@@ -1,0 +1,104 @@
+"""``scepsy bench control``: control policies compared in the simulator under loads that move
+(docs/bench-control.md). Parsing and printing only; the comparison is
+:mod:`scepsy_place.control.bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from scepsy.argtypes import COUNT, NAMES, POSITIVE, SEED
+from scepsy.cli_util import UsageError, check_out
+
+
+def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``scepsy bench control`` on ``cmd``."""
+    from scepsy_place.control.bench import PROFILES, BenchOptions
+
+    d = BenchOptions()
+    cmd.add_argument("--quick", action="store_true",
+                     help="the CI size: the daily cycle only, shorter plan time limits")
+    cmd.add_argument("--workflow", default=d.workflow,
+                     help=f"a workflow of datasets/workflows (default {d.workflow})")
+    cmd.add_argument("--gpu", default=d.gpu, help=f"GPU type (default {d.gpu})")
+    cmd.add_argument("--gpus", type=COUNT, default=d.gpus, help=f"GPUs (default {d.gpus})")
+    cmd.add_argument("--profiles", type=NAMES, default=None, metavar="NAMES",
+                     help=f"comma-separated rate profiles among {','.join(PROFILES)} "
+                          "(default all; --quick: daily)")
+    cmd.add_argument("--windows", type=COUNT, default=d.windows,
+                     help=f"windows of the run (default {d.windows})")
+    cmd.add_argument("--window", type=POSITIVE, default=d.window_s, metavar="S",
+                     help=f"seconds per window (default {d.window_s:g})")
+    cmd.add_argument("--startup", type=POSITIVE, default=d.startup_s, metavar="S",
+                     help=f"seconds a new replica takes to start (default {d.startup_s:g})")
+    cmd.add_argument("--seed", type=SEED, default=0, help="seed (default 0)")
+    cmd.add_argument("--json", default=None, metavar="PATH", type=Path,
+                     help="write the results as JSON ({\"policies\": ...} and more)")
+    cmd.add_argument("--figures", default=None, metavar="DIR", type=Path,
+                     help="write one PNG per profile over time (rate, GPUs, p90 latency)")
+    return cmd
+
+
+def options(args: argparse.Namespace):
+    """The bench options of the parsed arguments."""
+    from scepsy_place.control.bench import QUICK, BenchOptions
+
+    base = QUICK if args.quick else BenchOptions()
+    profiles = (tuple(x.strip() for x in args.profiles.split(",") if x.strip())
+                if args.profiles else base.profiles)
+    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+    return replace(base, workflow=args.workflow, gpu=args.gpu, gpus=args.gpus,
+                   profiles=profiles, windows=args.windows, window_s=args.window,
+                   startup_s=args.startup, seed=args.seed,
+                   shared_data=shared if shared.is_dir() else None)
+
+
+def run_cli(args: argparse.Namespace) -> int:
+    """Run the comparison, print its tables, write --json and --figures; 0, or 2 for bad
+    input."""
+    from scepsy.tables import print_table
+    from scepsy_common.files import atomic_write_text
+    from scepsy_place.control import bench
+
+    if args.json is not None:
+        check_out(args.json, "--json")
+    if args.figures is not None and args.figures.exists() and not args.figures.is_dir():
+        raise UsageError(f"--figures: expected a folder (got {str(args.figures)!r})")
+    opts = options(args)
+    result = bench.run(opts, say=lambda s: print(s, file=sys.stderr, flush=True))
+    cols = ["policy", "p90_latency_s", "slo_attainment", "gpu_hours", "moves", "lost_requests"]
+    for name, prof in result["profiles"].items():
+        print(f"\n{name} (mean {prof['mean_rate']:.3g} req/s, peak {prof['peak_rate']:.3g}; "
+              f"forecast MAPE one window ahead: holt {_pct(result['forecast'][name]['holt'])}, "
+              f"last {_pct(result['forecast'][name]['last'])}; "
+              f"{result['forecast'][name]['horizon']} ahead: holt "
+              f"{_pct(result['forecast'][name]['holt_at_horizon'])}, last "
+              f"{_pct(result['forecast'][name]['last_at_horizon'])})")
+        print_table([{"policy": p, **{k: _cell(v) for k, v in row.items()}}
+                     for p, row in prof["policies"].items()], cols)
+    if result["priority"]:
+        print("\nscepsy-control under FCFS and LAS priorities")
+        print_table([{"policy": f"{name}/{pol}", **{k: _cell(v) for k, v in row.items()}}
+                     for name, pr in result["priority"].items() for pol, row in pr.items()],
+                    cols)
+    for note in result["notes"]:
+        print(f"note: {note}")
+    if args.json is not None:
+        atomic_write_text(args.json, json.dumps(result, indent=1, sort_keys=False) + "\n")
+        print(f"wrote {args.json}")
+    if args.figures is not None:
+        args.figures.mkdir(parents=True, exist_ok=True)
+        for path in bench.figures(result, args.figures):
+            print(f"wrote {path}")
+    return 0
+
+
+def _cell(v: object) -> object:
+    return float(f"{v:.3g}") if isinstance(v, float) else ("-" if v is None else v)
+
+
+def _pct(x: object) -> str:
+    return f"{100 * x:.0f}%" if isinstance(x, float) else "-"
