@@ -37,6 +37,18 @@ Each window (:meth:`Controller.observe`):
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
    is applied, or at once in a simulation that delays the new replicas itself).
 
+5. **Measured overload.** The model can be optimistic about a real engine (on a CPU the
+   serving model overestimates vLLM's saturation several times). When a window's measured
+   queue (``WindowStats.llm_queue``, vLLM's waiting calls summed over an LLM's replicas) is at
+   least ``queue_up`` calls per replica for an LLM that the model, at the observed rates times
+   the current :attr:`Controller.derate`, predicts below full utilisation ``u``, the LLM is
+   saturated in reality and the model is not: ``derate`` becomes ``derate / u`` (at most
+   ``max_derate``), so that the model predicts full utilisation at the observed load. Every
+   target is the forecast times ``(1 + headroom) * derate`` from then on: the re-plans add the
+   capacity the engine really needs, and the scale-down rule sees the derated load too. The
+   derating only grows (it measures the engine, not the load) and is logged with every
+   decision. Windows without queues (the simulator's) leave it at 1.
+
 The latency bound of a workflow is the problem's percentile bound for it (``latency_bounds``:
 the predicted percentile, :mod:`scepsy_opt.prediction.tails`, of the predictor's at or above
 the one given), else its mean bound (``latency_bound_s``), else ``bound_factor`` (1.5) times the
@@ -128,6 +140,8 @@ class ControlConfig:
     # and places it, quick and independent of the time limit; "auto" searches further
     formulation: Formulation = "aggregate"
     bound_factor: float = 1.5  # bound = factor x the running plan's latency, without one given
+    queue_up: float = 4.0  # measured waiting calls per replica that say an LLM is overloaded
+    max_derate: float = 16.0  # the most the measured overload may derate the model's capacity
 
     def __post_init__(self) -> None:
         def positive(name: str, x: Any, zero: bool = False) -> None:
@@ -140,6 +154,11 @@ class ControlConfig:
         positive("startup_s", self.startup_s, zero=True)
         positive("headroom", self.headroom, zero=True)
         positive("bound_factor", self.bound_factor)
+        positive("queue_up", self.queue_up)
+        if isinstance(self.max_derate, bool) or not (
+                isinstance(self.max_derate, int | float) and math.isfinite(self.max_derate)
+                and self.max_derate >= 1):
+            raise InputError(SOURCE, "max_derate", "a factor >= 1", self.max_derate)
         if self.forecast not in FORECASTS:
             raise InputError(SOURCE, "forecast", f"one of {', '.join(FORECASTS)}", self.forecast)
         check_smoothing(self.alpha, self.beta, SOURCE)
@@ -180,6 +199,7 @@ class Decision:
     predicted_after: Mapping[str, Any] | None = None
     replan: Replan | None = None
     startup_s: float = 0.0  # 0 when nothing starts
+    derate: float = 1.0  # the model's capacity was divided by this (measured overload)
 
     @property
     def allocation(self) -> Allocation | None:
@@ -213,7 +233,8 @@ class Decision:
                         "predicted_now": _plain(self.predicted_now),
                         "predicted_after": (None if self.predicted_after is None
                                             else _plain(self.predicted_after)),
-                        "replan": summary, "startup_s": self.startup_s})
+                        "replan": summary, "startup_s": self.startup_s,
+                        "derate": self.derate})
 
 
 def _plain(m: Mapping[str, Any]) -> dict[str, Any]:
@@ -281,6 +302,7 @@ class Controller:
         self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
                             for w in problem.targets}
         self.below = 0  # consecutive windows with every LLM below down_utilisation
+        self.derate = 1.0  # demand multiplier learned from measured overload (module docstring)
 
     def _capacity(self) -> float:
         """The largest total rate (req/s, at the problem's mix) a plan on the whole cluster
@@ -329,8 +351,10 @@ class Controller:
         observed = {wf: float(w.workflow_rates.get(wf, 0.0)) for wf in self.forecasters}
         for wf, f in self.forecasters.items():
             f.update(observed[wf])
+        measured = self._learn_derate(w, observed)
         forecast = {wf: f.peak(cfg.horizon) for wf, f in self.forecasters.items()}
-        target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom)) for wf, x in forecast.items()}
+        target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom) * self.derate)
+                  for wf, x in forecast.items()}
         total = sum(target.values())
         capped = total > self.capacity
         if capped:  # more than the cluster carries: plan for what it carries, at this mix
@@ -344,9 +368,10 @@ class Controller:
                    after: Mapping[str, Any] | None = None) -> Decision:
             started = rp is not None and rp.ok and bool(rp.started or rp.moved)
             return Decision(w.end_s, action, reason, observed, forecast, now, after, rp,
-                            cfg.startup_s if started else 0.0)
+                            cfg.startup_s if started else 0.0, self.derate)
 
         at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)"
+              + (f" x the derating {self.derate:.3g}" if self.derate > 1 else "") + measured
               + (f", capped at the cluster's capacity {self.capacity:.4g} req/s" if capped
                  else ""))
         if over or late:
@@ -367,6 +392,28 @@ class Controller:
         self.below = 0
         return decide("keep", f"within the band [{cfg.down_utilisation:g}, "
                       f"{cfg.up_utilisation:g}] and the latency bounds {at}")
+
+    def _learn_derate(self, w: WindowStats, observed: Mapping[str, float]) -> str:
+        """Raise :attr:`derate` when the window's measured queues say an LLM is overloaded
+        that the model, derated so far, predicts below full utilisation (module docstring);
+        a phrase for the decision's reason ("" when nothing was learned)."""
+        cfg = self.config
+        llms = self.allocation.llms
+        queued = {m: q / llms[m].replicas for m, q in w.llm_queue.items()
+                  if m in llms and q / llms[m].replicas >= cfg.queue_up}
+        if not queued or not any(r > 0 for r in observed.values()):
+            return ""
+        seen = self._predict(self.problem, self.allocation,
+                             {wf: max(MIN_RATE, r * self.derate) for wf, r in observed.items()})
+        u = max(seen["utilisation"].get(m, 0.0) for m in queued)
+        if not 0 < u < 1:  # the model already sees it saturated (or cannot say)
+            return ""
+        before = self.derate
+        self.derate = min(cfg.max_derate, self.derate / u)
+        worst = max(queued, key=lambda m: queued[m])
+        return (f"; measured queue of {worst} {queued[worst]:.3g} calls per replica >= "
+                f"{cfg.queue_up:g} where the model predicts utilisation {u:.2f}: demand derated "
+                f"x{before:.3g} -> x{self.derate:.3g}")
 
     def _change(self, action: Action, why: str, target: Mapping[str, float],
                 decide: Any) -> Decision:
