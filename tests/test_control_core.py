@@ -212,3 +212,48 @@ def test_min_cost_by_the_aggregate_formulation_searches_nothing_else():
     assert set(full.compared) > {"aggregate"}
     assert full.plan.stats["placed_cost_per_hour"] <= agg.plan.stats["placed_cost_per_hour"] \
         + 1e-9
+
+
+# ------------------------------------------------------------------ auto forecast, latency band
+
+@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=30))
+@settings(max_examples=60, deadline=None)
+def test_auto_forecasts_with_the_model_that_has_erred_less(series):
+    """Oracle: the two models run on their own, their one-window-ahead APEs summed by hand;
+    auto's forecast is the one of lower mean error (last until each has 3 scored windows)."""
+    auto = RateForecaster("auto")
+    alone = {k: RateForecaster(k) for k in ("holt", "last")}
+    errs = {k: [] for k in alone}
+    for x in series:
+        for k, f in alone.items():
+            if f.seen >= 2 and x > 0:
+                errs[k].append(abs(f.forecast(1) - x) / x)
+        auto.update(x)
+        for f in alone.values():
+            f.update(x)
+        n = min(len(v) for v in errs.values())
+        mean = {k: sum(v) / len(v) for k, v in errs.items() if v}
+        want = "holt" if n >= 3 and mean["holt"] < mean["last"] else "last"
+        assert auto.chosen == want
+        for h in (1, 3):
+            assert auto.forecast(h) == pytest.approx(alone[want].forecast(h), rel=1e-12)
+
+
+def test_auto_follows_a_trend_with_holt():
+    f = RateForecaster("auto")
+    for k in range(8):
+        f.update(1.0 + k)
+    assert f.chosen == "holt" and f.forecast(2) == pytest.approx(10.0)
+
+
+def test_a_scale_down_keeps_a_margin_below_the_bound():
+    """With down_latency near 0 no smaller plan is within it: a falling load is kept; with it
+    near 1 the same windows scale down (the latency band is what held it)."""
+    for frac, want in ((1e-6, False), (0.999, True)):
+        ctl, problem = _controller(hold_windows=2, forecast="last", down_latency=frac)
+        base = dict(problem.targets)
+        _run(ctl, [{w: 2 * r for w, r in base.items()}] * 2)
+        ds = _run(ctl, [{w: r / 4 for w, r in base.items()}] * 5)
+        assert any(d.action == "scale-down" for d in ds) is want, [d.reason for d in ds]
+        if not want:
+            assert any("above 1e-06 x the bound" in d.reason for d in ds)

@@ -691,16 +691,22 @@ class RecordingProxy:
         except (TimeoutError, aiohttp.ServerTimeoutError):
             error = "upstream_timeout"
         except aiohttp.ClientConnectionResetError:  # the client's side
+            if scan.done:  # it had its answer and closed: the call ended well
+                return resp
             raise
         except aiohttp.ClientError:  # payload errors, disconnects
             error = "upstream_stream_cut"
-        rest = scan.flush()
-        if rest:
-            await resp.write(rest)
-        if error is None and not scan.done:
-            error = "upstream_stream_cut"
-        self._end_stream(call, scan, error)
-        await resp.write_eof()
+        try:
+            rest = scan.flush()
+            if rest:
+                await resp.write(rest)
+            if error is None and not scan.done:
+                error = "upstream_stream_cut"
+            self._end_stream(call, scan, error)
+            await resp.write_eof()
+        except aiohttp.ClientConnectionResetError:
+            if not scan.done:
+                raise
         return resp
 
     def _end_stream(self, call: _Call | None, scan: StreamScan, error: str | None) -> None:

@@ -4,7 +4,8 @@ I/O). The live controller and ``scepsy bench control`` share it (docs/bench-cont
 Each window (:meth:`Controller.observe`):
 
 1. **Forecast.** Every workflow's request rate is forecast (:mod:`scepsy_place.control.forecast`,
-   Holt's double exponential smoothing by default) over the next ``H = 1 + ceil(startup_s /
+   by default ``auto``: Holt's double exponential smoothing or the last window's
+   rate, whichever has forecast this series better so far) over the next ``H = 1 + ceil(startup_s /
    window_s)`` windows, and the largest of those forecasts is kept: a replica started now is
    healthy ``startup_s`` later, so the capacity decided now must carry the load until the window
    after it has started. The **target** is that forecast times ``1 + headroom`` (the forecast's
@@ -18,7 +19,9 @@ Each window (:meth:`Controller.observe`):
    * **scale-up** when some LLM's utilisation exceeds ``up_utilisation`` or some workflow's
      predicted latency exceeds its bound;
    * **scale-down** when every LLM's utilisation is below ``down_utilisation`` for
-     ``hold_windows`` consecutive windows (one window above it starts the count again);
+     ``hold_windows`` consecutive windows (one window above it starts the count again), and
+     the smaller plan keeps every workflow within ``down_latency`` (0.8) times its bound (a
+     plan at the bound's edge would be scaled up again at the next rise of the load);
    * **keep** otherwise.
 
    A change is an incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`,
@@ -128,13 +131,14 @@ class ControlConfig:
 
     window_s: float = 30.0
     startup_s: float = 60.0  # time a new replica takes to be healthy
-    forecast: ForecastKind = "holt"
+    forecast: ForecastKind = "auto"
     alpha: float = ALPHA
     beta: float = BETA
     headroom: float = 0.15
     up_utilisation: float = 0.85
     down_utilisation: float = 0.5
     hold_windows: int = 3
+    down_latency: float = 0.8  # a scale-down keeps every workflow within this part of its bound
     objective: Objective = "min-cost"  # of the re-plans
     # of the re-plans (scepsy_place.formulations.loop): "aggregate" solves the aggregate MILP
     # and places it, quick and independent of the time limit; "auto" searches further
@@ -162,7 +166,7 @@ class ControlConfig:
         if self.forecast not in FORECASTS:
             raise InputError(SOURCE, "forecast", f"one of {', '.join(FORECASTS)}", self.forecast)
         check_smoothing(self.alpha, self.beta, SOURCE)
-        for name in ("up_utilisation", "down_utilisation"):
+        for name in ("up_utilisation", "down_utilisation", "down_latency"):
             x = getattr(self, name)
             if isinstance(x, bool) or not (isinstance(x, int | float) and 0 < x < 1):
                 raise InputError(SOURCE, name, "a utilisation in (0, 1)", x)
@@ -453,6 +457,13 @@ class Controller:
         if action == "scale-down" and new.gpus() >= self.allocation.gpus() - 1e-9:
             return decide("keep", f"{why}; the cheapest plan within the bounds uses no fewer "
                           f"GPUs ({new.gpus():g})", None)
+        if action == "scale-down":  # hysteresis on latency too: no plan at the bound's edge
+            tight = sorted(wf for wf, x in after["latency_s"].items()
+                           if x > cfg.down_latency * self.bounds[wf])
+            if tight:
+                return decide("keep", f"{why}; the smaller plan would take "
+                              + ", ".join(f"{wf} to {after['latency_s'][wf]:.3g} s" for wf in tight)
+                              + f", above {cfg.down_latency:g} x the bound", None)
         return decide(action, f"{why}; re-plan: {len(rp.started)} started, {len(rp.stopped)} "
                       f"stopped, {len(rp.moved)} moved, {self.allocation.gpus():g} -> "
                       f"{new.gpus():g} GPUs{note}", rp, after)

@@ -16,6 +16,11 @@ Two stated models:
   and the level to the second; from then on the update above. On a series that is a straight
   line the forecast is exact from the second observation on.
 * ``last``: the naive forecast, the last observation, at every horizon.
+* ``auto`` (the controller's default): both, each scored on its own one-window-ahead
+  forecasts so far (the mean absolute percentage error over the windows with a rate > 0); the
+  forecast is the better one's (``last`` until each has :data:`AUTO_MIN_SCORED` scored windows,
+  and on a tie). A smooth trend makes it Holt, a noisy or flat load the naive forecast (on the
+  bench's daily cycle Holt's trend overshoots: ``last`` had the lower error one window ahead).
 
 :func:`forecast_error` measures a model on a rate series: the mean absolute percentage error
 (MAPE) of its ``horizon``-windows-ahead forecasts, the figure ``scepsy bench control`` reports.
@@ -30,8 +35,10 @@ from typing import Literal
 
 from scepsy_common.errors import InputError
 
-ForecastKind = Literal["holt", "last"]
-FORECASTS: tuple[ForecastKind, ...] = ("holt", "last")
+ForecastKind = Literal["holt", "last", "auto"]
+FORECASTS: tuple[ForecastKind, ...] = ("holt", "last", "auto")
+AUTO_MIN_SCORED = 3
+"""Scored windows each model needs before ``auto`` may choose Holt."""
 ALPHA = 0.5
 """Holt's level smoothing factor: half the weight on the newest window."""
 BETA = 0.3
@@ -46,28 +53,17 @@ def check_smoothing(alpha: float, beta: float, source: str = "forecast") -> None
 
 
 @dataclass
-class RateForecaster:
-    """The forecast of one rate series (module docstring); ``update`` each window, then
-    ``forecast(h)``."""
+class _Model:
+    """One model's state (``holt`` or ``last``)."""
 
-    kind: ForecastKind = "holt"
-    alpha: float = ALPHA
-    beta: float = BETA
+    kind: ForecastKind
+    alpha: float
+    beta: float
     level: float | None = None
     trend: float = 0.0
     seen: int = 0
 
-    def __post_init__(self) -> None:
-        if self.kind not in FORECASTS:
-            raise InputError("forecast", "kind", f"one of {', '.join(FORECASTS)}", self.kind)
-        check_smoothing(self.alpha, self.beta)
-
     def update(self, x: float) -> None:
-        """Take the rate of one more window (finite, >= 0)."""
-        if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x)
-                                       and x >= 0):
-            raise InputError("forecast", "rate", "a rate >= 0 (req/s)", x)
-        x = float(x)
         if self.level is None or self.kind == "last":
             self.level, self.trend = x, 0.0
         elif self.seen == 1:
@@ -78,11 +74,60 @@ class RateForecaster:
             self.trend = self.beta * (self.level - old) + (1.0 - self.beta) * self.trend
         self.seen += 1
 
-    def forecast(self, h: int = 1) -> float:
-        """The rate ``h`` windows ahead (``h >= 1``); 0 before any observation."""
+    def forecast(self, h: int) -> float:
         if self.level is None:
             return 0.0
         return max(0.0, self.level + (h * self.trend if self.kind == "holt" else 0.0))
+
+
+@dataclass
+class RateForecaster:
+    """The forecast of one rate series (module docstring); ``update`` each window, then
+    ``forecast(h)``."""
+
+    kind: ForecastKind = "holt"
+    alpha: float = ALPHA
+    beta: float = BETA
+
+    def __post_init__(self) -> None:
+        if self.kind not in FORECASTS:
+            raise InputError("forecast", "kind", f"one of {', '.join(FORECASTS)}", self.kind)
+        check_smoothing(self.alpha, self.beta)
+        kinds: tuple[ForecastKind, ...] = ("holt", "last") if self.kind == "auto" \
+            else (self.kind,)
+        self._models = {k: _Model(k, self.alpha, self.beta) for k in kinds}
+        self._errors = {k: [0.0, 0] for k in kinds}  # sum of APEs, windows scored
+
+    @property
+    def seen(self) -> int:
+        return next(iter(self._models.values())).seen
+
+    @property
+    def chosen(self) -> ForecastKind:
+        """The model whose forecast is used (``auto``: the better one so far)."""
+        if self.kind != "auto":
+            return self.kind
+        (hs, hn), (ls, ln) = self._errors["holt"], self._errors["last"]
+        if min(hn, ln) < AUTO_MIN_SCORED:
+            return "last"
+        return "holt" if hs / hn < ls / ln else "last"
+
+    def update(self, x: float) -> None:
+        """Take the rate of one more window (finite, >= 0)."""
+        if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x)
+                                       and x >= 0):
+            raise InputError("forecast", "rate", "a rate >= 0 (req/s)", x)
+        x = float(x)
+        for k, m in self._models.items():
+            if m.seen >= 2 and x > 0:  # score the forecast it made for this window
+                err = self._errors[k]
+                err[0] += abs(m.forecast(1) - x) / x
+                err[1] += 1
+            m.update(x)
+
+    def forecast(self, h: int = 1) -> float:
+        """The rate ``h`` windows ahead (``h >= 1``); 0 before any observation."""
+        return self._models[self.chosen].forecast(h)
 
     def peak(self, horizon: int) -> float:
         """The largest forecast over the next ``horizon`` windows (1..horizon)."""
