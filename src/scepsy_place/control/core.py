@@ -18,8 +18,10 @@ Each window (:meth:`Controller.observe`):
 
    * **scale-up** when some LLM's utilisation exceeds ``up_utilisation`` or some workflow's
      predicted latency exceeds its bound;
-   * **scale-down** when every LLM's utilisation is below ``down_utilisation`` for
-     ``hold_windows`` consecutive windows (one window above it starts the count again), and
+   * **scale-down** when some LLM's utilisation has been below ``down_utilisation`` for
+     ``hold_windows`` consecutive windows (a window without one starts the count again: one
+     LLM of a workflow may be oversized while another is busy), the re-plan uses fewer GPUs,
+     and
      the smaller plan keeps every workflow within ``down_latency`` (0.8) times its bound (a
      plan at the bound's edge would be scaled up again at the next rise of the load);
    * **keep** otherwise.
@@ -385,13 +387,15 @@ class Controller:
                 + [f"{wf} latency {lat[wf]:.3g} s > bound {self.bounds[wf]:.3g} s"
                    for wf in late]) + f" {at}"
             return self._change("scale-up", why, target, decide)
-        if all(u < cfg.down_utilisation for u in util.values()):
+        idle = sorted(m for m, u in util.items() if u < cfg.down_utilisation)
+        if idle:
             self.below += 1
+            names = ", ".join(idle) if len(idle) < len(util) else "every LLM"
             if self.below < cfg.hold_windows:
-                return decide("keep", f"every LLM below {cfg.down_utilisation:g} {at} for "
+                return decide("keep", f"{names} below {cfg.down_utilisation:g} {at} for "
                               f"{self.below}/{cfg.hold_windows} windows")
-            why = (f"every LLM below {cfg.down_utilisation:g} {at} for {self.below} windows "
-                   f"(max {max(util.values(), default=0.0):.2f})")
+            why = (f"{names} below {cfg.down_utilisation:g} {at} for {self.below} windows "
+                   f"(least {min(util[m] for m in idle):.2f})")
             return self._change("scale-down", why, target, decide)
         self.below = 0
         return decide("keep", f"within the band [{cfg.down_utilisation:g}, "

@@ -12,7 +12,8 @@ after the change.
    ``ControlLoop.window_s``) in a thread of its own, reading the gateway's and the replicas'
    ``/metrics`` and applying its decisions with the shell target
    (:class:`~scepsy_place.control.apply.ShellTarget`: real ``vllm serve`` processes, the run's
-   marker in their environment), its decision log in ``control.jsonl``;
+   marker in their environment), its decision log ``OUT/control.jsonl`` and the gateway's trace
+   ``OUT/gateway-trace.jsonl``;
 3. the drive through the gateway: every LLM of every workflow routed to the gateway, the total
    rate ``rate`` until ``step_at_s`` and ``rate * step_factor`` after
    (:func:`~scepsy_place.launch.drive.plan_drive`'s ``rate_steps``);
@@ -200,10 +201,13 @@ def drive_under_control(*, control: ControlLoop, specs: Sequence[WorkflowSpec],
     """The controlled drive (module docstring); the servers the controller started are stopped
     before it returns, whatever happens."""
     routes = load_routes(launch_dir / "routes.json")
-    record = RecordConfig(out=work / GATEWAY_TRACE, routed=True,
+    # beside the results (the run folder goes unless --keep)
+    record = RecordConfig(out=work.parent / GATEWAY_TRACE, routed=True,
                           timeout_s=timeouts.call_s)
     target = ShellTarget(launch_dir / "run")  # where start.sh keeps its pid files
-    log_path = work / CONTROL_LOG
+    log_path = work.parent / CONTROL_LOG
+    for old in (log_path, record.out):  # a rerun into the same folder replaces them
+        old.unlink(missing_ok=True)
     rows: list[dict[str, Any]] = []
     stepped = rate * control.step_factor
     run = ControlRun(control.step_at_s, rate, stepped, startup_s, log=str(log_path))

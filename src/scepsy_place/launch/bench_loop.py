@@ -833,12 +833,31 @@ def report_lines(result: LoopResult) -> list[str]:
         lines.append(f"requests: {d['sent']} sent = {d['completed']} completed + "
                      f"{d['failed']} failed ({d['failures']}); {d['not_sent']} not sent"
                      + ("; the drive was interrupted" if d.get("interrupted") else ""))
+    if result.control is not None:
+        lines += control_lines(result.control)
     if result.error:
         lines.append(f"error: {result.error}")
     if result.interrupted:
         lines.append("interrupted: the servers were stopped")
     lines.append(f"results: {result.files.get('results', '-')}")
     return lines
+
+
+def control_lines(c: Mapping[str, Any]) -> list[str]:
+    """The controlled run in the report: the step, the changes, the latency per window."""
+    lines = ["", f"control: the load stepped from {c['rate']:.3g} to {c['stepped_rate']:.3g} "
+             f"req/s at {c['step_at_s']:g} s; start-up planned with {c['startup_s']:.0f} s; "
+             f"{c['applied']} change(s) applied, {c['failed_changes']} failed, {c['moves']} "
+             f"move(s), {c['servers_started']} server(s) started by the controller; log "
+             f"{c['log']}"]
+    for d in c["decisions"]:
+        if d.get("action") != "keep":
+            lines.append(f"  {d['at_s']:6.0f} s  {d['action']}: {d['reason']}")
+    rows = [["arrived_s", "requests", "failed", "p50_s", "p90_s"]]
+    for w in c["windows"]:
+        rows.append([f"{w['start_s']:.0f}-{w['end_s']:.0f}", str(w["requests"]),
+                     str(w["failed"]), _num(w["p50_s"]), _num(w["p90_s"])])
+    return [*lines, "", *_table(rows)]
 
 
 # ------------------------------------------------------------------------------------ loop
