@@ -7,14 +7,13 @@ routes changed; the launch view after a re-plan (kept replicas keep their ports)
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from fakes.control_gateway import FakeGateway
-from fakes.launch_plans import cpu_plan
+from fakes.launch_plans import cpu_plan, one_real_vllm_replica
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Instance
 from scepsy_place.control.apply import (
@@ -227,15 +226,7 @@ def test_shell_target_starts_a_real_vllm_serve_and_stops_it(tmp_path):
     except BackendUnavailable as exc:
         pytest.skip(f"no vLLM environment: {exc}")
     model_dir = write_model_dir(engine_model("llama-3-8b", 1 / 16), tmp_path / "model")
-    plan = cpu_plan(command=(str(python), "-m", "vllm.entrypoints.openai.api_server",
-                             "--model"), base_port=free_port_range(1))
-    rewriter = replace(plan.models["rewriter"], serve=str(model_dir), weights_gib=0.02)
-    reps = tuple(replace(r, memory_gib=2.0) for r in plan.replicas if r.llm == "rewriter")
-    plan = replace(plan, models={"rewriter": rewriter}, replicas=reps,
-                   workflows={"rag": ("rewriter",)},
-                   engine=replace(plan.engine, args=(
-                       "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
-                       "--max-model-len", "256", "--max-num-seqs", "4")))
+    plan = one_real_vllm_replica(str(model_dir), str(python), free_port_range(1))
     (r,) = plan.replicas
     target = ShellTarget(tmp_path / "run")
     target.start(plan, r)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from fakes.launch_plans import cpu_plan, gpu_plan
+from fakes.launch_plans import cpu_plan, gpu_plan, one_real_vllm_replica
 from scepsy_common.errors import InputError
 from scepsy_place.launch.apply import LaunchError, apply, running, stop
 from scepsy_place.launch.bench_loop import free_port_range
@@ -388,15 +388,7 @@ def test_real_vllm_serve_through_start_and_stop(tmp_path):
     except BackendUnavailable as exc:
         pytest.skip(f"no vLLM environment: {exc}")
     model_dir = write_model_dir(engine_model("llama-3-8b", 1 / 16), tmp_path / "model")
-    plan = cpu_plan(command=(str(python), "-m", "vllm.entrypoints.openai.api_server",
-                             "--model"), base_port=free_base(1))
-    rewriter = replace(plan.models["rewriter"], serve=str(model_dir), weights_gib=0.02)
-    reps = tuple(replace(r, memory_gib=2.0) for r in plan.replicas if r.llm == "rewriter")
-    plan = replace(plan, models={"rewriter": rewriter}, replicas=reps,
-                   workflows={"rag": ("rewriter",)},
-                   engine=replace(plan.engine, args=(
-                       "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
-                       "--max-model-len", "256", "--max-num-seqs", "4")))
+    plan = one_real_vllm_replica(str(model_dir), str(python), free_base(1))
     folder = rendered(plan, tmp_path)
     with running(folder, timeout_s=600) as run:
         (server,) = run.servers

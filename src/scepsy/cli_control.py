@@ -140,8 +140,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 
 def cmd_control(args: argparse.Namespace) -> int:
     import asyncio
-    import signal
 
+    from scepsy.cli_util import stop_event
     from scepsy_common.errors import InputError
     from scepsy_common.net import parse_listen
     from scepsy_place.control.apply import apply_target
@@ -179,12 +179,7 @@ def cmd_control(args: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
 
     async def main() -> Any:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if args.duration is not None:
-            loop.call_later(args.duration, stop.set)
+        stop = stop_event(args.duration)
         with open(log_path, "a", encoding="utf-8") as stream:
             return await control_loop(controller, launch, target, gateway,
                                       window_s=args.window, log=JsonLog(stream), stop=stop,

@@ -92,24 +92,20 @@ def cmd_record(args: argparse.Namespace) -> int:
     import sys
 
     from scepsy.cli_trace_receive import startup_line
+    from scepsy.cli_util import stop_event
     from scepsy_opt.ingest.record import RecordingProxy, serve
 
     config = _config(args)
     record = config if args.routes is None else config.record
 
     async def main() -> Any:
-        loop = asyncio.get_running_loop()
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if args.duration is not None:
-            loop.call_later(args.duration, stop.set)
+        stop = stop_event(args.duration)
         proxy: RecordingProxy | None = None
         if args.routes is not None:
             from scepsy_place.control.gateway import Gateway
 
             gateway = proxy = Gateway(config)
-            loop.add_signal_handler(signal.SIGHUP, gateway.reload_file)
+            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload_file)
             n = len({e.url for llms in config.routes.workflows.values()
                      for eps in llms.values() for e in eps})
             ups = [f"{n} endpoints of {args.routes} (priority {args.priority})"]

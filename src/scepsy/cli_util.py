@@ -180,3 +180,18 @@ def naming(flags: dict[str, str]) -> Iterator[None]:
         if new is exc:
             raise
         raise new from None
+
+
+def stop_event(duration_s: float | None) -> Any:
+    """An :class:`asyncio.Event` of the running loop that SIGINT, SIGTERM or ``duration_s``
+    (None: no limit) sets: how a long-running command (``record``, ``control``) ends."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if duration_s is not None:
+        loop.call_later(duration_s, stop.set)
+    return stop

@@ -58,3 +58,20 @@ def cpu_plan(command: tuple[str, ...] = ("vllm", "serve"), base_port: int = 8000
         replicas=assign_ports(reps, base_port), workflows={"rag": ("generator", "rewriter")},
         engine=EngineLaunch(command=command, args=("--load-format", "dummy", "--enforce-eager"),
                             base_port=base_port))
+
+
+def one_real_vllm_replica(model_dir: str, python: str, base_port: int) -> LaunchPlan:
+    """:func:`cpu_plan` cut to its one ``rewriter`` replica, served by a real vLLM CPU server
+    (``python -m vllm.entrypoints.openai.api_server``) of the random-weight model in
+    ``model_dir``: short context, four sequences, no tokenizer."""
+    from dataclasses import replace
+
+    plan = cpu_plan(command=(python, "-m", "vllm.entrypoints.openai.api_server", "--model"),
+                    base_port=base_port)
+    rewriter = replace(plan.models["rewriter"], serve=model_dir, weights_gib=0.02)
+    reps = tuple(replace(r, memory_gib=2.0) for r in plan.replicas if r.llm == "rewriter")
+    return replace(plan, models={"rewriter": rewriter}, replicas=reps,
+                   workflows={"rag": ("rewriter",)},
+                   engine=replace(plan.engine, args=(
+                       "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+                       "--max-model-len", "256", "--max-num-seqs", "4")))
