@@ -1437,7 +1437,10 @@ def run_loop(options: LoopOptions, planning: Planning,
                         error = error or f"stop: {type(exc).__name__}: {exc}"
                 lo = leftovers(run_id, state["ports"])
                 timings["stop_s"] = time.monotonic() - t0
-        if raised is None and state["drive"] is not None:
+        if raised is None and state["drive"] is not None and options.control is not None:
+            tell("no prediction compared: the controller changed the allocation mid-run (the "
+                 "control section has the latency per window)")
+        elif raised is None and state["drive"] is not None:
             tell("predicting at the rates the drive sent")
             t0 = time.monotonic()
             try:
