@@ -28,8 +28,8 @@ def test_the_json_has_every_policy_and_metric():
         for k, t in KEYS.items():
             assert isinstance(row[k], t) or (t is float and isinstance(row[k], int)), (k, row)
         assert 0.0 <= row["slo_attainment"] <= 1.0 and row["gpu_hours"] > 0
-    assert set(res["forecast"]["daily"]) == {"holt", "last", "holt_at_horizon",
-                                             "last_at_horizon", "horizon"}
+    assert set(res["forecast"]["daily"]) == {"holt", "last", "auto", "holt_at_horizon",
+                                             "last_at_horizon", "auto_at_horizon", "horizon"}
     assert len(res["profiles"]["daily"]["decisions"]) == TINY.windows
 
 

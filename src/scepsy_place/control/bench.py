@@ -56,13 +56,20 @@ import numpy as np
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.planning.problem import PlanningProblem
+from scepsy_opt.arrivals import load_arrivals
+from scepsy_opt.cluster import uniform_cluster
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.prediction.pipeline import predict
 from scepsy_opt.prediction.schedule import AllocationChange
+from scepsy_opt.prediction.simulate import simulate
+from scepsy_opt.stats import workflow_stats
+from scepsy_opt.workload import models_of, resolve_rates, specs_and_rates, workload_trace
 from scepsy_place.control.core import ControlConfig, Controller, WindowStats
 from scepsy_place.control.forecast import FORECASTS, forecast_error
 from scepsy_place.formulations.loop import Formulation, PlacedPlan, plan_and_place
-from scepsy_place.packing.topology import Topology
+from scepsy_place.packing.topology import Topology, from_cluster
+from scepsy_profile.catalog import default_catalog
+from scepsy_profile.roofline import roofline_model
 
 PROFILES = ("daily", "ramp", "bursts", "mooncake")
 POLICIES = ("static-mean", "static-peak", "per-llm-autoscale", "scepsy-control")
@@ -150,14 +157,6 @@ def workflows_dir(opts: BenchOptions) -> Path:
 def setup(opts: BenchOptions) -> Setup:
     """The problem (the bundled catalog, the roofline, the TP degrees the workflow's models
     support, as ``scepsy bench paper``), the peak and the bounds."""
-    from scepsy_opt.cluster import uniform_cluster
-    from scepsy_opt.planning.problem import PlanOptions
-    from scepsy_opt.stats import workflow_stats
-    from scepsy_opt.workload import models_of, resolve_rates, specs_and_rates, workload_trace
-    from scepsy_place.packing.topology import from_cluster
-    from scepsy_profile.catalog import default_catalog
-    from scepsy_profile.roofline import roofline_model
-
     path = workflows_dir(opts) / f"{opts.workflow}.yaml"
     if not path.is_file():
         raise InputError("--workflow", "", f"a workflow of {path.parent} (a source checkout)",
@@ -265,8 +264,6 @@ def mooncake_profile(path: Path, peak: float, n: int, window_s: float,
                      seed: int) -> Profile:
     """Mooncake's arrival times compressed onto ``n`` windows, thinned so that the busiest
     window's rate is ``peak``."""
-    from scepsy_opt.arrivals import load_arrivals
-
     arr = load_arrivals(path)
     span = n * window_s
     t = np.asarray(arr.times_s) * (span / max(arr.span_s, 1e-9))
@@ -434,8 +431,6 @@ def control_schedule(s: Setup, start: PlacedPlan, counts: Sequence[int], window_
 def run_policy(s: Setup, prof: Profile, sched: Schedule, opts: BenchOptions,
                priority: str = "fcfs") -> dict[str, Any]:
     """Simulate ``sched`` under ``prof`` and measure it (module docstring)."""
-    from scepsy_opt.prediction.simulate import simulate
-
     n, ws = opts.windows, opts.window_s
     end = n * ws
     changes, starting = compile_schedule(sched, end)
