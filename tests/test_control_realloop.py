@@ -99,20 +99,20 @@ def test_the_report_shows_the_changes_and_the_windows():
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_the_controlled_loop_on_this_cpu(tmp_path: Path) -> None:
-    """Real servers behind the gateway, the load stepping up 3x at 30 s and staying there for
-    about 3 minutes (longer than a replica's start-up, so the change completes before the drive
+    """Real servers behind the gateway, the load stepping up 5x at 30 s and staying there for
+    about 2.5 minutes (longer than a replica's start-up, so the change completes before the drive
     ends; a change still starting when it ends is rolled back): the controller adds capacity
     (a scale-up applied), every request is completed or failed with none failed, and nothing
     of the run (the controller's servers included) is left running."""
     python = _vllm()
     opts = _options(tmp_path, None, engine_python=python, rate=None, load=0.03,
-                    requests=280, call_timeout_s=120.0, health_timeout_s=600.0,
+                    requests=375, call_timeout_s=120.0, health_timeout_s=600.0,
                     workflow=str(REPO / "datasets/workflows/cpu-beam-search.yaml"),
-                    control=ControlLoop(step_at_s=30.0, step_factor=3.0, window_s=10.0))
+                    control=ControlLoop(step_at_s=30.0, step_factor=5.0, window_s=10.0))
     res = api.bench_loop(opts)
     drive = res.drive
     assert drive is not None
-    assert drive["completed"] + drive["failed"] == drive["sent"] == 280
+    assert drive["completed"] + drive["failed"] == drive["sent"] == 375
     assert drive["failed"] == 0, drive["failures"]
     _assert_nothing_left(res)
     c = res.control
@@ -120,7 +120,7 @@ def test_the_controlled_loop_on_this_cpu(tmp_path: Path) -> None:
     assert any(d["action"] == "scale-up" for d in c["decisions"]), \
         [d["reason"] for d in c["decisions"]]
     assert c["applied"] >= 1 and c["failed_changes"] == 0
-    assert sum(w["requests"] for w in c["windows"]) == 280
+    assert sum(w["requests"] for w in c["windows"]) == 375
     log = [json.loads(line) for line in Path(c["log"]).read_text().splitlines()]
     steps = [r["step"] for r in log if r["kind"] == "apply"]
     assert steps.index("healthy") < steps.index("routes") < steps.index("drained")
