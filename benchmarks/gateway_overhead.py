@@ -33,6 +33,7 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 
+from proxy_overhead import answer_handler
 from scepsy_opt.traces import read_trace
 
 TARGET_MS = 1.0
@@ -53,18 +54,7 @@ def _upstream(port_q: mp.Queue, chunks: int) -> None:
     usage_event = b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode() \
         + b"\n\n"
 
-    async def handle(request: web.BaseRequest) -> web.StreamResponse:
-        req = json.loads(await request.read())
-        if not req.get("stream"):
-            return web.Response(body=body, content_type="application/json")
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        await resp.write(stream)
-        opts = req.get("stream_options") or {}
-        await resp.write((usage_event if opts.get("include_usage") else b"")
-                         + b"data: [DONE]\n\n")
-        await resp.write_eof()
-        return resp
+    handle = answer_handler(body, stream, usage_event)
 
     async def main() -> None:
         runner = web.ServerRunner(web.Server(handle, access_log=None))

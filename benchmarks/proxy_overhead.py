@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -52,10 +53,9 @@ def _answer(chunks: int) -> tuple[bytes, bytes]:
     return body, stream
 
 
-def _upstream(port_q: mp.Queue, chunks: int) -> None:
-    body, stream = _answer(chunks)
-    usage = b"data: " + json.dumps({"id": "x", "choices": [], "usage": {
-        "prompt_tokens": 12, "completion_tokens": chunks}}).encode() + b"\n\n"
+def answer_handler(body: bytes, stream: bytes, usage: bytes) -> Any:
+    """The fake upstream's request handler: ``body`` at once, or ``stream`` then the ``usage``
+    event (when the call asks for it) and ``[DONE]`` (also the gateway benchmark's upstream)."""
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         req = json.loads(await request.read())
@@ -68,6 +68,15 @@ def _upstream(port_q: mp.Queue, chunks: int) -> None:
         await resp.write((usage if opts.get("include_usage") else b"") + b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    return handle
+
+
+def _upstream(port_q: mp.Queue, chunks: int) -> None:
+    body, stream = _answer(chunks)
+    usage = b"data: " + json.dumps({"id": "x", "choices": [], "usage": {
+        "prompt_tokens": 12, "completion_tokens": chunks}}).encode() + b"\n\n"
+    handle = answer_handler(body, stream, usage)
 
     async def main() -> None:
         runner = web.ServerRunner(web.Server(handle, access_log=None))
