@@ -1212,9 +1212,28 @@ def _misc_cases() -> list[Case]:
             ("map-binary", ("--upstream", "http://127.0.0.1:9", "--map", "b.yaml"), ("b.yaml",)),
             ("timeout-zero", ("--upstream", "http://127.0.0.1:9", "--timeout", "0"),
              ("--timeout",)),
-            ("no-upstream", (), ("--upstream",))):
+            ("no-upstream", (), ("--upstream",)),
+            ("upstream-for-twice", ("--upstream-for", "m=http://127.0.0.1:8001",
+                                    "--upstream-for", "m=http://127.0.0.1:8002"),
+             ("--upstream-for",)),
+            ("model-twice", ("--upstream", "http://127.0.0.1:9", "--model", "m=a",
+                             "--model", "m=b"), ("--model",))):
         cs.append(Case("record", name, (*rec, *extra), {"b.yaml": raw(BINARY)}, names=names,
                        timeout=20))
+    # outputs that are inputs in disguise: a run file inside validate's DIR, control's log
+    cs.append(Case("validate", "json-over-a-run-file",
+                   ("validate", "muxserve", "D", "--no-simulate", "--json",
+                    "D/yamls/example_load.yaml"), {"D": copy("muxserve-example")}, ("D",),
+                   names=("--json",), needs=("muxserve-example",), timeout=120))
+    cs.append(Case("control", "log-is-the-plan",
+                   ("control", "--plan", "p.json", "--workflow", f"{B}/rag.yaml", "--dry-run",
+                    "--gateway", "http://127.0.0.1:9", "--duration", "1", "--log", "p.json"),
+                   {"p.json": copy("plan.json")}, ("p.json",), names=("--log",),
+                   needs=("plan.json",), timeout=60))
+    cs.append(Case("profile", "run-engine-option-twice",
+                   ("profile", "run", "--backend", "torch", "--model", "llama-3-8b",
+                    "--engine-option", "device=cpu", "--engine-option", "device=cuda",
+                    "--out", "s.jsonl"), names=("--engine-option",)))
     return cs
 
 

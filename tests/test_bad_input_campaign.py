@@ -34,7 +34,7 @@ def classify(**kw):
 
 def test_classifier_on_known_outcomes():
     assert classify() == "ok"
-    assert classify(stderr="scepsy: error: c.yaml: pools.0.nodes: expected > 0\n") == "ok"
+    assert classify(stderr="scepsy: error: c.yaml: pools[0].nodes: expected > 0\n") == "ok"
     assert classify(stderr="Traceback (most recent call last):\n  ...\nValueError: x\n",
                     code=1) == "traceback"
     assert classify(code=-11, stderr="") == "traceback"  # killed by a signal

@@ -278,13 +278,13 @@ for name, text, *exp in [
     ("empty-list", "workflows: []\n", "workflows"),
     ("wrong-type", "workflows: rag.yaml\n", "workflows"),
     ("missing-workflows", "workflows:\nweights: [1]\n", "workflows"),
-    ("missing-file", "workflows: [nope.yaml]\n", "workflows.0", "nope.yaml"),
+    ("missing-file", "workflows: [nope.yaml]\n", "workflows[0]", "nope.yaml"),
     ("negative-weight", "workflows: [rag.yaml]\nweights: [-1]\n", "weights"),
     ("zero-weight", "workflows: [rag.yaml]\nweights: [0]\n", "weights"),
     ("nan-weight", "workflows: [rag.yaml]\nweights: [.nan]\n", "weights"),
     ("inf-weight", "workflows: [rag.yaml]\nweights: [.inf]\n", "weights"),
     ("weights-count", "workflows: [rag.yaml]\nweights: [1, 2]\n", "weights"),
-    ("duplicate-workflow", "workflows: [rag.yaml, rag.yaml]\n", "workflows.1"),
+    ("duplicate-workflow", "workflows: [rag.yaml, rag.yaml]\n", "workflows[1]"),
     ("duplicate-key", "workflows: [rag.yaml]\nworkflows: [rag.yaml]\n", "line 2", "workflows"),
     ("unknown-field", "workflows: [rag.yaml]\nrates: [1]\n", "rates"),
     ("truncated", "workflows: [rag.yaml\n", "line"),
@@ -302,12 +302,12 @@ for name, text, *exp in [
     ("pools-empty", "name: c\npools: []\n", "pools"),
     ("pools-wrong-type", "name: c\npools: {gpu: A100-80GB}\n", "pools"),
     ("missing-name", "pools:\n  - {gpu: A100-80GB, nodes: 1, gpus_per_node: 4}\n", "name"),
-    ("zero-nodes", sub(POOLS, "nodes: 1", "nodes: 0"), "pools.0.nodes"),
-    ("negative-nodes", sub(POOLS, "nodes: 1", "nodes: -1"), "pools.0.nodes"),
-    ("huge-nodes", sub(POOLS, "nodes: 1", "nodes: 1000000000"), "pools.0.nodes"),
-    ("nan-nodes", sub(POOLS, "nodes: 1", "nodes: .nan"), "pools.0.nodes"),
-    ("float-nodes", sub(POOLS, "nodes: 1", "nodes: 1.5"), "pools.0.nodes"),
-    ("huge-gpus", sub(POOLS, "gpus_per_node: 4", "gpus_per_node: 100000"), "pools.0.gpus_per_node"),
+    ("zero-nodes", sub(POOLS, "nodes: 1", "nodes: 0"), "pools[0].nodes"),
+    ("negative-nodes", sub(POOLS, "nodes: 1", "nodes: -1"), "pools[0].nodes"),
+    ("huge-nodes", sub(POOLS, "nodes: 1", "nodes: 1000000000"), "pools[0].nodes"),
+    ("nan-nodes", sub(POOLS, "nodes: 1", "nodes: .nan"), "pools[0].nodes"),
+    ("float-nodes", sub(POOLS, "nodes: 1", "nodes: 1.5"), "pools[0].nodes"),
+    ("huge-gpus", sub(POOLS, "gpus_per_node: 4", "gpus_per_node: 100000"), "pools[0].gpus_per_node"),
     (
         "total-nodes",
         POOLS + "  - {gpu: A100-80GB, nodes: 9000, gpus_per_node: 8}\n"
@@ -316,7 +316,7 @@ for name, text, *exp in [
         "nodes",
     ),
     ("unknown-gpu", sub(POOLS, "gpu: A100-80GB", "gpu: B300"), "pools[0].gpu"),
-    ("unknown-field", sub(POOLS, "nodes: 1,", "nodes: 1, nvlink: 4,"), "pools.0.nvlink"),
+    ("unknown-field", sub(POOLS, "nodes: 1,", "nodes: 1, nvlink: 4,"), "pools[0].nvlink"),
     ("duplicate-key", POOLS + "name: d\n", "line 4", "name"),
     ("duplicate-pool-key", sub(POOLS, "nodes: 1,", "nodes: 1, nodes: 2,"), "nodes", "duplicate"),
     (
@@ -338,10 +338,10 @@ for name, text, *exp in [
 RACK = "name: r\nracks:\n  - name: a\n    nodes:\n      - {name: n, gpu: A100-80GB, gpus: 8}\n"
 for name, text, *exp in [
     ("racks-empty", "name: r\nracks: []\n", "racks"),
-    ("nodes-empty", "name: r\nracks:\n  - {name: a, nodes: []}\n", "racks.0.nodes"),
-    ("rack-wrong-type", "name: r\nracks: [3]\n", "racks.0"),
-    ("zero-gpus", sub(RACK, "gpus: 8", "gpus: 0"), "racks.0.nodes.0.gpus"),
-    ("huge-count", sub(RACK, "gpus: 8", "gpus: 8, count: 1000000000"), "racks.0.nodes.0.count"),
+    ("nodes-empty", "name: r\nracks:\n  - {name: a, nodes: []}\n", "racks[0].nodes"),
+    ("rack-wrong-type", "name: r\nracks: [3]\n", "racks[0]"),
+    ("zero-gpus", sub(RACK, "gpus: 8", "gpus: 0"), "racks[0].nodes[0].gpus"),
+    ("huge-count", sub(RACK, "gpus: 8", "gpus: 8, count: 1000000000"), "racks[0].nodes[0].count"),
     (
         "total-count",
         sub(RACK, "gpus: 8", "gpus: 8, count: 6000")
@@ -365,8 +365,8 @@ for name, text, *exp in [
         "racks[0].nodes[1].name",
     ),
     ("duplicate-key", sub(RACK, "gpus: 8}", "gpus: 8, gpus: 4}"), "gpus", "duplicate"),
-    ("shell-node-name", sub(RACK, "name: n,", "name: 'n`id`',"), "racks.0.nodes.0.name"),
-    ("newline-rack-name", sub(RACK, "  - name: a\n", '  - name: "a\\nb"\n'), "racks.0.name"),
+    ("shell-node-name", sub(RACK, "name: n,", "name: 'n`id`',"), "racks[0].nodes[0].name"),
+    ("newline-rack-name", sub(RACK, "  - name: a\n", '  - name: "a\\nb"\n'), "racks[0].name"),
 ]:
     case("racks", name, plan_cluster, C, text, *exp, out="plan.json")
 
@@ -629,11 +629,11 @@ for name, text, *exp in [
     ("list", "[]", "top level"),
     ("missing-curves", json.dumps({"format": ONE.get("format")}), "curves"),
     ("wrong-format", json.dumps({**ONE, "format": "other"}), "format"),
-    ("negative-values", curves_with(values=[[[-1.0]]]), "curves.0"),
+    ("negative-values", curves_with(values=[[[-1.0]]]), "curves[0]"),
     (
         "decreasing-nodes",
         curves_with(batch_nodes=[2.0, 1.0, *ONE["curves"][0]["batch_nodes"][2:]]),
-        "curves.0",
+        "curves[0]",
     ),
     ("truncated", json.dumps(ONE)[:100], "line 1"),
     ("duplicate-key", json.dumps(ONE)[:-1] + ', "curves": []}', "curves", "duplicate"),

@@ -131,6 +131,13 @@ def _listening() -> Any:
         yield s.getsockname()[1]
 
 
+def _muxserve_copy(tmp: Path, plans: dict[str, Path]) -> Path:
+    """A copy of the bundled MuxServe results folder; its workload YAML is the "output"."""
+    folder = tmp / "mux"
+    shutil.copytree(DATA / "e2e" / "muxserve-example", folder)
+    return folder / "yamls" / "example_load.yaml"
+
+
 Case = tuple[str, Callable[[Path, Any], Path], Callable[[Path, Path, Any], list[str]], int]
 """(id, make the existing output, the failing command's argv, expected exit status)"""
 
@@ -202,6 +209,16 @@ CASES: list[Case] = [
     ("drive bad routes", _file("measured.jsonl"),
      lambda out, tmp, p: ["drive", "--workflow", WORKFLOW, "--routes", str(p["garbage"]),
                           "--rate", "1", "--requests", "2", "--trace-out", str(out)], 2),
+    ("validate --json over a run file of DIR", _muxserve_copy,
+     lambda out, tmp, p: ["validate", "muxserve", str(out.parents[1]), "--no-simulate",
+                          "--json", str(out)], 2),
+    ("validate --fit-overheads into DIR's merged/", _muxserve_copy,  # would become an input
+     lambda out, tmp, p: ["validate", "muxserve", str(out.parents[1]), "--fit-overheads",
+                          str(out.parents[1] / "merged" / "overheads.yaml")], 2),
+    ("control --log is the --plan", _plan_copy,  # the log is appended to
+     lambda out, tmp, p: ["control", "--plan", str(out), "--workflow", WORKFLOW, "--dry-run",
+                          "--gateway", "http://127.0.0.1:9", "--duration", "1",
+                          "--log", str(out)], 2),
     ("bench loop bad flag", _file("bench-loop/results.json"),
      lambda out, tmp, p: ["bench", "loop", "--requests", "0", "--out", str(out.parent)], 2),
 ]
@@ -371,3 +388,14 @@ def test_replicas_beyond_the_cluster_name_the_field(plans):
     with pytest.raises(InputError, match=r"llms\.\w+\.tp: expected at most 2 \(the most cpu "
                        "GPUs one node"):
         parse_plan(doc, "plan.json")
+
+
+def test_control_refuses_a_log_that_is_its_plan_before_it_starts(plans, tmp_path):
+    # the decision log is appended to: over the plan it would leave plan.json unparsable
+    plan = _plan_copy(tmp_path, plans)
+    before = snapshot(tmp_path)
+    code, _, err = cli("control", "--plan", str(plan), "--workflow", WORKFLOW, "--dry-run",
+                       "--gateway", "http://127.0.0.1:9", "--duration", "1", "--log", str(plan))
+    assert code == 2 and err.startswith("scepsy: error: --log: expected a path other than an "
+                                        "input"), err
+    assert_untouched(before, tmp_path)

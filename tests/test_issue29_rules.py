@@ -5,6 +5,7 @@ written here from the rule's own words, and each message says that rule, not ano
 from __future__ import annotations
 
 import json
+import re
 import socket
 import string
 
@@ -112,17 +113,17 @@ def _launch(**change):
 
 
 @pytest.mark.parametrize("change, field, expected", [
-    ({"args": ["--x", "a\nb"]}, "args.1", TEXT_EXPECTED),
+    ({"args": ["--x", "a\nb"]}, "args[1]", TEXT_EXPECTED),
     ({"env": {"HF_TOKEN": "a\x1bb"}}, "env.HF_TOKEN", TEXT_EXPECTED),
     ({"env": {"HF_TOKEN": "a\x9bb"}}, "env.HF_TOKEN", TEXT_EXPECTED),
-    ({"command": [""]}, "command.0", WORD_EXPECTED),
-    ({"command": ["vllm\tserve"]}, "command.0", WORD_EXPECTED),
+    ({"command": [""]}, "command[0]", WORD_EXPECTED),
+    ({"command": ["vllm\tserve"]}, "command[0]", WORD_EXPECTED),
     ({"env": {"1BAD": "x"}}, "env.1BAD", ENV_NAME_EXPECTED),
     ({"env": {"A-B": "x"}}, "env.A-B", ENV_NAME_EXPECTED),
     ({"addresses": {"n0": "-host"}}, "addresses.n0", HOST_EXPECTED),
     ({"addresses": {"n0": "host name"}}, "addresses.n0", HOST_EXPECTED),
     ({"addresses": {"../n0": "host"}}, "addresses.../n0", NAME_EXPECTED),
-    ({"args": ["x" * (TEXT_MAX + 1)]}, "args.0", f"a string of at most {TEXT_MAX} characters"),
+    ({"args": ["x" * (TEXT_MAX + 1)]}, "args[0]", f"a string of at most {TEXT_MAX} characters"),
 ])
 def test_each_string_field_says_its_own_rule(change, field, expected):
     with pytest.raises(InputError) as exc:
@@ -283,7 +284,7 @@ def test_a_cluster_file_price_follows_the_same_rule(tmp_path):
                                        "price_per_hour": usd}]}
         with pytest.raises(InputError) as exc:
             parse_cluster(doc, "c.yaml")
-        assert exc.value.field in ("pools[0].price_per_hour", "pools.0.price_per_hour")
+        assert exc.value.field == "pools[0].price_per_hour"
         if usd > 0:
             assert exc.value.expected == PRICE_EXPECTED
 
@@ -363,3 +364,99 @@ def test_a_drive_with_failures_keeps_an_earlier_result_and_writes_beside_it(tmp_
     fresh = tmp_path / "new.json"
     assert run_cli(*args, "--json", str(fresh))[0] == 1
     assert json.loads(fresh.read_text())["failed"] == 2
+
+
+# ------------------------------------------------------------ a KEY=VALUE option given twice
+
+KEYS = st.sampled_from(["a", "m", "org/model", "Qwen/Qwen2.5-7B-Instruct"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(KEYS, st.sampled_from(["x", "y", "llm_b"])), min_size=1, max_size=5))
+def test_a_repeated_key_is_refused_by_every_key_value_option(pairs) -> None:
+    # oracle: the pairs are accepted exactly when no key repeats; then every value counts
+    from scepsy_opt.ingest.record import upstream_pairs
+    from scepsy_opt.ingest.tracemap import model_pairs
+
+    keys = [k for k, _ in pairs]
+    repeated = len(set(keys)) < len(keys)
+    for parse, text in ((model_pairs, lambda k, v: f"{k}={v}"),
+                        (upstream_pairs, lambda k, v: f"{k}=http://127.0.0.1:8000/{v}")):
+        given_ = [text(k, v) for k, v in pairs]
+        if repeated:
+            with pytest.raises(InputError) as exc:
+                parse(given_)
+            assert "once" in exc.value.expected and "only one value can count" in str(exc.value)
+        else:
+            assert len(parse(given_)) == len(pairs)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["trace", "import", "spans.json", "--out", "t.jsonl", "--model", "m=a", "--model", "m=b"],
+     "--model"),
+    (["record", "--listen", "127.0.0.1:0", "--upstream-for", "m=http://127.0.0.1:1",
+      "--upstream-for", "m=http://127.0.0.1:2", "--out", "t.jsonl", "--duration", "1"],
+     "--upstream-for"),
+    (["profile", "run", "--backend", "torch", "--model", "llama-3-8b", "--engine-option",
+      "device=cpu", "--engine-option", "device=cuda", "--out", "s.jsonl"], "--engine-option"),
+])
+def test_the_cli_refuses_a_repeated_key_before_anything_runs(argv, flag, tmp_path,
+                                                             monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "spans.json").write_text('{"resourceSpans": []}')
+    code, _, err = run_cli(*argv)
+    assert code == 2 and err.startswith(f"scepsy: error: {flag}: ") and "once" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spans.json"]  # nothing written
+
+
+# ------------------------------------------------------------------ where a field lies
+
+@given(st.lists(st.one_of(st.integers(0, 99), st.sampled_from(["pools", "gpu", "racks", "x_1"])),
+                min_size=1, max_size=6))
+def test_a_field_path_brackets_list_indices_and_dots_keys(loc) -> None:
+    from scepsy_common.errors import loc_path
+
+    path = loc_path(loc)
+    # oracle: rebuild the parts from the written path
+    parts = [p for p in re.split(r"\.|\[(\d+)\]", path) if p]
+    assert parts == [str(p) for p in loc]
+    assert ".[" not in path and not path.startswith(".")
+    assert all(f"[{p}]" in path for p in loc if isinstance(p, int))
+
+
+def test_cluster_errors_write_a_pool_index_one_way(tmp_path) -> None:
+    bad = tmp_path / "c.yaml"
+    for text, field in (("name: c\npools:\n  - {gpu: A100-80GB, nodes: 0, gpus_per_node: 4}\n",
+                         "pools[0].nodes"),
+                        ("name: c\npools:\n  - {gpu: A100-81GB, nodes: 1, gpus_per_node: 4}\n",
+                         "pools[0].gpu")):
+        bad.write_text(text)
+        code, _, err = run_cli("plan", "--workflow", str(REPO / "datasets/workflows/rag.yaml"),
+                               "--cluster", str(bad), "--target", "1")
+        assert code == 2 and f": {field}: expected" in err, err
+
+
+# ---------------------------------------------------------------- messages that name a flag
+
+def test_profile_show_names_the_option_of_an_unknown_model_or_gpu() -> None:
+    code, _, err = run_cli("profile", "show", "--model", "llama-999b", "--gpu", "A100-80GB")
+    assert code == 2 and err.startswith("scepsy: error: --model: unknown model 'llama-999b'")
+    code, _, err = run_cli("profile", "show", "--model", "llama-7b", "--gpu", "A100-81GB")
+    assert code == 2 and err.startswith("scepsy: error: --gpu: unknown GPU 'A100-81GB'")
+
+
+@pytest.mark.parametrize("name", ["../../../etc/passwd", "nope", "rag.yaml", "/abs/rag"])
+def test_bench_control_names_its_workflows_for_an_unknown_one(name) -> None:
+    names = sorted(p.stem for p in (REPO / "datasets" / "workflows").glob("*.yaml"))
+    code, _, err = run_cli("bench", "control", "--quick", "--workflow", name)
+    assert code == 2 and err.startswith("scepsy: error: --workflow: expected the name of a "
+                                        "workflow of "), err
+    assert ", ".join(names) in err and err.count("..") == name.count(".."), err
+
+
+def test_a_missing_routes_file_reads_as_one_phrase(tmp_path) -> None:
+    code, _, err = run_cli("drive", "--workflow", str(REPO / "datasets/workflows/rag.yaml"),
+                           "--routes", str(tmp_path / "nope.json"), "--rate", "1",
+                           "--requests", "1")
+    assert code == 2 and err.strip().endswith(
+        "expected an existing, readable routes file (routes.json)"), err

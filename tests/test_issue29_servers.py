@@ -305,3 +305,20 @@ def test_random_bytes_never_break_the_receiver(receiver: Server, data: bytes) ->
     assert resp == b"" or _status(resp) in (200, 400, 404, 405, 408, 413, 415, 505), resp[:100]
     assert receiver.good() == 200
     assert "Traceback" not in receiver.stderr()
+
+
+@pytest.mark.parametrize("which", ["receive", "record"])
+def test_a_client_that_speaks_no_http_gets_one_log_line(tmp_path: Path, upstream: int,
+                                                        which: str) -> None:
+    # aiohttp logs a first request that is no HTTP at all at debug level only; the servers
+    # say so like every other refusal: one line naming the client, no traceback
+    srv = _receive(tmp_path) if which == "receive" else _record(tmp_path, upstream)
+    try:
+        status = _status(raw(srv.port, bytes(range(256)) * 8))
+        good = srv.good()
+    finally:
+        srv.stop()
+    lines = srv.stderr().splitlines()[1:]
+    assert status == 400 and good == 200
+    assert len(lines) == 1 and "refused a malformed request from 127.0.0.1" in lines[0], lines
+    assert "Traceback" not in srv.stderr()

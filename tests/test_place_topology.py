@@ -85,9 +85,9 @@ def _node(**kw):
      "racks[0].nodes[0].in_use[0].memory_gib", "80"),
     ([_node(), _node()], "racks[0].nodes[1].name", "used once"),
     ([_node(count=2), _node(name="n-1")], "racks[0].nodes[1].name", "used once"),
-    ([_node(gpus=0)], "racks.0.nodes.0.gpus", ">= 1"),
-    ([_node(colour="red")], "racks.0.nodes.0.colour", "unknown field"),
-    ([], "racks.0.nodes", "at least 1 item"),
+    ([_node(gpus=0)], "racks[0].nodes[0].gpus", ">= 1"),
+    ([_node(colour="red")], "racks[0].nodes[0].colour", "unknown field"),
+    ([], "racks[0].nodes", "at least 1 item"),
 ])
 def test_errors_name_file_and_field(tmp_path, nodes, field, words):
     path = _write(tmp_path, {"name": "t", "racks": [{"name": "r", "nodes": nodes}]})

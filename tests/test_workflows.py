@@ -406,10 +406,10 @@ def test_workload_weights_and_errors(tmp_path):
     specs = load_workload(_workload(tmp_path, {"workflows": both, "weights": [3, 1]}))
     assert [s.weight for s in specs] == [3.0, 1.0]
     cases = [
-        ({"workflows": both}, "qwen2.5-14b", "workflows.1: llms.generator"),
+        ({"workflows": both}, "qwen2.5-14b", "workflows[1]: llms.generator"),
         ({"workflows": both, "weights": [1]}, "qwen2.5-7b", "weights"),
-        ({"workflows": both, "weights": [1, 0]}, "qwen2.5-7b", "weights.1"),
-        ({"workflows": ["rag.yaml", "rag.yaml"]}, "qwen2.5-7b", "workflows.1"),
+        ({"workflows": both, "weights": [1, 0]}, "qwen2.5-7b", "weights[1]"),
+        ({"workflows": ["rag.yaml", "rag.yaml"]}, "qwen2.5-7b", "workflows[1]"),
         ({"workflows": both, "rates": [1, 1]}, "qwen2.5-7b", "rates"),
         ({"workflows": []}, "qwen2.5-7b", "workflows"),
     ]
@@ -422,7 +422,7 @@ def test_workload_weights_and_errors(tmp_path):
     with pytest.raises(InputError) as info:
         load_workload(path)
     # the workload file and the entry that names the missing workflow file
-    assert (info.value.source, info.value.field) == (str(path), "workflows.1")
+    assert (info.value.source, info.value.field) == (str(path), "workflows[1]")
     assert "missing.yaml" in str(info.value)
 
 

@@ -101,6 +101,7 @@ _RUN_FLAGS = {
 def cmd_run(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, check_out, floats, ints, naming, print_rows
     from scepsy.tables import progress
+    from scepsy_common.errors import key_once
     from scepsy_profile.profiling.backend import BackendOptions
     from scepsy_profile.profiling.models import engine_model
     from scepsy_profile.profiling.planner import SweepSpec
@@ -112,19 +113,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     phases = tuple(p.strip() for p in args.phases.split(",") if p.strip())
     if not phases or any(p not in ("prefill", "decode") for p in phases):
         raise UsageError(f"--phases: expected prefill and/or decode (got {args.phases!r})")
-    extra = []
+    extra: dict[str, str] = {}
     for item in args.engine_option:
         name, eq, value = item.partition("=")
         if not (eq and name.strip() and value.strip()):
             raise UsageError(f"--engine-option: expected NAME=VALUE (got {item!r})")
-        extra.append((name.strip(), value.strip()))
+        key_once(extra, name.strip(), value.strip(), "--engine-option")
     with naming(_RUN_FLAGS):
         backend = get_backend(args.backend)
         model = engine_model(args.model, args.scale, source="--model/--scale")
         options = BackendOptions(repeats=args.repeats, warmup=args.warmup, threads=args.threads,
                                  point_timeout_s=args.point_timeout_s, seed=args.seed,
                                  engine_python=args.engine_python, memory_gib=args.kv_gib,
-                                 extra=tuple(extra))
+                                 extra=tuple(extra.items()))
         spec = SweepSpec(tps=tuple(ints(args.tp, "--tp")),
                          shares=tuple(floats(args.shares, "--shares")), phases=phases,
                          max_batch=args.max_batch, min_tokens=args.min_tokens,

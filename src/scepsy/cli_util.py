@@ -41,7 +41,8 @@ def check_out(path: Path, flag: str = "--out") -> None:
     os.unlink(tmp)
 
 
-OUTPUT_DESTS = ("out", "json", "trace_out", "report", "catalog_out", "launch_out")
+OUTPUT_DESTS = ("out", "json", "trace_out", "report", "catalog_out", "launch_out", "log",
+                "fit_overheads", "figures")
 """The option destinations that name a file or folder a command writes (where the value is a
 path: ``--json`` is a switch in most commands)."""
 

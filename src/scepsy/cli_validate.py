@@ -56,6 +56,7 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     from scepsy.cli_util import naming, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text
+    from scepsy_opt.validate.muxserve import READ_FOLDERS, inside_read_folders
     from scepsy_opt.validate.report import (
         document,
         llm_columns,
@@ -81,6 +82,10 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     for flag, path in (("--json", args.json), ("--fit-overheads", args.fit_overheads)):
         if path is not None and not path.parent.is_dir():
             raise InputError(str(path), flag, "a file in an existing folder")
+        if path is not None and inside_read_folders(args.folder, path):
+            raise InputError(str(path), flag, f"a file outside {args.folder}'s "
+                             f"{' and '.join(f'{d}/' for d in READ_FOLDERS)} (the runs are read "
+                             "from there); nothing written")
     if args.seed < 0:
         raise InputError("validate", "--seed", "an integer >= 0", args.seed)
     if args.curves is None:

@@ -161,6 +161,20 @@ def validated(model: type[M], raw: Any, source: str, prefix: str = "",
         raise from_validation(exc, source, prefix, allowed) from None
 
 
+def loc_path(loc: Iterable[Any]) -> str:
+    """A field's place as every message writes it: ``pools[0].gpu`` (a list index in brackets,
+    mapping keys joined by dots; pydantic's ``[key]`` marker dropped)."""
+    out = ""
+    for part in loc:
+        if part == "[key]":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
 def from_validation(
     exc: ValidationError,
     source: str,
@@ -174,7 +188,7 @@ def from_validation(
     """
     err = exc.errors()[0]
     loc = tuple(err["loc"])
-    field = prefix + (".".join(str(part) for part in loc if part != "[key]") or "top level")
+    field = prefix + (loc_path(loc) or "top level")
     kind, ctx = err["type"], err.get("ctx") or {}
     if kind == "extra_forbidden":
         names = list(allowed(loc)) if allowed else []
@@ -219,3 +233,14 @@ def check_rate(value: object, source: str, field: str, why: str = "") -> float:
     if not is_rate(value):
         raise InputError(source, field, RATE_EXPECTED + why, value)
     return float(value)  # type: ignore[arg-type]
+
+
+def key_once(seen: dict[str, str], key: str, value: str, source: str) -> None:
+    """Record ``key`` of a repeatable ``KEY=VALUE`` option (``--model``, ``--upstream-for``,
+    ``--engine-option``, ``--price``) in ``seen``; an :class:`InputError` naming the option
+    and the key when it was given before, since only one value can count (the last would
+    silently win)."""
+    if key in seen:
+        raise InputError(source, key, f"{key!r} once (given {seen[key]!r}, then {value!r}: "
+                         "only one value can count)")
+    seen[key] = value

@@ -99,6 +99,14 @@ class _OneLine(logging.Logger):
         self.prefix = prefix
         self.parent = logging.getLogger("scepsy")
 
+    def debug(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        """aiohttp logs a first request that is no HTTP at all (garbage, TLS to a plain port)
+        at debug level; it is refused like any other malformed request, with its line."""
+        if str(msg).startswith("Error handling request from "):
+            self.warning(msg, *args, **kwargs)
+        else:
+            super().debug(msg, *args, **kwargs)
+
     def _log(self, level: int, msg: object, args: Any, exc_info: Any = None,
              extra: Any = None, stack_info: bool = False, stacklevel: int = 1) -> None:
         text = str(msg) % args if args else str(msg)

@@ -681,18 +681,18 @@ def load_workload(path: str | os.PathLike[str]) -> tuple[WorkflowSpec, ...]:
     models: dict[str, tuple[str, str]] = {}  # llm -> (model, workflow that set it)
     for i, (rel, w) in enumerate(zip(rec.workflows, weights, strict=True)):
         if not (w > 0):
-            raise InputError(src, f"weights.{i}", "a number > 0", w)
+            raise InputError(src, f"weights[{i}]", "a number > 0", w)
         if not (p.parent / rel).is_file():
-            raise InputError(src, f"workflows.{i}", "the path of an existing workflow file "
+            raise InputError(src, f"workflows[{i}]", "the path of an existing workflow file "
                              "(relative to the workload file)", rel)
         spec = load_workflow(p.parent / rel)
         if any(s.name == spec.name for s in specs):
-            raise InputError(src, f"workflows.{i}", "workflows with unique names "
+            raise InputError(src, f"workflows[{i}]", "workflows with unique names "
                              f"(two are called {spec.name!r})", rel)
         for llm, model in spec.llms.items():
             if llm in models and models[llm][0] != model:
                 first_model, first = models[llm]
-                raise InputError(src, f"workflows.{i}: llms.{llm}",
+                raise InputError(src, f"workflows[{i}]: llms.{llm}",
                                  f"the model {first_model!r} that workflow {first!r} uses for "
                                  "the shared LLM name", model)
             models.setdefault(llm, (model, spec.name))

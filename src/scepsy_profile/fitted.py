@@ -676,16 +676,16 @@ def load_curves(path: str | os.PathLike[str]) -> FittedLatencyModel:
     for i, rec in enumerate(doc.curves):
         vals = np.array(rec.values, dtype=float) if rec.values else np.zeros((0,))
         if vals.ndim != 3 or np.any(~np.isfinite(vals)) or np.any(vals <= 0):
-            raise InputError(str(p), f"curves.{i}.values", "a 3-d array of positive latencies (ms)")
+            raise InputError(str(p), f"curves[{i}].values", "a 3-d array of positive latencies (ms)")
         for name in ("batch_nodes", "token_nodes", "share_nodes"):
             nodes = np.array(getattr(rec, name))
             if np.any(np.diff(nodes) <= 0) or nodes[0] <= 0:
-                raise InputError(str(p), f"curves.{i}.{name}", "strictly increasing positive values")
+                raise InputError(str(p), f"curves[{i}].{name}", "strictly increasing positive values")
         if rec.share_nodes[-1] > 1:
-            raise InputError(str(p), f"curves.{i}.share_nodes", "shares in (0, 1]")
+            raise InputError(str(p), f"curves[{i}].share_nodes", "shares in (0, 1]")
         try:
             table = CurveTable(**{**rec.model_dump(), "values": vals})
         except InputError as exc:
-            raise InputError(str(p), f"curves.{i}.values", exc.expected) from None
+            raise InputError(str(p), f"curves[{i}].values", exc.expected) from None
         curves[table.key] = table
     return FittedLatencyModel(curves=curves)

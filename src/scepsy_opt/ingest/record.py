@@ -40,7 +40,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from scepsy_common.errors import InputError, check_name
+from scepsy_common.errors import InputError, check_name, key_once
 from scepsy_common.httpguard import (
     IDLE_TIMEOUT_S,
     READ_TIMEOUT_S,
@@ -100,7 +100,7 @@ def upstream_pairs(pairs: list[str] | tuple[str, ...],
         model, sep, url = text.partition("=")
         if not sep or not model.strip():
             raise InputError(source, "", "MODEL=URL", text)
-        out[model] = normalize_upstream(url, source, model)
+        key_once(out, model, normalize_upstream(url, source, model), source)
     return out
 
 

@@ -28,7 +28,14 @@ from types import MappingProxyType
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from scepsy_common.errors import NAME_EXPECTED, InputError, Name, check_name, validated
+from scepsy_common.errors import (
+    NAME_EXPECTED,
+    InputError,
+    Name,
+    check_name,
+    key_once,
+    validated,
+)
 from scepsy_common.files import read_yaml
 
 DEFAULT_WORKFLOW = "agent"
@@ -86,7 +93,7 @@ def model_pairs(pairs: Sequence[str], source: str = "--model") -> dict[str, str]
             raise InputError(source, "", "MODEL=LLM", text)
         if llm != llm.strip() or not llm:
             raise InputError(source, model, NAME_EXPECTED, llm)
-        out[model] = check_name(llm, source, model)
+        key_once(out, model, check_name(llm, source, model), source)
     return out
 
 

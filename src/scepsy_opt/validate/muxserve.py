@@ -31,6 +31,7 @@ field.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -128,6 +129,18 @@ class MuxRun:
         """The mean prompt and output lengths of ``llm``'s requests (its measured counts,
         else the workload's means)."""
         return self.measured[llm].lengths() or (self.prompt_mean, self.output_mean)
+
+
+READ_FOLDERS = ("yamls", "merged")
+"""The sub-folders of a results folder that :func:`load_muxserve_dir` reads (with their
+sub-folders): an output written there would become, or overwrite, one of its inputs."""
+
+
+def inside_read_folders(folder: str | Path, path: str | Path) -> bool:
+    """Whether ``path`` lies in one of ``folder``'s :data:`READ_FOLDERS`."""
+    real = Path(os.path.realpath(path))
+    return any(real.is_relative_to(os.path.realpath(Path(folder) / sub))
+               for sub in READ_FOLDERS)
 
 
 def load_muxserve_dir(path: str | Path) -> tuple[MuxRun, ...]:

@@ -157,10 +157,13 @@ def workflows_dir(opts: BenchOptions) -> Path:
 def setup(opts: BenchOptions) -> Setup:
     """The problem (the bundled catalog, the roofline, the TP degrees the workflow's models
     support, as ``scepsy bench paper``), the peak and the bounds."""
-    path = workflows_dir(opts) / f"{opts.workflow}.yaml"
-    if not path.is_file():
-        raise InputError("--workflow", "", f"a workflow of {path.parent} (a source checkout)",
+    folder = workflows_dir(opts)
+    names = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+    if opts.workflow not in names:
+        raise InputError("--workflow", "", f"the name of a workflow of {folder} "
+                         f"({', '.join(names) if names else 'none: it needs a source checkout'})",
                          opts.workflow)
+    path = folder / f"{opts.workflow}.yaml"
     specs, file_rates = specs_and_rates(path)
     rates = resolve_rates(specs, 1.0, file_rates, "targets")
     models = models_of(specs)

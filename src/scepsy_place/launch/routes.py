@@ -127,7 +127,7 @@ def parse_routes(raw: object, source: str) -> Routes:
             if not eps:
                 raise InputError(source, f"workflows.{w}.{m}", "at least one endpoint")
             for i, e in enumerate(eps):
-                check_url(e.url, source, f"workflows.{w}.{m}.{i}.url")
+                check_url(e.url, source, f"workflows.{w}.{m}[{i}].url")
             total = sum(e.weight for e in eps)
             if not math.isclose(total, 1.0, abs_tol=WEIGHT_TOL):
                 raise InputError(source, f"workflows.{w}.{m}", "weights that sum to 1", total)
@@ -136,4 +136,4 @@ def parse_routes(raw: object, source: str) -> Routes:
 
 
 def load_routes(path: str | Path) -> Routes:
-    return parse_routes(read_json(path, "a routes file (routes.json)"), str(path))
+    return parse_routes(read_json(path, "routes file (routes.json)"), str(path))
