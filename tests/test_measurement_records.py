@@ -70,3 +70,38 @@ def test_serve_record_holds_together(folder: Path) -> None:
     with using_catalog(REPO / "datasets" / "catalogs" / "cpu-host.yaml"):
         curves = load_curves(curves_path(folder))
         assert curves.covers(result.profiled_name, "cpu", result.tp)
+
+
+GPU_MPS = MEASUREMENTS / "gpu-h200-torch-mps"
+
+
+@pytest.mark.parametrize("store", sorted(GPU_MPS.glob("*.jsonl")), ids=lambda p: p.stem)
+def test_the_h200_stores_are_profile_stores_of_the_device_they_name(store: Path) -> None:
+    from scepsy_profile.profiling.store import read_store
+
+    records = read_store(store).records
+    ok = [r for r in records if r.status == "ok"]
+    share = float(store.stem.rsplit("-", 1)[1])
+    assert ok, store
+    assert {r.device for r in ok} == {"H200"} and {r.share for r in ok} == {share}
+    assert all(r.latency_ms > 0 for r in ok)
+    mps = {r.device_detail.get("mps_active_thread_percentage") for r in ok}
+    assert mps == ({None} if share == 1 else {round(share * 100)})
+
+
+def test_the_h200_comparison_lines_up_points_measured_more_than_once() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "gpu_mps_compare", REPO / "benchmarks" / "gpu_mps_compare.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.table(GPU_MPS)
+    models = {r["model"] for r in rows}
+    assert models == {"qwen2.5-0.5b", "qwen2.5-1.5b", "llama-3-8b"}
+    for r in rows:
+        measured = [v for k, v in r.items() if k.startswith(("alone_", "pair_")) and v is not None]
+        assert r["model"] == "llama-3-8b" or len(measured) >= 2, r
+        # the roofline never predicts a smaller share faster
+        assert 0 < r["roofline_1.0"] <= r["roofline_0.5"], r

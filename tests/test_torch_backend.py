@@ -30,6 +30,7 @@ pytestmark = pytest.mark.torch
 
 MODEL = engine_model("llama-3-8b", 1 / 32)
 OPTIONS = BackendOptions(repeats=3, warmup=1, threads=1)
+OPTS_CUDA = BackendOptions(extra=(("device", "cuda"),))
 
 
 @pytest.fixture(scope="module")
@@ -328,3 +329,62 @@ def test_a_closed_session_measures_nothing() -> None:
 
 def _fields(model: EngineModel) -> dict[str, Any]:
     return {name: getattr(model, name) for name in model.__dataclass_fields__}
+
+
+@pytest.fixture
+def fresh_driver(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A process whose CUDA driver was never touched, on a fake GPU with an MPS daemon: what
+    the driver sees in the environment when it is first initialised is recorded."""
+    monkeypatch.setattr(tb, "_DRIVER_MPS_PERCENT", {})
+    monkeypatch.delenv(tb._MPS_PERCENT_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    seen: dict[str, Any] = {"at_is_available": []}
+
+    def is_available() -> bool:
+        import os
+
+        seen["at_is_available"].append(os.environ.get(tb._MPS_PERCENT_ENV))
+        return True
+
+    monkeypatch.setattr(torch.cuda, "is_available", is_available)
+    monkeypatch.setattr(devices, "mps_status",
+                        lambda *a, **k: devices.MpsStatus(True, "/tmp/x", "control pipe"))
+    return seen
+
+
+@pytest.mark.parametrize("share", [0.05, 0.3, 0.5, 0.99])
+def test_the_mps_percentage_is_set_before_the_driver_first_starts(
+        fresh_driver: dict[str, Any], share: float) -> None:
+    # the driver connects to MPS and takes the client's percentage when first initialised
+    # (torch.cuda.is_available()); set afterwards, a share would silently be a whole GPU
+    assert tb.TorchBackend().unsupported(MODEL, 1, share, OPTS_CUDA) is None
+    assert fresh_driver["at_is_available"][0] == str(max(1, round(share * 100)))
+
+
+def test_a_second_share_in_one_process_is_refused_after_the_driver_started(
+        fresh_driver: dict[str, Any]) -> None:
+    backend = tb.TorchBackend()
+    assert backend.unsupported(MODEL, 1, 1.0, OPTS_CUDA) is None  # driver starts with no limit
+    reason = backend.unsupported(MODEL, 1, 0.5, OPTS_CUDA)
+    assert reason is not None and "its own process" in reason
+    assert backend.unsupported(MODEL, 1, 1.0, OPTS_CUDA) is None
+
+
+def test_a_user_set_percentage_is_kept_and_a_different_share_refused(
+        fresh_driver: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(tb._MPS_PERCENT_ENV, "30")
+    backend = tb.TorchBackend()
+    assert backend.unsupported(MODEL, 1, 0.3, OPTS_CUDA) is None
+    assert fresh_driver["at_is_available"] == ["30"]
+    assert "its own process" in (backend.unsupported(MODEL, 1, 0.5, OPTS_CUDA) or "")
+
+
+def test_no_gpu_leaves_the_environment_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setattr(tb, "_DRIVER_MPS_PERCENT", {})
+    monkeypatch.delenv(tb._MPS_PERCENT_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    tb.TorchBackend().unsupported(MODEL, 1, 1.0)
+    tb.TorchBackend().unsupported(MODEL, 1, 0.5)
+    assert tb._MPS_PERCENT_ENV not in os.environ and tb._DRIVER_MPS_PERCENT == {}

@@ -186,7 +186,8 @@ def _plan(share: float, options: BackendOptions) -> _Plan | str:
     import torch
 
     wanted = _extra(options)["device"]
-    cuda = torch.cuda.is_available()
+    percent = max(1, round(share * 100)) if share < 1 and wanted != "cpu" else None
+    cuda = _cuda_available(percent)
     if wanted == "cuda" and not cuda:
         return "extra device=cuda was asked for, but torch sees no CUDA device"
     device = "cuda" if wanted == "cuda" or (wanted == "auto" and cuda) else "cpu"
@@ -210,13 +211,39 @@ def _plan(share: float, options: BackendOptions) -> _Plan | str:
     if not mps.running:
         return (f"share {share:g} < 1 on a GPU needs an NVIDIA MPS control daemon "
                 f"(nvidia-cuda-mps-control -d); none is running ({mps.evidence})")
-    percent = max(1, round(share * 100))
-    current = os.environ.get(_MPS_PERCENT_ENV)
-    if torch.cuda.is_initialized() and current != str(percent):
+    assert percent is not None  # share < 1 on a device that is not the CPU
+    current = _DRIVER_MPS_PERCENT.get("at_init", os.environ.get(_MPS_PERCENT_ENV))
+    if current != str(percent) and (torch.cuda.is_initialized()
+                                    or "at_init" in _DRIVER_MPS_PERCENT):
         return (f"CUDA is already initialised in this process with "
                 f"{_MPS_PERCENT_ENV}={current or 'unset'}; share {share:g} needs "
                 f"{percent}: profile each share in its own process")
     return _Plan("cuda", threads, share, percent)
+
+
+_DRIVER_MPS_PERCENT: dict[str, str | None] = {}
+"""``at_init``: :data:`_MPS_PERCENT_ENV` when this module first asked CUDA anything (absent
+before): the CUDA driver connects to the MPS daemon, and takes its client's active-thread
+percentage, when it is first initialised, so a percentage set later would not count."""
+
+
+def _cuda_available(percent: int | None) -> bool:
+    """``torch.cuda.is_available()``, which initialises the CUDA driver, with the MPS
+    percentage of a share (``percent``, None for a whole GPU or the CPU) in the environment
+    first when this is the process's first CUDA call: set after it, the share would not be
+    applied (every share is profiled in its own process, see :func:`_plan`)."""
+    import torch
+
+    first = "at_init" not in _DRIVER_MPS_PERCENT and not torch.cuda.is_initialized()
+    set_here = first and percent is not None and _MPS_PERCENT_ENV not in os.environ
+    if set_here:
+        os.environ[_MPS_PERCENT_ENV] = str(percent)
+    available = bool(torch.cuda.is_available())
+    if first and available:
+        _DRIVER_MPS_PERCENT["at_init"] = os.environ.get(_MPS_PERCENT_ENV)
+    elif set_here:  # no GPU here: the environment is left as it was
+        del os.environ[_MPS_PERCENT_ENV]
+    return available
 
 
 def _dtype_name(model: EngineModel, options: BackendOptions, *, probe: bool,
@@ -340,11 +367,14 @@ class TorchSession:
         with _threads(plan.threads):
             if plan.device == "cuda" and plan.mps_percent is not None:
                 torch.cuda.set_per_process_memory_fraction(plan.share)
-            try:
-                net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
-            except TypeError:  # transformers 4.x names it torch_dtype
-                net = transformers.AutoModelForCausalLM.from_config(config,
-                                                                    torch_dtype=torch_dtype)
+            # the weights are made (and randomly initialised) on the device itself: on a GPU
+            # that takes seconds, where initialising 8B parameters on the host takes minutes
+            with torch.device(plan.device):
+                try:
+                    net = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+                except TypeError:  # transformers 4.x names it torch_dtype
+                    net = transformers.AutoModelForCausalLM.from_config(
+                        config, torch_dtype=torch_dtype)
             net = net.to(device=plan.device, dtype=torch_dtype).eval()
         detail: dict[str, Any]
         detail = {"engine_version": backend.version(options), "dtype": dtype,
