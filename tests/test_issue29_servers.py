@@ -322,3 +322,21 @@ def test_a_client_that_speaks_no_http_gets_one_log_line(tmp_path: Path, upstream
     assert status == 400 and good == 200
     assert len(lines) == 1 and "refused a malformed request from 127.0.0.1" in lines[0], lines
     assert "Traceback" not in srv.stderr()
+
+
+@pytest.mark.parametrize("which", ["receive", "record"])
+def test_a_stop_does_not_wait_for_a_slow_client(tmp_path: Path, upstream: int,
+                                                which: str) -> None:
+    # a client that announced a body and pauses would hold a graceful stop for the 30 s read
+    # timeout; the stop gives in-flight requests SHUTDOWN_GRACE_S, then closes them
+    from scepsy_common.httpguard import READ_TIMEOUT_S, SHUTDOWN_GRACE_S
+
+    srv = _receive(tmp_path) if which == "receive" else _record(tmp_path, upstream)
+    with socket.create_connection(("127.0.0.1", srv.port), timeout=60) as slow:
+        slow.sendall(_post(srv.path, b"abc", length=1000))  # 3 of 1000 bytes, then a pause
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        srv.stop()
+        took = time.monotonic() - t0
+    assert srv.proc.returncode == 0 and "Traceback" not in srv.stderr(), srv.stderr()
+    assert took < SHUTDOWN_GRACE_S + (READ_TIMEOUT_S - SHUTDOWN_GRACE_S) / 2, took

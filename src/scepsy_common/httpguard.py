@@ -22,11 +22,15 @@ from typing import Any
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-__all__ = ["IDLE_TIMEOUT_S", "READ_TIMEOUT_S", "BodyRefused", "ClientGone", "one_line_logger",
-           "read_body", "refused"]
+__all__ = ["IDLE_TIMEOUT_S", "READ_TIMEOUT_S", "SHUTDOWN_GRACE_S", "BodyRefused", "ClientGone",
+           "one_line_logger", "read_body", "refused"]
 
 READ_TIMEOUT_S = 30.0
 """The longest a client may pause while sending a request body before it is answered 408."""
+SHUTDOWN_GRACE_S = 5.0
+"""How long a stopping server (Ctrl-C, SIGTERM, ``--duration``) waits for the requests it is
+still reading or answering before it closes their connections: a slow client must not hold a
+stop for :data:`READ_TIMEOUT_S`."""
 IDLE_TIMEOUT_S = 75.0
 """The longest a connection may stay open without a complete request (headers sent slowly, or
 idle between requests) before the server closes it."""

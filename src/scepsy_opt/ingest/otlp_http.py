@@ -44,6 +44,7 @@ from scepsy_common.errors import InputError
 from scepsy_common.httpguard import (
     IDLE_TIMEOUT_S,
     READ_TIMEOUT_S,
+    SHUTDOWN_GRACE_S,
     BodyRefused,
     ClientGone,
     one_line_logger,
@@ -329,7 +330,7 @@ async def _start(sink: _Sink, host: str, port: int, max_body_bytes: int,
     that misbehave get an HTTP error and one log line (:mod:`scepsy_common.httpguard`)."""
     runner = web.AppRunner(_make_app(sink, max_body_bytes, read_timeout_s), access_log=None,
                            auto_decompress=False, handle_signals=False, logger=_LOG,
-                           keepalive_timeout=IDLE_TIMEOUT_S)
+                           keepalive_timeout=IDLE_TIMEOUT_S, shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

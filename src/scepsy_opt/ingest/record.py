@@ -44,6 +44,7 @@ from scepsy_common.errors import InputError, check_name, key_once
 from scepsy_common.httpguard import (
     IDLE_TIMEOUT_S,
     READ_TIMEOUT_S,
+    SHUTDOWN_GRACE_S,
     BodyRefused,
     ClientGone,
     one_line_logger,
@@ -443,7 +444,8 @@ class RecordingProxy:
             server = web.Server(self._handle, request_factory=request,
                                 handler_cancellation=True, access_log=None, logger=_LOG,
                                 keepalive_timeout=IDLE_TIMEOUT_S)
-            self._runner = web.ServerRunner(server, handle_signals=False)
+            self._runner = web.ServerRunner(server, handle_signals=False,
+                                            shutdown_timeout=SHUTDOWN_GRACE_S)
             await self._runner.setup()
             site = web.TCPSite(self._runner, cfg.host, cfg.port, reuse_address=True)
             await site.start()
