@@ -389,7 +389,7 @@ def test_cluster_files_with_prices_and_open_pools() -> None:
     assert cluster_to_dict(parse_cluster(plain, "p")) == plain  # unchanged for old files
     bad = [({"max_nodes": 2}, r"pools\[0\]\.max_nodes"),
            ({"price_per_hour": -1.0}, "price_per_hour"),
-           ({"nodes": "some"}, r"pools\.0\.nodes")]
+           ({"nodes": "some"}, r"pools\[0\]\.nodes")]
     for change, match in bad:
         with pytest.raises(InputError, match=match):
             parse_cluster({"name": "b", "pools": [dict(plain["pools"][0], **change)]}, "b.yaml")

@@ -495,7 +495,7 @@ def _env_name(d):
 
 def _control_char(d):
     d["launch"]["command"] = ["vllm\nrm -rf /", "serve"]
-    return ("launch.command.0", "")
+    return ("launch.command[0]", "")
 
 
 def _bad_kind(d):

@@ -278,3 +278,23 @@ def test_store_measurements_refuses_two_architectures_under_one_name() -> None:
     got = StoreContents("test.jsonl", (rec(1), rec(2, config=other)))
     with pytest.raises(InputError, match="one architecture"):
         store_measurements(got)
+
+
+@pytest.mark.parametrize("text", ["not a store\n", "hello", "# notes\n{\"a\": 1}\n", "  x\n"])
+def test_a_file_that_is_no_store_is_refused_as_it_is(tmp_path: Path, text: str) -> None:
+    # `profile run --out` naming some other file: nothing appended, nothing cut off, no lock
+    # file left beside it
+    path = tmp_path / "notes.txt"
+    path.write_text(text)
+    with pytest.raises(InputError, match="holds something else and was left as it is"), \
+            ProfileStore(path):
+        pass
+    assert path.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_a_store_cut_short_at_its_first_record_is_still_a_store(tmp_path: Path) -> None:
+    store = tmp_path / "p.jsonl"
+    store.write_text(encode_record(rec(1))[:30])
+    with ProfileStore(store) as s:
+        assert s.records == () and store.read_bytes() == b""

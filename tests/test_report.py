@@ -403,7 +403,7 @@ BAD = {
                               "p.json: version: expected plan format version 1"),
     "bad field": _mutated(lambda d: d["llms"]["prm"].update(tp="two"), "llms.prm.tp"),
     "bad curve": _mutated(lambda d: d["workflows"]["rag"]["curve"]["points"][3].pop(
-        "mean_latency_s"), "workflows.rag.curve.points.3.mean_latency_s"),
+        "mean_latency_s"), "workflows.rag.curve.points[3].mean_latency_s"),
 }
 
 

@@ -35,8 +35,12 @@ OPTS_CUDA = BackendOptions(extra=(("device", "cuda"),))
 
 @pytest.fixture(scope="module")
 def session() -> Iterator[tb.TorchSession]:
-    with tb.TorchBackend().session(MODEL, 1, 1.0, OPTIONS) as s:
-        yield s
+    # dtype=auto probes how fast this CPU runs half precision: on a loaded machine the probe
+    # can time bfloat16 as slow and pick float32, so the shared session sees a fast CPU
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tb, "_half_slowdown", lambda dtype, threads: 1.0)
+        with tb.TorchBackend().session(MODEL, 1, 1.0, OPTIONS) as s:
+            yield s
 
 
 def test_registered_under_its_name() -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scepsy_common.errors import InputError
+from scepsy_common.errors import InputError, check_rate
 
 if TYPE_CHECKING:
     from scepsy_opt.allocation import Allocation
@@ -269,9 +269,23 @@ def _allocation(allocation: PathLike | Allocation, what: str, *, check_gpus: boo
             _check_gpus(allocation, what)
         return allocation
     if isinstance(allocation, str | os.PathLike):
-        return load_allocation(allocation)
+        alloc = load_allocation(allocation)
+        if _is_plan_file(allocation):  # a plan.json is checked whole, as launch checks it
+            from scepsy_place.launch.planfile import read_plan
+
+            read_plan(allocation)
+        return alloc
     raise InputError(what, "", "an allocation file path or an Allocation",
                      type(allocation).__name__)
+
+
+def _is_plan_file(path: PathLike) -> bool:
+    """Whether ``path`` holds a plan.json (a JSON object with ``version`` and ``allocation``)
+    rather than an allocation document."""
+    from scepsy_common.files import read_yaml
+
+    raw = read_yaml(path, "allocation file (YAML or JSON)")
+    return isinstance(raw, dict) and "version" in raw and "allocation" in raw
 
 
 def _check_gpus(alloc: Allocation, source: str) -> None:
@@ -697,7 +711,10 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
         arr = _arrivals(arrivals, time_scale)
         times = arr.times_s
         if rate is None and specs_and_rates(workflows)[1] is None:  # not a rate workload
-            rate = arr.mean_rate if math.isfinite(arr.mean_rate) else float(arr.count)
+            rate = check_rate(arr.mean_rate if math.isfinite(arr.mean_rate) else
+                              float(arr.count), arr.source or "arrivals", "",
+                              f" as the mean rate of the arrival times ({arr.count} over "
+                              f"{arr.span_s:g} s)")
     elif time_scale != 1.0:
         raise InputError("time_scale", "", "arrivals to scale (arrivals=)", time_scale)
     if requests is not None:

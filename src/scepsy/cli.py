@@ -214,7 +214,7 @@ def _engine(args: argparse.Namespace) -> Any:
 
     given = {path[-1]: v for path, v in given_fields(args, _engine_fields(), {}).items()}
     with _naming(flag_names()):
-        return Engine.model_validate(given).memory_policy()
+        return Engine.checked(given).memory_policy()
 
 
 def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
@@ -725,7 +725,7 @@ def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None
     print()
     print("\n".join(plan_summary(res, str(args.out), doc["solver"].get("slos"))))
     for beyond in res.extrapolated_shares.values():  # latencies beyond the measured shares
-        print(beyond.message())
+        print(f"scepsy: warning: {beyond.message()}", file=sys.stderr, flush=True)
 
 
 def _cmd_bench_loop(args: argparse.Namespace) -> int:
@@ -770,9 +770,11 @@ def _control_loop(args: argparse.Namespace) -> Any:
 def _loop_usage(exc: Exception) -> None:
     """Raise a loop option's error as a usage error naming its flag; others unchanged."""
     from scepsy_common.errors import InputError
+    from scepsy_place.launch import bench_gpu as bg
     from scepsy_place.launch import bench_loop as bl
 
-    if isinstance(exc, InputError) and exc.source == bl.SOURCE and exc.field in bl.FLAGS:
+    if isinstance(exc, InputError) and exc.source in (bl.SOURCE, bg.SOURCE) and \
+            exc.field in bl.FLAGS:
         got = f" (got {exc.got!r})" if exc.got is not None else ""
         raise UsageError(f"{bl.FLAGS[exc.field]}: expected {exc.expected}{got}") from None
     raise exc
@@ -783,11 +785,19 @@ def _loop_report(run: Callable[[], Any], args: argparse.Namespace) -> int:
     (0 clean, 1 not, 130 interrupted after stopping every server)."""
     from scepsy_common.errors import InputError
     from scepsy_place.launch import bench_loop as bl
+    from scepsy_place.launch.apply import LaunchError
+    from scepsy_profile.profiling.backend import BackendUnavailable
 
     try:
         result = run()
     except InputError as exc:
         _loop_usage(exc)
+    except BackendUnavailable as exc:  # no engine here: results.json says so too
+        raise UsageError(f"{exc} (results in {args.out})") from None
+    except LaunchError as exc:  # the servers' own failure, with their logs' last lines
+        print(f"{exc}\nscepsy: the servers did not start; every server was stopped "
+              f"(results in {args.out})", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"scepsy: interrupted; every server was stopped (results in {args.out})",
               file=sys.stderr)
@@ -804,12 +814,15 @@ def _cmd_bench_gpu(args: argparse.Namespace) -> int:
     from scepsy_common.errors import InputError
     from scepsy_place.launch import bench_gpu as bg
 
-    options = bg.KitOptions(
-        device="cpu" if args.cpu else "auto", out=str(args.out), requests=args.requests,
-        rate=args.rate, load=args.load, profile_budget_s=args.profile_budget,
-        engine_python=args.engine_python, curves=None if args.curves is None else str(args.curves),
-        seed=args.seed, keep=args.keep,
-        overheads=None if args.overheads is None else str(args.overheads))
+    try:
+        options = bg.KitOptions(
+            device="cpu" if args.cpu else "auto", out=str(args.out), requests=args.requests,
+            rate=args.rate, load=args.load, profile_budget_s=args.profile_budget,
+            engine_python=args.engine_python,
+            curves=None if args.curves is None else str(args.curves), seed=args.seed,
+            keep=args.keep, overheads=None if args.overheads is None else str(args.overheads))
+    except InputError as exc:
+        _loop_usage(exc)
 
     def run() -> Any:
         try:
@@ -924,7 +937,8 @@ def _cmd_trace_generate(args: argparse.Namespace) -> int:
 
     check_out(args.out)
     specs = load_specs(args.workflow)
-    calls = generate_workload_trace(specs, args.requests, args.seed)
+    with _naming({"requests": "--requests"}):
+        calls = generate_workload_trace(specs, args.requests, args.seed)
     write_trace(args.out, calls)
     print(f"wrote {len(calls)} calls of {args.requests * len(specs)} requests to {args.out}")
     return 0

@@ -65,7 +65,7 @@ def _file_rows(files: dict[str, str]) -> list[dict[str, object]]:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError
+    from scepsy.cli_util import UsageError, naming
     from scepsy.tables import print_table
     from scepsy_place.launch.planfile import load_plan
     from scepsy_place.launch.renderers import check_folder, get_renderer, write_rendered
@@ -79,7 +79,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     # every flag and input is checked before anything is written: the folder at --out is
     # replaced whole (write_rendered) only once nothing is left to refuse
-    renderer = get_renderer(args.target)
+    with naming({"target": "--target"}):
+        renderer = get_renderer(args.target)
     check_folder(args.out)
     plan = load_plan(args.plan)
     files = dict(renderer.render(plan))

@@ -211,7 +211,7 @@ def parse_length(text: str, flag: str) -> LengthDist:
 def cmd_serve_curve(args: argparse.Namespace) -> int:
     import tempfile
 
-    from scepsy.cli_util import UsageError, check_out, print_rows
+    from scepsy.cli_util import UsageError, check_out, naming, print_rows
     from scepsy.tables import progress
     from scepsy_profile.profiling.backend import BackendOptions, BackendUnavailable
     from scepsy_profile.profiling.engine_env import vllm_python
@@ -230,6 +230,10 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
     if not 0 < args.share <= 1:
         raise UsageError(f"--share: expected a share in (0, 1] (got {args.share!r})")
     curves = _step_curves(args.step_profile) if args.step_profile else None
+    with naming({"start_rate": "--start-rate", "factor": "--factor",
+                 "max_rates": "--max-rates", "calls_per_rate": "--calls-per-rate"}):
+        plan = SweepPlan(start_rate=args.start_rate, factor=args.factor,
+                         max_rates=args.max_rates, calls_per_rate=args.calls_per_rate)
     options = BackendOptions(engine_python=args.engine_python)
     try:
         python = vllm_python(options).path
@@ -240,8 +244,6 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
     config = ServerConfig(model=model, tp=args.tp, share=args.share, kv_gib=args.kv_gib,
                           max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
                           engine_python=str(python))
-    plan = SweepPlan(start_rate=args.start_rate, factor=args.factor, max_rates=args.max_rates,
-                     calls_per_rate=args.calls_per_rate)
     with progress("starting vllm serve", quiet=args.quiet or args.json) as bar, \
             tempfile.TemporaryDirectory(prefix="scepsy-serve-") as work:
         def on_point(p: object) -> None:

@@ -81,9 +81,10 @@ def check_outputs_apart(args: argparse.Namespace) -> None:
                 continue
             for src in _paths(value):
                 if os.path.isfile(src) and os.path.samefile(src, path):
+                    it = "it" if src == path else f"{src!r}, the same file,"
                     raise UsageError(f"{_flag(dest)}: expected a path other than an input "
-                                     f"({path!r} is {src!r}, which the command reads); "
-                                     "nothing written")
+                                     f"({path!r}: the command reads {it} as its "
+                                     f"{other.replace('_', ' ')}); nothing written")
 
 
 def wrote_note(out: Path, written: Path) -> str:
@@ -149,7 +150,7 @@ def _round(v: object) -> object:
 
 
 _ARGUMENT_SOURCES = ("plan", "plan options", "profile show", "profile", "profile options",
-                     "sweep")
+                     "sweep", "serve-curve plan", "trace", "launch")
 
 
 def flagged(exc: ValueError, flags: dict[str, str]) -> ValueError | UsageError:

@@ -36,6 +36,9 @@ from scepsy_common.files import read_jsonl_objects, read_text
 
 MAX_ARRIVALS = 10_000_000
 """The most arrival times one file may hold."""
+MAX_WINDOWS = 10_000_000
+"""The most windows a peak rate counts over (a span of recorded times this many windows
+long, e.g. 19 years of 60 s windows, is a unit mistake, not a recording)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +88,11 @@ class Arrivals:
                              f"{self.span_s:.6g} s ({self.source or 'arrivals'}; a longer one "
                              "would count time without arrivals)", window_s)
         k = int(self.span_s // window_s)
+        if k > MAX_WINDOWS:
+            raise InputError(self.source or "arrivals", "", f"arrival times whose span holds "
+                             f"at most {MAX_WINDOWS} windows of {window_s:g} s; they span "
+                             f"{self.span_s:.6g} s ({k} windows): times in seconds?",
+                             None)
         idx = np.minimum((self.times_s // window_s).astype(np.int64), k)
         return np.bincount(idx, minlength=k + 1)[:k].astype(float) / window_s
 

@@ -72,6 +72,15 @@ class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True,
                               arbitrary_types_allowed=True)
 
+    @classmethod
+    def checked(cls, data: Mapping[str, Any]) -> Any:
+        """``cls.model_validate(data)``, or the :class:`InputError` of its first invalid field
+        (what a part of the request, such as :class:`Engine`, reports alone)."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _input_error(exc) from None
+
 
 Source = Any
 """A file path (str or os.PathLike) or the loaded object (:func:`scepsy.api.plan` takes both)."""

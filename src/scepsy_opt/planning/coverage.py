@@ -61,10 +61,13 @@ class ShareExtrapolation:
     def message(self) -> str:
         """One line for ``scepsy plan``'s output."""
         bound = "lowest" if self.side == "below" else "highest"
-        return (f"warning: {self.llm} runs at share {self.share:g}, {self.side} the {bound} "
-                f"measured share of {self.model}@{self.gpu} tp={self.tp} "
-                f"([{self.measured_min:g}, {self.measured_max:g}]): its latency is "
-                "extrapolated (--shares-within-profile keeps shares within the profile)")
+        measured = (f"only share {self.measured_min:g} was measured"
+                    if self.measured_min == self.measured_max else
+                    f"shares {self.measured_min:g} to {self.measured_max:g} were measured")
+        return (f"{self.llm} runs at share {self.share:g}, {self.side} the {bound} "
+                f"measured share of {self.model}@{self.gpu} tp={self.tp} ({measured}): its "
+                "latency is extrapolated (--shares-within-profile keeps shares within the "
+                "profile)")
 
 
 def share_range(problem: PlanningProblem, llm: str, gpu: str,

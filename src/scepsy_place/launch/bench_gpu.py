@@ -43,10 +43,11 @@ from scepsy_place.launch.bench_loop import (
     LoopOptions,
     LoopResult,
     Planning,
+    make_out_folder,
     run_loop,
 )
 from scepsy_profile.profiling.devices import catalog_gpu_name
-from scepsy_profile.profiling.engine_env import mps_daemon_running
+from scepsy_profile.profiling.engine_env import check_engine_python, mps_daemon_running
 
 SOURCE = "bench gpu"
 Runner = Callable[..., subprocess.CompletedProcess[str]]
@@ -129,6 +130,7 @@ class KitOptions:
     def __post_init__(self) -> None:
         if self.device not in ("auto", "cuda", "cpu"):
             raise InputError(SOURCE, "device", "auto, cuda or cpu", self.device)
+        check_engine_python(self.engine_python, SOURCE)
 
 
 def choose_device(options: KitOptions, gpus: tuple[SeenGPU, ...]) -> tuple[str, str]:
@@ -210,10 +212,7 @@ def run_kit(options: KitOptions, planning: Planning, say: Callable[[str], None] 
             loop: Callable[..., LoopResult] = run_loop) -> LoopResult:
     """The kit on the device :func:`choose_device` picks (the module docstring)."""
     device, gpu = choose_device(options, gpus() if options.device != "cpu" else ())
-    out = Path(options.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(SOURCE, "out", "a folder (or a path that does not exist)", str(out))
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_folder(options.out)
     lo = loop_options(options, device, gpu, out)
     if say is not None:
         say(f"kit: {device} ({gpu}), {lo.workflow}, shares {', '.join(map(str, lo.shares))}")

@@ -71,11 +71,12 @@ from scepsy_place.launch.routes import ROUTES_FILE, load_routes
 from scepsy_place.launch.time_sliced import running_allocation
 from scepsy_place.packing.topology import load_topology
 from scepsy_profile.catalog import Catalog
-from scepsy_profile.fitted import FittedLatencyModel, save_curves
+from scepsy_profile.fitted import FittedLatencyModel, load_curves, save_curves
 from scepsy_profile.profiling import planner
 from scepsy_profile.profiling.backend import BackendOptions
 from scepsy_profile.profiling.engine_env import (
     ONE_PROCESS_ENV,
+    check_engine_python,
     engine_environment,
     vllm_python,
     write_model_dir,
@@ -276,6 +277,7 @@ class LoopOptions:
                              self.curves)
         if not str(self.out).strip():
             raise InputError(SOURCE, "out", "a folder path", self.out)
+        check_engine_python(self.engine_python, SOURCE)
         if self.device not in DEVICES:
             raise InputError(SOURCE, "device", f"one of {list(DEVICES)}", self.device)
         if not self.profile_shares or any(not (_is_number(x) and 0 < x <= 1)
@@ -1173,8 +1175,22 @@ class _PointTicker:
             _say(self.say, f"  profiling {self.name}: {done} point(s) of about {total}")
 
 
-def given_curves(path: str) -> CurvesUsed:
-    """:class:`CurvesUsed` for a curves file passed in (not measured by this loop)."""
+def given_curves(path: str, models: Sequence[EngineModel] = (), devices: Sequence[str] = (),
+                 tps: Sequence[int] = ()) -> CurvesUsed:
+    """:class:`CurvesUsed` for a curves file passed in (not measured by this loop); an
+    :class:`InputError` on ``curves`` when the file has no curve for one of ``models`` on one
+    of ``devices`` at one of ``tps`` (the loop would plan that LLM with the roofline instead,
+    and its servers would not be the ones the curves measured)."""
+    fitted = load_curves(path)
+    for m in models:
+        for device in devices:
+            missing = [tp for tp in tps if not fitted.covers(m.profiled_name, device, tp)]
+            if missing:
+                raise InputError(SOURCE, "curves", f"curves of every LLM of the workflows: "
+                                 f"{path} has none of {m.profiled_name} on {device} at TP "
+                                 f"{', '.join(map(str, missing))} (profile it with `scepsy "
+                                 "profile run`, or leave --curves out to profile here)",
+                                 str(path))
     return CurvesUsed(path=str(path), measured_here=False, host_cpu=host_cpu())
 
 
@@ -1252,6 +1268,21 @@ def _control_plan(planning: Planning, specs: Sequence[Any], topology: Any, rate:
     return res
 
 
+def make_out_folder(path: str | Path) -> Path:
+    """``path`` as a folder, made with its parents if need be: an :class:`InputError` on the
+    ``out`` field when it is a file or cannot be made (a system folder such as ``/proc``, no
+    permission), before any work starts."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise InputError(SOURCE, "out", "a folder (or a path that does not exist)", str(out))
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(SOURCE, "out", f"a folder that can be made ({exc.strerror or exc})",
+                         str(out)) from None
+    return out
+
+
 def run_loop(options: LoopOptions, planning: Planning,
              say: Callable[[str], None] | None = None) -> LoopResult:
     """Plan, launch, drive, stop and compare (module docstring); ``say`` gets a line at the
@@ -1260,10 +1291,7 @@ def run_loop(options: LoopOptions, planning: Planning,
     (Ctrl-C, or SIGTERM in the main thread) is raised again after the stop, other exceptions
     too, with ``results.json`` written first (``error``/``interrupted`` set)."""
     options = with_default_files(options)
-    out = Path(options.out)
-    if out.exists() and not out.is_dir():
-        raise InputError(SOURCE, "out", "a folder (or a path that does not exist)", str(out))
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_folder(options.out)
     run_id = uuid.uuid4().hex[:16]
     work = out / "run"
     if work.exists():
@@ -1297,7 +1325,8 @@ def run_loop(options: LoopOptions, planning: Planning,
                 files["curves"] = used.path
                 files["profile_store"] = str(used.store)
             else:
-                used = given_curves(options.curves)
+                used = given_curves(options.curves, loop_models(specs, catalog),
+                                    sorted({n.gpu for n in topology.nodes}), options.tps)
             state["curves"] = used
             timings["profile_s"] = time.monotonic() - t0
             # plan and predict for the engines the loop starts (their max_num_seqs)

@@ -104,6 +104,18 @@ def python_candidates(options: BackendOptions | None = None, *,
     return tuple(found)
 
 
+def check_engine_python(value: str | os.PathLike[str] | None, source: str,
+                        field: str = "engine_python") -> None:
+    """An :class:`InputError` when an explicit interpreter of vLLM's environment (``value``;
+    None: search for one) is not an executable file: checked before any work starts."""
+    if value is None:
+        return
+    path = Path(value).expanduser()
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise InputError(source, field, "the python of vLLM's environment, an executable file "
+                         "(scepsy profile install-vllm --print-python)", str(value))
+
+
 def vllm_python(options: BackendOptions | None = None, *,
                 environ: Mapping[str, str] | None = None,
                 cwd: Path | None = None) -> EnginePython:

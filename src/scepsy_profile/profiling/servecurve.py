@@ -35,12 +35,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import httpx
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from scepsy_common.errors import InputError
+from scepsy_common.errors import InputError, validated
 from scepsy_common.files import atomic_write_text, parse_json, read_text
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GIB
@@ -286,9 +287,75 @@ def save_result(result: ServeCurveResult, path: str | os.PathLike[str]) -> Path:
     return p
 
 
+_NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+_Share = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+
+
+class _StatsDoc(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    n: int = Field(ge=0)
+    mean: _NonNeg | None = None
+    p50: _NonNeg | None = None
+    p90: _NonNeg | None = None
+
+
+class _PointDoc(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rate: float = Field(gt=0, allow_inf_nan=False)
+    offered_rate: _NonNeg
+    achieved_rate: _NonNeg
+    calls: int = Field(ge=0)
+    completed: int = Field(ge=0)
+    failures: dict[str, Annotated[int, Field(ge=0)]]
+    client: dict[str, _StatsDoc]
+    server: dict[str, _StatsDoc]
+    preemptions: _NonNeg = 0.0
+    mean_running: _NonNeg | None = None
+    mean_waiting: _NonNeg | None = None
+    waiting_fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    saturated: bool = False
+    reason: str = ""
+    wall_s: _NonNeg = 0.0
+
+    @model_validator(mode="after")
+    def _completed_of_sent(self) -> _PointDoc:
+        if self.completed > self.calls:
+            raise ValueError(f"completed calls <= calls sent ({self.completed} > {self.calls})")
+        return self
+
+
+class _ResultDoc(BaseModel):
+    """The fields of a serve-curve file that its readers use, with their bounds (unknown
+    fields are kept for later versions)."""
+
+    model_config = ConfigDict(extra="ignore")
+    kind: Literal["scepsy serve-curve"]
+    model: str = Field(min_length=1)
+    profiled_name: str = Field(min_length=1)
+    scale: _Share
+    config: dict[str, Any]
+    device: str = Field(min_length=1)
+    tp: int = Field(ge=1)
+    share: _Share
+    input_tokens: float = Field(gt=0, allow_inf_nan=False)
+    output_tokens: float = Field(gt=0, allow_inf_nan=False)
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    engine: str
+    engine_version: str
+    server: dict[str, Any]
+    points: list[_PointDoc] = Field(min_length=1)
+    stop_reason: str
+    seed: int = 0
+    started_at: _NonNeg = 0.0
+
+
 def load_result(path: str | os.PathLike[str]) -> ServeCurveResult:
-    """Read a file written by :func:`save_result`."""
+    """Read a file written by :func:`save_result`; a missing field or a value out of its
+    bounds (a negative or non-finite rate, more completed calls than sent) is an
+    :class:`InputError` naming the file and the field."""
     data = parse_json(read_text(path, "serve-curve JSON file"), str(path))
+    validated(_ResultDoc, data, str(path))
     return ServeCurveResult.from_json(data)
 
 

@@ -207,6 +207,7 @@ class ProfileStore:
     def __enter__(self) -> ProfileStore:
         if self._lock_fd is not None:
             raise RuntimeError(f"profile store {self.path} is already open")
+        lock_was_there = self.lock_path.exists()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._lock_fd = _lock(self.lock_path, self.path)
@@ -215,6 +216,11 @@ class ProfileStore:
             self.close()
             raise InputError(str(self.path), "", f"a {_EXPECTED} this user can create and "
                              f"write, with its lock file {self.lock_path.name}") from None
+        except InputError:  # refused as it is: the lock file made for it goes again
+            self.close()
+            if not lock_was_there:
+                self.lock_path.unlink(missing_ok=True)
+            raise
         except BaseException:
             self.close()
             raise
@@ -229,6 +235,10 @@ class ProfileStore:
         if created:
             _fsync_dir(self.path.parent)
         data = _read_all(self._fd)
+        if data.strip() and not data.lstrip().startswith(b"{"):
+            raise InputError(str(self.path), "line 1", f"a {_EXPECTED} (profile records, one "
+                             "JSON object per line) or a new file; this file holds something "
+                             "else and was left as it is: choose another --out")
         keep = data.rfind(b"\n") + 1
         warnings: list[str] = []
         if keep < len(data):
