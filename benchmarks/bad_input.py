@@ -1230,6 +1230,26 @@ def _misc_cases() -> list[Case]:
                     "--gateway", "http://127.0.0.1:9", "--duration", "1", "--log", "p.json"),
                    {"p.json": copy("plan.json")}, ("p.json",), names=("--log",),
                    needs=("plan.json",), timeout=60))
+    # the second unseen campaign's: refused before any work, naming the flag or the field
+    loop = ("bench", "loop", "--curves", f"{B}/cpu-curves.json")
+    for cmd, name, argv, names in (
+            ("bench", "loop-out-in-proc", (*loop, "--out", "/proc/scepsy-bad-input"), ("--out",)),
+            ("bench", "loop-engine-python-missing",
+             (*loop, "--engine-python", "/nonexistent/python", "--out", "o"),
+             ("--engine-python",)),
+            ("bench", "gpu-foreign-curves",
+             ("bench", "gpu", "--cpu", "--curves", f"{B}/curves.json", "--out", "o"),
+             ("--curves",)),
+            ("predict", "block-size-huge",
+             ("predict", "--workflow", f"{B}/rag.yaml", "--allocation", f"{B}/alloc.yaml",
+              "--rate", "1", "--trace-requests", "50", "--block-size", "2000"),
+             ("--block-size",)),
+            ("plan", "arrivals-span-huge",
+             ("plan", "--workflow", f"{B}/rag.yaml", "--cluster", f"{B}/a100-16.yaml",
+              "--arrivals", "a.txt", "--trace-requests", "50", "--out", "p.json"),
+             ("a.txt",))):
+        cs.append(Case(cmd, name, argv, {"a.txt": text("0\n1\n1e12\n")}, names=names,
+                       timeout=120, one_line=cmd != "bench"))
     cs.append(Case("profile", "run-engine-option-twice",
                    ("profile", "run", "--backend", "torch", "--model", "llama-3-8b",
                     "--engine-option", "device=cpu", "--engine-option", "device=cuda",
