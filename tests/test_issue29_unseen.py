@@ -78,8 +78,11 @@ def test_given_curves_must_cover_every_llm_of_the_loop() -> None:
     with pytest.raises(InputError) as exc:  # A100 curves of other models: none of these
         given_curves(str(DATA / "profiles" / "muxserve-a100-curves.json"), models, ["cpu"], (1,))
     assert exc.value.field == "curves" and "llama-3-8b:x0.0625 on cpu at TP 1" in str(exc.value)
-    with pytest.raises(InputError, match="at TP 4"):  # the bundled curves stop at TP 2
-        given_curves(str(CPU_CURVES), models, ["cpu"], (1, 4))
+    with pytest.raises(InputError, match="on A100-80GB at TP 1"):  # measured on the CPU
+        given_curves(str(CPU_CURVES), models, ["A100-80GB"], (1, 2))
+    # a larger TP degree without curves is the roofline's, as in plan (and --tp's own check
+    # names a degree the models cannot use)
+    assert given_curves(str(CPU_CURVES), models, ["cpu"], (1, 4)).path == str(CPU_CURVES)
 
 
 # ---------------------------------------------------------------------- serve-curve files

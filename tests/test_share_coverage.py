@@ -311,18 +311,22 @@ def _plan_cli(tmp_path: Path, capsys, *flags: str) -> tuple[str, dict]:
                  str(CURVES_FILE), "--trace-requests", "300", "--quiet", "--no-timings",
                  "--out", str(out), *flags])
     assert code == 0
-    return capsys.readouterr().out, json.loads(out.read_text())
+    captured = capsys.readouterr()
+    assert "warning" not in captured.out  # warnings go to stderr, the tables to stdout
+    return captured.err, json.loads(out.read_text())
 
 
 def test_scepsy_plan_warns_of_extrapolated_shares_and_the_flag_avoids_them(tmp_path,
                                                                            capsys) -> None:
     text, doc = _plan_cli(tmp_path, capsys)
-    warned = {ln.split()[1] for ln in text.splitlines() if ln.startswith("warning: ")}
+    prefix = "scepsy: warning: "
+    warned = {ln.removeprefix(prefix).split()[0] for ln in text.splitlines()
+              if ln.startswith(prefix)}
     below = {m for m, row in doc["llms"].items() if row["share"] < 0.3}
     assert below and warned == below == {m for m, row in doc["llms"].items()
                                          if "extrapolated_share" in row}
     for m in below:
-        assert f"warning: {m} runs at share {doc['llms'][m]['share']:g}, below" in text
+        assert f"{prefix}{m} runs at share {doc['llms'][m]['share']:g}, below" in text
     text, doc = _plan_cli(tmp_path, capsys, "--shares-within-profile")
     assert "warning:" not in text
     assert all(row["share"] >= 0.3 and "extrapolated_share" not in row

@@ -249,8 +249,10 @@ def cmd_serve_curve(args: argparse.Namespace) -> int:
         def on_point(p: object) -> None:
             bar.update(description=f"measured {p.offered_rate:.3g} calls/s")  # type: ignore[attr-defined]
 
-        result = measure_serving_curve(config, inputs, outputs, Path(work), plan, seed=args.seed,
-                                       out=args.out, engine_version=version, progress=on_point)
+        with naming({"tp": "--tp"}):  # the engine's cores for its ranks
+            result = measure_serving_curve(config, inputs, outputs, Path(work), plan,
+                                           seed=args.seed, out=args.out,
+                                           engine_version=version, progress=on_point)
     comparison = (compare_with_step_profile(result, curves) if curves is not None else None)
     if args.json:
         doc = {"result": result.to_json(),

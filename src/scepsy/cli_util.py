@@ -150,7 +150,7 @@ def _round(v: object) -> object:
 
 
 _ARGUMENT_SOURCES = ("plan", "plan options", "profile show", "profile", "profile options",
-                     "sweep", "serve-curve plan", "trace", "launch")
+                     "sweep", "serve-curve plan", "trace", "launch", "engine")
 
 
 def flagged(exc: ValueError, flags: dict[str, str]) -> ValueError | UsageError:

@@ -1179,18 +1179,19 @@ def given_curves(path: str, models: Sequence[EngineModel] = (), devices: Sequenc
                  tps: Sequence[int] = ()) -> CurvesUsed:
     """:class:`CurvesUsed` for a curves file passed in (not measured by this loop); an
     :class:`InputError` on ``curves`` when the file has no curve for one of ``models`` on one
-    of ``devices`` at one of ``tps`` (the loop would plan that LLM with the roofline instead,
-    and its servers would not be the ones the curves measured)."""
+    of ``devices`` at the smallest of ``tps`` it supports (curves of other models or another
+    device: the loop would plan with the roofline alone, and its servers would not be what the
+    curves measured). Larger TP degrees without curves fall back to the roofline, as in
+    ``plan``."""
     fitted = load_curves(path)
     for m in models:
-        for device in devices:
-            missing = [tp for tp in tps if not fitted.covers(m.profiled_name, device, tp)]
-            if missing:
+        tp = min((t for t in tps if m.model_spec().supports_tp(t)), default=None)
+        for device in devices:  # (a degree the model cannot use: --tp's own check says so)
+            if tp is not None and not fitted.covers(m.profiled_name, device, tp):
                 raise InputError(SOURCE, "curves", f"curves of every LLM of the workflows: "
-                                 f"{path} has none of {m.profiled_name} on {device} at TP "
-                                 f"{', '.join(map(str, missing))} (profile it with `scepsy "
-                                 "profile run`, or leave --curves out to profile here)",
-                                 str(path))
+                                 f"{path} has none of {m.profiled_name} on {device} at TP {tp} "
+                                 "(profile it with `scepsy profile run`, or leave --curves "
+                                 "out to profile here)", str(path))
     return CurvesUsed(path=str(path), measured_here=False, host_cpu=host_cpu())
 
 
