@@ -260,32 +260,26 @@ def _latency_bounds(specs: Sequence[WorkflowSpec], bounds: Any) -> dict[str, tup
 
 def _allocation(allocation: PathLike | Allocation, what: str, *, check_gpus: bool = False
                 ) -> Allocation:
-    """The allocation: a file's (whose GPU names :func:`load_allocation` checks against the
+    """The allocation: a file's (whose GPU names :func:`parse_allocation` checks against the
     catalog) or the object given, its GPU names checked when ``check_gpus``."""
-    from scepsy_opt.allocation import Allocation, load_allocation
+    from scepsy_common.files import read_yaml
+    from scepsy_opt.allocation import Allocation, is_plan_document, parse_allocation
 
     if isinstance(allocation, Allocation):
         if check_gpus:
             _check_gpus(allocation, what)
         return allocation
     if isinstance(allocation, str | os.PathLike):
-        alloc = load_allocation(allocation)
-        if _is_plan_file(allocation):  # a plan.json is checked whole, as launch checks it
-            from scepsy_place.launch.planfile import read_plan
+        source = str(Path(allocation))  # read once: as an allocation, and whole if a plan.json
+        raw = read_yaml(allocation, "allocation file (YAML or JSON)")
+        alloc = parse_allocation(raw, source)
+        if is_plan_document(raw):  # a plan.json is checked whole, as launch checks it
+            from scepsy_place.launch.planfile import parse_plan
 
-            read_plan(allocation)
+            parse_plan(raw, source)
         return alloc
     raise InputError(what, "", "an allocation file path or an Allocation",
                      type(allocation).__name__)
-
-
-def _is_plan_file(path: PathLike) -> bool:
-    """Whether ``path`` holds a plan.json (a JSON object with ``version`` and ``allocation``)
-    rather than an allocation document."""
-    from scepsy_common.files import read_yaml
-
-    raw = read_yaml(path, "allocation file (YAML or JSON)")
-    return isinstance(raw, dict) and "version" in raw and "allocation" in raw
 
 
 def _check_gpus(alloc: Allocation, source: str) -> None:

@@ -237,7 +237,7 @@ def check_rate(value: object, source: str, field: str, why: str = "") -> float:
 
 def key_once(seen: dict[str, str], key: str, value: str, source: str) -> None:
     """Record ``key`` of a repeatable ``KEY=VALUE`` option (``--model``, ``--upstream-for``,
-    ``--engine-option``, ``--price``) in ``seen``; an :class:`InputError` naming the option
+    ``--engine-option``) in ``seen``; an :class:`InputError` naming the option
     and the key when it was given before, since only one value can count (the last would
     silently win)."""
     if key in seen:

@@ -246,11 +246,18 @@ class _AllocationRec(BaseModel):
     splits: dict[Name, dict[Name, float]] | None = None
 
 
+def is_plan_document(raw: object) -> bool:
+    """Whether ``raw`` is a plan.json document (``scepsy plan --out``) rather than an
+    allocation document."""
+    return isinstance(raw, dict) and "optimiser" in raw and "status" in raw
+
+
 def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -> Allocation:
     """An allocation document, or a plan.json (its ``allocation``); GPU names must be catalog
     GPU types (aliases resolved), every error names ``source`` and the field."""
     prefix = ""
-    if isinstance(raw, dict) and "optimiser" in raw and "status" in raw:
+    if is_plan_document(raw):
+        assert isinstance(raw, dict)
         if not isinstance(raw.get("allocation"), dict):
             raise InputError(source, "allocation", "a plan with an allocation (this plan's status "
                              f"is {raw.get('status')!r})")
