@@ -890,7 +890,6 @@ def _cmd_fit(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from scepsy_common.errors import InputError
     from scepsy_profile.catalog import default_catalog, load_catalog
     from scepsy_profile.fitted import load_curves
     from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
@@ -907,19 +906,15 @@ def _cmd_show(args: argparse.Namespace) -> int:
     fitted = load_curves(args.curves) if args.curves else None
     if fitted is not None:
         latency = CompositeLatencyModel(fitted, roof)
-    try:
-        with _naming({"batch": "--batch", "seq": "--seq", "input_tokens": "--input",
-                      "output_tokens": "--output", "tp": "--tp"}):
-            rows = profile_rows(latency, args.model, args.gpu, tps, shares, batch=args.batch,
-                                seq=args.seq, input_tokens=args.input,
-                                output_tokens=args.output, fitted=fitted, catalog=catalog)
-            gpu = catalog.gpu(args.gpu).name
-    except InputError as exc:  # the catalog's "unknown model/GPU" names the option given
-        flag = {"unknown model": "--model", "unknown GPU": "--gpu"}.get(
-            " ".join(exc.field.split()[:2])) if exc.source == "catalog" else None
-        if flag is None:
-            raise
-        raise UsageError(f"{flag}: {exc.field}: expected {exc.expected}") from None
+    with _naming({"catalog": "--model"}):  # the catalog's "unknown model" names the option
+        catalog.model(args.model)
+    with _naming({"catalog": "--gpu"}):
+        gpu = catalog.gpu(args.gpu).name
+    with _naming({"batch": "--batch", "seq": "--seq", "input_tokens": "--input",
+                  "output_tokens": "--output", "tp": "--tp"}):
+        rows = profile_rows(latency, args.model, args.gpu, tps, shares, batch=args.batch,
+                            seq=args.seq, input_tokens=args.input, output_tokens=args.output,
+                            fitted=fitted, catalog=catalog)
     if args.json:
         print(json.dumps({"model": args.model, "gpu": gpu, "batch": args.batch,
                           "seq": args.seq, "input_tokens": args.input,

@@ -94,6 +94,10 @@ def refused(log: logging.Logger, request: web.BaseRequest, status: int, reason: 
                 f"answered {status}: " if status else "", reason)
 
 
+_AIOHTTP_REQUEST_ERROR = "Error handling request from "
+"""How aiohttp's server starts the line of a request it could not parse (its address follows)."""
+
+
 class _OneLine(logging.Logger):
     """A logger that never prints a traceback: the exception of a record becomes the end of
     its one line (aiohttp passes ``exc_info`` with the errors it logs)."""
@@ -106,7 +110,7 @@ class _OneLine(logging.Logger):
     def debug(self, msg: object, *args: Any, **kwargs: Any) -> None:
         """aiohttp logs a first request that is no HTTP at all (garbage, TLS to a plain port)
         at debug level; it is refused like any other malformed request, with its line."""
-        if str(msg).startswith("Error handling request from "):
+        if str(msg).startswith(_AIOHTTP_REQUEST_ERROR):
             self.warning(msg, *args, **kwargs)
         else:
             super().debug(msg, *args, **kwargs)
@@ -122,8 +126,8 @@ class _OneLine(logging.Logger):
         elif exc_info:
             exc = sys.exc_info()[1]
         if exc is not None and isinstance(exc, HttpProcessingError) and \
-                text.startswith("Error handling request from "):
-            text = f"refused a malformed request from {text[28:]} (answered {_describe(exc)})"
+                text.startswith(_AIOHTTP_REQUEST_ERROR):
+            text = f"refused a malformed request from {text.removeprefix(_AIOHTTP_REQUEST_ERROR)} (answered {_describe(exc)})"
         elif exc is not None:
             text = f"{text}: {_describe(exc)}"
         line = f"{self.prefix}: {' '.join(text.split())}"
