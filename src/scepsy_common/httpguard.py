@@ -127,7 +127,8 @@ class _OneLine(logging.Logger):
             exc = sys.exc_info()[1]
         if exc is not None and isinstance(exc, HttpProcessingError) and \
                 text.startswith(_AIOHTTP_REQUEST_ERROR):
-            text = f"refused a malformed request from {text.removeprefix(_AIOHTTP_REQUEST_ERROR)} (answered {_describe(exc)})"
+            client = text.removeprefix(_AIOHTTP_REQUEST_ERROR)
+            text = f"refused a malformed request from {client} (answered {_describe(exc)})"
         elif exc is not None:
             text = f"{text}: {_describe(exc)}"
         line = f"{self.prefix}: {' '.join(text.split())}"
