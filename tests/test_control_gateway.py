@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,12 +26,20 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, run_cli
+from fakes.dropping_upstream import DroppingUpstream
 from fakes.loop_thread import LoopThreadServer
 from scepsy_common.errors import InputError
 from scepsy_opt.ingest.record import RecordConfig
 from scepsy_opt.prediction.priority import las_level
 from scepsy_opt.traces import read_trace
-from scepsy_place.control.gateway import Gateway, GatewayConfig, choose, gateway_in_thread
+from scepsy_place.control.gateway import (
+    EJECT_S,
+    Gateway,
+    GatewayConfig,
+    choose,
+    choose_live,
+    gateway_in_thread,
+)
 from scepsy_place.launch.routes import parse_routes
 
 PROMPT_TOKENS, COMPLETION_TOKENS = 3000, 1000
@@ -94,10 +103,10 @@ def routes_doc(eps: list[tuple[Upstream, float]], llm: str = "gen", workflow: st
         for i, (u, w) in enumerate(eps)]}}}
 
 
-def gateway(tmp_path: Path, doc: dict[str, Any], priority: str = "fcfs",
+def gateway(tmp_path: Path, doc: dict[str, Any], priority: str = "fcfs", retries: int = 1,
             **kw: Any) -> Any:
     cfg = GatewayConfig(record=RecordConfig(out=tmp_path / "trace.jsonl", routed=True,
-                                            client_time=False),
+                                            client_time=False, retries=retries),
                         routes=parse_routes(doc, "routes"), priority=priority,  # type: ignore[arg-type]
                         **kw)
     return gateway_in_thread(cfg)
@@ -159,7 +168,91 @@ def test_choose_alternates_equal_weights_when_idle():
     assert sent == [5, 5]
 
 
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.5, 1.0]), st.integers(0, 5),
+                          st.integers(0, 20), st.booleans(), st.booleans()),
+                min_size=1, max_size=6))
+def test_choose_live_prefers_untried_live_endpoints_by_tiers(rows):
+    """Oracle: choose() over the first non-empty tier of (untried and live), (untried), (all)
+    endpoints of weight > 0."""
+    weights, in_flight, sent, tried, down = (list(c) for c in zip(*rows, strict=True))
+    i = choose_live(weights, in_flight, sent, tried, down)
+    tiers = [[j for j, w in enumerate(weights) if w > 0 and not tried[j] and not down[j]],
+             [j for j, w in enumerate(weights) if w > 0 and not tried[j]],
+             [j for j, w in enumerate(weights) if w > 0]]
+    tier = next((t for t in tiers if t), None)
+    if tier is None:
+        assert i is None
+        return
+    assert i in tier
+    masked = [w if j in tier else 0.0 for j, w in enumerate(weights)]
+    assert i == choose(masked, in_flight, sent)
+
+
 # ------------------------------------------------------------------------------ routing
+
+
+class Dead:
+    """An endpoint where nothing listens (a replica that died)."""
+
+    def __init__(self) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.v1 = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+
+
+@pytest.mark.parametrize("dead_first", [True, False])
+def test_a_dead_replica_is_ejected_and_its_calls_go_to_the_live_one(tmp_path, dead_first):
+    dead = Dead()
+    with Upstream() as live:
+        eps = [(dead, 0.5), (live, 0.5)] if dead_first else [(live, 0.5), (dead, 0.5)]
+        with gateway(tmp_path, routes_doc(eps)) as url:  # type: ignore[arg-type]
+            t0 = time.monotonic()
+            statuses = asyncio.run(_many(url, 20, 1))
+            elapsed = time.monotonic() - t0
+            s = state(url)
+    assert statuses == [200] * 20 and len(live.bodies) == 20
+    rows = {e["url"]: e for e in s["endpoints"]}
+    # one lost attempt ejects it for EJECT_S; then one call tries it again
+    assert 1 <= rows[dead.v1]["lost"] <= 2 + int(elapsed / EJECT_S)
+    assert rows[dead.v1]["failed"] == 0 and rows[live.v1]["lost"] == 0
+    if elapsed < EJECT_S / 2:  # read right after the calls: still ejected
+        assert rows[dead.v1]["ejected"] is True
+    assert s["workflows"] == {"rag": {"requests": 20, "calls": 20}}  # retries not counted
+    calls = read_trace(tmp_path / "trace.jsonl").calls
+    assert len(calls) == 20 and all(c.error is None for c in calls)
+
+
+def test_without_retries_a_dead_replica_fails_its_calls(tmp_path):
+    dead = Dead()
+    with Upstream() as live, gateway(tmp_path, routes_doc([(dead, 0.5), (live, 0.5)]),  # type: ignore[list-item]
+                                     retries=0) as url:
+        statuses = asyncio.run(_many(url, 4, 1))
+    assert statuses[0] == 502 and statuses[1:] == [200] * 3  # then ejected
+
+
+def test_a_connection_closed_at_the_only_replica_is_tried_there_again(tmp_path):
+    with DroppingUpstream() as up:
+        doc = {"version": 1, "workflows": {"rag": {"gen": [
+            {"url": up.base_url + "/v1", "model": "gen", "weight": 1.0, "replica": 0}]}}}
+        with gateway(tmp_path, doc) as url:
+            statuses = asyncio.run(_many(url, 5, 1))
+            s = state(url)
+    assert statuses == [200] * 5 and up.dropped == 4
+    (row,) = s["endpoints"]
+    assert (row["lost"], row["ejected"], row["calls"]) == (4, False, 9)
+
+
+def test_lost_attempts_are_counted_in_the_metrics(tmp_path):
+    dead = Dead()
+    with Upstream() as live, gateway(tmp_path, routes_doc([(dead, 0.5), (live, 0.5)])) as url:  # type: ignore[list-item]
+        assert asyncio.run(_many(url, 3, 1)) == [200] * 3
+        text = httpx.get(url + "/metrics", timeout=10).text
+    samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value
+               for fam in text_string_to_metric_families(text) for smp in fam.samples}
+    assert samples[("scepsy_gateway_lost_attempts_total",
+                    (("llm", "gen"), ("url", dead.v1)))] == 1
+    assert samples[("scepsy_gateway_calls_total",
+                    (("llm", "gen"), ("status", "ok"), ("workflow", "rag")))] == 3
 
 
 def test_weights_respected_under_concurrent_load(tmp_path):

@@ -20,6 +20,7 @@ from scepsy import api
 from scepsy_common.errors import InputError
 from scepsy_opt.workload import load_specs
 from scepsy_place.control.realloop import (
+    GATEWAY_TRACE,
     ControlLoop,
     ControlRun,
     gateway_routes,
@@ -96,6 +97,16 @@ def test_the_report_shows_the_changes_and_the_windows():
     assert json.loads(json.dumps(run.to_dict()))["windows"][1]["p90_s"] == pytest.approx(8.0)
 
 
+def _failed_calls(loop: Path, limit: int = 20) -> list[dict[str, object]]:
+    """The gateway's failed calls (what failed, where and when), for a failure's message."""
+    path = loop / GATEWAY_TRACE
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{k: r.get(k) for k in ("llm", "error", "start_s", "end_s", "request_id")}
+            for r in rows if r.get("error")][:limit]
+
+
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_the_controlled_loop_on_this_cpu(tmp_path: Path) -> None:
@@ -113,7 +124,7 @@ def test_the_controlled_loop_on_this_cpu(tmp_path: Path) -> None:
     drive = res.drive
     assert drive is not None
     assert drive["completed"] + drive["failed"] == drive["sent"] == 375
-    assert drive["failed"] == 0, drive["failures"]
+    assert drive["failed"] == 0, (drive["failures"], _failed_calls(tmp_path / "loop"))
     _assert_nothing_left(res)
     c = res.control
     assert c is not None and c["decisions"]

@@ -25,6 +25,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fakes.dropping_upstream import DroppingUpstream
 from fakes.openai_chat import FakeChatServer
 from scepsy.cli import main
 from scepsy_common.errors import InputError
@@ -371,6 +372,41 @@ def test_connection_refused_is_a_502_and_recorded(upstream: FakeChatServer, tmp_
         assert r.status_code == 200
     calls = read_trace(cfg.out).calls
     assert [c.error for c in calls] == ["upstream_unreachable", None]
+
+
+@pytest.mark.parametrize("retries", [0, 1, 2])
+def test_a_connection_lost_before_the_answer_is_sent_again(tmp_path: Path, retries: int):
+    """The upstream closes a kept-alive connection as the next call arrives on it (what a
+    server closing an idle connection at that moment does): with retries the call goes again
+    on a fresh connection and succeeds, and is recorded once; without, it is a 502."""
+    with DroppingUpstream() as up:
+        cfg = RecordConfig(out=tmp_path / "t.jsonl", upstream=up.base_url, client_time=False,
+                           retries=retries)
+        with recording_proxy(cfg) as url, httpx.Client(base_url=url, timeout=10) as cl:
+            codes = [cl.post(CHAT, json=_chat(), headers=_req(f"r{i}")).status_code
+                     for i in range(4)]
+            models = [cl.get("/v1/models").status_code for _ in range(2)]
+            stats = url.stats()
+        calls = read_trace(cfg.out).calls
+    if retries:
+        assert codes == [200] * 4 and models == [200] * 2
+        # each call after the first found its connection closed, once (aiohttp itself sends
+        # an idempotent GET again: those are not the proxy's retries)
+        assert stats.retried == 3 and up.dropped >= 3
+        assert [c.error for c in calls] == [None] * 4
+        assert all(c.output_tokens == 3 for c in calls)
+    else:
+        assert codes == [200, 502, 200, 502] and stats.retried == 0
+        assert [c.error for c in calls] == [None, "upstream_unreachable"] * 2
+    assert stats.recorded == 4 and up.answered == 4 - stats.failed + 2
+
+
+def test_a_timeout_is_not_sent_again(upstream: FakeChatServer, tmp_path: Path):
+    cfg = RecordConfig(out=tmp_path / "t.jsonl", upstream=upstream.base_url, timeout_s=0.3,
+                       retries=2)
+    with recording_proxy(cfg) as url, httpx.Client(base_url=url, timeout=10) as cl:
+        assert cl.post(CHAT, json=_chat("hang"), headers=_req("r")).status_code == 504
+        assert url.stats().retried == 0
 
 
 def test_timeouts_before_the_answer_and_mid_stream(upstream: FakeChatServer, tmp_path: Path):

@@ -122,3 +122,25 @@ def test_recorded_tokens_are_the_servers_usage(tmp_path: Path) -> None:
     assert calls[0].prefix_tokens == details.cached_tokens > 0
     assert calls[1].prefix_tokens > 0  # the streamed repeat, from the usage chunk
     assert calls[1].prefix_tokens <= calls[1].input_tokens
+
+
+@pytest.mark.vllm
+def test_our_clients_drop_idle_connections_before_vllm_closes_them() -> None:
+    """vLLM's server closes a connection idle for ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` s; our
+    clients (the proxy, the gateway, replays and drives) must stop reusing one before that, or a
+    call sent as the server closes it is lost."""
+    import subprocess
+
+    from scepsy_common.net import CLIENT_KEEPALIVE_S
+    from scepsy_profile.profiling.backend import BackendUnavailable
+    from scepsy_profile.profiling.engine_env import vllm_python
+
+    try:
+        python = vllm_python()
+    except BackendUnavailable as exc:
+        pytest.skip(f"no vLLM environment: {exc}")
+    out = subprocess.run([str(python.path), "-c", "import vllm.envs as e; "
+                          "print(e.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)"], capture_output=True,
+                         text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert CLIENT_KEEPALIVE_S < float(out.stdout.split()[-1])

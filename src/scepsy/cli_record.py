@@ -10,10 +10,11 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, POSITIVE
+from scepsy.argtypes import COUNT, POSITIVE, arg_type
 from scepsy.cli_util import add_trace_source_args
 
 HELP = "an OpenAI-compatible proxy that records every call it forwards as a trace"
+RETRY_COUNT = arg_type(int, lambda v: v >= 0, "an integer >= 0")  # its bound: RecordConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd.add_argument("--timeout", type=POSITIVE, default=600.0, metavar="S",
                      help="longest wait to connect to an upstream and for each read from it, s "
                      "(default %(default)s)")
+    cmd.add_argument("--retries", type=RETRY_COUNT, default=1, metavar="N",
+                     help="send a call again up to N times when its server refused, reset or "
+                     "closed the connection before answering (with --routes: to another "
+                     "replica of its LLM when there is one); 0 to 5 (default %(default)s)")
     cmd.add_argument("--duration", type=POSITIVE, metavar="S",
                      help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
     cmd.add_argument("--max-body-bytes", type=COUNT, metavar="N",
@@ -73,7 +78,7 @@ def _config(args: argparse.Namespace) -> Any:
                                host=host, port=port, timeout_s=args.timeout,
                                client_time=not args.no_client_time,
                                max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
-                               routed=routed)
+                               retries=args.retries, routed=routed)
     if routed:
         from scepsy_place.control.gateway import GatewayConfig
         from scepsy_place.launch.routes import load_routes

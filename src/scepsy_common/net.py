@@ -1,6 +1,6 @@
 """Addresses, one rule each: where a server of ours listens (:func:`parse_listen`) and the
 URL of a server we call (:func:`check_url`: the recording proxy's upstreams, a routing table's
-endpoints)."""
+endpoints); how long our clients keep an idle connection (:data:`CLIENT_KEEPALIVE_S`)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,11 @@ import re
 from urllib.parse import urlsplit
 
 from scepsy_common.errors import InputError
+
+CLIENT_KEEPALIVE_S = 4.0
+"""How long our HTTP clients reuse an idle pooled connection to a server, s: below the 5 s
+after which uvicorn (vLLM's HTTP server, ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE``) closes one, so that
+a request is not sent on a connection its server is closing at that moment."""
 
 _LISTEN = re.compile(r"(?:\[(?P<v6>[0-9A-Za-z:.%]+)\]|(?P<host>[^:\s\[\]]+)):(?P<port>[0-9]{1,5})")
 

@@ -13,7 +13,12 @@ from timing (:class:`~scepsy_opt.traces.CompletedCalls`, the rule of
 
 Failed calls are recorded with ``error`` set and never stop the proxy: ``upstream_<status>``,
 ``upstream_unreachable``, ``upstream_timeout``, ``upstream_stream_cut``, ``client_disconnected``,
-``proxy_stopped``.
+``proxy_stopped``. A call whose upstream refused, reset or closed the connection before any byte
+of an answer came back is sent again on a fresh connection (up to ``retries`` times; the gateway
+sends it to another replica of the LLM when it has one): nothing reached the client yet, and a
+completion changes nothing on its server but the work it costs. Pooled connections to an upstream
+are kept idle for at most :data:`~scepsy_common.net.CLIENT_KEEPALIVE_S`, less than vLLM's server keeps them, so
+that a call is not sent on a connection the server is closing.
 
 :class:`RecordingProxy` runs on the caller's event loop; :func:`recording_proxy` runs one in a
 thread (``with recording_proxy(config) as url:``).
@@ -51,7 +56,7 @@ from scepsy_common.httpguard import (
     read_body,
     refused,
 )
-from scepsy_common.net import check_url
+from scepsy_common.net import CLIENT_KEEPALIVE_S, check_url
 from scepsy_opt.ingest.tracemap import TraceMap
 from scepsy_opt.traces import MAX_TOKENS, CallRecord, CompletedCalls, with_client_time
 
@@ -69,6 +74,10 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 _DROP_REQUEST = HOP_BY_HOP | {"host", "content-length", "content-encoding"}
 _DROP_RESPONSE = HOP_BY_HOP | {"content-length"}
 DEFAULT_TIMEOUT_S = 600.0
+RETRIES = 1
+"""How many times a call is sent again after its upstream refused, reset or closed the
+connection before answering (Envoy's default too)."""
+MAX_RETRIES = 5
 MAX_BODY_BYTES = 256 * 1024 * 1024
 """The largest request body the proxy takes (long prompts, images), bytes: a larger one gets
 413, before its body is read when its ``Content-Length`` says so."""
@@ -117,7 +126,9 @@ class RecordConfig:
     it. ``out`` must not exist yet (a trace is never overwritten); it is removed again when the
     proxy stops without having recorded a call. A client whose request body is over
     ``max_body_bytes`` is answered 413, one that pauses longer than ``read_timeout_s`` while
-    sending it 408 (:mod:`scepsy_common.httpguard`). ``routed``: a subclass of
+    sending it 408 (:mod:`scepsy_common.httpguard`). ``retries``: how many times a call is sent
+    again when its upstream refused, reset or closed the connection before answering (0 to
+    :data:`MAX_RETRIES`). ``routed``: a subclass of
     :class:`RecordingProxy` chooses each call's upstream (the gateway,
     :mod:`scepsy_place.control.gateway`); no upstream is needed here then.
     """
@@ -132,6 +143,7 @@ class RecordConfig:
     client_time: bool = True
     max_body_bytes: int = MAX_BODY_BYTES
     read_timeout_s: float = READ_TIMEOUT_S
+    retries: int = RETRIES
     routed: bool = False
 
     def __post_init__(self) -> None:
@@ -155,6 +167,9 @@ class RecordConfig:
         if isinstance(self.port, bool) or not isinstance(self.port, int) \
                 or not 0 <= self.port <= 65535:
             raise InputError("--listen", "port", "a port in 0..65535", self.port)
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) \
+                or not 0 <= self.retries <= MAX_RETRIES:
+            raise InputError("--retries", "", f"an integer in 0..{MAX_RETRIES}", self.retries)
 
     @property
     def default_upstream(self) -> str:
@@ -193,7 +208,9 @@ class RecordStats:
     usage (a stream's output tokens are then estimated from its chunks, an answer's are 0); ``unmapped``: forwarded calls per model
     that the trace map gave no LLM name (not written); ``malformed``: recorded-path calls
     answered 400 for a body that is not a JSON object; ``rejected``: calls answered 400 for an
-    ``X-Scepsy-*`` header that is not a valid name; ``forwarded``: requests to other paths.
+    ``X-Scepsy-*`` header that is not a valid name; ``forwarded``: requests to other paths;
+    ``retried``: times a request was sent again because its upstream refused, reset or closed
+    the connection before answering.
     """
 
     recorded: int = 0
@@ -203,6 +220,7 @@ class RecordStats:
     malformed: int = 0
     rejected: int = 0
     forwarded: int = 0
+    retried: int = 0
     unmapped: Mapping[str, int] = field(default_factory=dict)
     errors: Mapping[str, int] = field(default_factory=dict)
     llms: Mapping[str, RecordedLLM] = field(default_factory=dict)
@@ -211,7 +229,8 @@ class RecordStats:
         return {"recorded": self.recorded, "failed": self.failed,
                 "unattributed": self.unattributed, "usage_missing": self.usage_missing,
                 "malformed": self.malformed, "rejected": self.rejected,
-                "forwarded": self.forwarded, "unmapped": dict(self.unmapped),
+                "forwarded": self.forwarded, "retried": self.retried,
+                "unmapped": dict(self.unmapped),
                 "errors": dict(self.errors),
                 "llms": {k: asdict(v) for k, v in self.llms.items()}}
 
@@ -245,7 +264,8 @@ class _Counters:
         return RecordStats(
             recorded=c["recorded"], failed=c["failed"], unattributed=c["unattributed"],
             usage_missing=c["usage_missing"], malformed=c["malformed"], rejected=c["rejected"],
-            forwarded=c["forwarded"], unmapped=dict(sorted(self.unmapped.items())),
+            forwarded=c["forwarded"], retried=c["retried"],
+            unmapped=dict(sorted(self.unmapped.items())),
             errors=dict(sorted(self.errors.items())),
             llms={k: RecordedLLM(*v) for k, v in sorted(self.llms.items())})
 
@@ -374,13 +394,31 @@ class _Call:
 
 @dataclass(slots=True)
 class Upstream:
-    """Where one recorded call goes (:meth:`RecordingProxy._upstream`): the server's base URL;
-    ``changed``: the body was changed in place (it is serialised again); ``release``: called
-    once the call is over, however it ended."""
+    """Where one attempt of a recorded call goes (:meth:`RecordingProxy._upstream`): the
+    server's base URL; ``changed``: the body was changed in place (it is serialised again);
+    ``release``: called once the attempt is over, however it ended; ``lost``: called when the
+    attempt was lost before any answer came back (``True``: the connection was refused)."""
 
     base: str
     changed: bool = False
     release: Callable[[], None] | None = None
+    lost: Callable[[bool], None] | None = None
+
+
+class UpstreamLost(Exception):
+    """An attempt lost before any byte of an answer came back: the upstream refused, reset or
+    closed the connection (``refused``: nothing listened). The call may be sent again."""
+
+    def __init__(self, error: aiohttp.ClientError) -> None:
+        super().__init__(str(error))
+        self.refused = isinstance(error, aiohttp.ClientConnectorError)
+
+
+def _lost(exc: aiohttp.ClientError) -> bool:
+    """Whether ``exc``, raised before an answer started, means the connection was lost
+    (refused, reset, closed) rather than a slow or broken answer."""
+    return isinstance(exc, aiohttp.ClientConnectionError) and not isinstance(
+        exc, aiohttp.ServerTimeoutError)
 
 
 def _json_error(status: int, message: str, kind: str) -> web.Response:
@@ -457,7 +495,8 @@ class RecordingProxy:
         sock = site._server.sockets[0]  # type: ignore[union-attr]
         self.port = int(sock.getsockname()[1])
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300,
+                                           keepalive_timeout=CLIENT_KEEPALIVE_S),
             auto_decompress=False, timeout=self._timeout)
         self._origin = time.monotonic()
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
@@ -516,10 +555,11 @@ class RecordingProxy:
         """Where requests that are not recorded go."""
         return self.config.default_upstream
 
-    def _upstream(self, request: web.BaseRequest, body: dict[str, Any],
-                  call: _Call | None) -> Upstream | web.StreamResponse:
-        """The upstream of one recorded call (``call`` is None for an unmapped model), or the
-        answer when it cannot be forwarded; a routing subclass overrides it."""
+    def _upstream(self, request: web.BaseRequest, body: dict[str, Any], call: _Call | None,
+                  tried: tuple[str, ...] = ()) -> Upstream | web.StreamResponse:
+        """The upstream of one attempt of a recorded call (``call`` is None for an unmapped
+        model; ``tried``: the bases of the attempts lost so far), or the answer when it cannot
+        be forwarded; a routing subclass overrides it."""
         return Upstream(self.config.upstream_of(body.get("model")))
 
     async def _body(self, request: web.BaseRequest) -> bytes:
@@ -531,11 +571,10 @@ class RecordingProxy:
         self._counters.counts["forwarded"] += 1
         body = await self._body(request)
         url = self._default_upstream() + request.path_qs
+        headers = _forward_headers(request.headers, _DROP_REQUEST)
         try:
-            async with self._session.request(
-                    request.method, url, data=body or None,
-                    headers=_forward_headers(request.headers, _DROP_REQUEST),
-                    allow_redirects=False) as up:
+            up_cm, up = await self._send(request.method, url, body or None, headers)
+            try:
                 resp = web.StreamResponse(status=up.status, reason=up.reason,
                                           headers=_forward_headers(up.headers, _DROP_RESPONSE))
                 await resp.prepare(request)
@@ -548,10 +587,30 @@ class RecordingProxy:
                     pass
                 await resp.write_eof()
                 return resp
+            finally:
+                await up_cm.__aexit__(None, None, None)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             return _json_error(504, "upstream timed out", "upstream_timeout")
         except aiohttp.ClientError as exc:
             return _json_error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
+
+    async def _send(self, method: str, url: str, data: bytes | None, headers: CIMultiDict[str]
+                    ) -> tuple[Any, aiohttp.ClientResponse]:
+        """Send a request that is not recorded, again on a fresh connection (up to ``retries``
+        times) when the connection is lost before an answer starts; the response's context
+        manager (to exit) and the response."""
+        assert self._session is not None
+        attempt = 0
+        while True:
+            up_cm = self._session.request(method, url, data=data, headers=headers,
+                                          allow_redirects=False)
+            try:
+                return up_cm, await up_cm.__aenter__()
+            except aiohttp.ClientError as exc:
+                if not _lost(exc) or attempt >= self.config.retries:
+                    raise
+            attempt += 1
+            self._counters.counts["retried"] += 1
 
     # -- recorded calls ----------------------------------------------------------------------
 
@@ -613,31 +672,44 @@ class RecordingProxy:
         if inject:
             body["stream_options"] = {**(opts if isinstance(opts, dict) else {}),
                                       "include_usage": True}
-        up = self._upstream(request, body, call)
-        if not isinstance(up, Upstream):
-            return up
-        if inject or up.changed:
-            raw = json.dumps(body).encode()
         headers = _forward_headers(request.headers, _DROP_REQUEST)
         headers["Accept-Encoding"] = "identity"  # the proxy reads what passes
-        url = up.base + request.path_qs
-        try:
-            return await self._exchange(request, call, url, raw, headers, stream, inject)
-        except asyncio.CancelledError:
-            self._end(call, None, "proxy_stopped" if self._stopping else "client_disconnected")
-            raise
-        except ConnectionError:  # writing to a client that has gone
-            self._end(call, None, "client_disconnected")
-            raise
-        finally:
-            if up.release is not None:
-                up.release()
+        tried: list[str] = []
+        while True:
+            sent = dict(body)  # what this attempt's endpoint may change (model, priority)
+            up = self._upstream(request, sent, call, tuple(tried))
+            if not isinstance(up, Upstream):
+                return up
+            data = json.dumps(sent).encode() if inject or up.changed else raw
+            try:
+                return await self._exchange(request, call, up.base + request.path_qs, data,
+                                            headers, stream, inject)
+            except UpstreamLost as exc:
+                if up.lost is not None:
+                    up.lost(exc.refused)
+                if len(tried) >= self.config.retries:
+                    self._end(call, None, "upstream_unreachable")
+                    return _json_error(502, f"upstream unreachable: {exc}",
+                                       "upstream_unreachable")
+                tried.append(up.base)
+                self._counters.counts["retried"] += 1
+            except asyncio.CancelledError:
+                self._end(call, None,
+                          "proxy_stopped" if self._stopping else "client_disconnected")
+                raise
+            except ConnectionError:  # writing to a client that has gone
+                self._end(call, None, "client_disconnected")
+                raise
+            finally:
+                if up.release is not None:
+                    up.release()
 
     async def _exchange(self, request: web.BaseRequest, call: _Call | None, url: str, raw: bytes,
                         headers: CIMultiDict[str], stream: bool,
                         inject: bool) -> web.StreamResponse:
-        """Forward one call, answer the client and record the call just before the answer's
-        last bytes go out (a call the client sends next starts after this one ended)."""
+        """Forward one attempt of a call, answer the client and record the call just before
+        the answer's last bytes go out (a call the client sends next starts after this one
+        ended); :class:`UpstreamLost` when the connection was lost before an answer started."""
         assert self._session is not None
         try:
             up_cm = self._session.post(url, data=raw, headers=headers, allow_redirects=False)
@@ -647,6 +719,8 @@ class RecordingProxy:
             return _json_error(504, f"upstream did not answer within {self.config.timeout_s:g} "
                                "s", "upstream_timeout")
         except aiohttp.ClientError as exc:
+            if _lost(exc):
+                raise UpstreamLost(exc) from exc
             self._end(call, None, "upstream_unreachable")
             return _json_error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
         try:

@@ -65,7 +65,8 @@ from scepsy_opt.ingest.record import (
 from scepsy_opt.prediction.priority import PRIORITY_POLICIES, PriorityPolicy, las_level
 from scepsy_place.launch.routes import Routes, load_routes, parse_routes
 
-__all__ = ["Gateway", "GatewayConfig", "choose", "gateway_in_thread", "serve_gateway"]
+__all__ = ["Gateway", "GatewayConfig", "choose", "choose_live", "gateway_in_thread",
+           "serve_gateway"]
 
 ROUTES_PATH = "/scepsy/routes"
 STATE_PATH = "/scepsy/state"
@@ -75,6 +76,9 @@ REQUEST_IDLE_S = 600.0
 next one) is kept after its last call, s."""
 POLL_S = 1.0
 """How often the routes file's modification time is checked, s."""
+EJECT_S = 5.0
+"""How long an endpoint that refused a connection (nothing listens there) gets no call while
+its LLM has another endpoint that did not, s; then one call tries it again."""
 MAX_ROUTES_BYTES = 16 * 1024 * 1024
 _LOG = one_line_logger("scepsy record")
 
@@ -93,6 +97,20 @@ def choose(weights: Sequence[float], in_flight: Sequence[int],
         if load < best_load or (load == best_load and s < best_sent):
             best, best_load, best_sent = i, load, s
     return best
+
+
+def choose_live(weights: Sequence[float], in_flight: Sequence[int], sent: Sequence[int],
+                tried: Sequence[bool], down: Sequence[bool]) -> int | None:
+    """:func:`choose` among the endpoints this call has not tried and that are not ejected
+    (``down``); without one, among those not tried; without one, among all (a connection lost
+    at the only endpoint is tried again there). Weight 0 is never chosen."""
+    for usable in ([not t and not d for t, d in zip(tried, down, strict=True)],
+                   [not t for t in tried]):
+        i = choose([w if u else 0.0 for w, u in zip(weights, usable, strict=True)],
+                   in_flight, sent)
+        if i is not None:
+            return i
+    return choose(weights, in_flight, sent)
 
 
 # ------------------------------------------------------------------------------ config
@@ -137,13 +155,16 @@ class GatewayConfig:
 
 @dataclass(eq=False, slots=True)
 class _Server:
-    """One endpoint URL, across tables: its calls in flight, calls and failed calls."""
+    """One endpoint URL, across tables: its calls in flight, attempts sent, failed calls,
+    attempts lost before an answer, and until when it is ejected (monotonic s)."""
 
     url: str
     base: str
     in_flight: int = 0
     calls: int = 0
     failed: int = 0
+    lost: int = 0
+    down_until: float = 0.0
     seen_as: tuple[str, str] = ("", "")  # (workflow, llm) it was last routed for
 
 
@@ -223,6 +244,9 @@ class Gateway(RecordingProxy):
                                     buckets=(.05, .1, .25, .5, 1, 2.5, 5, 10, 25, 60, 120, 300))
         self._m_in_flight = Gauge("scepsy_gateway_in_flight", "LLM calls in flight",
                                   ["llm", "url"], registry=r)
+        self._m_lost = Counter("scepsy_gateway_lost_attempts", "Attempts lost before an answer "
+                               "(connection refused, reset or closed); each is sent again "
+                               "within --retries", ["llm", "url"], registry=r)
         self._m_overhead = Histogram("scepsy_gateway_overhead_seconds",
                                      "Time from a call's arrival to the choice of its endpoint",
                                      registry=r, buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
@@ -316,8 +340,8 @@ class Gateway(RecordingProxy):
     def _default_upstream(self) -> str:
         return self._table.default or next(iter(self._servers.values())).base
 
-    def _upstream(self, request: web.BaseRequest, body: dict[str, Any],
-                  call: _Call | None) -> Upstream | web.StreamResponse:
+    def _upstream(self, request: web.BaseRequest, body: dict[str, Any], call: _Call | None,
+                  tried: tuple[str, ...] = ()) -> Upstream | web.StreamResponse:
         model = body.get("model")
         headers = request.headers
         if call is not None:
@@ -331,9 +355,11 @@ class Gateway(RecordingProxy):
         choices = table.by_key.get((asked, llm)) if asked is not None else None
         if choices is None:
             choices = table.by_llm.get(llm)
-        i = None if choices is None else choose(
+        now = time.monotonic()
+        i = None if choices is None else choose_live(
             [c.weight for c in choices], [c.server.in_flight for c in choices],
-            [c.server.calls for c in choices])
+            [c.server.calls for c in choices], [c.server.base in tried for c in choices],
+            [c.server.down_until > now for c in choices])
         if i is None or choices is None:
             self._end(call, None, "no_route")
             return _json_error(404, f"no route for LLM {llm!r} (workflow {wf!r}) in routes "
@@ -345,19 +371,19 @@ class Gateway(RecordingProxy):
         srv.seen_as = (wf, llm)
         gauge = self._child(self._m_in_flight, llm, srv.url)
         gauge.inc()
+        first = not tried  # a call is counted once, however many attempts it takes
         counts = self._wf_counts.get(wf)
         if counts is None:
             counts = self._wf_counts[wf] = [0, 0]
-        counts[1] += 1
+        counts[1] += first
         changed = False
         if c.model != model:
             body["model"] = c.model
             changed = True
         active = None
-        now = time.monotonic()
         if call is not None:
             call.route = srv
-            if call.call_id == "c0":
+            if call.call_id == "c0" and first:
                 counts[0] += 1
                 self._child(self._m_requests, wf).inc()
             key = (call.workflow, call.request_id)
@@ -369,7 +395,8 @@ class Gateway(RecordingProxy):
             if self.gateway.priority == "las":
                 body["priority"] = las_level(active[0])
                 changed = True
-            self._m_overhead.observe(max(0.0, now - self._origin - call.start_s))
+            if first:
+                self._m_overhead.observe(max(0.0, now - self._origin - call.start_s))
         elif self.gateway.priority == "las":
             body["priority"] = 0
             changed = True
@@ -381,7 +408,13 @@ class Gateway(RecordingProxy):
                 active[1] = time.monotonic()
                 active[2] -= 1
 
-        return Upstream(srv.base, changed, release)
+        def lost(refused: bool) -> None:
+            srv.lost += 1
+            self._child(self._m_lost, llm, srv.url).inc()
+            if refused:  # nothing listens there: other endpoints first for a while
+                srv.down_until = time.monotonic() + EJECT_S
+
+        return Upstream(srv.base, changed, release, lost)
 
     def _end(self, call: _Call | None, usage: Usage | None, error: str | None, *,
              estimated: bool = False) -> None:
@@ -450,8 +483,10 @@ class Gateway(RecordingProxy):
     def state(self) -> dict[str, Any]:
         """``GET /scepsy/state``: the table's version, every endpoint of the table (and any
         URL left out of it that still has calls in flight, weight 0) with its URL's calls in
-        flight, calls and failed calls; per workflow, new requests and calls."""
+        flight, attempts, failed calls, attempts lost before an answer and whether it is ejected
+        now; per workflow, new requests and calls."""
         table = self._table
+        now = time.monotonic()
         rows: list[dict[str, Any]] = []
         listed: set[str] = set()
         for (wf, llm), choices in table.by_key.items():
@@ -460,12 +495,14 @@ class Gateway(RecordingProxy):
                 listed.add(s.url)
                 rows.append({"workflow": wf, "llm": llm, "url": s.url, "model": c.model,
                              "weight": c.weight, "in_flight": s.in_flight, "calls": s.calls,
-                             "failed": s.failed})
+                             "failed": s.failed, "lost": s.lost,
+                             "ejected": s.down_until > now})
         for s in self._servers.values():
             if s.url not in listed and s.in_flight > 0:
                 rows.append({"workflow": s.seen_as[0], "llm": s.seen_as[1], "url": s.url,
                              "model": None, "weight": 0.0, "in_flight": s.in_flight,
-                             "calls": s.calls, "failed": s.failed})
+                             "calls": s.calls, "failed": s.failed, "lost": s.lost,
+                             "ejected": s.down_until > now})
         return {"version": table.version, "endpoints": rows,
                 "workflows": {wf: {"requests": c[0], "calls": c[1]}
                               for wf, c in sorted(self._wf_counts.items())}}

@@ -33,6 +33,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from scepsy_common.errors import InputError
+from scepsy_common.net import CLIENT_KEEPALIVE_S
 
 FailureKind = Literal["timeout", "http_5xx", "http_4xx", "malformed", "connection", "short_stream"]
 """Why a call failed: no complete answer in time (``timeout``: the whole call, or a stall between
@@ -161,9 +162,11 @@ def stepped_poisson_arrivals(rate: float, steps: Sequence[tuple[float, float]], 
 
 def async_client(timeouts: ReplayTimeouts, max_connections: int) -> httpx.AsyncClient:
     """The HTTP client of a replay or a drive: ``max_connections`` pooled connections and the
-    ``timeouts`` (connect; stall for reads and writes; the whole call for a pool slot)."""
+    ``timeouts`` (connect; stall for reads and writes; the whole call for a pool slot); idle
+    connections kept for :data:`~scepsy_common.net.CLIENT_KEEPALIVE_S`."""
     limits = httpx.Limits(max_connections=max_connections,
-                          max_keepalive_connections=max_connections)
+                          max_keepalive_connections=max_connections,
+                          keepalive_expiry=CLIENT_KEEPALIVE_S)
     timeout = httpx.Timeout(connect=timeouts.connect_s, read=timeouts.stall_s,
                             write=timeouts.stall_s, pool=timeouts.call_s)
     return httpx.AsyncClient(timeout=timeout, limits=limits)
