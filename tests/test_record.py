@@ -29,7 +29,7 @@ from fakes.dropping_upstream import DroppingUpstream
 from fakes.openai_chat import FakeChatServer
 from scepsy.cli import main
 from scepsy_common.errors import InputError
-from scepsy_common.net import parse_listen
+from scepsy_common.net import CLIENT_KEEPALIVE_S, parse_listen
 from scepsy_opt.ingest.record import (
     RecordConfig,
     StreamScan,
@@ -399,6 +399,20 @@ def test_a_connection_lost_before_the_answer_is_sent_again(tmp_path: Path, retri
         assert codes == [200, 502, 200, 502] and stats.retried == 0
         assert [c.error for c in calls] == [None, "upstream_unreachable"] * 2
     assert stats.recorded == 4 and up.answered == 4 - stats.failed + 2
+
+
+def test_an_idle_connection_is_not_reused_past_the_keepalive(tmp_path: Path):
+    """After CLIENT_KEEPALIVE_S idle the proxy opens a new connection: a server that would lose
+    a second request on the old one (as vLLM's does after 5 s idle) answers both, no retry."""
+    with DroppingUpstream() as up:
+        cfg = RecordConfig(out=tmp_path / "t.jsonl", upstream=up.base_url, client_time=False,
+                           retries=0)
+        with recording_proxy(cfg) as url, httpx.Client(base_url=url, timeout=10) as cl:
+            first = cl.post(CHAT, json=_chat(), headers=_req("r0")).status_code
+            time.sleep(CLIENT_KEEPALIVE_S + 0.5)
+            second = cl.post(CHAT, json=_chat(), headers=_req("r1")).status_code
+    assert (first, second) == (200, 200)
+    assert (up.connections, up.dropped) == (2, 0)
 
 
 def test_a_timeout_is_not_sent_again(upstream: FakeChatServer, tmp_path: Path):
