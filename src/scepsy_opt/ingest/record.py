@@ -16,9 +16,9 @@ Failed calls are recorded with ``error`` set and never stop the proxy: ``upstrea
 ``proxy_stopped``. A call whose upstream refused, reset or closed the connection before any byte
 of an answer came back is sent again on a fresh connection (up to ``retries`` times; the gateway
 sends it to another replica of the LLM when it has one): nothing reached the client yet, and a
-completion changes nothing on its server but the work it costs. Pooled connections to an upstream
-are kept idle for at most :data:`~scepsy_common.net.CLIENT_KEEPALIVE_S`, less than vLLM's server keeps them, so
-that a call is not sent on a connection the server is closing.
+completion changes nothing on its server but the work it costs. Pooled connections to an
+upstream are kept idle for at most :data:`~scepsy_common.net.CLIENT_KEEPALIVE_S`, less than
+vLLM's server keeps them, so that a call is not sent on a connection the server is closing.
 
 :class:`RecordingProxy` runs on the caller's event loop; :func:`recording_proxy` runs one in a
 thread (``with recording_proxy(config) as url:``).
