@@ -88,12 +88,14 @@ def test_every_llm_goes_to_the_gateway_under_its_own_name():
 
 def test_the_report_shows_the_changes_and_the_windows():
     run = ControlRun(60.0, 0.5, 1.5, 40.0, applied=1, moves=1, servers_started=1, log="c.jsonl",
+                     retried=2,
                      decisions=[{"at_s": 10.0, "action": "keep", "reason": "calm"},
                                 {"at_s": 70.0, "action": "scale-up", "reason": "busy"}],
                      windows=latency_windows([Outcome(1.0, 2.0), Outcome(12.0, 20.0)], 10.0))
     text = "\n".join(bl.control_lines(run.to_dict()))
     assert "from 0.5 to 1.5 req/s at 60 s" in text and "scale-up: busy" in text
     assert "calm" not in text and "0-10" in text and "10-20" in text
+    assert "2 call(s) sent again after a lost connection" in text
     assert json.loads(json.dumps(run.to_dict()))["windows"][1]["p90_s"] == pytest.approx(8.0)
 
 

@@ -26,6 +26,7 @@ after the change.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -138,6 +139,8 @@ class ControlRun:
     windows: tuple[LatencyWindow, ...] = ()
     servers_started: int = 0
     log: str = ""
+    retried: int = 0
+    """Calls the gateway sent again after a connection was lost before an answer."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"step_at_s": self.step_at_s, "rate": self.rate,
@@ -145,7 +148,8 @@ class ControlRun:
                 "decisions": self.decisions, "applied": self.applied,
                 "failed_changes": self.failed_changes, "moves": self.moves,
                 "windows": [w.to_dict() for w in self.windows],
-                "servers_started": self.servers_started, "log": self.log}
+                "servers_started": self.servers_started, "log": self.log,
+                "retried": self.retried}
 
 
 def gateway_routes(specs: Sequence[WorkflowSpec], url: str) -> Routes:
@@ -245,6 +249,8 @@ def drive_under_control(*, control: ControlLoop, specs: Sequence[WorkflowSpec],
                            progress=progress)
         finally:
             thread.stop(health_timeout_s + 60)
+            with contextlib.suppress(Exception):  # a count for the report, never the cause
+                run.retried = url.stats().retried
             started = _started_here(plan, final[-1])
             run.servers_started = len(started)
             for r in started:

@@ -850,7 +850,8 @@ def control_lines(c: Mapping[str, Any]) -> list[str]:
     lines = ["", f"control: the load stepped from {c['rate']:.3g} to {c['stepped_rate']:.3g} "
              f"req/s at {c['step_at_s']:g} s; start-up planned with {c['startup_s']:.0f} s; "
              f"{c['applied']} change(s) applied, {c['failed_changes']} failed, {c['moves']} "
-             f"move(s), {c['servers_started']} server(s) started by the controller; log "
+             f"move(s), {c['servers_started']} server(s) started by the controller, "
+             f"{c.get('retried', 0)} call(s) sent again after a lost connection; log "
              f"{c['log']}"]
     for d in c["decisions"]:
         if d.get("action") != "keep":
