@@ -323,9 +323,9 @@ def test_serve_curve_bad_model_or_share_exits_2(args: tuple[str, ...], needle: s
 
 
 def _existing_vllm_venv() -> Path:
-    from scepsy_profile.profiling.vllm_install import imports_vllm, venv_python
+    from scepsy_profile.profiling.vllm_install import default_venv, imports_vllm, venv_python
 
-    venv = Path(os.environ.get("SCEPSY_VLLM_VENV") or REPO.parent / ".venv-vllm")
+    venv = default_venv()  # where install-vllm keeps it ($SCEPSY_VLLM_VENV or the user cache)
     if not imports_vllm(venv_python(venv)):  # never let the test install one
         pytest.skip(f"no virtual environment importing vllm at {venv}")
     return venv
