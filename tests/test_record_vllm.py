@@ -143,4 +143,4 @@ def test_our_clients_drop_idle_connections_before_vllm_closes_them() -> None:
                           "print(e.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)"], capture_output=True,
                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
-    assert CLIENT_KEEPALIVE_S < float(out.stdout.split()[-1])
+    assert float(out.stdout.split()[-1]) > CLIENT_KEEPALIVE_S
