@@ -78,7 +78,7 @@ FULL = Mode(workflows=("rag", "beam-search", "rag-beam"), sizes=(4, 8, 16),
             trace_requests=400, time_limit_s=20.0)
 QUICK = Mode(workflows=("rag",), sizes=(4,), gpus=("A100-80GB", "H100-80GB"), fractions=(0.2, 0.5, 0.8),
              sim_requests={"rag": 300}, max_requests={"rag": 300}, trace_requests=200,
-             time_limit_s=5.0)
+             time_limit_s=30.0)  # its plans take < 1 s; room for a busy CI machine
 
 
 @dataclass(frozen=True)
