@@ -243,3 +243,60 @@ def test_shell_target_starts_a_real_vllm_serve_and_stops_it(tmp_path):
     assert answer.status_code == 200, answer.text
     assert not port_in_use(r.port)
     assert not group_alive(pgid)
+
+
+_LISTENER = ("import socket, sys, time\n"
+             "s = socket.socket()\n"
+             "s.bind(('127.0.0.1', int(sys.argv[2])))\n"
+             "s.listen()\n"
+             "time.sleep(600)\n")
+
+
+def _adopt(run: Any, name: str, port: int) -> Any:
+    """A server as start.sh starts one: its own process group, the marker in its environment,
+    ``--port`` on its command line, its pid in ``RUN/pids/NAME.pid``."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from scepsy_place.launch.shell import SERVER_ENV
+    from scepsy_profile.profiling.server import port_in_use
+
+    (run / "pids").mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-c", _LISTENER, "--port", str(port)],
+                            env={**os.environ, SERVER_ENV: str(run.resolve() / "pids" / name)},
+                            start_new_session=True)
+    (run / "pids" / f"{name}.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 30
+    while not port_in_use(port):
+        assert time.monotonic() < deadline and proc.poll() is None, "the listener did not start"
+        time.sleep(0.05)
+    return proc
+
+
+def test_a_renumbered_replica_start_sh_started_is_stopped_by_its_port(tmp_path):
+    """A re-plan renumbered the server start.sh started as gen-0 (port A) to gen-1, while
+    start.sh's gen-1 (port B) still runs: stopping gen-1 at port A stops A's server, not B's."""
+    from scepsy_place.launch.apply import LaunchError
+    from scepsy_place.launch.bench_loop import free_port_range
+    from scepsy_profile.profiling.server import port_in_use
+
+    a = free_port_range(3)
+    b, c = a + 1, a + 2
+    run = tmp_path / "run"
+    pa, pb = _adopt(run, "gen-0", a), _adopt(run, "gen-1", b)
+    target = ShellTarget(run, grace_s=5.0)
+    plan = cpu_plan()
+    try:
+        target.stop(plan, ReplicaLaunch("gen", 1, "host", (0,), 1.0, 1.0, a))
+        assert pa.wait(10) is not None and not port_in_use(a)
+        assert pb.poll() is None and port_in_use(b)  # the other server runs on
+        assert not (run / "pids" / "gen-0.pid").exists()
+        assert (run / "pids" / "gen-1.pid").exists()
+        with pytest.raises(LaunchError, match=f"port {c}"):  # nothing of start.sh's there
+            target.stop(plan, ReplicaLaunch("gen", 0, "host", (0,), 1.0, 1.0, c))
+    finally:
+        for p in (pa, pb):
+            p.kill()
+            p.wait(10)

@@ -48,11 +48,12 @@ from scepsy_place.launch.shell import (
     SERVER_ENV,
     STOP_GRACE_S,
     bind_address,
+    last_option,
     probe_address,
     replica_env,
     start_command,
 )
-from scepsy_profile.profiling.processes import end_process_group
+from scepsy_profile.profiling.processes import end_process_group, group_members
 from scepsy_profile.profiling.server import IPC_PATH_ROOM, port_in_use
 
 ROUTES_PATH = "/scepsy/routes"
@@ -228,15 +229,30 @@ class ShellTarget:
         while port_in_use(replica.port) and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    def _adopted(self, r: ReplicaLaunch) -> tuple[int, str] | None:
+        """The process group and start.sh name of the server start.sh started on ``r``'s port
+        (a re-plan may have renumbered the replica since: the port is what identifies it): a
+        pid file in ``run_dir/pids`` whose group carries that file's marker and serves the
+        port. Its own name's file is tried first."""
+        folder = self.run_dir / "pids"
+        names = [r.name, *sorted(p.stem for p in folder.glob("*.pid") if p.stem != r.name)]
+        for name in names:
+            pid = _read_pid(self.run_dir, name)
+            if pid is not None and _ours(pid, self.run_dir, name) and _serves(pid, r.port):
+                return pid, name
+        return None
+
     def _stop_adopted(self, r: ReplicaLaunch) -> None:
-        """Stop a server start.sh started (its pid file in ``run_dir/pids``, its marker in the
-        environment of its group), SIGTERM then SIGKILL after the grace period."""
+        """Stop a server start.sh started (:meth:`_adopted`), SIGTERM then SIGKILL after the
+        grace period."""
         import signal
 
-        pid = _read_pid(self.run_dir, r.name)
-        if pid is None or not _ours(pid, self.run_dir, r.name):
+        found = self._adopted(r)
+        if found is None:
             raise LaunchError(f"{r.name} (port {r.port}): not started by this controller and "
-                              f"no pid file of start.sh for it in {self.run_dir / 'pids'}")
+                              f"no pid file of start.sh for a server on that port in "
+                              f"{self.run_dir / 'pids'}")
+        pid, name = found
         for sig, wait in ((signal.SIGTERM, self.grace_s), (signal.SIGKILL, 5.0)):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, sig)
@@ -246,7 +262,7 @@ class ShellTarget:
             if not _live(pid):
                 break
         with contextlib.suppress(OSError):
-            (self.run_dir / "pids" / f"{r.name}.pid").unlink()
+            (self.run_dir / "pids" / f"{name}.pid").unlink()
 
     def close(self) -> None:
         """Forget the servers started here (they keep running: they are the deployment)."""
@@ -254,6 +270,23 @@ class ShellTarget:
 
 
 register_target("shell", ShellTarget)
+
+
+def _serves(pgid: int, port: int) -> bool:
+    """Whether a process of group ``pgid`` was started with ``--port port`` (its command line
+    in ``/proc``); without ``/proc``, True (the pid file is all there is to go by)."""
+    try:
+        members = group_members(pgid)
+    except OSError:
+        return True
+    for m in members:
+        try:
+            argv = Path(f"/proc/{m}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if last_option(argv, "--port") == str(port) or f"--port={port}" in argv:
+            return True
+    return False
 
 
 # -- the change -------------------------------------------------------------------------------------
