@@ -132,8 +132,11 @@ def test_the_controlled_loop_on_this_cpu(tmp_path: Path) -> None:
     assert c is not None and c["decisions"]
     assert any(d["action"] == "scale-up" for d in c["decisions"]), \
         [d["reason"] for d in c["decisions"]]
-    assert c["applied"] >= 1 and c["failed_changes"] == 0
-    assert sum(w["requests"] for w in c["windows"]) == 375
     log = [json.loads(line) for line in Path(c["log"]).read_text().splitlines()]
+    # a change still starting when the drive ends is rolled back (interrupted): no other fails
+    failed = [r for r in log if r["kind"] == "apply" and r["step"] == "failed"]
+    assert c["applied"] >= 1 and c["failed_changes"] == len(failed)
+    assert all(r.get("interrupted") for r in failed), failed
+    assert sum(w["requests"] for w in c["windows"]) == 375
     steps = [r["step"] for r in log if r["kind"] == "apply"]
     assert steps.index("healthy") < steps.index("routes") < steps.index("drained")
