@@ -21,12 +21,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }} {{ m['content'] }} {% e
                  "{% if add_generation_prompt %}assistant{% endif %}")
 
 
-def _vllm_python_or_skip() -> None:
+def _vllm_python_or_skip() -> Path:
     from scepsy_profile.profiling.backend import BackendUnavailable
     from scepsy_profile.profiling.engine_env import vllm_python
 
     try:
-        vllm_python()
+        return vllm_python().path
     except BackendUnavailable as exc:
         pytest.skip(f"no vLLM environment: {exc}")
 
@@ -132,14 +132,9 @@ def test_our_clients_drop_idle_connections_before_vllm_closes_them() -> None:
     import subprocess
 
     from scepsy_common.net import CLIENT_KEEPALIVE_S
-    from scepsy_profile.profiling.backend import BackendUnavailable
-    from scepsy_profile.profiling.engine_env import vllm_python
 
-    try:
-        python = vllm_python()
-    except BackendUnavailable as exc:
-        pytest.skip(f"no vLLM environment: {exc}")
-    out = subprocess.run([str(python.path), "-c", "import vllm.envs as e; "
+    python = _vllm_python_or_skip()
+    out = subprocess.run([str(python), "-c", "import vllm.envs as e; "
                           "print(e.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)"], capture_output=True,
                          text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr[-2000:]
