@@ -40,7 +40,7 @@ import httpx
 
 from scepsy_common.errors import InputError
 from scepsy_place.formulations.incremental import Replan
-from scepsy_place.launch.apply import LaunchError, _live, _ours, _read_pid
+from scepsy_place.launch.apply import LaunchError, _live, _ours, _read_pid, group_proc_has
 from scepsy_place.launch.model import LaunchPlan, ModelLaunch, ReplicaLaunch
 from scepsy_place.launch.routes import plan_routes
 from scepsy_place.launch.shell import (
@@ -53,7 +53,7 @@ from scepsy_place.launch.shell import (
     replica_env,
     start_command,
 )
-from scepsy_profile.profiling.processes import end_process_group, group_members
+from scepsy_profile.profiling.processes import end_process_group
 from scepsy_profile.profiling.server import IPC_PATH_ROOM, port_in_use
 
 ROUTES_PATH = "/scepsy/routes"
@@ -275,18 +275,11 @@ register_target("shell", ShellTarget)
 def _serves(pgid: int, port: int) -> bool:
     """Whether a process of group ``pgid`` was started with ``--port port`` (its command line
     in ``/proc``); without ``/proc``, True (the pid file is all there is to go by)."""
-    try:
-        members = group_members(pgid)
-    except OSError:
-        return True
-    for m in members:
-        try:
-            argv = Path(f"/proc/{m}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if last_option(argv, "--port") == str(port) or f"--port={port}" in argv:
-            return True
-    return False
+    def started_on_port(argv: list[bytes]) -> bool:
+        words = [a.decode(errors="replace") for a in argv]
+        return last_option(words, "--port") == str(port) or f"--port={port}" in words
+
+    return group_proc_has(pgid, "cmdline", started_on_port) is not False
 
 
 # -- the change -------------------------------------------------------------------------------------

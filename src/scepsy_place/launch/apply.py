@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -219,16 +219,23 @@ def _ours(pid: int, runs: Path, name: str) -> bool:
     stale pid file's group (the server gone, its pid reused) is not. Without ``/proc``, any
     live group counts (the pid file is all there is to go by)."""
     marker = f"{SERVER_ENV}={runs.resolve() / 'pids' / name}".encode()
+    found = group_proc_has(pid, "environ", lambda items: marker in items)
+    return group_alive(pid) if found is None else found
+
+
+def group_proc_has(pgid: int, entry: str, test: Callable[[list[bytes]], bool]) -> bool | None:
+    """Whether a live process of group ``pgid`` has a ``/proc/PID/ENTRY`` (``environ``,
+    ``cmdline``: NUL-separated items) for which ``test(items)`` holds; None without ``/proc``."""
     try:
-        members = group_members(pid)
-    except OSError:  # no /proc
-        return group_alive(pid)
+        members = group_members(pgid)
+    except OSError:
+        return None
     for m in members:
         try:
-            env = Path(f"/proc/{m}/environ").read_bytes()
+            items = Path(f"/proc/{m}/{entry}").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker in env.split(b"\0"):
+        if test(items):
             return True
     return False
 
