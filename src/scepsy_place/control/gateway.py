@@ -104,6 +104,8 @@ def choose_live(weights: Sequence[float], in_flight: Sequence[int], sent: Sequen
     """:func:`choose` among the endpoints this call has not tried and that are not ejected
     (``down``); without one, among those not tried; without one, among all (a connection lost
     at the only endpoint is tried again there). Weight 0 is never chosen."""
+    if not any(tried) and not any(down):  # the common case: plain choose, no masks
+        return choose(weights, in_flight, sent)
     for usable in ([not t and not d for t, d in zip(tried, down, strict=True)],
                    [not t for t in tried]):
         i = choose([w if u else 0.0 for w, u in zip(weights, usable, strict=True)],
