@@ -19,7 +19,7 @@ An outcome is one of:
 - ``silent``: exit 0 on input that must be refused;
 - ``unclear``: refused, but not with one line that names the file or flag.
 
-Server cases (``trace receive``, ``record``) start the server, send abusive raw requests (a huge
+Server cases (``trace receive``, ``record``, ``gateway``) start the server, send abusive raw requests (a huge
 Content-Length then a disconnect, garbage, a slow client), then check that it still answers,
 refuses an announced huge body early (413) and logged no traceback.
 
@@ -1224,6 +1224,24 @@ def _misc_cases() -> list[Case]:
                              "--model", "m=b"), ("--model",))):
         cs.append(Case("record", name, (*rec, *extra), {"b.yaml": raw(BINARY)}, names=names,
                        timeout=20))
+    # gateway: the routes file and the flags refused before serving, naming what is wrong
+    gw = ("gateway", "--listen", "127.0.0.1:0", "--out", "t.jsonl", "--duration", "1")
+    for name, extra, files, names in (
+            ("routes-missing", ("--routes", "nosuch.json"), {}, ("nosuch.json",)),
+            ("routes-binary", ("--routes", "b.json"), {"b.json": raw(BINARY)}, ("b.json",)),
+            ("routes-not-a-table", ("--routes", "r.json"), {"r.json": text("[1, 2]")},
+             ("r.json",)),
+            ("routes-weight-negative", ("--routes", "r.json"),
+             {"r.json": text('{"version": 1, "workflows": {"rag": {"g": [{"url": '
+                             '"http://127.0.0.1:9/v1", "model": "g", "weight": -1, '
+                             '"replica": 0}]}}}')}, ("weight",)),
+            ("priority-unknown", ("--routes", "r.json", "--priority", "sjf"),
+             {"r.json": text("{}")}, ("--priority",)),
+            ("listen-port-99999", ("--routes", "r.json", "--listen", "127.0.0.1:99999"),
+             {"r.json": text("{}")}, ("--listen",)),
+            ("timeout-zero", ("--routes", "r.json", "--timeout", "0"), {"r.json": text("{}")},
+             ("--timeout",))):
+        cs.append(Case("gateway", name, (*gw, *extra), files, names=names, timeout=20))
     # outputs that are inputs in disguise: a run file inside validate's DIR, control's log
     cs.append(Case("validate", "json-over-a-run-file",
                    ("validate", "muxserve", "D", "--no-simulate", "--json",
@@ -1375,12 +1393,20 @@ def _server_cases() -> list[ServerCase]:
                           "otlp"),
         "record": (("record", "--listen", "127.0.0.1:0", "--upstream", "http://127.0.0.1:9/v1",
                     "--out", "t.jsonl"), "get"),
+        "gateway": (("gateway", "--listen", "127.0.0.1:0", "--routes", "r.json", "--out",
+                     "t.jsonl"), "get"),
     }
+    routes = {"r.json": text('{"version": 1, "workflows": {"rag": {"g": [{"url": '
+                             '"http://127.0.0.1:9/v1", "model": "g", "weight": 1.0, '
+                             '"replica": 0}]}}}')}
     for command, (argv, probe) in servers.items():
+        files = routes if command == "gateway" else {}
         for abuse in ABUSES:
             cs.append(ServerCase(command, f"server-{abuse}", argv, (abuse,), probe,
-                                 want_413=abuse == "huge-length" and command == "trace receive"))
-        cs.append(ServerCase(command, "server-all-abuses", argv, tuple(ABUSES) * 2, probe))
+                                 want_413=abuse == "huge-length" and command == "trace receive",
+                                 files=dict(files)))
+        cs.append(ServerCase(command, "server-all-abuses", argv, tuple(ABUSES) * 2, probe,
+                             files=dict(files)))
     return cs
 
 

@@ -1,4 +1,4 @@
-"""What the routing gateway (``scepsy record --routes``) adds to a call: the same client sends N
+"""What the routing gateway (``scepsy gateway``) adds to a call: the same client sends N
 sequential calls to a fast loopback upstream directly and through the gateway (the real command,
 in its own process, routes of two endpoints, ``--priority las``), non-streamed and streamed; the
 overhead is the gateway's median (p90) minus the direct one; the CPU time the gateway process
@@ -153,8 +153,8 @@ def _routing_us(priority: str, n: int = 20_000) -> float:
     from multidict import CIMultiDict
 
     from scepsy_opt.ingest.record import RecordConfig, _Call
-    from scepsy_place.control.gateway import Gateway, GatewayConfig
-    from scepsy_place.launch.routes import parse_routes
+    from scepsy_serve.gateway import Gateway, GatewayConfig
+    from scepsy_serve.launch.routes import parse_routes
 
     doc = {"version": 1, "workflows": {"bench": {"m": [
         {"url": f"http://127.0.0.1:{p}/v1", "model": "m", "weight": 0.5} for p in (1, 2)]}}}
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                                              if p)}
         procs: list[subprocess.Popen] = []
         try:
-            gw, routed = _start(["record", "--listen", "127.0.0.1:0", "--routes", str(routes),
+            gw, routed = _start(["gateway", "--listen", "127.0.0.1:0", "--routes", str(routes),
                                  "--priority", args.priority, "--out", str(trace)], env)
             procs.append(gw)
             rec, recorded_url = _start(["record", "--listen", "127.0.0.1:0", "--upstream",

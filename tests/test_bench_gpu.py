@@ -17,8 +17,8 @@ import yaml
 from conftest import run_cli
 from scepsy import api
 from scepsy_common.errors import InputError
-from scepsy_place.launch import bench_gpu as bg
-from scepsy_place.launch import bench_loop as bl
+from scepsy_serve.loop import bench_gpu as bg
+from scepsy_serve.loop import bench_loop as bl
 from test_bench_loop import _assert_nothing_left, _vllm, fake_engine  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def test_the_kit_on_this_cpu_with_vllm(tmp_path):
 
 def test_offered_rates_split_the_merged_rate_by_each_workflows_arrivals():
     """Oracle: the merged process's (N - 1) / span, shared by arrival counts."""
-    from scepsy_place.launch.drive import offered_rates
+    from scepsy_serve.launch.drive import offered_rates
 
     arrivals = [("a", 0.0), ("b", 1.0), ("a", 2.0), ("a", 4.0), ("b", 5.0)]
     got = offered_rates(arrivals)

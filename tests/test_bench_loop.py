@@ -36,7 +36,6 @@ from scepsy.cli import main
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import parse_allocation
 from scepsy_opt.workload import load_specs
-from scepsy_place.launch import bench_loop as bl
 from scepsy_profile.catalog import load_catalog
 from scepsy_profile.fitted import load_curves
 from scepsy_profile.profiling.backend import (
@@ -50,6 +49,7 @@ from scepsy_profile.profiling.engine_env import vllm_python
 from scepsy_profile.profiling.models import EngineModel, parse_scaled, profiled_name
 from scepsy_profile.profiling.registry import backend_names, register_backend
 from scepsy_profile.profiling.store import read_store
+from scepsy_serve.loop import bench_loop as bl
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -530,7 +530,7 @@ def test_signal_to_a_running_loop_leaves_nothing(tmp_path: Path, fake_engine: tu
         # a shell's background job starts with SIGINT ignored; a user's Ctrl-C is what is tested
         signal.signal(signal.SIGINT, signal.default_int_handler)
         from scepsy import api
-        from scepsy_place.launch.bench_loop import LoopOptions
+        from scepsy_serve.loop.bench_loop import LoopOptions
         opts = LoopOptions(**{{**{_jsonable(opts)!r}, "engine_command": tuple({list(fake_engine)!r}),
                               "engine_args": ()}})
         try:

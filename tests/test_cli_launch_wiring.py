@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from scepsy.cli import main
-from scepsy_place.launch.planfile import load_plan
-from scepsy_place.launch.renderers import MANIFEST, get_renderer, read_rendered
+from scepsy_serve.launch.planfile import load_plan
+from scepsy_serve.launch.renderers import MANIFEST, get_renderer, read_rendered
 
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = str(REPO / "datasets" / "catalogs" / "cpu-host.yaml")

@@ -1,4 +1,4 @@
-"""Applying a decision (scepsy_place.control.apply): the executor's order against a fake apply
+"""Applying a decision (scepsy_serve.control.actuate): the executor's order against a fake apply
 target and a loopback fake gateway (start -> healthy -> routes -> drain -> stop), a failed start
 rolled back (routes unchanged), --dry-run touching nothing, interrupts before and after the
 routes changed; the launch view after a re-plan (kept replicas keep their ports); and (marker
@@ -16,16 +16,16 @@ from fakes.control_gateway import FakeGateway
 from fakes.launch_plans import cpu_plan, one_real_vllm_replica
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Instance
-from scepsy_place.control.apply import (
+from scepsy_place.formulations.incremental import ReplicaRow
+from scepsy_place.packing.replicas import Slot
+from scepsy_serve.control.actuate import (
     APPLY_TARGETS,
     ShellTarget,
     apply_decision,
     apply_target,
     plan_change,
 )
-from scepsy_place.formulations.incremental import ReplicaRow
-from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
-from scepsy_place.packing.replicas import Slot
+from scepsy_serve.launch.launchplan import LaunchPlan, ReplicaLaunch
 
 
 class FakeTarget:
@@ -214,12 +214,12 @@ def test_shell_target_starts_a_real_vllm_serve_and_stops_it(tmp_path):
 
     import httpx
 
-    from scepsy_place.launch.bench_loop import free_port_range
     from scepsy_profile.profiling.backend import BackendUnavailable
     from scepsy_profile.profiling.engine_env import vllm_python, write_model_dir
     from scepsy_profile.profiling.models import engine_model
     from scepsy_profile.profiling.processes import group_alive
     from scepsy_profile.profiling.server import port_in_use
+    from scepsy_serve.loop.bench_loop import free_port_range
 
     try:
         python = vllm_python().path
@@ -260,8 +260,8 @@ def _adopt(run: Any, name: str, port: int) -> Any:
     import sys
     import time
 
-    from scepsy_place.launch.shell import SERVER_ENV
     from scepsy_profile.profiling.server import port_in_use
+    from scepsy_serve.launch.shell import SERVER_ENV
 
     (run / "pids").mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", _LISTENER, "--port", str(port)],
@@ -278,9 +278,9 @@ def _adopt(run: Any, name: str, port: int) -> Any:
 def test_a_renumbered_replica_start_sh_started_is_stopped_by_its_port(tmp_path):
     """A re-plan renumbered the server start.sh started as gen-0 (port A) to gen-1, while
     start.sh's gen-1 (port B) still runs: stopping gen-1 at port A stops A's server, not B's."""
-    from scepsy_place.launch.apply import LaunchError
-    from scepsy_place.launch.bench_loop import free_port_range
     from scepsy_profile.profiling.server import port_in_use
+    from scepsy_serve.launch.host import LaunchError
+    from scepsy_serve.loop.bench_loop import free_port_range
 
     a = free_port_range(3)
     b, c = a + 1, a + 2

@@ -1,4 +1,4 @@
-"""``scepsy bench control`` at a tiny size (scepsy_place.control.bench): the JSON's keys and
+"""``scepsy bench control`` at a tiny size (scepsy_serve.control.bench): the JSON's keys and
 types, nothing lost by the drain-based policies, static-peak's GPU-hours at least static-mean's,
 and the same seed giving the same bytes."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from functools import cache
 
-from scepsy_place.control.bench import POLICIES, BenchOptions, run
+from scepsy_serve.control.bench import POLICIES, BenchOptions, run
 
 TINY = BenchOptions(workflow="rag-beam", gpus=8, profiles=("daily",), windows=6, window_s=30.0,
                     startup_s=30.0, trace_requests=60, priority=False)

@@ -1,4 +1,4 @@
-"""``scepsy control`` (scepsy.cli_control, scepsy_place.control.live): bad inputs are one line
+"""``scepsy control`` (scepsy.cli_control, scepsy_serve.control.live): bad inputs are one line
 and exit 2 before anything runs; a --dry-run against a loopback fake gateway whose request
 counter rises logs a scale-up decision and changes nothing, and SIGTERM ends it cleanly; the
 live loop with a fake apply target applies the change (new routes, the controller's running
@@ -146,8 +146,8 @@ class RecordingTarget:
 
 def test_the_live_loop_applies_a_scale_up(plan_file, tmp_path):
     from scepsy.cli_control import add_arguments, build
-    from scepsy_place.control.core import ControlConfig, Controller
-    from scepsy_place.control.live import ControlMetrics, control_loop
+    from scepsy_serve.control.core import ControlConfig, Controller
+    from scepsy_serve.control.live import ControlMetrics, control_loop
 
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -234,10 +234,10 @@ def test_end_to_end_a_scale_up_through_the_real_gateway_loses_no_call(plan_file,
 
     from scepsy.cli_control import add_arguments, build
     from scepsy_opt.ingest.record import RecordConfig
-    from scepsy_place.control.core import ControlConfig, Controller
-    from scepsy_place.control.gateway import GatewayConfig, gateway_in_thread
-    from scepsy_place.control.live import control_loop
-    from scepsy_place.launch.routes import plan_routes
+    from scepsy_serve.control.core import ControlConfig, Controller
+    from scepsy_serve.control.live import control_loop
+    from scepsy_serve.gateway import GatewayConfig, gateway_in_thread
+    from scepsy_serve.launch.routes import plan_routes
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -1,4 +1,4 @@
-"""The decision core of ``scepsy control`` (scepsy_place.control.core, .forecast): forecasts
+"""The decision core of ``scepsy control`` (scepsy_serve.control.core, .forecast): forecasts
 against a closed-form oracle, the hysteresis band, scale-up and scale-down, start-up accounting,
 the decision log line, and ``replan``'s objective."""
 
@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.planning.instances import random_problem
-from scepsy_place.control.bench import Schedule, Step, compile_schedule
-from scepsy_place.control.core import ControlConfig, Controller, WindowStats
-from scepsy_place.control.forecast import RateForecaster, forecast_error
 from scepsy_place.formulations.incremental import LoadChanged, replan
 from scepsy_place.formulations.loop import plan_and_place
 from scepsy_place.packing.topology import Node, Topology
 from scepsy_profile import roofline_model
+from scepsy_serve.control.bench import Schedule, Step, compile_schedule
+from scepsy_serve.control.core import ControlConfig, Controller, WindowStats
+from scepsy_serve.control.forecast import RateForecaster, forecast_error
 
 FAST = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
@@ -191,7 +191,7 @@ def test_starting_replicas_count_from_the_decision():
 
 
 def test_a_percentile_bound_is_checked_on_the_predicted_percentile_at_or_above_it():
-    from scepsy_place.control.core import _stat
+    from scepsy_serve.control.core import _stat
 
     assert [_stat(q) for q in (10, 50, 90, 95, 99, 99.9)] == [50, 50, 90, 99, 99, 99]
     problem, top, start = _setup()

@@ -11,7 +11,7 @@ import math
 import pytest
 
 from scepsy_common.errors import InputError
-from scepsy_place.control.core import ControlConfig, Controller, WindowStats
+from scepsy_serve.control.core import ControlConfig, Controller, WindowStats
 from test_control_core import _setup  # the small placed plan the core's tests use
 
 

@@ -1,4 +1,4 @@
-"""The routing gateway (``scepsy record --routes``, :mod:`scepsy_place.control.gateway`) in
+"""The routing gateway (``scepsy gateway``, :mod:`scepsy_serve.gateway`) in
 front of real aiohttp fake upstreams on loopback: weights, least-loaded choice, draining with
 weight 0, live reloads (PUT, file change, SIGHUP) without losing a call, LAS priorities, the
 admin API and the Prometheus metrics; one test in front of a real ``vllm serve`` (marker
@@ -32,7 +32,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.ingest.record import RecordConfig
 from scepsy_opt.prediction.priority import las_level
 from scepsy_opt.traces import read_trace
-from scepsy_place.control.gateway import (
+from scepsy_serve.gateway import (
     EJECT_S,
     Gateway,
     GatewayConfig,
@@ -40,7 +40,7 @@ from scepsy_place.control.gateway import (
     choose_live,
     gateway_in_thread,
 )
-from scepsy_place.launch.routes import parse_routes
+from scepsy_serve.launch.routes import parse_routes
 
 PROMPT_TOKENS, COMPLETION_TOKENS = 3000, 1000
 
@@ -398,7 +398,7 @@ def test_cli_reloads_the_routes_file_on_change_and_on_sighup(tmp_path):
         routes = tmp_path / "routes.json"
         routes.write_text(json.dumps(routes_doc([(a, 0.75), (b, 0.25)])))
         proc = subprocess.Popen(
-            [sys.executable, "-m", "scepsy.cli", "record", "--listen", "127.0.0.1:0",
+            [sys.executable, "-m", "scepsy.cli", "gateway", "--listen", "127.0.0.1:0",
              "--routes", str(routes), "--out", str(tmp_path / "t.jsonl"), "--duration", "60"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env={**os.environ, "PYTHONPATH": str(REPO / "src"), "PYTHONUNBUFFERED": "1"})
@@ -510,18 +510,22 @@ def test_metrics_parse_and_count_the_calls(tmp_path):
 # ------------------------------------------------------------------------------ the CLI
 
 
-def test_cli_routes_and_upstream_are_exclusive(tmp_path):
+def test_cli_gateway_and_record_are_apart(tmp_path):
+    """The gateway takes a table, never a fixed upstream; the recording proxy has no table
+    and no priorities: each refuses the other's options, one line, exit 2, nothing written."""
     routes = tmp_path / "routes.json"
     routes.write_text(json.dumps({"version": 1, "workflows": {"rag": {"gen": [
         {"url": "http://127.0.0.1:9/v1", "model": "gen", "weight": 1.0}]}}}))
     out = tmp_path / "t.jsonl"
-    code, _, err = run_cli("record", "--listen", "127.0.0.1:0", "--routes", str(routes),
+    code, _, err = run_cli("gateway", "--listen", "127.0.0.1:0", "--routes", str(routes),
                            "--upstream", "http://127.0.0.1:9", "--out", str(out))
-    assert code == 2 and "--routes" in err and "not both" in err
-    assert len(err.strip().splitlines()) == 1
-    code, _, err = run_cli("record", "--listen", "127.0.0.1:0", "--priority", "las",
-                           "--upstream", "http://127.0.0.1:9", "--out", str(out))
-    assert code == 2 and "--priority" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and "--upstream" in err
+    code, _, err = run_cli("gateway", "--listen", "127.0.0.1:0", "--out", str(out))
+    assert code == 2 and "--routes" in err
+    for flag, value in (("--routes", str(routes)), ("--priority", "las")):
+        code, _, err = run_cli("record", "--listen", "127.0.0.1:0", flag, value,
+                               "--upstream", "http://127.0.0.1:9", "--out", str(out))
+        assert code == 2 and flag in err
     assert not out.exists()
 
 
@@ -530,15 +534,17 @@ def test_cli_bad_routes_file_names_file_and_field(tmp_path):
     routes.write_text(json.dumps({"version": 1, "workflows": {"rag": {"gen": [
         {"url": "http://127.0.0.1:9/v1", "model": "gen", "weight": 0.4}]}}}))
     out = tmp_path / "t.jsonl"
-    code, _, err = run_cli("record", "--listen", "127.0.0.1:0", "--routes", str(routes),
+    code, _, err = run_cli("gateway", "--listen", "127.0.0.1:0", "--routes", str(routes),
                            "--out", str(out))
     assert code == 2 and str(routes) in err and "workflows.rag.gen" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
 
 
 def test_help_names_the_gateway_options():
-    code, out, _ = run_cli("record", "--help")
+    code, out, _ = run_cli("gateway", "--help")
     assert code == 0 and "--routes" in out and "--priority" in out
+    code, out, _ = run_cli("record", "--help")
+    assert code == 0 and "--routes" not in out and "--priority" not in out
 
 
 # ------------------------------------------------------------------------------ real vLLM

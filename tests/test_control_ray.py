@@ -1,4 +1,4 @@
-"""The ``ray`` apply target (:mod:`scepsy_place.control.ray_target`).
+"""The ``ray`` apply target (:mod:`scepsy_serve.control.ray_target`).
 
 Without Ray: every replica gets its own Serve application name and route (escaped names, no two
 alike), the application's ``LLMServingArgs`` hold that replica alone and ask for no CPU beyond
@@ -28,7 +28,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fakes.launch_plans import cpu_plan, gpu_plan
-from scepsy_place.control.ray_target import (
+from scepsy_serve.control.ray_target import (
     NAME,
     RayServeTarget,
     RayTargetError,
@@ -40,7 +40,7 @@ from scepsy_place.control.ray_target import (
     route_prefix,
     url_word,
 )
-from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
+from scepsy_serve.launch.launchplan import LaunchPlan, ReplicaLaunch
 
 # ------------------------------------------------------------------------------- names, no Ray
 
@@ -298,7 +298,7 @@ def test_a_replica_runs_as_a_ray_serve_llm_application_and_stops(ray_cluster: st
 
 
 def test_the_ray_target_is_registered_under_its_name() -> None:
-    from scepsy_place.control.apply import apply_target, target_names
+    from scepsy_serve.control.actuate import apply_target, target_names
 
     assert "ray" in target_names()
     target = apply_target("ray")

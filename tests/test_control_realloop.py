@@ -19,14 +19,14 @@ from conftest import REPO, run_cli
 from scepsy import api
 from scepsy_common.errors import InputError
 from scepsy_opt.workload import load_specs
-from scepsy_place.control.realloop import (
+from scepsy_serve.loop import bench_loop as bl
+from scepsy_serve.loop.realloop import (
     GATEWAY_TRACE,
     ControlLoop,
     ControlRun,
     gateway_routes,
     latency_windows,
 )
-from scepsy_place.launch import bench_loop as bl
 from test_bench_loop import _assert_nothing_left, _options, _vllm
 
 

@@ -1,4 +1,4 @@
-"""Live telemetry of ``scepsy control`` (scepsy_place.control.telemetry): counter increases
+"""Live telemetry of ``scepsy control`` (scepsy_serve.control.telemetry): counter increases
 across restarts, per-window workflow rates, p90 call latency from histogram increases, queues
 averaged over polls, all from Prometheus text written by prometheus_client itself; and one
 scrape of a loopback gateway and replica over HTTP."""
@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
-from scepsy_place.control.telemetry import (
+from scepsy_serve.control.telemetry import (
     GatewaySample,
     Scrape,
     Telemetry,

@@ -22,21 +22,19 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
 INDEX = DOCS / "index.md"
 API = DOCS / "api.md"
-PACKAGES = ("scepsy", "scepsy_profile", "scepsy_opt", "scepsy_place")
+PACKAGES = ("scepsy", "scepsy_profile", "scepsy_opt", "scepsy_place", "scepsy_serve")
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 
 
 def _packages() -> list[str]:
-    """The four named packages plus any other package under src/ (shared plumbing included)."""
+    """The five named packages plus any other package under src/ (shared plumbing included)."""
     found = sorted(p.parent.name for p in (REPO / "src").glob("*/__init__.py"))
     return [*PACKAGES, *(n for n in found if n not in PACKAGES)]
 
 
 def _modules(pkg: ModuleType) -> list[ModuleType]:
     """Every public module of the package, sub-packages' modules included (a name with a
-    leading ``_`` anywhere in its dotted path is private). A module's old path, kept importable
-    after a move (``scepsy_opt.milp`` is ``scepsy_opt.planning.milp``), has no API of its own
-    and is left out: the module is listed once, under its own name."""
+    leading ``_`` anywhere in its dotted path is private)."""
     found = [(m.name, importlib.import_module(m.name))
              for m in pkgutil.walk_packages(pkg.__path__, prefix=f"{pkg.__name__}.")
              if not any(part.startswith("_") for part in m.name.split("."))]
@@ -54,7 +52,7 @@ def _defined_public(mod: ModuleType) -> list[str]:
 def public_names(package: str) -> dict[str, list[str]]:
     """``{module: names}``: the package's ``__all__`` under the package's own name, or, when it
     has none, each submodule's ``__all__`` or public classes and functions; the modules of its
-    sub-packages (``scepsy_place.launch``) are listed in either case."""
+    sub-packages (``scepsy_serve.launch``) are listed in either case."""
     pkg = importlib.import_module(package)
     out: dict[str, list[str]] = {}
     mods = _modules(pkg)

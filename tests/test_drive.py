@@ -26,7 +26,8 @@ from scepsy_opt.stats import trace_stats
 from scepsy_opt.traces import read_trace
 from scepsy_opt.workflows import Distribution as D
 from scepsy_opt.workflows import WorkflowSpec, generate_trace
-from scepsy_place.launch.drive import (
+from scepsy_profile.profiling.replay import ReplayTimeouts, poisson_arrivals
+from scepsy_serve.launch.drive import (
     BATCHES,
     DRIVE_FAILURE_KINDS,
     DriveProgress,
@@ -37,8 +38,7 @@ from scepsy_place.launch.drive import (
     summarize_latency,
     write_drive_trace,
 )
-from scepsy_place.launch.routes import Endpoint, Routes
-from scepsy_profile.profiling.replay import ReplayTimeouts, poisson_arrivals
+from scepsy_serve.launch.routes import Endpoint, Routes
 
 FAST = ReplayTimeouts(connect_s=1.0, stall_s=0.3, call_s=3.0)
 PATIENT = ReplayTimeouts(connect_s=10.0, stall_s=10.0, call_s=30.0)
@@ -395,7 +395,7 @@ def test_partial_failures_are_accounted_by_the_plan(fake):
 def test_a_client_exception_is_an_error_failure(fake, monkeypatch):
     """An exception the replay client does not turn into a failure kind fails the call as
     'error', with its text; the run goes on."""
-    import scepsy_place.launch.drive as drive_mod
+    import scepsy_serve.launch.drive as drive_mod
 
     real = drive_mod.replay_call
 

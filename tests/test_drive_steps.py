@@ -17,12 +17,12 @@ from fakes.openai_server import FakeOpenAIServer
 from scepsy_common.errors import InputError
 from scepsy_opt.ingest.record import RecordConfig, recording_proxy
 from scepsy_opt.traces import read_trace
-from scepsy_place.launch.drive import drive, plan_drive
 from scepsy_profile.profiling.replay import (
     ReplayTimeouts,
     poisson_arrivals,
     stepped_poisson_arrivals,
 )
+from scepsy_serve.launch.drive import drive, plan_drive
 from test_drive import beam, rag, routes_for
 
 

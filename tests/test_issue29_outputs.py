@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from conftest import REPO, run_cli
 from scepsy_common.errors import InputError
-from scepsy_place.launch.planfile import (
+from scepsy_serve.launch.planfile import (
     failed_plan_path,
     launch_plan,
     parse_plan,

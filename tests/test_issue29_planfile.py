@@ -24,7 +24,7 @@ import scepsy
 from conftest import run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.planfile import dumps
-from scepsy_place.launch.planfile import load_plan, main, parse_plan
+from scepsy_serve.launch.planfile import load_plan, main, parse_plan
 
 REPO = Path(__file__).resolve().parents[1]
 RAG_BEAM = str(REPO / "datasets" / "workflows" / "rag-beam.yaml")

@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from scepsy.cli import main
-from scepsy_common.errors import InputError
-from scepsy_place.report import load_report, placement_rows, write_report
-from scepsy_place.report.figures import (
+from scepsy.report import load_report, placement_rows, write_report
+from scepsy.report.contents import gpu_slots
+from scepsy.report.figures import (
     DPI,
     llm_colours,
     map_layout,
@@ -32,7 +32,7 @@ from scepsy_place.report.figures import (
     shade,
     shares_plot,
 )
-from scepsy_place.report.model import gpu_slots
+from scepsy_common.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "datasets" / "plans" / "rag-beam-a100-16.json"
@@ -113,7 +113,7 @@ def test_any_valid_plan_draws_without_a_warning(tmp_path, shares, calls, beyond)
     """Shares anywhere in [0, 1] (all zero: a zero objective), any call latency, an operating
     point anywhere (also beyond the curve's maximum): the figures draw, warnings as errors,
     every bar as long as its share."""
-    from scepsy_place.report.figures import curve_plot
+    from scepsy.report.figures import curve_plot
 
     doc = _bundled()
     for m, s, c in zip(sorted(doc["llms"]), shares, calls, strict=True):
@@ -252,7 +252,7 @@ def test_shades_of_a_colour_are_distinct_and_valid(n, which):
 def test_a_large_cluster_keeps_one_legend_entry_per_llm(tmp_path):
     """Beyond LEGEND_REPLICAS replicas the legend names the LLMs (every replica still its own
     shade on the map)."""
-    from scepsy_place.report import figures
+    from scepsy.report import figures
 
     rep = load_report(BUNDLED)
     keep = figures.LEGEND_REPLICAS

@@ -18,7 +18,7 @@ from conftest import REPO, run_cli
 from scepsy_common.errors import NAME_EXPECTED, NAME_MAX, InputError, Name, check_name, validated
 from scepsy_common.net import URL_EXPECTED, check_url
 from scepsy_opt.ingest.otel import sanitize_name
-from scepsy_place.launch.model import (
+from scepsy_serve.launch.launchplan import (
     ENV_NAME_EXPECTED,
     HOST_EXPECTED,
     TEXT_EXPECTED,
@@ -27,7 +27,7 @@ from scepsy_place.launch.model import (
     check_env_name,
     check_text,
 )
-from scepsy_place.launch.planfile import LaunchSection
+from scepsy_serve.launch.planfile import LaunchSection
 
 # ---------------------------------------------------------------------------------- names
 
@@ -195,7 +195,7 @@ RAG_YAML = str(REPO / "datasets" / "workflows" / "rag.yaml")
 
 
 def _routes(tmp_path, url: str):
-    from scepsy_place.launch.routes import Endpoint, Routes
+    from scepsy_serve.launch.routes import Endpoint, Routes
 
     llms = ("rewriter", "reranker", "generator")
     path = tmp_path / "routes.json"

@@ -70,7 +70,7 @@ def test_servers_that_do_not_start_end_the_kit_with_their_logs_not_a_traceback(
 def test_given_curves_must_cover_every_llm_of_the_loop() -> None:
     from scepsy.api import using_catalog
     from scepsy_opt.workload import load_specs
-    from scepsy_place.launch.bench_loop import given_curves, loop_models
+    from scepsy_serve.loop.bench_loop import given_curves, loop_models
 
     with using_catalog(DATA / "catalogs" / "cpu-host.yaml") as catalog:
         models = loop_models(load_specs(DATA / "workflows" / "cpu-beam-search.yaml"), catalog)

@@ -1,4 +1,4 @@
-"""Running a rendered shell folder on this host (:mod:`scepsy_place.launch.apply`), with a fake
+"""Running a rendered shell folder on this host (:mod:`scepsy_serve.launch.host`), with a fake
 server in place of ``vllm serve``: :data:`FAKE_SERVER` (standard library only) answers
 ``/health`` on the ``--port`` it is given, records its argv and environment as JSON, and starts
 a child in its own process group, as vLLM does. Options in its argv change its behaviour:
@@ -29,13 +29,13 @@ import pytest
 
 from fakes.launch_plans import cpu_plan, gpu_plan, one_real_vllm_replica
 from scepsy_common.errors import InputError
-from scepsy_place.launch.apply import LaunchError, apply, running, stop
-from scepsy_place.launch.bench_loop import free_port_range
-from scepsy_place.launch.model import LaunchPlan
-from scepsy_place.launch.renderers import write_rendered
-from scepsy_place.launch.shell import SHELL
 from scepsy_profile.profiling.processes import group_members
 from scepsy_profile.profiling.server import port_in_use
+from scepsy_serve.launch.host import LaunchError, apply, running, stop
+from scepsy_serve.launch.launchplan import LaunchPlan
+from scepsy_serve.launch.renderers import write_rendered
+from scepsy_serve.launch.shell import SHELL
+from scepsy_serve.loop.bench_loop import free_port_range
 
 FAKE_SERVER = r'''
 import json, os, signal, subprocess, sys, time
@@ -344,7 +344,7 @@ def test_apply_needs_the_node_where_the_plan_has_several(tmp_path):
 def test_cli_launch_apply_and_stop(tmp_path, monkeypatch, capsys):
     from scepsy import cli_launch
     from scepsy.cli_util import UsageError
-    from scepsy_place.launch import planfile
+    from scepsy_serve.launch import planfile
 
     plan = fake_plan(tmp_path)
     monkeypatch.setattr(planfile, "load_plan", lambda path: plan)
@@ -443,7 +443,7 @@ def test_port_ranges_lie_outside_the_ephemeral_ports():
     """Outgoing connections take their source ports from the ephemeral range, so a server port
     picked there can be taken before the server binds it (seen: a health check's connection on
     the second server's port)."""
-    from scepsy_place.launch.bench_loop import ephemeral_ports, port_free
+    from scepsy_serve.loop.bench_loop import ephemeral_ports, port_free
 
     lo, hi = ephemeral_ports()
     for n in (1, 2, 8):

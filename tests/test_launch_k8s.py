@@ -1,4 +1,4 @@
-"""The Kubernetes target (src/scepsy_place/launch/k8s.py, docs/launch-k8s-ray.md): every
+"""The Kubernetes target (src/scepsy_serve/launch/k8s.py, docs/launch-k8s-ray.md): every
 manifest of both modes validated offline against Kubernetes' own schemas (kubernetes-validate,
 strict), what each mode enforces, the name rule, and YAML injection through plan values."""
 
@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 
 from fakes.launch_plans import cpu_plan, gpu_plan
 from scepsy_common.errors import InputError
-from scepsy_place.launch.k8s import (
+from scepsy_serve.launch.k8s import (
     FALLBACK_WARNING,
     K8sRenderer,
     dump_all,
     k8s_name,
 )
-from scepsy_place.launch.model import LaunchPlan, ReplicaLaunch
+from scepsy_serve.launch.launchplan import LaunchPlan, ReplicaLaunch
 from test_render_conformance import launch_plans
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate",

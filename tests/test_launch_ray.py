@@ -1,4 +1,4 @@
-"""The Ray Serve LLM target (src/scepsy_place/launch/ray.py, docs/launch-k8s-ray.md): the file
+"""The Ray Serve LLM target (src/scepsy_serve/launch/ray.py, docs/launch-k8s-ray.md): the file
 checked by Ray's own ``ServeDeploySchema``; each ``llm_configs`` entry by ``LLMConfig`` and the
 engine config Ray derives from it, in the vLLM environment (``ray.serve.llm`` imports vLLM;
 tests/_ray_llmconfig_check.py); engine arguments as keyword arguments; YAML injection."""
@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 
 from fakes.launch_plans import cpu_plan, gpu_plan
 from scepsy_common.errors import InputError
-from scepsy_place.launch.model import LaunchPlan
-from scepsy_place.launch.ray import RAY_ACCELERATORS, RayRenderer, engine_kwargs, ray_accelerator
+from scepsy_serve.launch.launchplan import LaunchPlan
+from scepsy_serve.launch.ray import RAY_ACCELERATORS, RayRenderer, engine_kwargs, ray_accelerator
 from test_render_conformance import launch_plans
 
 ServeDeploySchema = pytest.importorskip("ray.serve.schema",

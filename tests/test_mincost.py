@@ -575,8 +575,8 @@ def test_placed_min_cost_against_the_placed_oracle(roofline: RooflineModel, seed
 def test_open_pools_buy_the_nodes_the_placement_uses(roofline: RooflineModel,
                                                      max_nodes: int) -> None:
     from scepsy_place.formulations.loop import plan_and_place, plan_document
-    from scepsy_place.launch.planfile import parse_plan
     from scepsy_place.packing.topology import from_cluster
+    from scepsy_serve.launch.planfile import parse_plan
 
     fixed = Cluster("buy", (GPUPool(A100, 2, 2, 1.0),))
     problem = random_problem(2, 4, roofline, seed=1, workflows=1, load=0.4, cluster=fixed,

@@ -268,9 +268,9 @@ def test_placed_min_cost_splits_an_llm_and_routes_calls_by_fraction(tmp_path):
     import json
 
     from scepsy_place.formulations.loop import plan_and_place, plan_document
-    from scepsy_place.launch.planfile import launch_plan, parse_plan
-    from scepsy_place.launch.routes import plan_routes, service_routes
     from scepsy_place.packing.topology import from_cluster
+    from scepsy_serve.launch.planfile import launch_plan, parse_plan
+    from scepsy_serve.launch.routes import plan_routes, service_routes
 
     p = _one_llm("llama-3-8b", 12.0)
     res = plan_and_place(p, from_cluster(p.cluster))

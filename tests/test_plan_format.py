@@ -31,8 +31,11 @@ from scepsy_opt.planning.planfile import (
     write_plan,
 )
 from scepsy_place.formulations.loop import plan_document
-from scepsy_place.launch.model import LaunchPlan
-from scepsy_place.launch.planfile import (
+from scepsy_place.packing.topology import load_topology
+from scepsy_profile.catalog import default_catalog
+from scepsy_profile.hardware import GIB
+from scepsy_serve.launch.launchplan import LaunchPlan
+from scepsy_serve.launch.planfile import (
     PlanDoc,
     launch_plan,
     load_plan,
@@ -42,9 +45,6 @@ from scepsy_place.launch.planfile import (
     plan_json_schema,
     schema_text,
 )
-from scepsy_place.packing.topology import load_topology
-from scepsy_profile.catalog import default_catalog
-from scepsy_profile.hardware import GIB
 
 try:  # the JSON Schema itself, where a validator is installed (the dev extras bring one)
     import jsonschema
@@ -202,7 +202,7 @@ def test_rewrite_without_timings_is_byte_identical(placed, tmp_path):
 
 def test_committed_schema_is_the_export(tmp_path):
     assert SCHEMA_FILE.read_text() == schema_text(), (
-        "docs/plan.schema.json is stale: python -m scepsy_place.launch.planfile "
+        "docs/plan.schema.json is stale: python -m scepsy_serve.launch.planfile "
         "--write-schema docs/plan.schema.json")
     schema = plan_json_schema()
     assert schema["$id"] and schema["version"] == PLAN_VERSION

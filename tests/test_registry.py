@@ -12,9 +12,9 @@ from scepsy_common.registry import Registry
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_opt.planning.problem import OBJECTIVES
 from scepsy_place.formulations import FORMULATIONS_REGISTRY
-from scepsy_place.launch.renderers import RENDERERS
 from scepsy_place.packing.placement import PLACERS
 from scepsy_profile.profiling.registry import BACKENDS
+from scepsy_serve.launch.renderers import RENDERERS
 
 FAMILIES: dict[str, Registry] = {"optimisers": OPTIMISERS, "formulations": FORMULATIONS_REGISTRY,
                                  "placers": PLACERS, "renderers": RENDERERS,

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from fakes.launch_plans import cpu_plan, gpu_plan
 from scepsy_common.errors import InputError, is_name
-from scepsy_place.launch.model import (
+from scepsy_serve.launch.launchplan import (
     Assignment,
     DeviceLaunch,
     EngineLaunch,
@@ -32,15 +32,15 @@ from scepsy_place.launch.model import (
     assign_ports,
     url_host,
 )
-from scepsy_place.launch.planfile import load_plan
-from scepsy_place.launch.renderers import (
+from scepsy_serve.launch.planfile import load_plan
+from scepsy_serve.launch.renderers import (
     MANIFEST,
     get_renderer,
     read_rendered,
     renderer_names,
     write_rendered,
 )
-from scepsy_place.launch.routes import WEIGHT_TOL, parse_routes
+from scepsy_serve.launch.routes import WEIGHT_TOL, parse_routes
 
 NAMES = renderer_names()
 FIELDS = ("tp", "share", "node", "gpus")

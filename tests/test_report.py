@@ -23,12 +23,7 @@ import pytest
 
 import scepsy
 from scepsy.cli import main
-from scepsy_common.errors import InputError
-from scepsy_opt.planning.planfile import CURVE_POINTS, workflow_curves
-from scepsy_opt.prediction.pipeline import predict
-from scepsy_place.formulations.loop import plan_document
-from scepsy_place.packing.topology import load_topology
-from scepsy_place.report import (
+from scepsy.report import (
     PLACEMENT_COLUMNS,
     default_out,
     load_report,
@@ -36,10 +31,15 @@ from scepsy_place.report import (
     plan_rows,
     write_report,
 )
-from scepsy_place.report.figures import map_layout
-from scepsy_place.report.folder import GENERATOR, write_folder
-from scepsy_place.report.model import gpu_slots
-from scepsy_place.report.page import NO_CURVE
+from scepsy.report.contents import gpu_slots
+from scepsy.report.figures import map_layout
+from scepsy.report.folder import GENERATOR, write_folder
+from scepsy.report.page import NO_CURVE
+from scepsy_common.errors import InputError
+from scepsy_opt.planning.planfile import CURVE_POINTS, workflow_curves
+from scepsy_opt.prediction.pipeline import predict
+from scepsy_place.formulations.loop import plan_document
+from scepsy_place.packing.topology import load_topology
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "datasets" / "plans" / "rag-beam-a100-16.json"

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import scepsy
-from scepsy_place.report import write_report
+from scepsy.report import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = REPO / "datasets" / "plans" / "rag-beam-a100-16.json"

@@ -15,7 +15,6 @@ from conftest import REPO, run_cli
 from scepsy import api
 from scepsy_common.errors import InputError
 from scepsy_opt.planning.optimisers import OPTIMISERS
-from scepsy_place.launch.planfile import parse_plan
 from scepsy_place.packing.placement import PLACERS
 from scepsy_place.request import (
     FORMS,
@@ -25,6 +24,7 @@ from scepsy_place.request import (
     flag_fields,
     flag_names,
 )
+from scepsy_serve.launch.planfile import parse_plan
 
 RAG = str(REPO / "datasets" / "workflows" / "rag.yaml")
 A4 = str(REPO / "datasets" / "clusters" / "a100-4.yaml")
@@ -174,7 +174,7 @@ def _stats_keys() -> set[str]:
 
 def test_the_solver_section_is_closed_and_names_every_statistic(tmp_path) -> None:
     from scepsy_opt.planning.planfile import TIMING_KEYS
-    from scepsy_place.launch.planfile import SolverSection
+    from scepsy_serve.launch.planfile import SolverSection
 
     found = _stats_keys()
     assert {"candidates_kept", "cg_bound", "placed_cost_per_hour", "latency_bounds"} <= found

@@ -31,7 +31,6 @@ from scepsy_opt.planning.milp import MILPOptimiser, capacity_shapes
 from scepsy_opt.planning.planfile import plan_to_dict
 from scepsy_opt.planning.problem import TENTHS, PlanningProblem, PlanOptions
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
-from scepsy_place.launch.planfile import parse_plan
 from scepsy_profile import (
     CompositeLatencyModel,
     FittedLatencyModel,
@@ -40,6 +39,7 @@ from scepsy_profile import (
     roofline_model,
 )
 from scepsy_profile.fitted import CurveTable
+from scepsy_serve.launch.planfile import parse_plan
 
 REPO = Path(__file__).resolve().parents[1]
 CURVES_FILE = REPO / "datasets" / "profiles" / "muxserve-a100-curves.json"

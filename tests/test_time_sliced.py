@@ -1,5 +1,5 @@
 """The CPU deployment as it runs: servers placed on the same cores take turns on them
-(scepsy_place.launch.time_sliced)."""
+(scepsy_serve.launch.time_sliced)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from conftest import REPO
 from scepsy import api
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_place.launch.time_sliced import running_allocation
+from scepsy_serve.launch.time_sliced import running_allocation
 
 WORKFLOW = REPO / "datasets" / "workflows" / "cpu-beam-search.yaml"
 CATALOG = REPO / "datasets" / "catalogs" / "cpu-host.yaml"

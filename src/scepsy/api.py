@@ -35,12 +35,12 @@ if TYPE_CHECKING:
     from scepsy_opt.traces import Trace
     from scepsy_opt.workflows import WorkflowSpec
     from scepsy_place.formulations.loop import PlacedPlan
-    from scepsy_place.launch.planfile import SolveReport
     from scepsy_place.packing.topology import Topology
     from scepsy_place.request import PlanRequest
     from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
     from scepsy_profile.serving import MemoryPolicy
+    from scepsy_serve.launch.planfile import SolveReport
 
     Overheads = Any  # a path or a scepsy_profile.overheads.EngineOverheads
 
@@ -121,10 +121,10 @@ class PlanResult:
 
     @property
     def report(self) -> SolveReport:
-        """The typed solve report (:class:`~scepsy_place.launch.planfile.SolveReport`): how
+        """The typed solve report (:class:`~scepsy_serve.launch.planfile.SolveReport`): how
         the plan ended, its bound and gap, each formulation compared, the solver's
         statistics."""
-        from scepsy_place.launch.planfile import SolveReport
+        from scepsy_serve.launch.planfile import SolveReport
 
         return SolveReport.of(self.to_dict(timings=False))
 
@@ -132,8 +132,8 @@ class PlanResult:
         """Write :meth:`to_dict` to ``path`` atomically (nothing half-written) and return the
         path written: ``path``, or, for a plan without a placement where ``path`` holds a placed
         plan, ``NAME.failed.json`` beside it
-        (:func:`~scepsy_place.launch.planfile.write_plan_file`)."""
-        from scepsy_place.launch.planfile import write_plan_file
+        (:func:`~scepsy_serve.launch.planfile.write_plan_file`)."""
+        from scepsy_serve.launch.planfile import write_plan_file
 
         return write_plan_file(path, self.to_dict(timings=timings))
 
@@ -274,7 +274,7 @@ def _allocation(allocation: PathLike | Allocation, what: str, *, check_gpus: boo
         raw = read_yaml(allocation, "allocation file (YAML or JSON)")
         alloc = parse_allocation(raw, source)
         if is_plan_document(raw):  # a plan.json is checked whole, as launch checks it
-            from scepsy_place.launch.planfile import parse_plan
+            from scepsy_serve.launch.planfile import parse_plan
 
             parse_plan(raw, source)
         return alloc
@@ -758,7 +758,7 @@ def check_launch(target: str, out: PathLike) -> None:
     """Raise :class:`InputError` (source ``launch`` or ``launch-out``) unless ``target`` is a
     launch target and ``out`` a folder its files may be written into: one that does not exist,
     is empty, or was written by a renderer (it holds the marker file). Nothing is written."""
-    from scepsy_place.launch.renderers import check_folder, get_renderer, renderer_names
+    from scepsy_serve.launch.renderers import check_folder, get_renderer, renderer_names
 
     try:
         get_renderer(target)
@@ -772,8 +772,8 @@ def render(plan: PathLike, target: str, out: PathLike) -> Path:
     """Render the plan.json at ``plan`` for launch ``target`` into the folder ``out``
     (atomically: the folder holds its old files or all the new ones) and return the folder;
     what ``scepsy plan --launch TARGET --launch-out OUT`` and ``scepsy launch`` do."""
-    from scepsy_place.launch.planfile import load_plan
-    from scepsy_place.launch.renderers import get_renderer, write_rendered
+    from scepsy_serve.launch.planfile import load_plan
+    from scepsy_serve.launch.renderers import get_renderer, write_rendered
 
     check_launch(target, out)
     launch_plan = load_plan(plan)
@@ -788,10 +788,10 @@ def bench_loop(options: Any = None, *, say: Callable[[str], None] | None = None,
     """The whole loop on this CPU (``scepsy bench loop``, docs/quickstart.md): profile the
     model here unless ``curves`` is given, plan, launch vLLM servers, drive the workflows, stop,
     compare predicted and measured
-    (:func:`scepsy_place.launch.bench_loop.run_loop` with this module's :func:`plan`,
+    (:func:`scepsy_serve.loop.bench_loop.run_loop` with this module's :func:`plan`,
     :func:`predict` and :func:`using_catalog`). ``options``: a
-    :class:`~scepsy_place.launch.bench_loop.LoopOptions`, or its fields as keywords."""
-    from scepsy_place.launch.bench_loop import LoopOptions, run_loop
+    :class:`~scepsy_serve.loop.bench_loop.LoopOptions`, or its fields as keywords."""
+    from scepsy_serve.loop.bench_loop import LoopOptions, run_loop
 
     return run_loop(_options_or_fields(LoopOptions, options, fields_, "bench_loop"),
                     _planning(), say=say)
@@ -801,9 +801,9 @@ def bench_gpu(options: Any = None, *, say: Callable[[str], None] | None = None,
               **fields_: Any) -> Any:
     """The GPU kit (``scepsy bench gpu``, docs/bench-gpu.md): two small LLMs profiled under
     MPS shares, planned onto one GPU, launched, driven and compared, as :func:`bench_loop` does
-    on a CPU (:func:`scepsy_place.launch.bench_gpu.run_kit`); ``options``: a
-    :class:`~scepsy_place.launch.bench_gpu.KitOptions`, or its fields as keywords."""
-    from scepsy_place.launch.bench_gpu import KitOptions, run_kit
+    on a CPU (:func:`scepsy_serve.loop.bench_gpu.run_kit`); ``options``: a
+    :class:`~scepsy_serve.loop.bench_gpu.KitOptions`, or its fields as keywords."""
+    from scepsy_serve.loop.bench_gpu import KitOptions, run_kit
 
     return run_kit(_options_or_fields(KitOptions, options, fields_, "bench_gpu"), _planning(),
                    say=say)
@@ -821,7 +821,7 @@ def _options_or_fields(cls: type, options: Any, fields_: Mapping[str, Any], wher
 
 def _planning() -> Any:
     """The planning functions the loops below this package call."""
-    from scepsy_place.launch.bench_loop import Planning
+    from scepsy_serve.loop.bench_loop import Planning
 
     return Planning(plan=plan, predict=predict, using_catalog=using_catalog)
 

@@ -295,7 +295,7 @@ def _bench_args(bench: argparse.ArgumentParser) -> None:
 
 
 def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
-    from scepsy_place.launch import bench_gpu as bg
+    from scepsy_serve.loop import bench_gpu as bg
 
     d = bg.KitOptions()
     gpu.add_argument("--cpu", action="store_true",
@@ -325,7 +325,7 @@ def _bench_gpu_args(gpu: argparse.ArgumentParser) -> None:
 
 
 def _bench_loop_args(loop: argparse.ArgumentParser) -> None:
-    from scepsy_place.launch import bench_loop as bl
+    from scepsy_serve.loop import bench_loop as bl
 
     d = bl.LoopOptions()
     loop.add_argument("--requests", type=COUNT, default=d.requests,
@@ -437,6 +437,8 @@ _REGISTERED: dict[str, tuple[str, str]] = {
                "rack drained, load changed)"),
     "record": ("scepsy.cli_record", "an OpenAI-compatible proxy that records every call it "
                "forwards as a trace"),
+    "gateway": ("scepsy.cli_gateway", "the routing gateway in front of every replica of a "
+                "launched plan"),
     "control": ("scepsy.cli_control", "keep a running plan right while its load moves: "
                 "telemetry, forecasts, incremental re-plans applied without losing a call"),
     "validate": ("scepsy.cli_validate", "compare measured serving runs with scepsy's "
@@ -596,8 +598,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy.tables import progress
     from scepsy_opt.planning.planfile import dumps
-    from scepsy_place.launch.planfile import write_plan_file
     from scepsy_place.request import flag_names
+    from scepsy_serve.launch.planfile import write_plan_file
 
     check_out(args.out)
     launches = _launch_folders(args)
@@ -731,7 +733,7 @@ def _print_plan(res: Any, doc: dict[str, Any], args: argparse.Namespace) -> None
 def _cmd_bench_loop(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy_common.errors import InputError
-    from scepsy_place.launch import bench_loop as bl
+    from scepsy_serve.loop import bench_loop as bl
 
     try:
         options = bl.LoopOptions(
@@ -752,7 +754,7 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
 
 def _control_loop(args: argparse.Namespace) -> Any:
     """``bench loop``'s controller options (None without --control; refused without it)."""
-    from scepsy_place.control.realloop import ControlLoop
+    from scepsy_serve.loop.realloop import ControlLoop
 
     if not args.control:
         given = [f for f, v in (("--step-at", args.step_at != 90.0),
@@ -770,8 +772,8 @@ def _control_loop(args: argparse.Namespace) -> Any:
 def _loop_usage(exc: Exception) -> None:
     """Raise a loop option's error as a usage error naming its flag; others unchanged."""
     from scepsy_common.errors import InputError
-    from scepsy_place.launch import bench_gpu as bg
-    from scepsy_place.launch import bench_loop as bl
+    from scepsy_serve.loop import bench_gpu as bg
+    from scepsy_serve.loop import bench_loop as bl
 
     if isinstance(exc, InputError) and exc.source in (bl.SOURCE, bg.SOURCE) and \
             exc.field in bl.FLAGS:
@@ -784,9 +786,9 @@ def _loop_report(run: Callable[[], Any], args: argparse.Namespace) -> int:
     """Run a loop (``bench loop``, ``bench gpu``), print its report or JSON; its exit status
     (0 clean, 1 not, 130 interrupted after stopping every server)."""
     from scepsy_common.errors import InputError
-    from scepsy_place.launch import bench_loop as bl
-    from scepsy_place.launch.apply import LaunchError
     from scepsy_profile.profiling.backend import BackendUnavailable
+    from scepsy_serve.launch.host import LaunchError
+    from scepsy_serve.loop import bench_loop as bl
 
     try:
         result = run()
@@ -812,7 +814,7 @@ def _loop_report(run: Callable[[], Any], args: argparse.Namespace) -> int:
 def _cmd_bench_gpu(args: argparse.Namespace) -> int:
     from scepsy import api
     from scepsy_common.errors import InputError
-    from scepsy_place.launch import bench_gpu as bg
+    from scepsy_serve.loop import bench_gpu as bg
 
     try:
         options = bg.KitOptions(

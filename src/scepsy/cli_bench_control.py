@@ -1,6 +1,6 @@
 """``scepsy bench control``: control policies compared in the simulator under loads that move
 (docs/bench-control.md). Parsing and printing only; the comparison is
-:mod:`scepsy_place.control.bench`."""
+:mod:`scepsy_serve.control.bench`."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from scepsy.cli_util import UsageError, check_out
 
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``scepsy bench control`` on ``cmd``."""
-    from scepsy_place.control.bench import PROFILES, BenchOptions
+    from scepsy_serve.control.bench import PROFILES, BenchOptions
 
     d = BenchOptions()
     cmd.add_argument("--quick", action="store_true",
@@ -44,7 +44,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def options(args: argparse.Namespace):
     """The bench options of the parsed arguments."""
-    from scepsy_place.control.bench import QUICK, BenchOptions
+    from scepsy_serve.control.bench import QUICK, BenchOptions
 
     base = QUICK if args.quick else BenchOptions()
     profiles = (tuple(x.strip() for x in args.profiles.split(",") if x.strip())
@@ -61,7 +61,7 @@ def run_cli(args: argparse.Namespace) -> int:
     input."""
     from scepsy.tables import print_table
     from scepsy_common.files import atomic_write_text
-    from scepsy_place.control import bench
+    from scepsy_serve.control import bench
 
     if args.json is not None:
         check_out(args.json, "--json")

@@ -3,7 +3,7 @@ the gateway's and the replicas' ``/metrics`` every window, forecasts each workfl
 re-plans incrementally when the plan will miss its bound or waste capacity, and applies the
 change through an apply target (start, wait for health, re-route, drain, stop).
 
-Parsing and printing only; the work is :mod:`scepsy_place.control` (``live``, ``core``,
+Parsing and printing only; the work is :mod:`scepsy_serve.control` (``live``, ``core``,
 ``telemetry``, ``apply``).
 """
 
@@ -40,7 +40,7 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cmd.add_argument("--cluster", type=Path,
                      help="cluster YAML/JSON the plan runs on (default: the plan's own nodes)")
     cmd.add_argument("--gateway", required=True, metavar="URL",
-                     help="the gateway's base URL (scepsy record --routes), e.g. "
+                     help="the gateway's base URL (scepsy gateway), e.g. "
                      "http://127.0.0.1:8100")
     cmd.add_argument("--target", choices=TARGETS, default="none",
                      help="how changes are applied: shell (vllm serve on this host), ray (Ray "
@@ -96,8 +96,8 @@ def _gateway(url: str) -> str:
         if not isinstance(data, dict) or "endpoints" not in data:
             raise ValueError("no endpoints in its answer")
     except (httpx.HTTPError, ValueError) as exc:
-        raise InputError("--gateway", "", "the URL of a running gateway (scepsy record "
-                         f"--routes) that answers GET /scepsy/state ({exc})", url) from None
+        raise InputError("--gateway", "", "the URL of a running gateway (scepsy "
+                         f"gateway) that answers GET /scepsy/state ({exc})", url) from None
     return url
 
 
@@ -110,9 +110,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     from scepsy.cli_util import naming
     from scepsy_opt.planning.baselines import UserAllocation
     from scepsy_place.formulations.placed import PlacedPlan
-    from scepsy_place.launch.planfile import parse_launch_plan
     from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
     from scepsy_profile.catalog import catalog_in_force
+    from scepsy_serve.launch.planfile import parse_launch_plan
 
     flags = {**flag_names(), "targets": "--plan"}
     with naming(flags):
@@ -144,9 +144,9 @@ def cmd_control(args: argparse.Namespace) -> int:
     from scepsy.cli_util import stop_event
     from scepsy_common.errors import InputError
     from scepsy_common.net import parse_listen
-    from scepsy_place.control.apply import apply_target
-    from scepsy_place.control.core import ControlConfig, Controller
-    from scepsy_place.control.live import ControlMetrics, JsonLog, control_loop
+    from scepsy_serve.control.actuate import apply_target
+    from scepsy_serve.control.core import ControlConfig, Controller
+    from scepsy_serve.control.live import ControlMetrics, JsonLog, control_loop
 
     # every input checked before anything runs or is written
     log_path = _log_path(args.log)

@@ -1,7 +1,7 @@
 """``scepsy drive``: run workflow requests against the servers of a routing table and print
 throughput and latency (docs/drive.md).
 
-Parsing and printing only; the driver lives in :mod:`scepsy_place.launch.drive`.
+Parsing and printing only; the driver lives in :mod:`scepsy_serve.launch.drive`.
 """
 
 from __future__ import annotations
@@ -92,9 +92,9 @@ def cmd_drive(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, check_out, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text, failed_run_output
-    from scepsy_place.launch.drive import drive, write_drive_trace
-    from scepsy_place.launch.routes import load_routes
     from scepsy_profile.profiling.replay import ReplayTimeouts
+    from scepsy_serve.launch.drive import drive, write_drive_trace
+    from scepsy_serve.launch.routes import load_routes
 
     for path, flag in ((args.trace_out, "--trace-out"), (args.json, "--json")):
         if path is not None:

@@ -1,8 +1,8 @@
 """``scepsy launch PLAN --target TARGET --out DIR [--apply]`` and ``scepsy stop DIR``: a plan.json
 rendered for a launch target, the shell target run and stopped on this host (docs/launch.md).
 
-Parsing and printing only; the renderers live in :mod:`scepsy_place.launch.renderers`, running
-a shell folder in :mod:`scepsy_place.launch.apply`.
+Parsing and printing only; the renderers live in :mod:`scepsy_serve.launch.renderers`, running
+a shell folder in :mod:`scepsy_serve.launch.host`.
 """
 
 from __future__ import annotations
@@ -67,15 +67,15 @@ def _file_rows(files: dict[str, str]) -> list[dict[str, object]]:
 def cmd_launch(args: argparse.Namespace) -> int:
     from scepsy.cli_util import UsageError, naming
     from scepsy.tables import print_table
-    from scepsy_place.launch.planfile import load_plan
-    from scepsy_place.launch.renderers import check_folder, get_renderer, write_rendered
+    from scepsy_serve.launch.planfile import load_plan
+    from scepsy_serve.launch.renderers import check_folder, get_renderer, write_rendered
 
     if args.target != "shell" and args.apply:
         raise UsageError(f"--apply: only the shell target runs here (got --target "
                          f"{args.target}); apply its files with the target's own tools")
     if not args.apply and (args.node is not None or args.timeout_s is not None):
         raise UsageError("--node and --timeout-s need --apply")
-    from scepsy_place.launch.apply import busy_ports, choose_node, running_servers
+    from scepsy_serve.launch.host import busy_ports, choose_node, running_servers
 
     # every flag and input is checked before anything is written: the folder at --out is
     # replaced whole (write_rendered) only once nothing is left to refuse
@@ -104,7 +104,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
             print(json.dumps(report, indent=2))
         return 0
 
-    from scepsy_place.launch.apply import LaunchError, apply
+    from scepsy_serve.launch.host import LaunchError, apply
 
     if not args.json:
         print(f"starting the servers (waiting for /health; `scepsy stop {out}` stops them)",
@@ -129,7 +129,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     from scepsy.tables import print_table
-    from scepsy_place.launch.apply import stop
+    from scepsy_serve.launch.host import stop
 
     report = stop(args.folder, args.grace_s, node=args.node)
     if args.json:

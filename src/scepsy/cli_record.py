@@ -1,7 +1,6 @@
 """``scepsy record``: an OpenAI-compatible proxy that records every call it forwards as a trace
-(docs/record.md); with ``--routes`` the routing gateway in front of every replica
-(docs/gateway.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.ingest.record`, the
-gateway :mod:`scepsy_place.control.gateway`.
+(docs/record.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.ingest.record`. The
+routing gateway, which records too, is ``scepsy gateway`` (:mod:`scepsy.cli_gateway`).
 """
 
 from __future__ import annotations
@@ -27,14 +26,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "http://127.0.0.1:8000 (a trailing /v1 is fine)")
     cmd.add_argument("--upstream-for", action="append", default=[], metavar="MODEL=URL",
                      help="the server of one model (repeatable; others go to --upstream)")
-    cmd.add_argument("--routes", type=Path, metavar="ROUTES.json",
-                     help="route each call by this routing table (routes.json of a launch) to "
-                     "the least-loaded endpoint of its LLM within the weights; re-read on SIGHUP "
-                     "and when it changes (not with --upstream/--upstream-for; docs/gateway.md)")
-    cmd.add_argument("--priority", choices=("fcfs", "las"), default="fcfs",
-                     help="with --routes: las sets each call's vLLM priority from its "
-                     "request's tokens served so far (least attained service; the servers need "
-                     "--scheduling-policy priority); fcfs leaves calls alone (default)")
     cmd.add_argument("--out", type=Path, required=True, metavar="TRACE.jsonl",
                      help="the trace to write (must not exist; one line per call, flushed as "
                      "each call ends)")
@@ -45,8 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "(default %(default)s)")
     cmd.add_argument("--retries", type=RETRY_COUNT, default=1, metavar="N",
                      help="send a call again up to N times when its server refused, reset or "
-                     "closed the connection before answering (with --routes: to another "
-                     "replica of its LLM when there is one); 0 to 5 (default %(default)s)")
+                     "closed the connection before answering; 0 to 5 (default %(default)s)")
     cmd.add_argument("--duration", type=POSITIVE, metavar="S",
                      help="stop after this many seconds (default: run until SIGINT/SIGTERM)")
     cmd.add_argument("--max-body-bytes", type=COUNT, metavar="N",
@@ -57,34 +47,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    """The proxy's :class:`RecordConfig`, or with ``--routes`` the gateway's config."""
+    """The proxy's :class:`RecordConfig`."""
     from scepsy.cli_util import check_new_out
-    from scepsy_common.errors import InputError
     from scepsy_common.net import parse_listen
     from scepsy_opt.ingest.record import MAX_BODY_BYTES, RecordConfig, upstream_pairs
     from scepsy_opt.ingest.tracemap import trace_map
 
-    routed = args.routes is not None
-    if routed and (args.upstream is not None or args.upstream_for):
-        raise InputError("--routes", "", "either --routes (the gateway) or --upstream / "
-                         "--upstream-for (the plain proxy), not both")
-    if not routed and args.priority != "fcfs":
-        raise InputError("--priority", "", "--routes with it (priorities are a gateway "
-                         "policy)", args.priority)
     host, port = parse_listen(args.listen)
-    config: Any = RecordConfig(out=args.out, upstream=args.upstream,
-                               upstream_for=upstream_pairs(args.upstream_for),
-                               trace_map=trace_map(args.map, args.model, workflow=args.workflow),
-                               host=host, port=port, timeout_s=args.timeout,
-                               client_time=not args.no_client_time,
-                               max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
-                               retries=args.retries, routed=routed)
-    if routed:
-        from scepsy_place.control.gateway import GatewayConfig
-        from scepsy_place.launch.routes import load_routes
-
-        config = GatewayConfig(record=config, routes=load_routes(args.routes),
-                               routes_file=args.routes, priority=args.priority)
+    config = RecordConfig(out=args.out, upstream=args.upstream,
+                          upstream_for=upstream_pairs(args.upstream_for),
+                          trace_map=trace_map(args.map, args.model, workflow=args.workflow),
+                          host=host, port=port, timeout_s=args.timeout,
+                          client_time=not args.no_client_time,
+                          max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
+                          retries=args.retries)
     check_new_out(args.out)  # last: it may create the folder
     return config
 
@@ -93,47 +69,37 @@ def cmd_record(args: argparse.Namespace) -> int:
     """Run the proxy until a signal or ``--duration``; print the summary."""
     import asyncio
     import gc
-    import signal
     import sys
 
     from scepsy.cli_trace_receive import startup_line
     from scepsy.cli_util import stop_event
-    from scepsy_opt.ingest.record import RecordingProxy, serve
+    from scepsy_opt.ingest.record import serve
 
-    config = _config(args)
-    record = config if args.routes is None else config.record
+    record = _config(args)
+    ups = [f"{m} -> {u}" for m, u in record.upstream_for.items()]
+    if record.upstream is not None:
+        ups.append(record.upstream)
 
     async def main() -> Any:
         stop = stop_event(args.duration)
-        proxy: RecordingProxy | None = None
-        if args.routes is not None:
-            from scepsy_place.control.gateway import Gateway
-
-            gateway = proxy = Gateway(config)
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, gateway.reload_file)
-            n = len({e.url for llms in config.routes.workflows.values()
-                     for eps in llms.values() for e in eps})
-            ups = [f"{n} endpoints of {args.routes} (priority {args.priority})"]
-        else:
-            ups = [f"{m} -> {u}" for m, u in record.upstream_for.items()]
-            if record.upstream is not None:
-                ups.append(record.upstream)
 
         def started(url: str) -> None:
-            # what start-up built (imports, the table) lives until exit: out of the collector's
-            # way, so that each collection walks only what the calls allocate
+            # what start-up built (imports) lives until exit: out of the collector's way, so
+            # that each collection walks only what the calls allocate
             gc.freeze()
             print(startup_line("scepsy record", url, record.out, args.duration, ", ".join(ups)),
                   file=sys.stderr, flush=True)
 
-        return await serve(record, stop, started, proxy=proxy)
+        return await serve(record, stop, started)
 
     stats = asyncio.run(main())
-    _summary(stats, record.out)
+    summary(stats, record.out)
     return 0
 
 
-def _summary(stats: Any, out: Path) -> None:
+def summary(stats: Any, out: Path) -> None:
+    """The closing lines of ``scepsy record`` and ``scepsy gateway``: calls per LLM, failures,
+    what was not recorded."""
     from scepsy.cli_util import print_rows
 
     print()

@@ -72,11 +72,11 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def _running(path: Path) -> tuple[dict[str, Any], Any]:
     """(raw plan.json, its running allocation and placement): a valid plan.json with a placed
-    plan (:func:`~scepsy_place.launch.planfile.require_placed`, as ``scepsy launch`` reads
+    plan (:func:`~scepsy_serve.launch.planfile.require_placed`, as ``scepsy launch`` reads
     it)."""
     from scepsy_common.files import read_json
     from scepsy_place.formulations.incremental import running_from_document
-    from scepsy_place.launch.planfile import parse_plan, require_placed
+    from scepsy_serve.launch.planfile import parse_plan, require_placed
 
     raw = read_json(path, "plan.json file (scepsy plan --out)")
     require_placed(parse_plan(raw, str(path)), str(path))
@@ -99,9 +99,9 @@ def cmd_replan(args: argparse.Namespace) -> int:
     from scepsy_common.errors import InputError
     from scepsy_opt.planning.problem import Deadline
     from scepsy_place.formulations.incremental import parse_event, replan
-    from scepsy_place.launch.planfile import write_plan_file
     from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
     from scepsy_profile.catalog import catalog_in_force
+    from scepsy_serve.launch.planfile import write_plan_file
 
     check_out(args.out)
     events = []

@@ -1,5 +1,5 @@
 """``scepsy report PLAN``: an HTML page with figures and terminal tables for a plan.json
-(docs/report.md). Parsing and printing only; the work is :mod:`scepsy_place.report`.
+(docs/report.md). Parsing and printing only; the work is :mod:`scepsy.report`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 HELP = "an HTML page (with figures) and terminal tables that make a plan.json reviewable"
-FORMATS = ("png", "svg")  # scepsy_place.report.figures.FORMATS (not imported: fast --help)
+FORMATS = ("png", "svg")  # scepsy.report.figures.FORMATS (not imported: fast --help)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,8 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_report(args: argparse.Namespace) -> int:
     """Run ``scepsy report``: read the plan, write the page, print the tables and its path."""
     from scepsy.cli_util import print_rows
-    from scepsy_place.launch.planfile import not_placed_reason
-    from scepsy_place.report import (
+    from scepsy.report import (
         PLACEMENT_COLUMNS,
         PLAN_COLUMNS,
         WORKFLOW_COLUMNS,
@@ -43,6 +42,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         workflow_rows,
         write_page,
     )
+    from scepsy_serve.launch.planfile import not_placed_reason
 
     rep = load_report(args.plan)
     out = args.out if args.out is not None else default_out(args.plan)

@@ -89,7 +89,7 @@ def check_outputs_apart(args: argparse.Namespace) -> None:
 
 def wrote_note(out: Path, written: Path) -> str:
     """What a failed run says about its plan.json: ``wrote OUT``, or, where ``OUT`` held a
-    placed plan that was kept (:func:`scepsy_place.launch.planfile.write_plan_file`), where
+    placed plan that was kept (:func:`scepsy_serve.launch.planfile.write_plan_file`), where
     the run's plan went instead."""
     if Path(written) == Path(out):
         return f"wrote {out}"

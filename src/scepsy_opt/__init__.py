@@ -25,7 +25,5 @@ Then three sub-packages (each ``__init__`` lists its modules):
   (:mod:`scepsy_opt.planning.optimisers`, ``optimiser(name)``), and ``plan.json``
   (:mod:`scepsy_opt.planning.planfile`);
 
-and :mod:`scepsy_opt.validate`, measured runs against the predictor and the simulator. The
-modules' old flat paths (``scepsy_opt.milp``, ``scepsy_opt.pipeline``, ...) stay importable:
-each is the moved module itself.
+and :mod:`scepsy_opt.validate`, measured runs against the predictor and the simulator.
 """

@@ -1,153 +1,99 @@
-"""scepsy_place: topology-aware placement of an allocation on concrete nodes and GPUs.
+"""scepsy_place: a plan on concrete nodes and GPUs (docs/placement.md, docs/optimiser.md).
 
-See docs/placement.md. Imports scepsy_opt and scepsy_profile, never the reverse. Sub-packages
-by concern:
+Two sub-packages by concern, and the request of the job they serve:
 
-* :mod:`scepsy_place.packing`: the cluster and the placers (topology, replicas, placement,
-  bounds, quality, fgd, check, groups, improve, exact, exhaustive, openb);
-* :mod:`scepsy_place.formulations`: the placeable formulations and the optimise-place loop
-  (loop, blocks, patterns, slots, cuts, placed, incremental), and their registry;
-* :mod:`scepsy_place.launch`: the plan file, the renderers, apply, drive, the benchmarks' kits;
-* :mod:`scepsy_place.report`: the review page of a plan;
-* :mod:`scepsy_place.request`: the plan request.
+* :mod:`scepsy_place.packing`: the cluster as nodes and GPUs and the placers (topology,
+  replicas, placement, bounds, quality, fgd, check, groups, improve, exact, exhaustive, openb);
+* :mod:`scepsy_place.formulations`: the placeable formulations (the MILPs that plan and place
+  at once: blocks, slots, patterns by column generation, the optimise-place loop with its cuts,
+  incremental re-planning) and their registry;
+* :mod:`scepsy_place.request`: the plan request (``PlanRequest``), everything ``scepsy plan``
+  takes.
 
-The modules' old flat paths (``scepsy_place.loop``, ``scepsy_place.placement``, ...) stay
-importable: each is registered as the very module it moved to (:data:`MOVED`).
+Builds on :mod:`scepsy_opt` (the allocation MILP, candidates, the predictor) and
+:mod:`scepsy_profile`; :mod:`scepsy_serve` and the facade build on it. The names below are
+importable from the package itself (``from scepsy_place import place, Topology``); each is
+imported from its module on first use, so importing one module of the package does not import
+the others.
 """
 
-import importlib as _importlib
-import sys as _sys
+from __future__ import annotations
 
-from scepsy_place.formulations import FORMULATIONS_REGISTRY, Formulation, formulation
-from scepsy_place.formulations.cuts import (
-    configuration_cut,
-    free_capacity_rows,
-    packing_inequalities,
-)
-from scepsy_place.formulations.incremental import (
-    LoadChanged,
-    NodeFailed,
-    RackDrained,
-    Replan,
-    Running,
-    parse_event,
-    place_around,
-    replan,
-)
-from scepsy_place.formulations.loop import (
-    Outcome,
-    PlacedPlan,
-    plan_and_place,
-    plan_blocks,
-    plan_document,
-)
-from scepsy_place.packing.bounds import (
-    Bounds,
-    bound,
-    dff_bound,
-    domain_bound,
-    l1_bound,
-    l2_bound,
-    vector_bound,
-)
-from scepsy_place.packing.check import violations
-from scepsy_place.packing.exact import ExactPlacement, place_exactly
-from scepsy_place.packing.exhaustive import OracleLimit, placeable_optimum
-from scepsy_place.packing.improve import improve
-from scepsy_place.packing.placement import (
-    FALLBACKS,
-    PLACERS,
-    BestFit,
-    Blocks,
-    FirstFitDecreasing,
-    Hierarchical,
-    Placement,
-    Placer,
-    apply,
-    demands,
-    place,
-    place_allocation,
-    placer,
-    remove,
-)
-from scepsy_place.packing.quality import fragmentation, quality
-from scepsy_place.packing.replicas import Demand, Slot, task_mix
-from scepsy_place.packing.topology import (
-    Node,
-    Topology,
-    from_cluster,
-    load_topology,
-    parse_topology,
-    topology_to_dict,
-)
+import importlib
+from typing import Any
 
-__all__ = [
-    "FALLBACKS",
-    "FORMULATIONS_REGISTRY",
-    "PLACERS",
-    "BestFit",
-    "Blocks",
-    "Bounds",
-    "Demand",
-    "ExactPlacement",
-    "FirstFitDecreasing",
-    "Formulation",
-    "Hierarchical",
-    "LoadChanged",
-    "Node",
-    "NodeFailed",
-    "OracleLimit",
-    "Outcome",
-    "PlacedPlan",
-    "Placement",
-    "Placer",
-    "RackDrained",
-    "Replan",
-    "Running",
-    "Slot",
-    "Topology",
-    "apply",
-    "bound",
-    "configuration_cut",
-    "demands",
-    "dff_bound",
-    "domain_bound",
-    "formulation",
-    "fragmentation",
-    "free_capacity_rows",
-    "from_cluster",
-    "improve",
-    "l1_bound",
-    "l2_bound",
-    "load_topology",
-    "packing_inequalities",
-    "parse_event",
-    "parse_topology",
-    "place",
-    "place_allocation",
-    "place_around",
-    "place_exactly",
-    "placeable_optimum",
-    "placer",
-    "plan_and_place",
-    "plan_blocks",
-    "plan_document",
-    "quality",
-    "remove",
-    "replan",
-    "task_mix",
-    "topology_to_dict",
-    "vector_bound",
-    "violations",
-]
-
-MOVED = {
-    **{m: "packing" for m in ("topology", "replicas", "placement", "bounds", "quality", "fgd",
-                              "check", "groups", "improve", "exact", "exhaustive", "openb")},
-    **{m: "formulations" for m in ("loop", "blocks", "patterns", "slots", "cuts", "placed",
-                                   "incremental")},
+EXPORTS: dict[str, str] = {
+    "BestFit": "scepsy_place.packing.placement",
+    "Blocks": "scepsy_place.packing.placement",
+    "Bounds": "scepsy_place.packing.bounds",
+    "Demand": "scepsy_place.packing.replicas",
+    "ExactPlacement": "scepsy_place.packing.exact",
+    "FALLBACKS": "scepsy_place.packing.placement",
+    "FORMULATIONS_REGISTRY": "scepsy_place.formulations",
+    "FirstFitDecreasing": "scepsy_place.packing.placement",
+    "Formulation": "scepsy_place.formulations",
+    "Hierarchical": "scepsy_place.packing.placement",
+    "LoadChanged": "scepsy_place.formulations.incremental",
+    "Node": "scepsy_place.packing.topology",
+    "NodeFailed": "scepsy_place.formulations.incremental",
+    "OracleLimit": "scepsy_place.packing.exhaustive",
+    "Outcome": "scepsy_place.formulations.loop",
+    "PLACERS": "scepsy_place.packing.placement",
+    "PlacedPlan": "scepsy_place.formulations.loop",
+    "Placement": "scepsy_place.packing.placement",
+    "Placer": "scepsy_place.packing.placement",
+    "RackDrained": "scepsy_place.formulations.incremental",
+    "Replan": "scepsy_place.formulations.incremental",
+    "Running": "scepsy_place.formulations.incremental",
+    "Slot": "scepsy_place.packing.replicas",
+    "Topology": "scepsy_place.packing.topology",
+    "apply": "scepsy_place.packing.placement",
+    "bound": "scepsy_place.packing.bounds",
+    "configuration_cut": "scepsy_place.formulations.cuts",
+    "demands": "scepsy_place.packing.placement",
+    "dff_bound": "scepsy_place.packing.bounds",
+    "domain_bound": "scepsy_place.packing.bounds",
+    "formulation": "scepsy_place.formulations",
+    "fragmentation": "scepsy_place.packing.quality",
+    "free_capacity_rows": "scepsy_place.formulations.cuts",
+    "from_cluster": "scepsy_place.packing.topology",
+    "improve": "scepsy_place.packing.improve",
+    "l1_bound": "scepsy_place.packing.bounds",
+    "l2_bound": "scepsy_place.packing.bounds",
+    "load_topology": "scepsy_place.packing.topology",
+    "packing_inequalities": "scepsy_place.formulations.cuts",
+    "parse_event": "scepsy_place.formulations.incremental",
+    "parse_topology": "scepsy_place.packing.topology",
+    "place": "scepsy_place.packing.placement",
+    "place_allocation": "scepsy_place.packing.placement",
+    "place_around": "scepsy_place.formulations.incremental",
+    "place_exactly": "scepsy_place.packing.exact",
+    "placeable_optimum": "scepsy_place.packing.exhaustive",
+    "placer": "scepsy_place.packing.placement",
+    "plan_and_place": "scepsy_place.formulations.loop",
+    "plan_blocks": "scepsy_place.formulations.loop",
+    "plan_document": "scepsy_place.formulations.loop",
+    "quality": "scepsy_place.packing.quality",
+    "remove": "scepsy_place.packing.placement",
+    "replan": "scepsy_place.formulations.incremental",
+    "task_mix": "scepsy_place.packing.replicas",
+    "topology_to_dict": "scepsy_place.packing.topology",
+    "vector_bound": "scepsy_place.packing.bounds",
+    "violations": "scepsy_place.packing.check",
 }
-"""Old flat module name -> the sub-package it moved to."""
-for _name, _package in MOVED.items():  # the old paths are the same module objects
-    _sys.modules.setdefault(f"{__name__}.{_name}",
-                            _importlib.import_module(f"{__name__}.{_package}.{_name}"))
+"""Every name the package exports -> the module that defines it."""
+
+__all__ = sorted(EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(EXPORTS))

@@ -1,4 +1,4 @@
-"""A loopback stand-in for the gateway's admin API (scepsy_place.control.gateway):
+"""A loopback stand-in for the gateway's admin API (scepsy_serve.gateway):
 ``PUT /scepsy/routes`` (kept, versioned, recorded in ``events``), ``GET /scepsy/state`` (every
 routed URL and every URL of ``in_flight`` with its calls in flight) and ``GET /metrics``
 (``scepsy_gateway_requests_total{workflow}``, raised by :meth:`add_requests`)."""

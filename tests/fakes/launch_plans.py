@@ -3,7 +3,7 @@ two GPU nodes with whole GPUs, MPS shares and TP groups, and one CPU host."""
 
 from __future__ import annotations
 
-from scepsy_place.launch.model import (
+from scepsy_serve.launch.launchplan import (
     DeviceLaunch,
     EngineLaunch,
     LaunchPlan,

@@ -130,7 +130,7 @@ class RecordConfig:
     again when its upstream refused, reset or closed the connection before answering (0 to
     :data:`MAX_RETRIES`). ``routed``: a subclass of
     :class:`RecordingProxy` chooses each call's upstream (the gateway,
-    :mod:`scepsy_place.control.gateway`); no upstream is needed here then.
+    :mod:`scepsy_serve.gateway`); no upstream is needed here then.
     """
 
     out: Path

@@ -3,7 +3,7 @@
 Everything in it is a function of the inputs, so the same inputs give the same bytes, except
 the ``timings`` block (wall-clock seconds), which :func:`plan_to_dict` leaves out when asked.
 The document carries its format version (:data:`PLAN_VERSION`); readers
-(:mod:`scepsy_place.launch.planfile`) reject any other. Besides the plan it says what a
+(:mod:`scepsy_serve.launch.planfile`) reject any other. Besides the plan it says what a
 launcher needs: the device types (``devices``), each LLM's weights, each workflow's LLMs and a
 ``launch`` section of defaults an operator may edit (the served model, the engine command,
 arguments, environment, ports and node addresses).

@@ -382,17 +382,17 @@ def _end_group(grace_s: float = 5.0) -> None:
         return  # not a group leader: the group is not ours to end
     me = os.getpid()
 
+    import psutil  # a dependency of vLLM itself
+
     def others() -> list[int]:
         pids = []
-        for name in os.listdir("/proc"):
-            if name.isdigit() and int(name) != me:
-                try:
-                    with open(f"/proc/{name}/stat", encoding="utf-8") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[2]) == me and fields[0] != "Z":  # pgrp == our group
-                    pids.append(int(name))
+        for proc in psutil.process_iter():
+            try:
+                if (proc.pid != me and proc.status() != psutil.STATUS_ZOMBIE
+                        and os.getpgid(proc.pid) == me):
+                    pids.append(proc.pid)
+            except (psutil.Error, OSError):
+                continue
         return pids
 
     for sig in (signal.SIGTERM, signal.SIGKILL):

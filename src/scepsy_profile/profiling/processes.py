@@ -1,5 +1,6 @@
 """Process groups of engines: an engine (a vLLM worker, ``vllm serve``) is started as the leader
-of its own process group (``start_new_session=True``), and ended with its whole group."""
+of its own process group (``start_new_session=True``), and ended with its whole group. The
+processes of a group, and what they were started with, are read with psutil."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
+
+import psutil
 
 
 def end_process_group(proc: subprocess.Popen[Any], grace_s: float,
@@ -45,17 +48,37 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def group_members(pgid: int, proc_root: Path = Path("/proc")) -> list[int]:
-    """Live (not zombie) processes of group ``pgid``, from ``/proc`` (Linux)."""
-    out = []
-    for entry in proc_root.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # state ppid pgrp ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.append(int(entry.name))
-    return out
+def _live_pgid(proc: psutil.Process) -> int | None:
+    """The process group of ``proc`` when it is alive and not a zombie, else None."""
+    try:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return None
+        return os.getpgid(proc.pid)
+    except (psutil.Error, ProcessLookupError, PermissionError):
+        return None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of group ``pgid``, sorted by pid."""
+    return sorted(proc.pid for proc in psutil.process_iter() if _live_pgid(proc) == pgid)
+
+
+def group_has(pgid: int, test: Callable[[psutil.Process], bool]) -> bool:
+    """Whether a live process of group ``pgid`` passes ``test`` (a process that ends or cannot
+    be read meanwhile does not)."""
+    for pid in group_members(pgid):
+        with contextlib.suppress(psutil.Error):
+            if test(psutil.Process(pid)):
+                return True
+    return False
+
+
+def marked_processes(name: str, value: str) -> tuple[int, ...]:
+    """Live (not zombie) processes whose environment holds ``name=value``, sorted by pid
+    (processes whose environment cannot be read are left out)."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(name) == value:
+                found.append(proc.pid)
+    return tuple(sorted(found))
