@@ -152,7 +152,7 @@ def _routing_us(priority: str, n: int = 20_000) -> float:
 
     from multidict import CIMultiDict
 
-    from scepsy_opt.ingest.record import RecordConfig, _Call
+    from scepsy_opt.ingest.record import Call, RecordConfig, Upstream
     from scepsy_serve.gateway import Gateway, GatewayConfig
     from scepsy_serve.launch.routes import parse_routes
 
@@ -166,9 +166,10 @@ def _routing_us(priority: str, n: int = 20_000) -> float:
         body0 = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
         t0 = time.perf_counter()
         for i in range(n):
-            call = _Call("bench", f"r{i // 10}", f"c{i % 10}", "m", None, 0.0, False)
+            call = Call("bench", f"r{i // 10}", f"c{i % 10}", "m", None, 0.0, False)
             body = dict(body0)
-            up = gw._upstream(req, body, call)  # type: ignore[arg-type]
+            up = gw.upstream(req, body, call, ())  # type: ignore[arg-type]
+            assert isinstance(up, Upstream) and up.release is not None
             if up.changed:
                 json.dumps(body).encode()
             up.release()

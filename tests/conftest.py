@@ -1,11 +1,12 @@
 """Shared fixtures: a small synthetic profile fitted once per session, paths to repo data; and
 the test tiers (docs/testing.md):
 
-* ``slow``: long tests (full-size benchmarks, whole loops) are deselected unless ``CI`` or
-  ``SCEPSY_ALL_TESTS`` is set (CI sets ``CI``), so ``python -m pytest`` stays the fast tier;
-* ``vllm``: skipped unless a vLLM environment is found *and imports* (the vLLM backend's probe
-  imports it);
-* ``torch``: skipped unless torch and transformers import.
+* ``slow``, ``vllm``, ``torch``: long tests (full-size benchmarks, whole loops) and real
+  engines are deselected unless ``CI`` or ``SCEPSY_ALL_TESTS`` is set (CI sets ``CI``), so
+  ``python -m pytest`` stays the fast tier;
+* ``vllm``: then skipped unless a vLLM environment is found *and imports* (the vLLM backend's
+  probe imports it);
+* ``torch``: then skipped unless torch and transformers import.
 """
 
 from __future__ import annotations
@@ -39,13 +40,22 @@ def all_tests() -> bool:
                for v in ALL_TESTS_ENV)
 
 
+LONG_MARKERS = ("slow", "vllm", "torch")
+"""The markers of the tests only every tier runs: long runs and real engines (a vLLM server or
+a torch model takes 15-70 s to start on 2 cores)."""
+
+
+def _long(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(m) is not None for m in LONG_MARKERS)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if all_tests():
         return
-    slow = [it for it in items if it.get_closest_marker("slow") is not None]
-    if slow:
-        config.hook.pytest_deselected(items=slow)
-        items[:] = [it for it in items if it.get_closest_marker("slow") is None]
+    long = [it for it in items if _long(it)]
+    if long:
+        config.hook.pytest_deselected(items=long)
+        items[:] = [it for it in items if not _long(it)]
 
 
 TIER_MINUTES = {"fast": "6-7", "all": "13-14"}
@@ -59,13 +69,15 @@ def pytest_report_header(config: pytest.Config) -> str:
         return (f"tiers: every test (CI or SCEPSY_ALL_TESTS set): about "
                 f"{TIER_MINUTES['all']} minutes on 2 cores")
     return (f"tiers: the fast tier, about {TIER_MINUTES['fast']} minutes on 2 cores; long "
-            "tests (marker slow) run in CI, or here with SCEPSY_ALL_TESTS=1")
+            "tests and real engines (markers slow, vllm, torch) run in CI, or here with "
+            "SCEPSY_ALL_TESTS=1")
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if not all_tests():
-        terminalreporter.write_line("long tests (marker slow) were left out: they run in CI, "
-                                    "or here with SCEPSY_ALL_TESTS=1")
+        terminalreporter.write_line("long tests and real engines (markers slow, vllm, torch) "
+                                    "were left out: they run in CI, or here with "
+                                    "SCEPSY_ALL_TESTS=1")
 
 
 @functools.cache

@@ -594,9 +594,9 @@ def test_idle_requests_are_forgotten_by_the_recorder_too_and_call_ids_stay_uniqu
             httpx.Client(base_url=url, timeout=10) as c:
         gw: Gateway = url._proxy  # type: ignore[attr-defined]
         c.post("/v1/chat/completions", json=call_body(), headers={"X-Scepsy-Request": "r"})
-        assert ("agent", "r") in gw._requests
+        assert ("agent", "r") in gw.proxy._requests
         time.sleep(0.5)
-        assert ("agent", "r") not in gw._requests and gw._active == {}
+        assert ("agent", "r") not in gw.proxy._requests and gw._active == {}
         c.post("/v1/chat/completions", json=call_body(), headers={"X-Scepsy-Request": "r"})
     calls = read_trace(tmp_path / "trace.jsonl").calls
     assert [(c.call_id, c.parents) for c in calls] == [("c0", ()), ("c1", ())]

@@ -1,5 +1,6 @@
 """A number written with an exponent (1e15, -2E-3, .5e3) in a project YAML file is a number,
-as in YAML 1.2, not the string PyYAML's YAML 1.1 makes of it."""
+as in YAML 1.2, not the string PyYAML's YAML 1.1 makes of it; and what the project writes reads
+back as written (a string that looks like such a number is quoted)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO
-from scepsy_common.files import parse_yaml
+from scepsy_common.files import dump_yaml, parse_yaml
 from scepsy_opt.workflows import load_workflow
+
+
+@settings(max_examples=300, derandomize=True, deadline=None)
+@given(value=st.one_of(st.text(), st.from_regex(r"[-+]?[0-9]*\.?[0-9]+[eE][-+]?[0-9]+",
+                                                fullmatch=True),
+                       st.floats(allow_nan=False), st.integers(), st.booleans(), st.none()))
+def test_what_is_written_reads_back_as_written(value):
+    doc = {"name": value, "list": [value]}
+    assert parse_yaml(dump_yaml(doc, sort_keys=False), "f.yaml") == doc
+
+
+def test_a_string_like_an_exponent_number_is_quoted():
+    assert dump_yaml({"family": "0E0"}) == "family: '0E0'\n"
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)

@@ -736,7 +736,7 @@ def test_the_client_time_between_calls_is_recorded_as_a_client_call(upstream, tm
 def test_client_time_never_writes_an_earlier_call_twice(tmp_path):
     """A call that starts when another completed at that instant makes the parent window take
     every completed call; only the new call and its own client time may be written."""
-    from scepsy_opt.ingest.record import RecordingProxy, _Call
+    from scepsy_opt.ingest.record import Call, RecordingProxy
 
     out = tmp_path / "t.jsonl"
     proxy = RecordingProxy(RecordConfig(out=out, upstream="http://127.0.0.1:9"))
@@ -747,7 +747,7 @@ def test_client_time_never_writes_an_earlier_call_twice(tmp_path):
         for cid, start, end in [("c0", 0.0, 1.0), ("c1", 1.5, 2.0), ("c3", 3.0, 3.0),
                                 ("c2", 3.0, 4.0)]:
             clock[0] = end
-            proxy._end(_Call("w", "r", cid, "m", None, start, False), None, None)
+            proxy._end(Call("w", "r", cid, "m", None, start, False), None, None)
     calls = read_trace(out).calls
     # c3 took no time at 3.0, so c2 (also from 3.0) waited on it with no gap
     assert [(c.call_id, c.parents) for c in calls] == [

@@ -219,10 +219,25 @@ class UniqueKeyLoader(yaml.SafeLoader):
 
 # Numbers with an exponent are numbers, as in YAML 1.2 (1e15, -2E-3, 1.0e15, .5e3): YAML 1.1
 # (PyYAML's) reads them as strings unless they have a dot and a signed exponent (1.0e+15).
-UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT,
+                                      list("-+0123456789."))
+
+
+class SafeDumper(yaml.SafeDumper):
+    """``yaml.safe_dump``'s dumper that quotes every string :class:`UniqueKeyLoader` (and a
+    YAML 1.2 reader) would read as a number (``0E0``, ``1e5``), so what is written reads back
+    as written."""
+
+
+SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT,
+                                 list("-+0123456789."))
+
+
+def dump_yaml(data: Any, **options: Any) -> str:
+    """``yaml.safe_dump(data, **options)`` with :class:`SafeDumper`: it reads back the same
+    through :func:`parse_yaml`."""
+    return yaml.dump(data, Dumper=SafeDumper, **options)
 
 
 def parse_yaml(text: str, source: str, loader: type = UniqueKeyLoader) -> Any:

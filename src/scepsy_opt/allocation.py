@@ -40,11 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from scepsy_common.errors import InputError, Name, UnknownEntryError, validated
-from scepsy_common.files import atomic_write_text, read_yaml
+from scepsy_common.files import atomic_write_text, dump_yaml, read_yaml
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.serving import MemoryPolicy, memory_fit
@@ -320,5 +319,5 @@ def save_allocation(alloc: Allocation, path: str | os.PathLike[str]) -> None:
     p = Path(path)
     doc = alloc.to_dict()
     text = (json.dumps(doc, indent=2, sort_keys=True) + "\n" if p.suffix == ".json"
-            else yaml.safe_dump(doc, sort_keys=True))
+            else dump_yaml(doc, sort_keys=True))
     atomic_write_text(p, text)

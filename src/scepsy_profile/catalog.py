@@ -37,11 +37,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from scepsy_common.errors import InputError, UnknownEntryError, validated
-from scepsy_common.files import atomic_write_text, parse_yaml, read_text
+from scepsy_common.files import atomic_write_text, dump_yaml, parse_yaml, read_text
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.models import ModelKind, ModelSpec, OutputHead, shape_record_fields
 
@@ -384,7 +383,7 @@ def dump_catalog(catalog: Catalog) -> str:
         "models": {name: entry(spec) for name, spec in catalog.models.items()},
         "aliases": dict(catalog.aliases),
     }
-    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, allow_unicode=True,
+    body = dump_yaml(doc, sort_keys=False, default_flow_style=False, allow_unicode=True,
                           width=100)
     return "# scepsy hardware and model catalog (written by scepsy_profile.save_catalog)\n" + body
 

@@ -60,13 +60,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 from numpy.typing import ArrayLike
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import nnls
 
 from scepsy_common.errors import InputError, validated
-from scepsy_common.files import atomic_write_text, parse_json, parse_yaml, read_text
+from scepsy_common.files import atomic_write_text, dump_yaml, parse_json, parse_yaml, read_text
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel, Number, measured_shares
 from scepsy_profile.profiling.models import profiled_name
@@ -185,7 +184,7 @@ def save_overheads(overheads: EngineOverheads, path: str | os.PathLike[str]) -> 
     p = Path(path)
     data = overheads.to_dict()
     text = (json.dumps(data, indent=1, sort_keys=True) + "\n" if p.suffix.lower() == ".json"
-            else yaml.safe_dump(data, sort_keys=False))
+            else dump_yaml(data, sort_keys=False))
     atomic_write_text(p, text)
 
 

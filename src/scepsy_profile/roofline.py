@@ -31,13 +31,12 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-import yaml
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 from scipy.optimize import least_squares
 
 from scepsy_common.errors import InputError, UncoveredInstanceError, validated
-from scepsy_common.files import atomic_write_text, parse_yaml, read_yaml
+from scepsy_common.files import atomic_write_text, dump_yaml, parse_yaml, read_yaml
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GPUSpec
 from scepsy_profile.latency import Number, as_output, check_point
@@ -330,7 +329,7 @@ def _parse_calibration(raw: object, source: str) -> RooflineCalibration:
 
 def save_calibration(cal: RooflineCalibration, path: str | os.PathLike[str]) -> None:
     """Write a calibration as YAML (deterministic, atomic)."""
-    atomic_write_text(path, yaml.safe_dump(cal.to_dict(), sort_keys=True))
+    atomic_write_text(path, dump_yaml(cal.to_dict(), sort_keys=True))
 
 
 @functools.cache

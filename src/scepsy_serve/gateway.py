@@ -1,7 +1,9 @@
-"""The routing gateway: the recording proxy (:mod:`scepsy_opt.ingest.record`) in front of every
-replica of a deployment, forwarding each call by the routing table (``routes.json``,
-:mod:`scepsy_serve.launch.routes`) and recording the trace as ``scepsy record`` does
-(docs/gateway.md).
+"""The routing gateway: in front of every replica of a deployment, it forwards each call by the
+routing table (``routes.json``, :mod:`scepsy_serve.launch.routes`) and records the trace as
+``scepsy record`` does (docs/gateway.md). A :class:`Gateway` owns a recording proxy
+(:class:`~scepsy_opt.ingest.record.RecordingProxy`) and is its
+:class:`~scepsy_opt.ingest.record.Router`: the proxy forwards and records, the gateway chooses
+the endpoint of each attempt and answers its admin API.
 
 Routing. A call's LLM is its body's ``model`` through the trace map (else the model name itself);
 its workflow is the ``X-Scepsy-Workflow`` header. The candidates are that workflow's endpoints of
@@ -50,14 +52,15 @@ from scepsy_common.errors import InputError
 from scepsy_common.httpguard import BodyRefused, ClientGone, one_line_logger, read_body
 from scepsy_opt.ingest.record import (
     HEADER_WORKFLOW,
+    Call,
+    NoUpstream,
     ProxyURL,
     RecordConfig,
     RecordingProxy,
     RecordStats,
     Upstream,
     Usage,
-    _Call,
-    _json_error,
+    json_error,
     normalize_upstream,
     proxy_in_thread,
     serve,
@@ -220,13 +223,15 @@ def _compile(routes: Routes, version: int, servers: dict[str, _Server]) -> _Tabl
 # ------------------------------------------------------------------------------ the gateway
 
 
-class Gateway(RecordingProxy):
-    """The recording proxy that routes each call by the table (module docs); its admin API
-    (``PUT /scepsy/routes``, ``GET /scepsy/state``, ``GET /metrics``) is on the same port."""
+class Gateway:
+    """Routes each call by the table (module docs) through the recording proxy it owns
+    (``proxy``, whose :class:`~scepsy_opt.ingest.record.Router` it is); its admin API
+    (``PUT /scepsy/routes``, ``GET /scepsy/state``, ``GET /metrics``) is on the same port:
+    ``url = await gw.start()``, ``await gw.stop()``."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        super().__init__(config.record)
         self.gateway = config
+        self.proxy = RecordingProxy(config.record, router=self)
         self._servers: dict[str, _Server] = {}
         self._table = _compile(config.routes, 1, self._servers)
         # per workflow request: [attained tokens, last seen (monotonic), calls in flight]
@@ -265,7 +270,9 @@ class Gateway(RecordingProxy):
     # -- life cycle --------------------------------------------------------------------------
 
     async def start(self) -> str:
-        url = await super().start()
+        """Listen (the proxy's :meth:`~scepsy_opt.ingest.record.RecordingProxy.start`) and
+        start polling the routes file; the base URL."""
+        url = await self.proxy.start()
         self._poller = asyncio.get_running_loop().create_task(self._poll())
         return url
 
@@ -275,7 +282,15 @@ class Gateway(RecordingProxy):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._poller
             self._poller = None
-        await super().stop()
+        await self.proxy.stop()
+
+    def stats(self) -> RecordStats:
+        """What the proxy recorded so far."""
+        return self.proxy.stats()
+
+    @property
+    def port(self) -> int:
+        return self.proxy.port
 
     @property
     def version(self) -> int:
@@ -335,23 +350,27 @@ class Gateway(RecordingProxy):
         horizon = time.monotonic() - self.gateway.request_idle_s
         for key in [k for k, v in self._active.items() if v[1] < horizon and v[2] <= 0]:
             del self._active[key]
-            self._requests.pop(key, None)
+            self.proxy.forget(*key)
 
     # -- routing -----------------------------------------------------------------------------
 
-    def _default_upstream(self) -> str:
+    def default_upstream(self) -> str:
+        """Where requests that are not recorded calls go: the table's first endpoint of weight
+        > 0 (else its first)."""
         return self._table.default or next(iter(self._servers.values())).base
 
-    def _upstream(self, request: web.BaseRequest, body: dict[str, Any], call: _Call | None,
-                  tried: tuple[str, ...] = ()) -> Upstream | web.StreamResponse:
+    def upstream(self, request: web.BaseRequest, body: dict[str, Any], call: Call | None,
+                 tried: tuple[str, ...] = ()) -> Upstream | NoUpstream:
+        """The endpoint of one attempt (module docs), or 404 ``no_route``."""
         model = body.get("model")
         headers = request.headers
         if call is not None:
             llm, wf = call.llm, call.workflow
         else:
-            llm = self.config.trace_map.llm_for(model if isinstance(model, str) else None) \
+            trace_map = self.gateway.record.trace_map
+            llm = trace_map.llm_for(model if isinstance(model, str) else None) \
                 or (model if isinstance(model, str) else "")
-            wf = headers.get(HEADER_WORKFLOW) or self.config.trace_map.workflow
+            wf = headers.get(HEADER_WORKFLOW) or trace_map.workflow
         table = self._table
         asked = headers.get(HEADER_WORKFLOW)
         choices = table.by_key.get((asked, llm)) if asked is not None else None
@@ -363,9 +382,8 @@ class Gateway(RecordingProxy):
             [c.server.calls for c in choices], [c.server.base in tried for c in choices],
             [c.server.down_until > now for c in choices])
         if i is None or choices is None:
-            self._end(call, None, "no_route")
-            return _json_error(404, f"no route for LLM {llm!r} (workflow {wf!r}) in routes "
-                               f"version {table.version}", "no_route")
+            return NoUpstream(404, f"no route for LLM {llm!r} (workflow {wf!r}) in routes "
+                              f"version {table.version}", "no_route")
         c = choices[i]
         srv = c.server
         srv.in_flight += 1
@@ -398,7 +416,7 @@ class Gateway(RecordingProxy):
                 body["priority"] = las_level(active[0])
                 changed = True
             if first:
-                self._m_overhead.observe(max(0.0, now - self._origin - call.start_s))
+                self._m_overhead.observe(self.proxy.age_s(call))
         elif self.gateway.priority == "las":
             body["priority"] = 0
             changed = True
@@ -418,17 +436,14 @@ class Gateway(RecordingProxy):
 
         return Upstream(srv.base, changed, release, lost)
 
-    def _end(self, call: _Call | None, usage: Usage | None, error: str | None, *,
-             estimated: bool = False) -> None:
-        if call is None or call.ended:
-            return
-        super()._end(call, usage, error, estimated=estimated)
+    def ended(self, call: Call, usage: Usage | None, error: str | None) -> None:
+        """A recorded call is over: count it, and add its tokens to its request's attained
+        service."""
         srv = call.route
         if error is not None and srv is not None:
             srv.failed += 1
         self._child(self._m_calls, call.workflow, call.llm, error or "ok").inc()
-        self._child(self._m_latency, call.workflow, call.llm).observe(
-            max(0.0, time.monotonic() - self._origin - call.start_s))
+        self._child(self._m_latency, call.workflow, call.llm).observe(self.proxy.age_s(call))
         if error is None and usage is not None:
             active = self._active.get((call.workflow, call.request_id))
             if active is not None:
@@ -441,11 +456,12 @@ class Gateway(RecordingProxy):
 
     # -- admin API ---------------------------------------------------------------------------
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        """The admin API's answer (None: not an admin path, forwarded)."""
         path = request.path
         if path.startswith("/scepsy/") or path == METRICS_PATH:
             return await self._admin(request)
-        return await super()._handle(request)
+        return None
 
     async def _admin(self, request: web.BaseRequest) -> web.StreamResponse:
         path, method = request.path, request.method
@@ -459,11 +475,12 @@ class Gateway(RecordingProxy):
                                       "routes": self._table.routes.to_dict()})
         if path == ROUTES_PATH and method == "PUT":
             try:
-                raw = await read_body(request, MAX_ROUTES_BYTES, self.config.read_timeout_s)
+                raw = await read_body(request, MAX_ROUTES_BYTES,
+                                      self.gateway.record.read_timeout_s)
             except BodyRefused as exc:
-                return _json_error(exc.status, exc.reason, "invalid_request_error")
+                return json_error(exc.status, exc.reason, "invalid_request_error")
             except ClientGone as exc:
-                return _json_error(400, str(exc), "invalid_request_error")
+                return json_error(400, str(exc), "invalid_request_error")
             source = f"PUT {ROUTES_PATH}"
             try:
                 try:
@@ -474,13 +491,13 @@ class Gateway(RecordingProxy):
             except InputError as exc:
                 _LOG.warning("routes refused, keeping version %d: %s", self._table.version,
                              exc)
-                return _json_error(400, str(exc), "invalid_routes")
+                return json_error(400, str(exc), "invalid_routes")
             version = self.set_routes(routes)
             _LOG.warning("routes from %s loaded as version %d", request.remote or "?", version)
             return web.json_response({"version": version})
         if path in (STATE_PATH, METRICS_PATH, ROUTES_PATH):
-            return _json_error(405, f"{method} {path} is not supported", "method_not_allowed")
-        return _json_error(404, f"no such path: {path}", "not_found")
+            return json_error(405, f"{method} {path} is not supported", "method_not_allowed")
+        return json_error(404, f"no such path: {path}", "not_found")
 
     def state(self) -> dict[str, Any]:
         """``GET /scepsy/state``: the table's version, every endpoint of the table (and any

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import IO, Any
+from typing import IO, Any, Protocol
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -128,9 +128,9 @@ class RecordConfig:
     ``max_body_bytes`` is answered 413, one that pauses longer than ``read_timeout_s`` while
     sending it 408 (:mod:`scepsy_common.httpguard`). ``retries``: how many times a call is sent
     again when its upstream refused, reset or closed the connection before answering (0 to
-    :data:`MAX_RETRIES`). ``routed``: a subclass of
-    :class:`RecordingProxy` chooses each call's upstream (the gateway,
-    :mod:`scepsy_serve.gateway`); no upstream is needed here then.
+    :data:`MAX_RETRIES`). ``routed``: a :class:`Router` other than the config's upstreams
+    chooses each call's upstream (the gateway, :mod:`scepsy_serve.gateway`); no upstream is
+    needed here then.
     """
 
     out: Path
@@ -376,7 +376,7 @@ class StreamScan:
 
 
 @dataclass(slots=True)
-class _Call:
+class Call:
     """A recorded call in flight: what the proxy knew when it arrived; ``ended`` once its
     record is written."""
 
@@ -389,12 +389,12 @@ class _Call:
     unattributed: bool
     ended: bool = False
     route: Any = None
-    """What a routing subclass keeps of the call (the gateway: its endpoint)."""
+    """What the proxy's :class:`Router` keeps of the call (the gateway: its endpoint)."""
 
 
 @dataclass(slots=True)
 class Upstream:
-    """Where one attempt of a recorded call goes (:meth:`RecordingProxy._upstream`): the
+    """Where one attempt of a recorded call goes (:meth:`Router.upstream`): the
     server's base URL; ``changed``: the body was changed in place (it is serialised again);
     ``release``: called once the attempt is over, however it ended; ``lost``: called when the
     attempt was lost before any answer came back (``True``: the connection was refused)."""
@@ -403,6 +403,63 @@ class Upstream:
     changed: bool = False
     release: Callable[[], None] | None = None
     lost: Callable[[bool], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NoUpstream:
+    """A call its router has nowhere to send: answered ``status`` with ``message`` and recorded
+    with the error ``kind``."""
+
+    status: int
+    message: str
+    kind: str
+
+
+class Router(Protocol):
+    """Where a proxy sends what it forwards: :class:`FixedUpstreams` (the upstreams of the
+    recorder's config) or the gateway's routing table
+    (:class:`scepsy_serve.gateway.Gateway`). The proxy records; the router only chooses."""
+
+    def default_upstream(self) -> str:
+        """The base URL of requests that are not recorded calls."""
+        ...
+
+    def upstream(self, request: web.BaseRequest, body: dict[str, Any], call: Call | None,
+                 tried: tuple[str, ...]) -> Upstream | NoUpstream:
+        """Where one attempt of a recorded call goes (``call`` is None for an unmapped model;
+        ``tried``: the bases of the attempts lost so far); ``body`` may be changed in place
+        (then ``Upstream.changed``)."""
+        ...
+
+    def ended(self, call: Call, usage: Usage | None, error: str | None) -> None:
+        """Called once per recorded call, after its record is written."""
+        ...
+
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        """The router's own answer to a request that is not a recorded call (an admin API),
+        or None to forward it."""
+        ...
+
+
+class FixedUpstreams:
+    """The recorder's router: each call to the upstream of its model (``upstream_for``, else
+    ``upstream``), nothing answered by itself."""
+
+    def __init__(self, config: RecordConfig) -> None:
+        self.config = config
+
+    def default_upstream(self) -> str:
+        return self.config.default_upstream
+
+    def upstream(self, request: web.BaseRequest, body: dict[str, Any], call: Call | None,
+                 tried: tuple[str, ...]) -> Upstream | NoUpstream:
+        return Upstream(self.config.upstream_of(body.get("model")))
+
+    def ended(self, call: Call, usage: Usage | None, error: str | None) -> None:
+        return None
+
+    async def answer(self, request: web.BaseRequest) -> web.StreamResponse | None:
+        return None
 
 
 class UpstreamLost(Exception):
@@ -421,7 +478,7 @@ def _lost(exc: aiohttp.ClientError) -> bool:
         exc, aiohttp.ServerTimeoutError)
 
 
-def _json_error(status: int, message: str, kind: str) -> web.Response:
+def json_error(status: int, message: str, kind: str) -> web.Response:
     body = json.dumps({"error": {"message": message, "type": kind, "code": status}})
     return web.Response(status=status, text=body, content_type="application/json")
 
@@ -441,10 +498,12 @@ def _forward_headers(headers: Mapping[str, str], drop: frozenset[str]) -> CIMult
 
 
 class RecordingProxy:
-    """The proxy on the running event loop: ``url = await p.start()``, ``await p.stop()``."""
+    """The proxy on the running event loop: ``url = await p.start()``, ``await p.stop()``;
+    ``router`` chooses where each call goes (default: :class:`FixedUpstreams`)."""
 
-    def __init__(self, config: RecordConfig) -> None:
+    def __init__(self, config: RecordConfig, router: Router | None = None) -> None:
         self.config = config
+        self.router: Router = router if router is not None else FixedUpstreams(config)
         self._counters = _Counters()
         self._origin = time.monotonic()
         self._file: IO[str] | None = None
@@ -531,6 +590,15 @@ class RecordingProxy:
     def _now(self) -> float:
         return round(max(0.0, time.monotonic() - self._origin), 6)
 
+    def age_s(self, call: Call) -> float:
+        """Seconds since ``call`` arrived (0 or more)."""
+        return max(0.0, time.monotonic() - self._origin - call.start_s)
+
+    def forget(self, workflow: str, request_id: str) -> None:
+        """Forget a request's finished calls (kept to infer the parents of its next ones); its
+        call counter stays, so the call ids of a request that comes back stay unique."""
+        self._requests.pop((workflow, request_id), None)
+
     # -- dispatch ----------------------------------------------------------------------------
 
     async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
@@ -540,27 +608,17 @@ class RecordingProxy:
         try:
             if request.method == "POST" and request.path in RECORDED_PATHS:
                 return await self._recorded(request)
-            return await self._forward(request)
+            answer = await self.router.answer(request)
+            return answer if answer is not None else await self._forward(request)
         except BodyRefused as exc:
             refused(_LOG, request, exc.status, exc.reason)
-            return _json_error(exc.status, exc.reason, "invalid_request_error")
+            return json_error(exc.status, exc.reason, "invalid_request_error")
         except ClientGone as exc:
             refused(_LOG, request, 0, str(exc))
-            return _json_error(400, str(exc), "invalid_request_error")  # nobody left to read it
+            return json_error(400, str(exc), "invalid_request_error")  # nobody left to read it
         finally:
             if task is not None:
                 self._inflight.discard(task)
-
-    def _default_upstream(self) -> str:
-        """Where requests that are not recorded go."""
-        return self.config.default_upstream
-
-    def _upstream(self, request: web.BaseRequest, body: dict[str, Any], call: _Call | None,
-                  tried: tuple[str, ...] = ()) -> Upstream | web.StreamResponse:
-        """The upstream of one attempt of a recorded call (``call`` is None for an unmapped
-        model; ``tried``: the bases of the attempts lost so far), or the answer when it cannot
-        be forwarded; a routing subclass overrides it."""
-        return Upstream(self.config.upstream_of(body.get("model")))
 
     async def _body(self, request: web.BaseRequest) -> bytes:
         return await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
@@ -570,7 +628,7 @@ class RecordingProxy:
         assert self._session is not None
         self._counters.counts["forwarded"] += 1
         body = await self._body(request)
-        url = self._default_upstream() + request.path_qs
+        url = self.router.default_upstream() + request.path_qs
         headers = _forward_headers(request.headers, _DROP_REQUEST)
         try:
             up_cm, up = await self._send(request.method, url, body or None, headers)
@@ -590,9 +648,9 @@ class RecordingProxy:
             finally:
                 await up_cm.__aexit__(None, None, None)
         except (TimeoutError, aiohttp.ServerTimeoutError):
-            return _json_error(504, "upstream timed out", "upstream_timeout")
+            return json_error(504, "upstream timed out", "upstream_timeout")
         except aiohttp.ClientError as exc:
-            return _json_error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
+            return json_error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
 
     async def _send(self, method: str, url: str, data: bytes | None, headers: CIMultiDict[str]
                     ) -> tuple[Any, aiohttp.ClientResponse]:
@@ -615,7 +673,7 @@ class RecordingProxy:
     # -- recorded calls ----------------------------------------------------------------------
 
     def _attribute(self, request: web.BaseRequest, body: dict[str, Any],
-                   start: float) -> _Call | web.Response | None:
+                   start: float) -> Call | web.Response | None:
         """The call's request, workflow, role and LLM; a 400 response for a bad header; None
         for an unmapped model (forwarded, not recorded)."""
         h = request.headers
@@ -629,7 +687,7 @@ class RecordingProxy:
             role = check_name(role, HEADER_ROLE, "") if role is not None else None
         except InputError as exc:
             self._counters.counts["rejected"] += 1
-            return _json_error(400, str(exc), "invalid_request_error")
+            return json_error(400, str(exc), "invalid_request_error")
         model = body.get("model")
         llm = self.config.trace_map.llm_for(model if isinstance(model, str) else None)
         if llm is None:
@@ -649,7 +707,7 @@ class RecordingProxy:
         key = (wf, rid)
         n = self._next_call.get(key, 0)
         self._next_call[key] = n + 1
-        return _Call(wf, rid, f"c{n}", llm, role, start, unattributed)
+        return Call(wf, rid, f"c{n}", llm, role, start, unattributed)
 
     async def _recorded(self, request: web.BaseRequest) -> web.StreamResponse:
         start = self._now()
@@ -660,7 +718,7 @@ class RecordingProxy:
             body = None
         if not isinstance(body, dict):
             self._counters.counts["malformed"] += 1
-            return _json_error(400, "the request body is not a JSON object",
+            return json_error(400, "the request body is not a JSON object",
                                "invalid_request_error")
         call = self._attribute(request, body, start)
         if isinstance(call, web.Response):
@@ -677,9 +735,10 @@ class RecordingProxy:
         tried: list[str] = []
         while True:
             sent = dict(body)  # what this attempt's endpoint may change (model, priority)
-            up = self._upstream(request, sent, call, tuple(tried))
-            if not isinstance(up, Upstream):
-                return up
+            up = self.router.upstream(request, sent, call, tuple(tried))
+            if isinstance(up, NoUpstream):
+                self._end(call, None, up.kind)
+                return json_error(up.status, up.message, up.kind)
             data = json.dumps(sent).encode() if inject or up.changed else raw
             try:
                 return await self._exchange(request, call, up.base + request.path_qs, data,
@@ -689,7 +748,7 @@ class RecordingProxy:
                     up.lost(exc.refused)
                 if len(tried) >= self.config.retries:
                     self._end(call, None, "upstream_unreachable")
-                    return _json_error(502, f"upstream unreachable: {exc}",
+                    return json_error(502, f"upstream unreachable: {exc}",
                                        "upstream_unreachable")
                 tried.append(up.base)
                 self._counters.counts["retried"] += 1
@@ -704,7 +763,7 @@ class RecordingProxy:
                 if up.release is not None:
                     up.release()
 
-    async def _exchange(self, request: web.BaseRequest, call: _Call | None, url: str, raw: bytes,
+    async def _exchange(self, request: web.BaseRequest, call: Call | None, url: str, raw: bytes,
                         headers: CIMultiDict[str], stream: bool,
                         inject: bool) -> web.StreamResponse:
         """Forward one attempt of a call, answer the client and record the call just before
@@ -716,13 +775,13 @@ class RecordingProxy:
             up = await up_cm.__aenter__()
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self._end(call, None, "upstream_timeout")
-            return _json_error(504, f"upstream did not answer within {self.config.timeout_s:g} "
+            return json_error(504, f"upstream did not answer within {self.config.timeout_s:g} "
                                "s", "upstream_timeout")
         except aiohttp.ClientError as exc:
             if _lost(exc):
                 raise UpstreamLost(exc) from exc
             self._end(call, None, "upstream_unreachable")
-            return _json_error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
+            return json_error(502, f"upstream unreachable: {exc}", "upstream_unreachable")
         try:
             out_headers = _forward_headers(up.headers, _DROP_RESPONSE)
             if up.status < 400 and stream and \
@@ -732,10 +791,10 @@ class RecordingProxy:
                 data = await up.read()
             except (TimeoutError, aiohttp.ServerTimeoutError):
                 self._end(call, None, "upstream_timeout")
-                return _json_error(504, "upstream timed out mid-answer", "upstream_timeout")
+                return json_error(504, "upstream timed out mid-answer", "upstream_timeout")
             except aiohttp.ClientError:
                 self._end(call, None, "upstream_stream_cut")
-                return _json_error(502, "upstream closed the connection mid-answer",
+                return json_error(502, "upstream closed the connection mid-answer",
                                    "upstream_stream_cut")
             resp = web.Response(status=up.status, reason=up.reason, body=data,
                                 headers=out_headers)
@@ -749,7 +808,7 @@ class RecordingProxy:
         finally:
             await up_cm.__aexit__(None, None, None)
 
-    async def _relay(self, request: web.BaseRequest, call: _Call | None,
+    async def _relay(self, request: web.BaseRequest, call: Call | None,
                      up: aiohttp.ClientResponse, headers: CIMultiDict[str],
                      inject: bool) -> web.StreamResponse:
         """Pass a stream on event by event; record it with its usage (or the estimate)."""
@@ -785,7 +844,7 @@ class RecordingProxy:
                 raise
         return resp
 
-    def _end_stream(self, call: _Call | None, scan: StreamScan, error: str | None) -> None:
+    def _end_stream(self, call: Call | None, scan: StreamScan, error: str | None) -> None:
         if error is not None:
             self._end(call, None, error)
         elif scan.usage is not None:
@@ -793,7 +852,7 @@ class RecordingProxy:
         else:
             self._end(call, Usage(0, scan.content_chunks, 0), None, estimated=True)
 
-    def _end(self, call: _Call | None, usage: Usage | None, error: str | None, *,
+    def _end(self, call: Call | None, usage: Usage | None, error: str | None, *,
              estimated: bool = False) -> None:
         """Write the call's record once (parents from its request's calls so far) and flush.
         ``estimated``: the upstream sent no usage (counted); for a non-streamed answer, a
@@ -820,6 +879,7 @@ class RecordingProxy:
         if self._file is not None:
             self._file.write("".join(r.to_json() + "\n" for r in lines))
             self._file.flush()
+        self.router.ended(call, usage, error)
 
 
 def _body_usage(data: bytes) -> Usage | None:
@@ -834,10 +894,23 @@ def _body_usage(data: bytes) -> Usage | None:
 # ------------------------------------------------------------------------------- in a thread
 
 
+class Service(Protocol):
+    """What runs on an event loop and counts what it recorded: a :class:`RecordingProxy`, or the
+    gateway that owns one."""
+
+    async def start(self) -> str:
+        """Listen; the base URL."""
+        ...
+
+    async def stop(self) -> None: ...
+
+    def stats(self) -> RecordStats: ...
+
+
 class ProxyURL(str):
     """The base URL of a proxy run by :func:`recording_proxy`; ``.stats()`` reads its counts."""
 
-    _proxy: RecordingProxy
+    _proxy: Service
     _loop: asyncio.AbstractEventLoop
 
     def stats(self) -> RecordStats:
@@ -845,7 +918,7 @@ class ProxyURL(str):
         return fut.result(10)
 
 
-async def _snapshot(proxy: RecordingProxy) -> RecordStats:
+async def _snapshot(proxy: Service) -> RecordStats:
     return proxy.stats()
 
 
@@ -857,8 +930,8 @@ def recording_proxy(config: RecordConfig) -> contextlib.AbstractContextManager[P
 
 
 @contextlib.contextmanager
-def proxy_in_thread(proxy: RecordingProxy) -> Iterator[ProxyURL]:
-    """:func:`recording_proxy` for a proxy already built (a subclass: the gateway)."""
+def proxy_in_thread(proxy: Service) -> Iterator[ProxyURL]:
+    """:func:`recording_proxy` for a service already built (the gateway)."""
     loop = asyncio.new_event_loop()
     started: dict[str, Any] = {}
     ready = threading.Event()
@@ -895,10 +968,10 @@ def proxy_in_thread(proxy: RecordingProxy) -> Iterator[ProxyURL]:
 
 async def serve(config: RecordConfig, stop: asyncio.Event,
                 on_start: Callable[[str], None] | None = None,
-                proxy: RecordingProxy | None = None) -> RecordStats:
+                proxy: Service | None = None) -> RecordStats:
     """Run a proxy on the current loop until ``stop`` is set; its final stats. ``on_start``
-    (optional) is called with the base URL once it listens; ``proxy``: one already built (a
-    subclass: the gateway) in place of ``RecordingProxy(config)``."""
+    (optional) is called with the base URL once it listens; ``proxy``: a service already built
+    (the gateway) in place of ``RecordingProxy(config)``."""
     proxy = proxy if proxy is not None else RecordingProxy(config)
     url = await proxy.start()
     try:

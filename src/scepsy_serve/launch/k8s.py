@@ -49,6 +49,7 @@ from typing import Any
 import yaml
 
 from scepsy_common.errors import InputError
+from scepsy_common.files import SafeDumper
 from scepsy_profile.profiling.engine_env import mps_percentage, one_process_env
 from scepsy_serve.launch.launchplan import Assignment, LaunchPlan, ReplicaLaunch
 from scepsy_serve.launch.renderers import register_renderer
@@ -284,7 +285,7 @@ def _service(plan: LaunchPlan, llm: str) -> dict[str, Any]:
                                 "protocol": "TCP"}]}}
 
 
-class _SafeDumper(yaml.SafeDumper):
+class _SafeDumper(SafeDumper):
     """``yaml.safe_dump``'s dumper without anchors and aliases (objects repeat shared parts)."""
 
     def ignore_aliases(self, data: Any) -> bool:

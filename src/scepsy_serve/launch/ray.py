@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from scepsy_common.errors import InputError
+from scepsy_common.files import dump_yaml
 from scepsy_serve.launch.k8s import SAFE_LOADER, server_env
 from scepsy_serve.launch.launchplan import Assignment, LaunchPlan
 from scepsy_serve.launch.renderers import register_renderer
@@ -182,7 +183,7 @@ def serve_config(plan: LaunchPlan) -> dict[str, Any]:
 
 
 def _dump(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=True, default_flow_style=False, allow_unicode=False,
+    return dump_yaml(data, sort_keys=True, default_flow_style=False, allow_unicode=False,
                           width=1 << 16)
 
 

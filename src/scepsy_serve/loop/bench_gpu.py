@@ -34,10 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from scepsy_common.errors import InputError
-from scepsy_common.files import atomic_write_text
+from scepsy_common.files import atomic_write_text, dump_yaml
 from scepsy_profile.profiling.devices import catalog_gpu_name
 from scepsy_profile.profiling.engine_env import check_engine_python, mps_daemon_running
 from scepsy_serve.loop.bench_loop import (
@@ -155,7 +153,7 @@ def loop_options(options: KitOptions, device: str, gpu: str, out: Path) -> LoopO
     cluster to ``out/cluster.yaml``."""
     kit = KITS[device]
     cluster = out / "cluster.yaml"
-    atomic_write_text(cluster, yaml.safe_dump(one_device_cluster(gpu), sort_keys=False))
+    atomic_write_text(cluster, dump_yaml(one_device_cluster(gpu), sort_keys=False))
     base = LoopOptions()
     return replace(base, requests=options.requests, rate=options.rate, load=options.load,
                    workflow=_kit_file(kit.workflow), cluster=str(cluster),
