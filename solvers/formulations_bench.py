@@ -87,7 +87,7 @@ def make_problem(size: str, seed: int) -> Any:
 
 
 def tiny_problem(kind: str, seed: int) -> Any:
-    """The oracle's tiny instances (as in tests/test_formulations.py)."""
+    """The oracle's tiny instances (as in tests/scepsy_place/test_formulations.py)."""
     if kind == "3gpu":
         return random_problem(3, 3, _LATENCY, seed=seed, load=0.6, cluster=uniform_cluster(GPU, 3, 3),
                               options=PlanOptions(shares=(0.3, 0.6, 1.0), tps=(1,)))

@@ -49,13 +49,36 @@ def _long(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(m) is not None for m in LONG_MARKERS)
 
 
+COST_S = {"vllm": 60.0, "slow": 30.0, "torch": 5.0}
+"""About what one test of each marker costs (s) on 2 cores, for :func:`_longest_first`; any
+other test about :data:`PLAIN_COST_S`."""
+PLAIN_COST_S = 0.25
+
+
+def _cost(item: pytest.Item) -> float:
+    return max([COST_S[m] for m in COST_S if item.get_closest_marker(m) is not None],
+               default=PLAIN_COST_S)
+
+
+def _longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items, their files ordered by estimated cost, the costliest first (a file's own order
+    kept): with ``--dist loadfile --no-loadscope-reorder`` the two processes start with the
+    files that start real engines, so the run does not end on one of them (longest processing
+    time first)."""
+    cost: dict[str, float] = {}
+    for it in items:
+        cost[it.nodeid.split("::", 1)[0]] = cost.get(it.nodeid.split("::", 1)[0], 0.0) + _cost(it)
+    rank = {f: k for k, f in enumerate(sorted(cost, key=lambda f: -cost[f]))}
+    return sorted(items, key=lambda it: rank[it.nodeid.split("::", 1)[0]])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if all_tests():
-        return
-    long = [it for it in items if _long(it)]
-    if long:
-        config.hook.pytest_deselected(items=long)
-        items[:] = [it for it in items if not _long(it)]
+    if not all_tests():
+        long = [it for it in items if _long(it)]
+        if long:
+            config.hook.pytest_deselected(items=long)
+            items[:] = [it for it in items if not _long(it)]
+    items[:] = _longest_first(items)
 
 
 TIER_MINUTES = {"fast": "6-7", "all": "13-14"}

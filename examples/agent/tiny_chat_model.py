@@ -1,6 +1,6 @@
 """A chat-capable tiny model for the agent example, offline: the CPU kit's random-weight
 Llama (llama-3-8b at 1/16: ``config.json``, no weights) with a word-level tokenizer and a chat
-template, the recipe ``tests/test_agent_e2e.py`` serves. Prints the ``vllm serve`` command.
+template, the recipe ``tests/scepsy_opt/test_agent_e2e.py`` serves. Prints the ``vllm serve`` command.
 
     python examples/agent/tiny_chat_model.py [FOLDER]     # default: tiny-chat-model
 

@@ -8,5 +8,6 @@
 * :mod:`scepsy_common.rates`: the one rule of every rate (``--rate``, targets, load events).
 
 Layers, each importing only those before it: ``scepsy_common`` ← ``scepsy_profile`` ←
-``scepsy_opt`` ← ``scepsy_place`` ← ``scepsy`` (tests/test_structure.py checks it).
+``scepsy_opt`` ← ``scepsy_place`` ← ``scepsy_serve`` ← ``scepsy`` (``.importlinter``; the
+tests run ``lint-imports``).
 """

@@ -25,7 +25,7 @@ Unmeasured TP degrees between two measured ones are interpolated geometrically i
 
 Reproducible on any machine: the points are put in a canonical order, both optimisations are well
 posed (bounds, a tiny ridge) and run to convergence, and the glitch down-weighting is continuous,
-so no decision flips on a last-bit difference (tests/test_fitted.py checks 1e-12 perturbations and
+so no decision flips on a last-bit difference (tests/scepsy_profile/test_fitted.py checks 1e-12 perturbations and
 re-runs the command that made the bundled curves).
 """
 

@@ -21,7 +21,7 @@ model of this package defines it. It is not part of :class:`LatencyModel`, so th
 written before it still is one.
 
 The contract every implementation keeps (docs/profiles.md, checked for each of them by
-``tests/test_latency_conformance.py``): one point gives the same answer within a relative 1e-12
+``tests/scepsy_profile/test_latency_conformance.py``): one point gives the same answer within a relative 1e-12
 however it is asked (scalar, array element, broadcast); answers are finite, positive, never
 smaller with more batch or tokens and never larger with more share; pickling preserves answers.
 """

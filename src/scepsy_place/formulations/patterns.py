@@ -776,7 +776,7 @@ def _master_mip(master: _Master, time_limit_s: float, hint: _Integer | None = No
             m.lower[col] = min(master.lp_lo.get(col, 0.0), m.upper[col])
     h = _highs(time_limit_s)
     # presolve off: HiGHS 1.16.0's MIP presolve loops without end (past the time limit) on some
-    # of these masters (tests/test_highs_regression.py); they are small enough without it
+    # of these masters (tests/scepsy_place/test_highs_regression.py); they are small enough without it
     h.setOptionValue("presolve", "off")
     h.passModel(m.lp(mip=True))
     m.lower, m.upper, m.integer = saved

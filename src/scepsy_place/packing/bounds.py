@@ -46,7 +46,7 @@ a relaxation).
   and at least the number of TP groups with more than ``S/2`` GPUs and more than half of each
   GPU (no two fit on one node). Without a topology: one node per GPU type demanded.
 
-Tests (tests/test_place_bounds.py) check every bound against exhaustive optimal packing of
+Tests (tests/scepsy_place/test_place_bounds.py) check every bound against exhaustive optimal packing of
 random tiny instances.
 """
 

@@ -16,7 +16,7 @@ Use::
 A session builds the model once (random weights, no download) and measures many points; every
 :class:`Timing` carries its spread (median and inter-quartile range over ``repeats`` runs).
 :mod:`scepsy_profile.profiling.registry` finds backends by name, and
-``tests/test_profiler_conformance.py`` runs one suite against every backend registered there.
+``tests/scepsy_profile/test_profiler_conformance.py`` runs one suite against every backend registered there.
 """
 
 from __future__ import annotations

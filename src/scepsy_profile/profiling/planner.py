@@ -39,7 +39,7 @@ is a plane there, so the error is zero where latency is a power law and large wh
 bends (the floor-to-work transition, a kink, a cliff); it falls as points get denser there. It is
 a pessimistic stand-in for the fitted pipeline's cross-validated error (which also models the
 curvature): on the physics form the planner stops at a few percent while the fitted pipeline
-predicts the held-out cells far better (tests/test_profile_planner.py). The curve's error is the
+predicts the held-out cells far better (tests/scepsy_profile/test_profile_planner.py). The curve's error is the
 ``error_quantile`` (default: the median) of those absolute percentage errors; a curve whose
 error is at most ``target_error`` is finished. The median lets a kink that only a few cells see
 pass; ``error_quantile=0.75`` or ``0.9`` refines it too, at the cost of more points. The

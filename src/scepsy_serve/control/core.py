@@ -268,7 +268,9 @@ class Controller:
     """The running plan, the forecasts and the hysteresis count (module docstring)."""
 
     def __init__(self, problem: PlanningProblem, topology: Topology, placed: PlacedPlan,
-                 config: ControlConfig | None = None) -> None:
+                 config: ControlConfig | None = None, *, capacity: float | None = None) -> None:
+        """``capacity``: the cluster's capacity (:meth:`capacity_of`) when it is known already
+        (a controller resumed on the same problem, cluster and config); computed otherwise."""
         self.config = config or ControlConfig()
         if not placed.placed or placed.plan.allocation is None:
             raise InputError("running plan", "placement", "a placed plan (every replica placed)",
@@ -304,7 +306,7 @@ class Controller:
             problem.options, max_utilisation=cap,
             latency_bound_s={w: b for w, b in self.bounds.items() if qs[w] is None},
             latency_bounds={w: pct[w] for w in self.bounds if w in pct}))
-        self.capacity = self._capacity()
+        self.capacity = self._capacity() if capacity is None else capacity
         self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
                             for w in problem.targets}
         self.below = 0  # consecutive windows with every LLM below down_utilisation

@@ -1,6 +1,6 @@
 """Renderers: a plan (:class:`~scepsy_serve.launch.launchplan.LaunchPlan`) to the files one launch
 target reads (docs/launch.md). One protocol, the registry :data:`RENDERERS`, one conformance
-suite (tests/test_render_conformance.py) every renderer passes.
+suite (tests/scepsy_serve/test_render_conformance.py) every renderer passes.
 
 A renderer is pure: ``render(plan)`` returns relative POSIX paths and their text, the same
 bytes for the same plan on any machine; ``parse(files)`` reads its own output back into the

@@ -1,0 +1,54 @@
+"""solvers/many_models_bench.py at smoke size: it runs, writes its results, and its checks (the
+replication floor, the time limit) hold and can fail."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "solvers" / "many_models_bench.py"
+
+
+def run(tmp: Path, *args: str) -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, str(SCRIPT), *args, "--out", "smoke"], cwd=tmp,
+                          capture_output=True, text=True, timeout=600)
+    return proc.returncode, json.loads((tmp / "results" / "smoke.json").read_text())
+
+
+@pytest.mark.slow  # a long run (docs/testing.md): every tier, not the fast one
+def test_two_copies_are_planned_at_or_above_their_replication_floor(tmp_path):
+    # 15 s: 8 s left a loaded 2-core machine (a test run beside other work) below the floor
+    code, res = run(tmp_path, "--sizes", "16x32,32x64", "--time-limit", "15",
+                    "--no-min-latency")
+    assert code == 0 and res["problems"] == []
+    one, two = res["rows"]
+    assert one["floor"] == one["scale"] and two["floor"] == one["scale"]
+    for row in res["rows"]:
+        assert row["status"] == "placed"
+        assert 0 < row["scale"] <= row["bound"]
+        assert row["gap"] == row["bound"] / row["scale"] - 1
+        assert row["wall_s"] <= 15 * 1.1 + 1
+
+
+def test_a_plan_below_its_floor_is_reported_as_a_problem(tmp_path, monkeypatch):
+    """The check itself: with the floor's run given the time and the larger instance almost
+    none, the larger plan falls below the floor (or finds nothing), and the script says so."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import many_models_bench as bench
+
+    def fake(n, g, limit, seed, copies=True, formulation="auto"):  # runs in the forked child
+        scale = 1.0 if (n, g) == bench.BLOCK else 0.5
+        return {"status": "placed", "plan_status": "heuristic", "formulation": "slots",
+                "scale": scale, "bound": 1.2, "gap": 1.2 / scale - 1, "wall_s": 0.1,
+                "cpu_s": 0.1, "parts": 1}
+
+    monkeypatch.setattr(bench, "max_throughput", fake)
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--sizes", "32x64", "--no-min-latency", "--out", "floor"]) == 1
+    out = json.loads((tmp_path / "results" / "floor.json").read_text())
+    assert any("below its replication floor 1.0000" in p for p in out["problems"])
+    assert out["rows"][0]["floor"] == 1.0 and out["rows"][0]["scale"] == 0.5

@@ -1,0 +1,698 @@
+"""``scepsy validate``: MuxServe's measured runs read, co-location and finite runs modelled,
+overheads fitted, and the command's output (docs/validate.md)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
+from scepsy_common.errors import InputError
+from scepsy_opt.prediction.slo import CallSLO
+from scepsy_opt.validate.evaluate import Figures, combine, grew, validate_run
+from scepsy_opt.validate.finite import _admission_wait, finite_run, walk_wait
+from scepsy_opt.validate.fit import fit_overheads
+from scepsy_opt.validate.muxserve import MeasuredLLM, load_muxserve_dir
+from scepsy_opt.validate.report import document, validate_muxserve
+from scepsy_profile.latency import CompositeLatencyModel
+from scepsy_profile.mps import CoRunner, PhaseShareModel, contended_shares
+from scepsy_profile.overheads import (
+    MUXSERVE_A100,
+    EngineOverheads,
+    load_overheads,
+    with_overheads,
+)
+from scepsy_profile.roofline import roofline_model
+from scepsy_profile.serving import MemoryPolicy, serving_curve
+
+MUX = SHARED_DATA / "e2e" / "muxserve-chatlmsys"
+PROPERTY = settings(max_examples=60, deadline=None, derandomize=True)
+STEM = "toy_load"
+CKPT = "/ckpt/huggyllama/"
+
+
+@pytest.fixture(scope="module")
+def latency(bundled_curves):
+    return CompositeLatencyModel(bundled_curves, roofline_model())
+
+
+# ------------------------------------------------------------------ a small folder to read
+
+
+def _measured(rate: float, n: int, mps=(100, 90), lengths=(100.0, 200.0)) -> dict:
+    """One LLM's results entry; its token counts give ``lengths`` (prompt, output) per
+    request."""
+    prompt, output = lengths
+    return {"model_name": "x", "mps": list(mps), "first_token_latency": 0.2,
+            "output_per_token_latency": 0.03, "request_num": n, "throughput": 0.95 * rate,
+            "tokens_throughput": 0.95 * rate * (prompt + output), "p90[TTFT]": 0.4, "p99[TTFT]": 0.8, "p95[TTFT]": 0.5,
+            "p90[TPOT]": 0.05, "p95[TPOT]": 0.06, "p99[TPOT]": 0.07, "p90[avg_latency]": 12.0,
+            "p95[avg_latency]": 14.0, "p99[avg_latency]": 20.0, "prefill_avg_batches": 1.0,
+            "prefill_batch_times": 10, "decoding_avg_batches": output * n / 100,
+            "decoding_batch_times": 100}
+
+
+def toy_folder(root: Path, *, strategies=("spatial", "flexsm"), rates=(2.0, 1.0),
+               mps=((80, 60), (90, 70))) -> Path:
+    """Two LLaMA-7B LLMs on 2 GPUs: alone on one GPU each (spatial), or sharing one mesh of 2
+    GPUs under MPS (flexsm, limits adding up to more than 100)."""
+    (root / "yamls").mkdir(parents=True)
+    (root / "merged").mkdir()
+    names = ["llm-1", "llm-2"]
+    (root / "yamls" / f"{STEM}.yaml").write_text(yaml.safe_dump({
+        "cluster": {"nnodes": 1, "ngpus_per_node": 2},
+        "models": [{"name": m, "model": CKPT + "llama-7b", "rate": r}
+                   for m, r in zip(names, rates, strict=True)],
+        "avg_output_len": 200.0, "avg_prompt_len": 100.0}))
+    for s in strategies:
+        (root / "yamls" / s).mkdir()
+        if s == "flexsm":
+            meshes = [[(m, 2, list(p)) for m, p in zip(names, mps, strict=True)]]
+        else:
+            meshes = [[(m, 1, [100, 90])] for m in names]
+        for i, mesh in enumerate(meshes):
+            doc = {"num_gpus": mesh[0][1], "max_num_seqs": 256, "overload_threshold": 2,
+                   "gpu_memory_utilization": 0.5,
+                   "models": [{"name": m, "model": CKPT + "llama-7b", "tensor_parallel_size": tp,
+                               "pipeline_parallel_size": 1, "placement": [list(range(tp))],
+                               "mps_percentage": p, "max_num_seqs": 64, "model_dtype": "fp16"}
+                              for m, tp, p in mesh]}
+            name = f"{STEM}_GPUnum2_mesh_size{mesh[0][1]}_idx{i}_{s}.yaml"
+            (root / "yamls" / s / name).write_text(yaml.safe_dump(doc))
+        recorded = dict(zip(names, mps, strict=True)) if s == "flexsm" else {}
+        merged = {m: _measured(r, int(60 * r), recorded.get(m, (100, 90)))
+                  for m, r in zip(names, rates, strict=True)}
+        merged.update({"throughput": 1.0, "request_num": 180})
+        (root / "merged" / f"merged_{STEM}_placement_{STEM}_GPUnum2_{s}.json").write_text(
+            json.dumps(merged))
+    return root
+
+
+def test_a_folder_is_read_into_runs(tmp_path):
+    runs = load_muxserve_dir(toy_folder(tmp_path))
+    assert [(r.workload, r.strategy) for r in runs] == [(STEM, "spatial"), (STEM, "flexsm")]
+    spatial, flexsm = runs
+    assert spatial.models == {"llm-1": "llama-7b", "llm-2": "llama-7b"}
+    assert spatial.rates == {"llm-1": 2.0, "llm-2": 1.0}
+    assert len(spatial.meshes) == 2 and len(flexsm.meshes) == 1
+    shared = flexsm.mesh_of("llm-2")
+    assert shared.gpus == 2 and [(x.prefill_pct, x.decode_pct) for x in shared.llms] == [
+        (80.0, 60.0), (90.0, 70.0)]
+    m = spatial.measured["llm-1"]
+    assert m.requests == 120 and m.p90_ttft_s == 0.4
+    assert m.mean_latency_s(200.0) == pytest.approx(0.2 + 0.03 * 200, rel=1e-12)
+
+
+def test_each_llms_lengths_come_from_its_token_counts(tmp_path):
+    """Oracle: counts written for known lengths give those lengths back; without the counts
+    the workload's means stand for every LLM; counts that leave no prompt are refused."""
+    root = toy_folder(tmp_path, strategies=("spatial",))
+    path = next((root / "merged").glob("*.json"))
+    doc = json.loads(path.read_text())
+    doc["llm-2"] = _measured(1.0, 60, lengths=(37.0, 410.0))
+    path.write_text(json.dumps(doc))
+    run = load_muxserve_dir(root)[0]
+    assert run.lengths("llm-1") == pytest.approx((100.0, 200.0), rel=1e-12)
+    assert run.lengths("llm-2") == pytest.approx((37.0, 410.0), rel=1e-12)
+    del doc["llm-2"]["decoding_batch_times"]
+    path.write_text(json.dumps(doc))
+    assert load_muxserve_dir(root)[0].lengths("llm-2") == (100.0, 200.0)  # the workload's
+    doc["llm-2"] = _measured(1.0, 60, lengths=(0.0, 300.0))
+    path.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match=r"llm-2\.tokens_throughput"):
+        load_muxserve_dir(root)
+
+
+def _edit_yaml(path: Path, fn) -> None:
+    doc = yaml.safe_load(path.read_text())
+    fn(doc)
+    path.write_text(yaml.safe_dump(doc))
+
+
+def _mesh_file(root: Path, s: str = "flexsm") -> Path:
+    return next((root / "yamls" / s).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("case, field", [
+    ("unknown-llm", "models[0].name"),
+    ("bad-mps", "models[0].mps_percentage"),
+    ("tp-too-large", "models[0].tensor_parallel_size"),
+    ("unknown-model", "models[0].model"),
+    ("no-measurement", "llm-2"),
+    ("bad-rate", "models[1].rate"),
+    ("not-placed", "toy_load flexsm"),
+])
+def test_bad_input_names_the_file_and_the_field(tmp_path, case, field):
+    root = toy_folder(tmp_path)
+    mesh = _mesh_file(root)
+    if case == "unknown-llm":
+        _edit_yaml(mesh, lambda d: d["models"][0].update(name="llm-9"))
+    elif case == "bad-mps":
+        _edit_yaml(mesh, lambda d: d["models"][0].update(mps_percentage=[120, 50]))
+    elif case == "tp-too-large":
+        _edit_yaml(mesh, lambda d: d["models"][0].update(tensor_parallel_size=4))
+    elif case == "unknown-model":
+        _edit_yaml(mesh, lambda d: d["models"][0].update(model="/ckpt/no-such-llm"))
+    elif case == "no-measurement":
+        f = next((root / "merged").glob("*flexsm.json"))
+        doc = json.loads(f.read_text())
+        del doc["llm-2"]
+        f.write_text(json.dumps(doc))
+    elif case == "bad-rate":
+        _edit_yaml(root / "yamls" / f"{STEM}.yaml", lambda d: d["models"][1].update(rate=-1))
+    elif case == "not-placed":
+        _edit_yaml(mesh, lambda d: d.update(models=d["models"][:1]))
+    with pytest.raises(InputError) as exc:
+        load_muxserve_dir(root)
+    assert exc.value.field == field
+    assert exc.value.source.startswith(str(root))
+
+
+def test_the_limits_the_run_recorded_win_over_the_yaml(tmp_path):
+    root = toy_folder(tmp_path)
+    f = next((root / "merged").glob("*flexsm.json"))
+    doc = json.loads(f.read_text())
+    doc["llm-1"]["mps"] = [100, 40]
+    f.write_text(json.dumps(doc))
+    flexsm = load_muxserve_dir(root)[1]
+    got = {x.name: (x.prefill_pct, x.decode_pct) for x in flexsm.mesh_of("llm-1").llms}
+    assert got == {"llm-1": (100.0, 40.0), "llm-2": (90.0, 70.0)}
+    doc["llm-1"]["mps"] = [100, 140]
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as exc:
+        load_muxserve_dir(root)
+    assert exc.value.field == "llm-1.mps"
+
+
+def test_one_results_file_per_load_and_strategy(tmp_path):
+    root = toy_folder(tmp_path, strategies=("spatial",))
+    f = next((root / "merged").glob("*spatial.json"))
+    (root / "merged" / f.name.replace("GPUnum2", "GPUnum4")).write_text(f.read_text())
+    with pytest.raises(InputError, match="one results file"):
+        load_muxserve_dir(root)
+
+
+def test_a_missing_result_or_a_zero_rate_is_named(tmp_path):
+    root = toy_folder(tmp_path)
+    f = next((root / "merged").glob("*spatial.json"))
+    doc = json.loads(f.read_text())
+    del doc["llm-1"]
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError, match="a results entry for LLM llm-1"):
+        load_muxserve_dir(root)
+    root = toy_folder(tmp_path / "z")
+    _edit_yaml(root / "yamls" / f"{STEM}.yaml", lambda d: d["models"][0].update(rate=0))
+    with pytest.raises(InputError, match="rate > 0") as exc:
+        load_muxserve_dir(root)
+    assert exc.value.field == "models[0].rate"
+
+
+def test_a_mesh_too_small_for_one_call_is_named(tmp_path, latency):
+    root = toy_folder(tmp_path)
+    _edit_yaml(_mesh_file(root), lambda d: d.update(gpu_memory_utilization=0.0005))
+    run = load_muxserve_dir(root)[1]
+    with pytest.raises(InputError) as exc:
+        validate_run(run, latency, simulate_runs=False)
+    assert exc.value.field.startswith("gpu_memory_utilization (of llm-")
+    assert exc.value.source == str(_mesh_file(root))
+
+
+def test_fitting_refuses_flags_it_would_ignore(tmp_path):
+    root = toy_folder(tmp_path / "d")
+    code, _, err = run_cli("validate", "muxserve", str(root), "--fit-overheads",
+                           str(tmp_path / "o.yaml"), "--json", str(tmp_path / "v.json"))
+    assert code == 2 and "--json" in err
+    assert not (tmp_path / "o.yaml").exists()
+
+
+def test_an_llm_placed_twice_is_refused(tmp_path):
+    root = toy_folder(tmp_path, strategies=("spatial",))
+    files = sorted((root / "yamls" / "spatial").glob("*.yaml"))
+    _edit_yaml(files[1], lambda d: d["models"][0].update(name="llm-1"))
+    with pytest.raises(InputError, match="placed once"):
+        load_muxserve_dir(root)
+
+
+def test_a_folder_without_results_is_refused(tmp_path):
+    with pytest.raises(InputError, match="yamls"):
+        load_muxserve_dir(tmp_path)
+    root = toy_folder(tmp_path / "x")
+    for f in (root / "merged").iterdir():
+        f.unlink()
+    with pytest.raises(InputError, match="merged"):
+        load_muxserve_dir(root)
+
+
+# ------------------------------------------------------------------ co-location
+
+
+limits = st.floats(0.05, 1.0)
+busy = st.floats(0.0, 1.0)
+
+
+@PROPERTY
+@given(st.lists(st.tuples(limits, limits), min_size=1, max_size=5))
+def test_all_busy_mps_shares_fill_at_most_the_gpu(lims):
+    """Everyone busy: the decode shares add up to the limits' sum, or to the whole GPU when
+    the limits ask for more (scaled in proportion)."""
+    mesh = {f"m{i}": CoRunner(p, d, 1.0) for i, (p, d) in enumerate(lims)}
+    got = contended_shares(mesh, "mps")
+    total = sum(d for _, d in lims)
+    assert sum(c.decode for c in got.values()) == pytest.approx(min(total, 1.0), rel=1e-9)
+    for m, c in got.items():
+        assert c.decode <= mesh[m].decode * (1 + 1e-12)
+        assert c.prefill <= mesh[m].prefill * (1 + 1e-12)
+
+
+@PROPERTY
+@given(st.tuples(limits, limits), st.lists(st.tuples(limits, limits, busy), max_size=4),
+       st.integers(0, 3), busy)
+def test_a_busier_co_runner_never_gives_more(me, others, who, more):
+    mesh = {"me": CoRunner(*me)} | {f"o{i}": CoRunner(p, d, b)
+                                     for i, (p, d, b) in enumerate(others)}
+    before = contended_shares(mesh, "mps", interference=0.3)["me"]
+    if others:
+        key = f"o{who % len(others)}"
+        mesh[key] = replace(mesh[key], busy=max(mesh[key].busy, more))
+    after = contended_shares(mesh, "mps", interference=0.3)["me"]
+    assert after.decode <= before.decode * (1 + 1e-12)
+    assert after.prefill <= before.prefill * (1 + 1e-12)
+    assert after.slowdown >= before.slowdown * (1 - 1e-12)
+
+
+@PROPERTY
+@given(st.lists(st.tuples(busy, st.floats(0.1, 100.0)), min_size=1, max_size=5),
+       st.floats(0.1, 100.0))
+def test_turns_slowdown_is_the_expected_round_robin_cycle(others, own):
+    """Oracle: enumerate which co-runners have work (each independently, with its busy
+    fraction); one round-robin cycle is the LLM's own step plus one step of each that has.
+    The expected cycle over its own step is the slowdown."""
+    mesh = {"me": CoRunner(1.0, 1.0, 1.0, own)} | {
+        f"o{i}": CoRunner(1.0, 1.0, b, s) for i, (b, s) in enumerate(others)}
+    expected = 0.0
+    for pattern in itertools.product((0, 1), repeat=len(others)):
+        prob = math.prod(b if on else 1 - b for on, (b, _) in zip(pattern, others, strict=True))
+        expected += prob * (own + sum(s for on, (_, s) in zip(pattern, others, strict=True)
+                                      if on))
+    got = contended_shares(mesh, "turns")["me"]
+    assert got.slowdown == pytest.approx(expected / own, rel=1e-9)
+    assert (got.prefill, got.decode) == (1.0, 1.0)
+
+
+def test_an_llm_alone_keeps_its_limits():
+    for sharing in ("mps", "turns"):
+        got = contended_shares({"a": CoRunner(0.8, 0.3, 1.0, 5.0)}, sharing, interference=2.0)
+        assert (got["a"].prefill, got["a"].decode, got["a"].slowdown) == (0.8, 0.3, 1.0)
+
+
+@pytest.mark.parametrize("mesh, sharing, field", [
+    ({"a": CoRunner(0.0, 0.5)}, "mps", "mesh.a"),
+    ({"a": CoRunner(0.5, 1.5)}, "mps", "mesh.a"),
+    ({"a": CoRunner(0.5, 0.5, busy=2.0)}, "mps", "mesh.a"),
+    ({"a": CoRunner(0.5, 0.5)}, "spatial", "sharing"),
+])
+def test_bad_co_location_input_is_refused(mesh, sharing, field):
+    with pytest.raises(InputError) as exc:
+        contended_shares(mesh, sharing)
+    assert exc.value.field == field
+
+
+def test_phase_shares_answer_at_their_own_shares(latency):
+    """Prefills at the prefill share, decode steps at the decode share, whatever share is
+    asked, each ``slowdown`` times longer (arrays as scalars)."""
+    model = PhaseShareModel(latency, prefill=0.7, decode=0.35, slowdown=1.25)
+    args = ("llama-7b", "A100-80GB", 1)
+    for asked in (0.3, 1.0, np.array([0.5, 0.9])):
+        p = model.prefill_ms(*args, asked, 4, 300)
+        d = model.decode_ms(*args, asked, 16, 500)
+        np.testing.assert_allclose(p, 1.25 * np.asarray(latency.prefill_ms(*args, 0.7, 4, 300)),
+                                   rtol=1e-12)
+        np.testing.assert_allclose(d, 1.25 * np.asarray(latency.decode_ms(*args, 0.35, 16, 500)),
+                                   rtol=1e-12)
+    for bad in ({"prefill": 0.0}, {"decode": 1.2}, {"slowdown": 0.5}):
+        with pytest.raises(InputError):
+            PhaseShareModel(latency, **({"prefill": 0.5, "decode": 0.5} | bad))
+
+
+# ------------------------------------------------------------------ finite runs
+
+
+@pytest.fixture(scope="module")
+def curve(latency):
+    return serving_curve(latency, "llama-7b", "A100-80GB", 1, 1.0, 150.0, 200.0,
+                         policy=MemoryPolicy(max_batch=64))
+
+
+@PROPERTY
+@given(st.floats(0.01, 0.99))
+def test_ttft_and_tpot_split_the_call_latency(curve, load):
+    """Below μ a call's latency is its TTFT plus ``O − 1`` TPOTs; the TTFT's quantiles grow with
+    the quantile (the mean of an exponential wait is its 63rd percentile); at μ both are inf."""
+    rate = load * curve.mu
+    ttft, tpot = curve.ttft_s(rate), curve.tpot_s(rate)
+    assert ttft + tpot * (curve.output_tokens - 1) == pytest.approx(
+        float(curve.latency_s(rate)), rel=1e-9)
+    qs = [curve.ttft_s(rate, q) for q in (0.1, 0.5, 1 - math.exp(-1), 0.9, 0.99)]
+    assert qs == sorted(qs)
+    assert qs[2] == pytest.approx(ttft, rel=1e-9)
+    assert math.isinf(curve.ttft_s(curve.mu)) and math.isinf(curve.tpot_s(2 * curve.mu))
+    with pytest.raises(InputError):
+        curve.ttft_s(rate, 1.0)
+
+
+def test_predict_reports_ttft_and_tpot_per_llm(tmp_path):
+    alloc = tmp_path / "alloc.yaml"
+    alloc.write_text(yaml.safe_dump({"llms": {
+        m: {"gpu": "A100-80GB", "tp": tp, "share": 1.0}
+        for m, tp in (("llama-7b-a", 1), ("llama-7b-b", 1), ("llama-13b", 1), ("llama-30b", 2))}}))
+    code, out, err = run_cli("predict", "--workflow", str(REPO / "datasets" / "workloads" /
+                                                         "muxserve-a100.yaml"),
+                             "--allocation", str(alloc), "--trace-requests", "100", "--json")
+    assert code == 0, err
+    llms = json.loads(out)["llms"]
+    for x in llms.values():
+        assert 0 < x["ttft_s"] < x["call_latency_s"] and 0 < x["tpot_s"] < x["call_latency_s"]
+
+
+def test_a_long_stable_run_is_the_steady_state(curve):
+    """Below μ and with very many requests, the random walk's bound is far above the steady
+    wait: the run's mean latency is the steady state's, and it serves its rate."""
+    rate = 0.6 * curve.mu
+    run = finite_run(curve, rate, 10**7)
+    assert run.mean_latency_s == pytest.approx(float(curve.latency_s(rate)), rel=1e-9)
+    assert run.throughput == pytest.approx(rate, rel=1e-4)
+    assert not run.overloaded
+    assert 0 < run.mean_ttft_s <= run.mean_latency_s and run.mean_tpot_s > 0
+
+
+@PROPERTY
+@given(st.floats(1.05, 5.0), st.integers(50, 5000))
+def test_an_overload_serves_its_capacity_and_waits_for_its_backlog(curve, factor, n):
+    """Beyond μ the run serves about μ (exactly ``N / (N/μ + L)``), each request waits at least
+    the fluid backlog ``(N − 1)/2·(1/μ − 1/λ)``, and a longer run waits longer."""
+    rate = factor * curve.mu
+    run = finite_run(curve, rate, n)
+    longer = finite_run(curve, rate, 2 * n)
+    assert run.overloaded
+    assert run.throughput < curve.mu and longer.throughput >= run.throughput
+    backlog = (n - 1) / 2 * (1 / curve.mu - 1 / rate)
+    assert run.mean_latency_s >= backlog
+    assert longer.mean_latency_s > run.mean_latency_s
+    assert run.mean_ttft_s <= run.mean_latency_s
+
+
+@PROPERTY
+@given(st.integers(1, 3000), st.floats(1.01, 10.0), st.floats(0.1, 50.0),
+       st.floats(0.0, 500.0))
+def test_the_admission_wait_is_the_mean_over_arrivals(n, factor, mu, admitted):
+    """Oracle: the ``k``-th of ``n`` arrivals waits ``(k·c − A)⁺/μ``; the closed form (a
+    continuous sum) is within one arrival's step of the discrete mean."""
+    rate = factor * mu
+    c = 1 - mu / rate
+    k = np.arange(1, n + 1)
+    discrete = np.maximum(k * c - admitted, 0.0) / mu
+    mean, p90 = _admission_wait(n, rate, mu, admitted)
+    assert mean == pytest.approx(float(discrete.mean()), abs=c / mu + 1e-9)
+    assert p90 == pytest.approx(max(0.0, 0.9 * n * c - admitted) / mu, rel=1e-12)
+
+
+def test_a_queue_in_front_puts_the_backlog_before_the_first_token(curve):
+    """``queued = 1``: the whole backlog waits before the first token (an engine that admits
+    nothing beyond its batch); the request latency is the same either way."""
+    rate, n = 2.0 * curve.mu, 2000
+    admitted, queue = finite_run(curve, rate, n), finite_run(curve, rate, n, queued=1.0)
+    backlog = (n - 1) / 2 * (1 / curve.mu - 1 / rate)
+    assert queue.mean_ttft_s >= backlog > admitted.mean_ttft_s
+    assert queue.mean_latency_s == pytest.approx(admitted.mean_latency_s, rel=1e-12)
+    assert queue.mean_tpot_s < admitted.mean_tpot_s
+    with pytest.raises(InputError):
+        finite_run(curve, rate, n, queued=1.5)
+
+
+def test_finite_run_refuses_bad_input(curve):
+    for rate, n in ((0.0, 10), (math.inf, 10), (1.0, 0), (1.0, 2.5)):
+        with pytest.raises(InputError):
+            finite_run(curve, rate, n)  # type: ignore[arg-type]
+    assert walk_wait(100, 2.0) == pytest.approx(0.75 * 10 / 2.0, rel=1e-12)
+
+
+def test_a_run_whose_latency_grew_is_overloaded():
+    assert grew(np.array([1.0] * 10 + [5.0] * 10))
+    assert not grew(np.array([2.0, 3.0, 2.5, 2.2, 2.8, 2.1, 2.9, 2.4]))
+    assert not grew(np.array([1.0, 9.0]))  # too short to tell
+
+
+def test_runs_combine_by_request_count():
+    a = Figures(2.0, 10.0, 1.0, 0.5, 0.05, ("a",))
+    b = Figures(1.0, 4.0, 3.0, 1.5, 0.02)
+    got = combine({"a": a, "b": b}, {"a": 3.0, "b": 1.0})
+    assert got.throughput == pytest.approx(3.0, rel=1e-12)
+    assert got.mean_latency_s == pytest.approx((3 * 10 + 4) / 4, rel=1e-12)
+    assert got.p90_ttft_s == pytest.approx((3 * 1 + 3) / 4, rel=1e-12)
+    assert got.overloaded == ("a",)
+
+
+# ------------------------------------------------------------------ whole runs
+
+
+def test_an_llm_alone_is_its_instance_finite_run(tmp_path, latency):
+    """Spatial: no co-runner, so the prediction is the finite run of the LLM's instance at its
+    own limits, and the shares reported are the limits."""
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
+    v = validate_run(run, latency, simulate_runs=False)
+    assert {m: (c.prefill, c.decode, c.slowdown) for m, c in v.shares.items()} == {
+        "llm-1": (1.0, 0.9, 1.0), "llm-2": (1.0, 0.9, 1.0)}
+    for m, f in v.llms.items():
+        assert f["predicted"].throughput < run.rates[m]  # the drain after the last arrival
+        assert f["predicted"].throughput > 0.8 * run.rates[m]
+        assert not f["predicted"].overloaded
+
+
+def test_each_source_reports_the_share_of_requests_within_the_slo(tmp_path, latency):
+    """Attainment: predicted from the finite run's TTFT distribution, simulated over its
+    requests, measured as the range the percentiles allow; a looser bound never attains
+    less; the run's figure is the request-weighted mean of its LLMs'."""
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
+    shares = []
+    for bound in (0.05, 0.3, 5.0):
+        slos = {m: CallSLO(ttft_s=bound) for m in run.rates}
+        v = validate_run(run, latency, simulate_runs=True, slos=slos)
+        for f in v.llms.values():
+            for src in ("predicted", "simulated"):
+                assert 0.0 <= f[src].attainment == f[src].attainment_high <= 1.0
+            assert f["measured"].attainment <= f["measured"].attainment_high
+        w = {m: run.measured[m].requests for m in run.rates}
+        assert v.predicted.attainment == pytest.approx(sum(
+            w[m] * v.llms[m]["predicted"].attainment for m in w) / sum(w.values()), rel=1e-12)
+        shares.append((v.predicted.attainment, v.simulated.attainment))
+    assert shares[0][0] <= shares[1][0] <= shares[2][0]
+    assert shares[0][1] <= shares[1][1] <= shares[2][1]
+    assert shares[2] == pytest.approx((1.0, 1.0), abs=1e-9)  # 5 s: every first token
+    none = validate_run(run, latency, simulate_runs=False)
+    assert none.predicted.attainment is None and none.measured.attainment is None
+
+
+def test_co_located_llms_slow_each_other(tmp_path, latency):
+    """The same two LLMs on one shared mesh under limits adding up to more than 100: each
+    gets less than its limit, and is slower than alone on the same mesh."""
+    both = load_muxserve_dir(toy_folder(tmp_path / "a", strategies=("flexsm",),
+                                        rates=(6.0, 6.0)))[0]
+    v = validate_run(both, latency, simulate_runs=False)
+    lims = {"llm-1": (0.8, 0.6), "llm-2": (0.9, 0.7)}
+    for m, c in v.shares.items():
+        assert c.decode < lims[m][1] and c.prefill < lims[m][0]
+    alone = load_muxserve_dir(toy_folder(tmp_path / "b", strategies=("flexsm",),
+                                         rates=(6.0, 0.02)))[0]
+    w = validate_run(alone, latency, simulate_runs=False)
+    assert w.shares["llm-1"].decode > v.shares["llm-1"].decode
+    assert v.llms["llm-1"]["predicted"].mean_tpot_s > w.llms["llm-1"]["predicted"].mean_tpot_s
+
+
+def test_the_simulator_replays_the_same_run(tmp_path, latency):
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
+    v = validate_run(run, latency, simulate_runs=True)
+    assert v.simulated is not None
+    for f in v.llms.values():
+        s, p = f["simulated"], f["predicted"]
+        assert s.throughput == pytest.approx(p.throughput, rel=0.25)
+        assert s.mean_latency_s == pytest.approx(p.mean_latency_s, rel=0.35)
+    again = validate_run(run, latency, simulate_runs=True)
+    assert again.simulated == v.simulated  # seeded: the same replay
+
+
+def test_fitting_recovers_the_overheads_that_made_the_measurements(tmp_path, latency):
+    """Oracle: measurements generated by the model itself with known overheads (on the grid)
+    are fitted back to exactly those overheads."""
+    root = toy_folder(tmp_path, strategies=("spatial",), rates=(3.0, 1.5))
+    truth = EngineOverheads("muxserve", "", "A100-80GB", iteration_ms=5.0, tp_doubling_ms=0.0)
+    run = load_muxserve_dir(root)[0]
+    made = validate_run(run, with_overheads(latency, truth), simulate_runs=False)
+    measured = {m: MeasuredLLM(f["predicted"].throughput, run.measured[m].requests,
+                               f["predicted"].mean_ttft_s, f["predicted"].mean_tpot_s,
+                               f["predicted"].p90_ttft_s, 1.0, 1.0, 1.0, 1.0)
+                for m, f in made.llms.items()}
+    fake = replace(run, measured=measured)
+    fit = fit_overheads([fake], latency, grid=(0.0, 2.5, 5.0, 7.5))
+    assert (fit.overheads.iteration_ms, fit.overheads.tp_doubling_ms) == (5.0, 0.0)
+    best = min(p.score for p in fit.points)
+    assert best == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(InputError, match="spatial"):
+        fit_overheads([replace(run, strategy="flexsm")], latency)
+
+
+def test_fitting_recovers_how_much_of_an_overload_queues_in_front(tmp_path, latency):
+    """Oracle: one LLM overloaded (18 req/s on one GPU of LLaMA-7B, a backlog of about twice
+    what its batch admits), one not; measurements made by the model with a known
+    ``overload_queued`` (on the grid) are fitted back to it, and the engine's value is what
+    :func:`validate_run` uses when it is given none."""
+    root = toy_folder(tmp_path, strategies=("spatial",), rates=(18.0, 1.5))
+    run = load_muxserve_dir(root)[0]
+    truth = EngineOverheads("muxserve", "", "A100-80GB", iteration_ms=5.0, overload_queued=0.75)
+    made = validate_run(run, with_overheads(latency, truth), simulate_runs=False)
+    assert made.predicted.overloaded == ("llm-1",)
+    explicit = validate_run(run, with_overheads(latency, replace(truth, overload_queued=0.0)),
+                            simulate_runs=False, queued=0.75)
+    assert explicit.predicted == made.predicted
+    assert validate_run(run, with_overheads(latency, replace(truth, overload_queued=0.5)),
+                        simulate_runs=False).predicted.p90_ttft_s < made.predicted.p90_ttft_s
+    measured = {m: MeasuredLLM(f["predicted"].throughput, run.measured[m].requests,
+                               f["predicted"].mean_ttft_s, f["predicted"].mean_tpot_s,
+                               f["predicted"].p90_ttft_s, 1.0, 1.0, 1.0, 1.0)
+                for m, f in made.llms.items()}
+    fit = fit_overheads([replace(run, measured=measured)], latency, grid=(0.0, 5.0),
+                        first_grid=(0.0,), queued_grid=(0.0, 0.25, 0.5, 0.75, 1.0))
+    assert fit.overheads.iteration_ms == 5.0
+    assert fit.overheads.overload_queued == 0.75
+    with pytest.raises(InputError, match="queued_grid"):
+        fit_overheads([run], latency, queued_grid=(1.5,))
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, True, "half"])
+def test_overload_queued_is_a_fraction(bad, tmp_path):
+    with pytest.raises(InputError, match="overload_queued"):
+        EngineOverheads("e", "", "d", overload_queued=bad)
+    path = tmp_path / "o.yaml"
+    path.write_text(yaml.safe_dump({"engine": "e", "version": "", "device": "d",
+                                    "overload_queued": bad}))
+    with pytest.raises(InputError, match="overload_queued"):
+        load_overheads(path)
+    assert not EngineOverheads("e", "", "d", overload_queued=0.25).is_zero
+
+
+def test_tp_overheads_grow_with_log2_tp(latency):
+    o = EngineOverheads("muxserve", "", "A100-80GB", tp_doubling_ms=10.0)
+    lat = with_overheads(latency, o)
+    for tp, add in ((1, 0.0), (2, 10.0), (4, 20.0)):
+        base = float(latency.decode_ms("llama-13b", "A100-80GB", tp, 1.0, 8, 400))
+        assert float(lat.decode_ms("llama-13b", "A100-80GB", tp, 1.0, 8, 400)) == pytest.approx(
+            base + add, rel=1e-12)
+    bundled = load_overheads(MUXSERVE_A100)
+    assert bundled.device == "A100-80GB" and "condense500" in bundled.source
+
+
+# ------------------------------------------------------------------ the measured runs in shared
+
+
+needs_mux = pytest.mark.skipif(not MUX.is_dir(), reason="../shared/data/e2e/muxserve-chatlmsys "
+                               "is not beside the repository")
+
+
+@pytest.mark.slow  # a long run (docs/testing.md): every tier, not the fast one
+@needs_mux
+def test_the_calibrated_predictor_meets_the_latency_target_on_the_training_loads(latency):
+    """The two loads in shared (the calibration's own: in-sample): every run's mean latency
+    within 0.74-1.35x of measured and throughput within 15% (the issue's targets), and flexsm
+    carries at least as much as temporal at every load (MuxServe's own ranking of the two)."""
+    lat = with_overheads(latency, load_overheads(MUXSERVE_A100))
+    rep = validate_muxserve(MUX, lat, simulate=False)
+    assert len(rep.runs) == 6
+    by = {(v.workload, v.strategy): v for v in rep.runs}
+    for v in rep.runs:
+        ratio = v.predicted.mean_latency_s / v.measured.mean_latency_s
+        assert 0.74 <= ratio <= 1.35, (v.workload, v.strategy, ratio)
+        assert v.predicted.throughput == pytest.approx(v.measured.throughput, rel=0.15)
+    for w in {v.workload for v in rep.runs}:
+        assert by[(w, "flexsm")].predicted.throughput > by[(w, "temporal")].predicted.throughput
+
+
+@needs_mux
+def test_validate_muxserve_prints_and_writes_the_documented_json(tmp_path):
+    out = tmp_path / "v.json"
+    code, text, err = run_cli("validate", "muxserve", str(MUX), "--curves", str(BUNDLED_CURVES),
+                               "--no-simulate", "--json", str(out), "--ttft-slo", "90:5",
+                               "--tpot-slo", "llm-1=0.15")
+    assert code == 0, err
+    assert "predicted" in text and "flexsm" in text and "attainment" in text
+    doc = json.loads(out.read_text())
+    assert len(doc["runs"]) == 6
+    for r in doc["runs"]:
+        assert r["strategy"] in ("spatial", "flexsm", "temporal")
+        assert r["workload"].startswith("requests_over_time")
+        for src in ("measured", "predicted"):
+            assert set(r[src]) >= {"throughput", "mean_latency_s", "p90_ttft_s"}
+            assert all(isinstance(r[src][k], float) for k in ("throughput", "mean_latency_s"))
+        assert r["simulated"] is None and len(r["llms"]) == 16
+        assert r["errors"]["predicted"]["throughput"] == pytest.approx(
+            r["predicted"]["throughput"] / r["measured"]["throughput"] - 1, rel=1e-9)
+        assert 0 <= r["measured"]["attainment"] <= r["measured"]["attainment_high"] <= 1
+        assert 0 <= r["predicted"]["attainment"] <= 1
+
+
+def test_validate_muxserve_bad_input_exits_2_and_writes_nothing(tmp_path):
+    root = toy_folder(tmp_path / "d")
+    _edit_yaml(_mesh_file(root), lambda d: d["models"][0].update(mps_percentage=[0, 50]))
+    out = tmp_path / "v.json"
+    code, _, err = run_cli("validate", "muxserve", str(root), "--curves", str(BUNDLED_CURVES),
+                            "--json", str(out))
+    assert code == 2 and "mps_percentage" in err and "Traceback" not in err
+    assert not out.exists()
+    code, _, err = run_cli("validate", "muxserve", str(root), "--curves", str(BUNDLED_CURVES),
+                            "--json", str(tmp_path / "no" / "v.json"))
+    assert code == 2 and "--json" in err
+
+
+def test_validate_muxserve_runs_the_simulator_on_a_small_folder(tmp_path):
+    root = toy_folder(tmp_path / "d")
+    out = tmp_path / "v.json"
+    code, text, err = run_cli("validate", "muxserve", str(root), "--curves", str(BUNDLED_CURVES),
+                               "--llms", "--json", str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert [r["strategy"] for r in doc["runs"]] == ["spatial", "flexsm"]
+    assert all(r["simulated"]["throughput"] > 0 for r in doc["runs"])
+    assert "llm-2" in text
+
+
+def test_validate_muxserve_defaults_to_muxserves_own_curves(tmp_path):
+    """Without --curves the repository's MuxServe A100 curves are used, and the document names
+    them the same way on any machine."""
+    root = toy_folder(tmp_path / "d")
+    out = tmp_path / "v.json"
+    code, _, err = run_cli("validate", "muxserve", str(root), "--no-simulate", "--json",
+                              str(out))
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert doc["model"] == ("datasets/profiles/muxserve-a100-curves.json + overheads "
+                            "overheads-muxserve-a100.yaml")
+    code, _, _ = run_cli("validate", "muxserve", str(root), "--no-simulate", "--curves",
+                         str(BUNDLED_CURVES), "--json", str(tmp_path / "w.json"))
+    again = json.loads((tmp_path / "w.json").read_text())
+    assert code == 0 and again["runs"] == doc["runs"]
+
+
+def test_the_document_has_one_entry_per_run(tmp_path, latency):
+    rep = validate_muxserve(toy_folder(tmp_path), latency, simulate=False)
+    doc = document(rep)
+    assert doc["format"] == "scepsy-validate/1"
+    assert [(r["workload"], r["strategy"]) for r in doc["runs"]] == [
+        (STEM, "spatial"), (STEM, "flexsm")]
+    assert set(doc["runs"][1]["shares"]) == {"llm-1", "llm-2"}
