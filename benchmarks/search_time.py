@@ -11,7 +11,7 @@ Both methods run as ``scepsy plan`` runs them (:func:`scepsy_place.formulations.
   (solved again with a smaller budget while its allocation does not place).
 
 Each (LLMs, GPUs) point is one seeded ``random_problem`` instance (``make_problem`` of
-``solvers/formulations_bench.py``: A100-80GB nodes of 8 GPUs, roofline latency model, targets at
+``benchmarks/solvers/formulations_bench.py``: A100-80GB nodes of 8 GPUs, roofline latency model, targets at
 about half the cluster's GPUs). Each method runs in its own forked process on a fresh copy of
 the instance (cold caches, so neither pays for the other's serving curves); the wall time
 counts everything after the instance is built: candidates, search, placement. Sweeps: GPUs at
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-for _p in (HERE, HERE.parent / "solvers"):
+for _p in (HERE, HERE / "solvers"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 

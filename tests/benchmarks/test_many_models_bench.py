@@ -1,4 +1,4 @@
-"""solvers/many_models_bench.py at smoke size: it runs, writes its results, and its checks (the
+"""benchmarks/solvers/many_models_bench.py at smoke size: it runs, writes its results, and its checks (the
 replication floor, the time limit) hold and can fail."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "solvers" / "many_models_bench.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "solvers" / "many_models_bench.py"
 
 
 def run(tmp: Path, *args: str) -> tuple[int, dict]:

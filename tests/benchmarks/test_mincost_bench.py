@@ -1,4 +1,4 @@
-"""solvers/mincost_bench.py at smoke size: it runs, writes its results, its placed prices meet
+"""benchmarks/solvers/mincost_bench.py at smoke size: it runs, writes its results, its placed prices meet
 their bounds, and its gap check can fail."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "solvers" / "mincost_bench.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "solvers" / "mincost_bench.py"
 
 
 def test_single_model_prices_meet_their_bounds(tmp_path):

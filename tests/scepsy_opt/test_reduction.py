@@ -18,7 +18,7 @@ from scepsy_opt.planning.milp import reduced_candidates, solve_min_latency
 from scepsy_opt.planning.problem import PlanOptions
 from scepsy_profile import roofline_model
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "solvers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "solvers"))
 from reduction_fuzz import compare, instance
 
 ROOF = roofline_model()
@@ -48,7 +48,7 @@ def test_a_tie_a_few_ulps_away_is_kept_when_the_greedy_finds_nothing():
           suppress_health_check=[HealthCheck.too_slow])
 @given(i=st.integers(0, 10**6))
 def test_reduced_milp_equals_the_unreduced_milp(i):
-    """solvers/reduction_fuzz.py's instances (1-6 LLMs, one or two GPU types, from one GPU):
+    """benchmarks/solvers/reduction_fuzz.py's instances (1-6 LLMs, one or two GPU types, from one GPU):
     the same status, the same optimum within 1e-9, for the aggregate and the blocks candidates."""
     p = instance(i)
     for blocks in (False, True):

@@ -1,4 +1,4 @@
-"""The DP reference solver of solvers/dp.py against brute force and the MILP."""
+"""The DP reference solver of benchmarks/solvers/dp.py against brute force and the MILP."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from scepsy_common.units import UNITS
 from scepsy_opt.planning.candidates import Candidate, generate_candidates
 from scepsy_opt.planning.milp import solve_min_latency
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "solvers"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "solvers"))
 from dp import solve_dp, solve_problem
 
 

@@ -1,7 +1,7 @@
 """The pattern formulation's master MIP settles within its time limit on a model where HiGHS
 1.16.0's MIP presolve loops without end, ignoring the time limit: the master runs without
 presolve (scepsy_place.formulations.patterns._master_mip). The model is the master for one 7B LLM at 64
-req/s on A100 and H100 (min-cost, solvers/mincost_bench.py). Run in a child process so that a
+req/s on A100 and H100 (min-cost, benchmarks/solvers/mincost_bench.py). Run in a child process so that a
 hang fails the test instead of stalling the suite."""
 
 from __future__ import annotations

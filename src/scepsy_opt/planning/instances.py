@@ -108,7 +108,7 @@ def many_models_stats(n_llms: int, seed: int = 0, exponent: float = 0.9, *,
     within the block (:func:`zipf_rates`), the last copy cut short when 16 does not divide
     ``n_llms``. ``seed`` deals the block's models to popularity ranks; every copy is the same,
     so ``k`` copies of the best plan of one copy on ``1/k`` of the cluster are a plan of the
-    whole (the replication floor of ``solvers/many_models_bench.py``). ``copies=False``: one
+    whole (the replication floor of ``benchmarks/solvers/many_models_bench.py``). ``copies=False``: one
     Zipf popularity over all ``n_llms`` instead (a fleet with a few very popular LLMs), every
     16 LLMs still the mix, each block dealt anew."""
     rng = np.random.default_rng(seed)
@@ -155,7 +155,7 @@ def many_models_problem(n_llms: int, gpus: int, latency: LatencyModel, *, seed: 
                         exponent: float = 0.9, load: float = 1.0, copies: bool = True,
                         options: PlanOptions | None = None,
                         cluster: Cluster | None = None) -> PlanningProblem:
-    """The many-models problem of ``solvers/many_models_bench.py``: ``n_llms`` LLaMA LLMs
+    """The many-models problem of ``benchmarks/solvers/many_models_bench.py``: ``n_llms`` LLaMA LLMs
     (:func:`many_models_stats`) on ``gpus`` A100 and H100 GPUs (:func:`many_models_cluster`),
     rates Zipf-distributed within each block of 16 and sized so that each LLM's most
     capacity-efficient shape on A100 would need ``load`` of the cluster's GPUs in all (a load of

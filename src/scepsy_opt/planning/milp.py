@@ -138,7 +138,7 @@ def _solver(problem: PlanningProblem, deadline: Deadline | None = None, *,
                       # brute-force oracle); tighter integrality makes it exact
                       mip_feasibility_tolerance=1e-9,
                       # presolve spends most of the time on these knapsacks and removes little
-                      # (solvers/plan_bench.py: 2-8x faster without it, same optima)
+                      # (benchmarks/solvers/plan_bench.py: 2-8x faster without it, same optima)
                       presolve="off")
 
 

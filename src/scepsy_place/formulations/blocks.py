@@ -27,7 +27,7 @@ domain multiples of the current size, so a domain's room for size ``t`` stays a 
 placed in one round.
 
 What it gives up: two LLMs never share a GPU, and the rest of a GPU (0.1 of it at share 0.3) stays
-idle. The aggregate optimum is a lower bound on it (``solvers/formulations_bench.py`` reports the
+idle. The aggregate optimum is a lower bound on it (``benchmarks/solvers/formulations_bench.py`` reports the
 gap), and :func:`scepsy_place.formulations.loop.plan_and_place`'s ``auto`` formulation keeps the better placed
 plan of the two where the aggregate loop is affordable (docs/optimiser.md). GPUs already in use are never touched by a
 block: re-planning on a busy cluster counts only the wholly free GPUs.

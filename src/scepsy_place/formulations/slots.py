@@ -532,7 +532,7 @@ def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]
 
 # --------------------------------------------------------------------------- max-throughput
 
-PART_LLMS = 16  # LLMs per part of the decomposition (solvers/many_models_bench.py)
+PART_LLMS = 16  # LLMs per part of the decomposition (benchmarks/solvers/many_models_bench.py)
 LADDER_REL = 0.005  # the step of the parts' search, relative to the bound on the scale
 RETRY_BOOST = 2.0  # a later part's probe cut short is tried once more with this many shares
 FIRST_STEP = 0.02  # the first part's first probe: this far below the bound (WIDE_GAP)

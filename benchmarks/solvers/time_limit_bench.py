@@ -8,8 +8,8 @@ fixing from 64 GPUs, HiGHS) and, with ``--place``, through ``plan_and_place`` (f
 (``time_limit_no_solution`` when the time ran out before any allocation, ``time_limit`` with its
 gap, ``optimal``) and the objective.
 
-    python solvers/time_limit_bench.py                       # 5/16, 20/256, 100/4096 GPUs
-    python solvers/time_limit_bench.py --sizes 100x4096 --limits 0.001,0.05
+    python benchmarks/solvers/time_limit_bench.py                       # 5/16, 20/256, 100/4096 GPUs
+    python benchmarks/solvers/time_limit_bench.py --sizes 100x4096 --limits 0.001,0.05
 
 Writes results/time_limit_bench.json. Exit status 1 when a run overran its limit by more than
 ``--slack`` seconds (default 1 s: one batch of curves or one placement round is not cut).
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE.parent))
 
 from _common import progress, sig, table, write_results  # noqa: E402
 from scepsy_opt.planning.instances import random_problem  # noqa: E402

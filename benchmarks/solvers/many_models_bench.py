@@ -16,10 +16,10 @@ needed (calibrated roofline latency model). Per size (``NxGPUS``):
   a defect. Sizes that are not whole copies of the block (1,000 / 4,096) have no floor here;
 * ``min-latency`` at 0.8 of the scale found: status, objective, wall time.
 
-    python solvers/many_models_bench.py                       # 16x32,64x128,256x512
-    python solvers/many_models_bench.py --sizes 1000x4096 --time-limit 60
-    python solvers/many_models_bench.py --sizes 16x32 --time-limit 5 --out smoke   # the test
-    python solvers/many_models_bench.py --zipf-over-all --out many_models_bench_zipf
+    python benchmarks/solvers/many_models_bench.py                       # 16x32,64x128,256x512
+    python benchmarks/solvers/many_models_bench.py --sizes 1000x4096 --time-limit 60
+    python benchmarks/solvers/many_models_bench.py --sizes 16x32 --time-limit 5 --out smoke   # the test
+    python benchmarks/solvers/many_models_bench.py --zipf-over-all --out many_models_bench_zipf
 
 ``--zipf-over-all``: one Zipf popularity over all N LLMs (a few very popular LLMs need many
 GPUs each), not copies; no floor then.

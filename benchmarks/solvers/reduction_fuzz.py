@@ -20,9 +20,9 @@ counted: candidates kept by the reduction (share of the unreduced set), how ofte
 every candidate (no feasible allocation known, or the fallback), and the reduced set holding
 only real candidates of the unreduced one (same shape and replica count).
 
-    python solvers/reduction_fuzz.py                  # 400 instances (results/reduction_fuzz.json)
-    python solvers/reduction_fuzz.py --start 400 --count 50 --out reduction_fuzz_b
-    python solvers/reduction_fuzz.py --count 100 --memory independent --out reduction_fuzz_mem
+    python benchmarks/solvers/reduction_fuzz.py                  # 400 instances (results/reduction_fuzz.json)
+    python benchmarks/solvers/reduction_fuzz.py --start 400 --count 50 --out reduction_fuzz_b
+    python benchmarks/solvers/reduction_fuzz.py --count 100 --memory independent --out reduction_fuzz_mem
 
 Exit status 1 on any disagreement.
 """
@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE.parent))
 
 from _common import progress, sig, table, write_results  # noqa: E402
 from scepsy_opt.cluster import Cluster, GPUPool  # noqa: E402

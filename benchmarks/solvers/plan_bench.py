@@ -12,7 +12,7 @@ a. **Scaling** of the MILP pipeline as ``scepsy plan`` runs it (``MILPOptimiser`
 b. **Solvers** on the same (full, unreduced) candidate sets: HiGHS as the pipeline runs it
    (presolve off), and on one PuLP model built by ``milp._knapsack``: HiGHS with its presolve on
    (``pre``) and CBC
-   (``pulp.PULP_CBC_CMD``, one thread); and the exact dynamic program of ``solvers/dp.py``. Time and objective; the objectives must agree (relative 1e-9).
+   (``pulp.PULP_CBC_CMD``, one thread); and the exact dynamic program of ``benchmarks/solvers/dp.py``. Time and objective; the objectives must agree (relative 1e-9).
 c. **Oracle suite**: many small instances (≤ 4 LLMs, ≤ 8 GPUs, loads 0.25-1.25): MILP vs the
    ``brute-force`` optimiser on the pruned and on all candidates, and the DP (all must agree on
    every instance), and the MILP against the
@@ -21,8 +21,8 @@ c. **Oracle suite**: many small instances (≤ 4 LLMs, ≤ 8 GPUs, loads 0.25-1.
    plans are re-checked: within the budget, and objective equal to a re-pricing of the
    allocation (``planning.price``).
 
-    python solvers/plan_bench.py            # full run (several minutes; results/plan_bench.json)
-    python solvers/plan_bench.py --quick    # smoke run, under a minute (results/plan_bench_quick.json)
+    python benchmarks/solvers/plan_bench.py            # full run (several minutes; results/plan_bench.json)
+    python benchmarks/solvers/plan_bench.py --quick    # smoke run, under a minute (results/plan_bench_quick.json)
 
 Exit status 1 when a correctness check fails (solver or oracle disagreement, invalid baseline
 plan); timing targets are reported, not enforced.
@@ -41,7 +41,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE.parent))
 
 import numpy as np  # noqa: E402
 import pulp  # noqa: E402

@@ -18,7 +18,7 @@ Several GPU types would make the table multi-dimensional: not supported (use the
 
 Usage::
 
-    from dp import solve_dp, solve_problem   # with solvers/ on sys.path
+    from dp import solve_dp, solve_problem   # with benchmarks/solvers/ on sys.path
     res = solve_problem(problem)             # or solve_dp(cset.by_llm, budget_units)
     res.status, res.objective, res.choice
 """

@@ -11,8 +11,8 @@ candidates, whole LLMs or split over GPU types, costs less) and the gap, the che
 plan of the other formulations (aggregate, patterns, slot groups: whole LLMs on one shape,
 placed by a general placer), the split when one wins, the status and the wall time.
 
-    python solvers/mincost_bench.py                      # 48 instances
-    python solvers/mincost_bench.py --models llama-7b --rates 4 --out smoke   # the test
+    python benchmarks/solvers/mincost_bench.py                      # 48 instances
+    python benchmarks/solvers/mincost_bench.py --models llama-7b --rates 4 --out smoke   # the test
 
 Writes ``results/<out>.json`` and prints a table. Exit status 1 when a placed price lies more
 than 2% above its bound or a run overran its time limit by more than 10% + 1 s.

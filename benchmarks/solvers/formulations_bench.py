@@ -22,9 +22,9 @@ instances (roofline latency model, targets at about half the cluster's GPUs):
   allocation of the whole candidate grid, and each formulation is counted as ``equal`` to it,
   ``above`` it, or ``unplaced``.
 
-    python solvers/formulations_bench.py            # full run (results/formulations_bench.json)
-    python solvers/formulations_bench.py --quick    # 5/16, mix and the oracle, seed 0
-    python solvers/formulations_bench.py --sizes 100x4096 --seeds 0 --only blocks,auto
+    python benchmarks/solvers/formulations_bench.py            # full run (results/formulations_bench.json)
+    python benchmarks/solvers/formulations_bench.py --quick    # 5/16, mix and the oracle, seed 0
+    python benchmarks/solvers/formulations_bench.py --sizes 100x4096 --seeds 0 --only blocks,auto
 
 Exit status 1 when a correctness check fails: a placed objective below the aggregate bound or
 the exhaustive optimum, a bound above the objective it bounds, a plan claiming a proven gap of 0
@@ -48,7 +48,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "benchmarks"))
+sys.path.insert(0, str(HERE.parent))
 
 from _common import progress, sig, table, write_results  # noqa: E402
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster  # noqa: E402
