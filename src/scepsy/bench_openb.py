@@ -10,7 +10,7 @@ import json
 import math
 import sys
 
-from scepsy.argtypes import NAMES, POSITIVE, SEED, arg_type
+from scepsy.cli.argtypes import NAMES, POSITIVE, SEED, arg_type
 from scepsy.tables import print_table
 from scepsy_place.packing.openb import (
     POLICIES,

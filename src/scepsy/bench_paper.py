@@ -11,7 +11,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from scepsy.argtypes import COUNT, NAMES, SEED
+from scepsy.cli.argtypes import COUNT, NAMES, SEED
 
 SECTIONS = "curves,accuracy,search,beyond"
 

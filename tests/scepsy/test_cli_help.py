@@ -1,6 +1,6 @@
 """``--help`` in plain text: every command's and sub-command's help (found by walking the
 argparse parser, not listed by hand) shows no reStructuredText markup, and
-:func:`scepsy.helptext.plain_text`, which every parser's formatter applies, turns the markup
+:func:`scepsy.cli.helptext.plain_text`, which every parser's formatter applies, turns the markup
 docstrings carry into the words it marks.
 """
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from conftest import run_cli
 from scepsy.cli import _Parser, _parser
-from scepsy.helptext import plain_text
+from scepsy.cli.helptext import plain_text
 
 # double backquotes, a role (:class:`x`, :py:func:`x`), a hyperlink reference (`x`_),
 # strong or emphasis around a word (**x**, *x*)

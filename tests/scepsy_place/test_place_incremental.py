@@ -476,14 +476,10 @@ TRACE = ["--trace-requests", "300"]
 
 
 @pytest.fixture
-def scepsy(monkeypatch):
-    """``scepsy ARGV`` in-process (tests/conftest.py's run_cli), with ``replan`` registered
-    as scepsy.cli registers it (a no-op once it is)."""
+def scepsy():
+    """``scepsy ARGV`` in-process (tests/conftest.py's run_cli)."""
     from conftest import run_cli
-    from scepsy import cli
-    from scepsy.cli_replan import HELP
 
-    monkeypatch.setitem(cli._REGISTERED, "replan", ("scepsy.cli_replan", HELP))
     return run_cli
 
 

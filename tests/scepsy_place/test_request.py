@@ -205,7 +205,7 @@ def test_the_typed_solve_report_says_how_each_plan_ended() -> None:
 
 
 def test_replan_takes_the_options_it_shares_with_plan_from_the_request() -> None:
-    from scepsy.cli_replan import REQUEST_FLAGS
+    from scepsy.cli.replan import REQUEST_FLAGS
 
     code, out, _ = run_cli("replan", "--help")
     assert code == 0

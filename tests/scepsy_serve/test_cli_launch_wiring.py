@@ -236,8 +236,8 @@ def test_commands_are_registered(capsys: pytest.CaptureFixture[str], argv: list[
 
 def test_help_imports_no_launch_module() -> None:
     code = ("import sys\nfrom scepsy.cli import main\nmain(['--help'])\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('scepsy.cli_launch', "
-            "'scepsy.cli_drive', 'scepsy_place'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('scepsy.cli.launch', "
+            "'scepsy.cli.drive', 'scepsy_place'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           cwd=REPO, check=True)
     assert "launch" in done.stdout and "drive" in done.stdout  # listed in --help

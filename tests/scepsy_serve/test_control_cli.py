@@ -1,4 +1,4 @@
-"""``scepsy control`` (scepsy.cli_control, scepsy_serve.control.live): bad inputs are one line
+"""``scepsy control`` (scepsy.cli.control, scepsy_serve.control.live): bad inputs are one line
 and exit 2 before anything runs; a --dry-run against a loopback fake gateway whose request
 counter rises logs a scale-up decision and changes nothing, and SIGTERM ends it cleanly; the
 live loop with a fake apply target applies the change (new routes, the controller's running
@@ -145,7 +145,7 @@ class RecordingTarget:
 
 
 def test_the_live_loop_applies_a_scale_up(plan_file, tmp_path):
-    from scepsy.cli_control import add_arguments, build
+    from scepsy.cli.control import add_arguments, build
     from scepsy_serve.control.core import ControlConfig, Controller
     from scepsy_serve.control.live import ControlMetrics, control_loop
 
@@ -232,7 +232,7 @@ def test_end_to_end_a_scale_up_through_the_real_gateway_loses_no_call(plan_file,
     answers 200 and the gateway counts no failed call."""
     import aiohttp
 
-    from scepsy.cli_control import add_arguments, build
+    from scepsy.cli.control import add_arguments, build
     from scepsy_opt.ingest.record import RecordConfig
     from scepsy_serve.control.core import ControlConfig, Controller
     from scepsy_serve.control.live import control_loop

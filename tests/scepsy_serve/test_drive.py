@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes.openai_server import FakeOpenAIServer
-from scepsy.cli_drive import register
-from scepsy.cli_util import UsageError
+from scepsy.cli.drive import register
+from scepsy.cli.util import UsageError
 from scepsy_common.errors import InputError
 from scepsy_opt.stats import trace_stats
 from scepsy_opt.traces import read_trace

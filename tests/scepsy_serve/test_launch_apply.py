@@ -342,8 +342,8 @@ def test_apply_needs_the_node_where_the_plan_has_several(tmp_path):
 
 
 def test_cli_launch_apply_and_stop(tmp_path, monkeypatch, capsys):
-    from scepsy import cli_launch
-    from scepsy.cli_util import UsageError
+    from scepsy.cli import launch as cli_launch
+    from scepsy.cli.util import UsageError
     from scepsy_serve.launch import planfile
 
     plan = fake_plan(tmp_path)

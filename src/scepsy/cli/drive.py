@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, POSITIVE, RATE, SEED
+from scepsy.cli.argtypes import COUNT, POSITIVE, RATE, SEED
 
 HELP = "run workflow requests against the servers of a routing table (routes.json) at a " \
        "Poisson rate; print throughput and latency, write the measured trace"
@@ -89,7 +89,7 @@ def _ci(lat: Any) -> str | None:
 
 def cmd_drive(args: argparse.Namespace) -> int:
     from scepsy.api import using_catalog
-    from scepsy.cli_util import UsageError, check_out, print_rows
+    from scepsy.cli.util import UsageError, check_out, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text, failed_run_output
     from scepsy_profile.profiling.replay import ReplayTimeouts

@@ -43,8 +43,8 @@ NAMES = arg_type(str, lambda v: any(x.strip() for x in v.split(",")),
 
 def percentile_bound(text: str, flag: str, given: str | None = None) -> tuple[float, float]:
     """``PCT:SECONDS`` as ``(percentile, seconds)``, percentile in (0, 100) and seconds > 0;
-    otherwise a :class:`~scepsy.cli_util.UsageError` naming ``flag`` and the value ``given``."""
-    from scepsy.cli_util import UsageError
+    otherwise a :class:`~scepsy.cli.util.UsageError` naming ``flag`` and the value ``given``."""
+    from scepsy.cli.util import UsageError
 
     pct, _, sec = text.partition(":")
     try:
@@ -72,7 +72,7 @@ def add_slo_flags(parser: argparse.ArgumentParser, where: str) -> None:
 def slo_flags(ttft: Sequence[str], tpot: Sequence[str]) -> dict[str, dict[str, float]] | None:
     """``--ttft-slo`` and ``--tpot-slo`` as ``{LLM or "*": {ttft_s, ttft_percentile, tpot_s}}``
     (None when neither is given); one value per LLM and flag."""
-    from scepsy.cli_util import UsageError
+    from scepsy.cli.util import UsageError
 
     out: dict[str, dict[str, float]] = {}
     for flag, values, field, form in (
@@ -98,3 +98,7 @@ def slo_flags(ttft: Sequence[str], tpot: Sequence[str]) -> dict[str, dict[str, f
                 raise UsageError(f"{flag}: expected {form} with seconds > 0 (got {v!r})")
             entry[field] = sec
     return out or None
+
+
+RETRY_COUNT = arg_type(int, lambda v: v >= 0, "an integer >= 0")
+"""``--retries`` of ``record`` and ``gateway`` (the upper bound is RecordConfig's)."""

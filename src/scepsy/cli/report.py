@@ -29,7 +29,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Run ``scepsy report``: read the plan, write the page, print the tables and its path."""
-    from scepsy.cli_util import print_rows
+    from scepsy.cli.util import print_rows
     from scepsy.report import (
         PLACEMENT_COLUMNS,
         PLAN_COLUMNS,

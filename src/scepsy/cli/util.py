@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -197,3 +198,97 @@ def stop_event(duration_s: float | None) -> Any:
     if duration_s is not None:
         loop.call_later(duration_s, stop.set)
     return stop
+
+
+def per_workflow(values: Sequence[str], flag: str) -> float | dict[str, float] | None:
+    """``RATE`` (a total, or the same for all) or ``NAME=RATE`` entries; names are checked
+    against the workflows by the library. No values: None."""
+    total: float | None = None
+    named: dict[str, float] = {}
+    for v in values:
+        name, _, num = v.rpartition("=")
+        try:
+            x = float(num)
+        except ValueError:
+            raise UsageError(f"{flag}: expected a number (or WORKFLOW=NUMBER) (got {v!r})") from None
+        if not (math.isfinite(x) and x > 0):
+            raise UsageError(f"{flag}: expected a number > 0 (got {v!r})")
+        if name in named or (not name and total is not None):
+            what = f"workflow {name}" if name else "the total"
+            raise UsageError(f"{flag}: expected one value for {what} (got {v!r} after "
+                             f"{named.get(name, total):g})")
+        if name:
+            named[name] = x
+        else:
+            total = x
+    if total is not None and named:
+        raise UsageError(f"{flag}: expected either one total or WORKFLOW=NUMBER entries "
+                         f"(got {list(values)!r})")
+    return named or total
+
+
+def latency_bounds(values: Sequence[str]) -> tuple[float | dict[str, float] | None, Any]:
+    """``--latency-bound`` values split into mean bounds (``[W=]SECONDS``, as
+    :func:`_per_workflow`) and percentile bounds (``[W=]PCT:SECONDS``: one ``(pct, s)`` for
+    every workflow, or a mapping workflow -> ``(pct, s)``; None when there are none)."""
+    pct = [v for v in values if ":" in v.rpartition("=")[2]]
+    mean = per_workflow([v for v in values if v not in pct], "--latency-bound")
+    if not pct:
+        return mean, None
+    from scepsy.cli.argtypes import percentile_bound
+
+    total: tuple[float, float] | None = None
+    named: dict[str, tuple[float, float]] = {}
+    for v in pct:
+        name, _, text = v.rpartition("=")
+        bound = percentile_bound(text, "--latency-bound", v)
+        if name in named or (not name and total is not None):
+            what = f"workflow {name}" if name else "every workflow"
+            raise UsageError(f"--latency-bound: expected one percentile bound for {what} (got "
+                             f"{v!r} after another)")
+        if name:
+            named[name] = bound
+        else:
+            total = bound
+    if total is not None and named:
+        raise UsageError("--latency-bound: expected either one PCT:SECONDS for every workflow "
+                         f"or WORKFLOW=PCT:SECONDS entries (got {list(pct)!r})")
+    from dataclasses import fields
+
+    from scepsy_opt.planning.problem import PlanOptions
+
+    if "latency_bounds" not in {f.name for f in fields(PlanOptions)}:
+        raise UsageError("--latency-bound: percentile bounds (PCT:SECONDS) are not supported by "
+                         f"this optimiser (got {pct[0]!r})")
+    return mean, named or total
+
+
+def json_float(o: object) -> object:
+    raise TypeError(type(o))
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def record_summary(stats: Any, out: Path) -> None:
+    """The closing lines of ``scepsy record`` and ``scepsy gateway``: calls per LLM, failures,
+    what was not recorded."""
+    print()
+    if stats.llms:
+        print_rows([{"llm": k, "calls": v.calls, "failed": v.failed,
+                     "input_tokens": v.input_tokens, "output_tokens": v.output_tokens,
+                     "prefix_tokens": v.prefix_tokens} for k, v in stats.llms.items()],
+                   ["llm", "calls", "failed", "input_tokens", "output_tokens", "prefix_tokens"])
+        print()
+    if stats.errors:
+        print("failed calls: " + ", ".join(f"{k} {v}" for k, v in stats.errors.items()))
+    if stats.unmapped:
+        print("not recorded, unmapped models: "
+              + ", ".join(f"{k} ({v} calls)" for k, v in stats.unmapped.items()))
+    if not stats.recorded:
+        print(f"no call recorded: {out} not written")
+    print(f"recorded {stats.recorded} calls ({stats.failed} failed) to {out}; "
+          f"{stats.unattributed} unattributed, {stats.usage_missing} without usage, "
+          f"{stats.malformed} malformed bodies, {stats.rejected} bad X-Scepsy headers, "
+          f"{stats.forwarded} other requests forwarded")

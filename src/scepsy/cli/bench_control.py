@@ -10,8 +10,8 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from scepsy.argtypes import COUNT, NAMES, POSITIVE, SEED
-from scepsy.cli_util import UsageError, check_out
+from scepsy.cli.argtypes import COUNT, NAMES, POSITIVE, SEED
+from scepsy.cli.util import UsageError, check_out
 
 
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:

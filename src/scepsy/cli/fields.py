@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, FINITE, NONNEGATIVE, POSITIVE, SEED, slo_flags
-from scepsy.cli_util import floats, ints
+from scepsy.cli.argtypes import COUNT, FINITE, NONNEGATIVE, POSITIVE, SEED, slo_flags
+from scepsy.cli.util import floats, ints
 
 # form -> argparse keyword arguments (the text forms parsed after argparse are in _PARSE)
 _ARGPARSE: Mapping[str, dict[str, Any]] = {

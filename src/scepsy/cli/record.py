@@ -1,6 +1,6 @@
 """``scepsy record``: an OpenAI-compatible proxy that records every call it forwards as a trace
 (docs/record.md). Parsing and printing only; the proxy is :mod:`scepsy_opt.ingest.record`. The
-routing gateway, which records too, is ``scepsy gateway`` (:mod:`scepsy.cli_gateway`).
+routing gateway, which records too, is ``scepsy gateway`` (:mod:`scepsy.cli.gateway`).
 """
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, POSITIVE, arg_type
-from scepsy.cli_util import add_trace_source_args
+from scepsy.cli.argtypes import COUNT, POSITIVE, RETRY_COUNT
+from scepsy.cli.util import add_trace_source_args, record_summary
 
 HELP = "an OpenAI-compatible proxy that records every call it forwards as a trace"
-RETRY_COUNT = arg_type(int, lambda v: v >= 0, "an integer >= 0")  # its bound: RecordConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -48,7 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> Any:
     """The proxy's :class:`RecordConfig`."""
-    from scepsy.cli_util import check_new_out
+    from scepsy.cli.util import check_new_out
     from scepsy_common.net import parse_listen
     from scepsy_opt.ingest.record import MAX_BODY_BYTES, RecordConfig, upstream_pairs
     from scepsy_opt.ingest.tracemap import trace_map
@@ -71,8 +70,8 @@ def cmd_record(args: argparse.Namespace) -> int:
     import gc
     import sys
 
-    from scepsy.cli_trace_receive import startup_line
-    from scepsy.cli_util import stop_event
+    from scepsy.cli.trace_receive import startup_line
+    from scepsy.cli.util import stop_event
     from scepsy_opt.ingest.record import serve
 
     record = _config(args)
@@ -93,30 +92,5 @@ def cmd_record(args: argparse.Namespace) -> int:
         return await serve(record, stop, started)
 
     stats = asyncio.run(main())
-    summary(stats, record.out)
+    record_summary(stats, record.out)
     return 0
-
-
-def summary(stats: Any, out: Path) -> None:
-    """The closing lines of ``scepsy record`` and ``scepsy gateway``: calls per LLM, failures,
-    what was not recorded."""
-    from scepsy.cli_util import print_rows
-
-    print()
-    if stats.llms:
-        print_rows([{"llm": k, "calls": v.calls, "failed": v.failed,
-                     "input_tokens": v.input_tokens, "output_tokens": v.output_tokens,
-                     "prefix_tokens": v.prefix_tokens} for k, v in stats.llms.items()],
-                   ["llm", "calls", "failed", "input_tokens", "output_tokens", "prefix_tokens"])
-        print()
-    if stats.errors:
-        print("failed calls: " + ", ".join(f"{k} {v}" for k, v in stats.errors.items()))
-    if stats.unmapped:
-        print("not recorded, unmapped models: "
-              + ", ".join(f"{k} ({v} calls)" for k, v in stats.unmapped.items()))
-    if not stats.recorded:
-        print(f"no call recorded: {out} not written")
-    print(f"recorded {stats.recorded} calls ({stats.failed} failed) to {out}; "
-          f"{stats.unattributed} unattributed, {stats.usage_missing} without usage, "
-          f"{stats.malformed} malformed bodies, {stats.rejected} bad X-Scepsy headers, "
-          f"{stats.forwarded} other requests forwarded")

@@ -11,9 +11,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import COUNT, POSITIVE
-from scepsy.cli_record import RETRY_COUNT, summary
-from scepsy.cli_util import add_trace_source_args
+from scepsy.cli.argtypes import COUNT, POSITIVE, RETRY_COUNT
+from scepsy.cli.util import add_trace_source_args, record_summary
 
 HELP = "the routing gateway in front of every replica of a launched plan"
 
@@ -54,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> Any:
     """The gateway's :class:`~scepsy_serve.gateway.GatewayConfig`."""
-    from scepsy.cli_util import check_new_out
+    from scepsy.cli.util import check_new_out
     from scepsy_common.net import parse_listen
     from scepsy_opt.ingest.record import MAX_BODY_BYTES, RecordConfig
     from scepsy_opt.ingest.tracemap import trace_map
@@ -81,8 +80,8 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     import signal
     import sys
 
-    from scepsy.cli_trace_receive import startup_line
-    from scepsy.cli_util import stop_event
+    from scepsy.cli.trace_receive import startup_line
+    from scepsy.cli.util import stop_event
     from scepsy_opt.ingest.record import serve
     from scepsy_serve.gateway import Gateway
 
@@ -106,5 +105,5 @@ def cmd_gateway(args: argparse.Namespace) -> int:
         return await serve(config.record, stop, started, proxy=gateway)
 
     stats = asyncio.run(main())
-    summary(stats, config.record.out)
+    record_summary(stats, config.record.out)
     return 0

@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from scepsy.argtypes import COUNT, POSITIVE
+from scepsy.cli.argtypes import COUNT, POSITIVE
 
 HELP = "receive OpenTelemetry spans over OTLP/HTTP (POST /v1/traces) and write them as " \
        "OTLP/JSON lines for `scepsy trace import`"
@@ -36,7 +36,7 @@ def add_receive(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def cmd_receive(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError, check_new_out
+    from scepsy.cli.util import UsageError, check_new_out
     from scepsy_common.net import parse_listen
     from scepsy_opt.ingest.otlp_http import MAX_BODY_BYTES, TRACES_PATH, receive
 

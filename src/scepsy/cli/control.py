@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import NONNEGATIVE, POSITIVE
+from scepsy.cli.argtypes import NONNEGATIVE, POSITIVE
 
 HELP = ("keep a running plan right while its load moves: read the gateway's and the replicas' "
         "metrics, forecast, re-plan and apply (start, health, re-route, drain, stop)")
@@ -30,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    from scepsy.cli_fields import add_request_flags
+    from scepsy.cli.fields import add_request_flags
     from scepsy_place.request import flag_fields
 
     cmd.add_argument("--plan", type=Path, required=True,
@@ -105,9 +105,9 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(problem, topology, running placed plan, launch plan) of ``--plan``, rebuilt as
     ``scepsy replan`` does."""
     from scepsy import api
-    from scepsy.cli_fields import given_fields
-    from scepsy.cli_replan import _running, _topology
-    from scepsy.cli_util import naming
+    from scepsy.cli.fields import given_fields
+    from scepsy.cli.replan import _running, _topology
+    from scepsy.cli.util import naming
     from scepsy_opt.planning.baselines import UserAllocation
     from scepsy_place.formulations.placed import PlacedPlan
     from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
@@ -141,7 +141,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
 def cmd_control(args: argparse.Namespace) -> int:
     import asyncio
 
-    from scepsy.cli_util import stop_event
+    from scepsy.cli.util import stop_event
     from scepsy_common.errors import InputError
     from scepsy_common.net import parse_listen
     from scepsy_serve.control.actuate import apply_target

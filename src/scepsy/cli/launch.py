@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from scepsy.argtypes import POSITIVE
+from scepsy.cli.argtypes import POSITIVE
 
 EXIT_FAILED = 1  # --apply: a server did not start (start.sh stopped the others); stop: left
 
@@ -65,7 +65,7 @@ def _file_rows(files: dict[str, str]) -> list[dict[str, object]]:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError, naming
+    from scepsy.cli.util import UsageError, naming
     from scepsy.tables import print_table
     from scepsy_serve.launch.planfile import load_plan
     from scepsy_serve.launch.renderers import check_folder, get_renderer, write_rendered

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scepsy.argtypes import add_slo_flags, slo_flags
+from scepsy.cli.argtypes import add_slo_flags, slo_flags
 
 if TYPE_CHECKING:
     from scepsy_profile.latency import LatencyModel
@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     """Run ``scepsy validate muxserve``."""
-    from scepsy.cli_util import naming, print_rows
+    from scepsy.cli.util import naming, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text
     from scepsy_opt.validate.muxserve import READ_FOLDERS, inside_read_folders

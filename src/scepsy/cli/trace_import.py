@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scepsy.cli_util import add_trace_source_args
+from scepsy.cli.util import add_trace_source_args
 
 HELP = "turn OpenTelemetry GenAI spans (OTLP/JSON files) into a trace"
 EXAMPLES = 5  # span ids printed per kind of problem
@@ -43,7 +43,7 @@ def add_import(tsub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def cmd_import(args: argparse.Namespace) -> int:
     """Run ``scepsy trace import``: read, convert, check, write, print."""
-    from scepsy.cli_util import UsageError, check_out
+    from scepsy.cli.util import UsageError, check_out
     from scepsy_common.files import atomic_write_text
     from scepsy_opt.ingest.otel import STRICT_KINDS, import_otlp
     from scepsy_opt.ingest.tracemap import trace_map
@@ -127,7 +127,7 @@ def _no_calls(rep: Any, files: str, report: Path | None) -> str:
 
 
 def _print_report(rep: Any) -> None:
-    from scepsy.cli_util import print_rows
+    from scepsy.cli.util import print_rows
     from scepsy_opt.ingest.otel import STRICT_KINDS
 
     print_rows([{"spans": rep.spans, "requests": rep.requests, "llm_calls": rep.llm_calls,

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from scepsy.argtypes import NONNEGATIVE
+from scepsy.cli.argtypes import NONNEGATIVE
 
 HELP = ("re-plan a running plan.json after events (node failed, rack drained, load changed): "
         "what is kept, moved, started and stopped")
@@ -40,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``scepsy replan`` on ``cmd``; sets ``func``."""
-    from scepsy.cli_fields import add_request_flags
+    from scepsy.cli.fields import add_request_flags
     from scepsy_place.formulations.incremental import DEFAULT_CHANGE_PENALTY_S, DEFAULT_MOVE_COST_S
     from scepsy_place.request import flag_fields
 
@@ -94,8 +94,8 @@ def _topology(raw: dict[str, Any], cluster: Path | None, source: str) -> Any:
 def cmd_replan(args: argparse.Namespace) -> int:
     """Run ``scepsy replan``: read, re-plan, write the new plan.json, print the report."""
     from scepsy import api
-    from scepsy.cli_fields import given_fields
-    from scepsy.cli_util import UsageError, check_out, naming, print_rows, wrote_note
+    from scepsy.cli.fields import given_fields
+    from scepsy.cli.util import UsageError, check_out, naming, print_rows, wrote_note
     from scepsy_common.errors import InputError
     from scepsy_opt.planning.problem import Deadline
     from scepsy_place.formulations.incremental import parse_event, replan

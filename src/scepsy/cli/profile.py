@@ -1,5 +1,6 @@
-"""``scepsy profile run | serve-curve | calibrate | install-vllm``: measuring LLMs with real
-engines, and calibrating the engine overheads from a measured serving curve.
+"""``scepsy profile fit | show | run | serve-curve | calibrate | install-vllm``: fitting and
+showing latency curves, measuring LLMs with real engines, and calibrating the engine overheads
+from a measured serving curve.
 
 Parsing and printing only; the sweep, the store and the serving-curve measurement live in
 :mod:`scepsy_profile.profiling`.
@@ -13,7 +14,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from scepsy.argtypes import COUNT, POSITIVE, SEED, SHARE
+from scepsy.cli.argtypes import COUNT, POSITIVE, SEED, SHARE, TOKENS
+from scepsy.cli.util import UsageError, check_out
+from scepsy.cli.util import floats as _floats
+from scepsy.cli.util import ints as _ints
+from scepsy.cli.util import naming as _naming
+from scepsy.cli.util import print_rows as _print_table
 
 if TYPE_CHECKING:
     from scepsy_profile.fitted import FittedLatencyModel
@@ -99,7 +105,7 @@ _RUN_FLAGS = {
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError, check_out, floats, ints, naming, print_rows
+    from scepsy.cli.util import UsageError, check_out, floats, ints, naming, print_rows
     from scepsy.tables import progress
     from scepsy_common.errors import key_once
     from scepsy_profile.profiling.backend import BackendOptions
@@ -190,7 +196,7 @@ def add_serve_curve(psub: argparse._SubParsersAction) -> None:
 
 def parse_length(text: str, flag: str) -> LengthDist:
     """``N`` (constant), ``exp:MEAN`` or ``lognormal:MEAN:SIGMA`` as a length distribution."""
-    from scepsy.cli_util import UsageError
+    from scepsy.cli.util import UsageError
     from scepsy_common.errors import InputError
     from scepsy_profile.profiling.replay import LengthDist
 
@@ -211,7 +217,7 @@ def parse_length(text: str, flag: str) -> LengthDist:
 def cmd_serve_curve(args: argparse.Namespace) -> int:
     import tempfile
 
-    from scepsy.cli_util import UsageError, check_out, naming, print_rows
+    from scepsy.cli.util import UsageError, check_out, naming, print_rows
     from scepsy.tables import progress
     from scepsy_profile.profiling.backend import BackendOptions, BackendUnavailable
     from scepsy_profile.profiling.engine_env import vllm_python
@@ -302,7 +308,7 @@ def add_calibrate(psub: argparse._SubParsersAction) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from scepsy.cli_util import UsageError, check_out, print_rows
+    from scepsy.cli.util import UsageError, check_out, print_rows
     from scepsy_profile.catalog import default_catalog, load_catalog
     from scepsy_profile.fitted import load_curves
     from scepsy_profile.overheads import TERMS, calibrate, save_overheads
@@ -352,3 +358,139 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def _pct(err: float | None) -> float | None:
     return None if err is None else round(100 * err, 1)
+
+
+def _profile_args(prof: argparse.ArgumentParser) -> None:
+    psub = prof.add_subparsers(dest="profile_command", required=True)
+    fit = psub.add_parser("fit", help="fit latency curves to measurements and write a curves file")
+    src = fit.add_mutually_exclusive_group(required=True)
+    src.add_argument("--muxserve", type=Path, help="a MuxServe grid JSON file")
+    src.add_argument("--measurements", type=Path,
+                     help="a measurements JSON-lines file, or a store written by `profile run`")
+    fit.add_argument("--gpu", default="A100-80GB", help="GPU of a MuxServe grid (default %(default)s)")
+    fit.add_argument("--out", type=Path, required=True, help="curves file to write (JSON)")
+    fit.add_argument("--catalog-out", type=Path,
+                     help="also write the catalog entries of a store's shrunk models and "
+                     "non-catalog devices (YAML, for --catalog of later commands)")
+    fit.add_argument("--seed", type=SEED, default=0)
+    fit.add_argument("--jobs", type=COUNT, default=1, help="parallel fitting processes")
+    fit.add_argument("--json", action="store_true", help="print the fit report as JSON")
+    fit.add_argument("--quiet", action="store_true", help="no progress display on stderr")
+    fit.set_defaults(func=_cmd_fit)
+
+    show = psub.add_parser("show", help="table of prefill, decode, μ and memory over tp and share")
+    show.add_argument("--model", required=True)
+    show.add_argument("--gpu", required=True)
+    show.add_argument("--curves", type=Path, help="fitted curves file (measured curves win)")
+    show.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
+    show.add_argument("--calibration", type=Path, help="roofline calibration YAML")
+    show.add_argument("--tp", default="1,2,4,8", help="comma-separated TP degrees")
+    show.add_argument("--shares", default="0.3,0.5,0.7,1.0", help="comma-separated GPU shares")
+    show.add_argument("--batch", type=int, default=32, help="batch of the latency columns")
+    show.add_argument("--seq", type=int, default=512, help="prompt / context length of the latency columns")
+    show.add_argument("--input", type=TOKENS, default=512.0, help="mean input tokens per call (μ)")
+    show.add_argument("--output", type=TOKENS, default=128.0, help="mean output tokens per call (μ)")
+    show.add_argument("--json", action="store_true", help="print rows as JSON")
+    show.set_defaults(func=_cmd_show)
+
+    add_run(psub)
+    add_serve_curve(psub)
+    add_install_vllm(psub)
+
+
+def _cmd_fit(args: argparse.Namespace) -> int:
+    from scepsy.tables import progress
+
+    check_out(args.out)
+    if args.catalog_out:
+        check_out(args.catalog_out, "--catalog-out")  # not --out itself: main checks that
+    with progress("reading measurements", quiet=args.quiet or args.json) as bar:
+        from scepsy_profile.fitted import fit_latency_model, save_curves
+        from scepsy_profile.importers import load_muxserve_grid
+        from scepsy_profile.measurements import read_measurements
+        from scepsy_profile.profiling.records import is_store
+        from scepsy_profile.profiling.store import checked_store, store_measurements
+
+        catalog = None
+        notes: list[str] = []  # printed once the progress display is gone
+        if args.muxserve:
+            rows = load_muxserve_grid(args.muxserve, gpu=args.gpu)
+        elif is_store(args.measurements):
+            rows, catalog = store_measurements(checked_store(args.measurements, notes.append))
+        else:
+            rows = read_measurements(args.measurements)
+        if args.catalog_out and catalog is None:  # before anything is written
+            raise UsageError(f"--catalog-out: expected --measurements of a profile store "
+                             f"(`scepsy profile run --out`), whose records hold the catalog "
+                             f"entries; {args.muxserve or args.measurements} has none")
+        bar.update(description=f"fitting latency curves to {len(rows)} measurements")
+        model = fit_latency_model(rows, seed=args.seed, n_jobs=args.jobs,
+                                  source=str(args.muxserve or args.measurements))
+    for note in notes:
+        print(f"scepsy: warning: {note}", file=sys.stderr, flush=True)
+    save_curves(model, args.out)
+    if args.catalog_out and catalog is not None:
+        from scepsy_profile.catalog import save_catalog
+
+        save_catalog(catalog, args.catalog_out)
+    reports = [
+        {"model": r.key[0], "gpu": r.key[1], "tp": r.key[2], "phase": r.key[3],
+         "points": r.n_points, "outliers": r.n_outliers,
+         "train_median_ape_pct": round(100 * r.train_median_ape, 3),
+         "monotone_adjust_max_pct": round(100 * r.monotone_adjust_max, 3)}
+        for r in model.reports
+    ]
+    if args.json:
+        print(json.dumps({"out": str(args.out), "curves": reports}, indent=2, sort_keys=True))
+    else:
+        _print_table(reports, ["model", "gpu", "tp", "phase", "points", "outliers",
+                               "train_median_ape_pct", "monotone_adjust_max_pct"])
+        print(f"wrote {len(reports)} curves to {args.out}")
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from scepsy_profile.catalog import default_catalog, load_catalog
+    from scepsy_profile.fitted import load_curves
+    from scepsy_profile.latency import CompositeLatencyModel, LatencyModel
+    from scepsy_profile.roofline import load_calibration, roofline_model
+    from scepsy_profile.show import profile_rows
+
+    tps, shares = _ints(args.tp, "--tp"), _floats(args.shares, "--shares")
+    catalog = default_catalog()
+    if args.catalog:
+        catalog = load_catalog(args.catalog, base=catalog)
+    cal = load_calibration(args.calibration) if args.calibration else None
+    roof = roofline_model(catalog, cal)
+    latency: LatencyModel = roof
+    fitted = load_curves(args.curves) if args.curves else None
+    if fitted is not None:
+        latency = CompositeLatencyModel(fitted, roof)
+    with _naming({"catalog": "--model"}):  # the catalog's "unknown model" names the option
+        catalog.model(args.model)
+    with _naming({"catalog": "--gpu"}):
+        gpu = catalog.gpu(args.gpu).name
+    with _naming({"batch": "--batch", "seq": "--seq", "input_tokens": "--input",
+                  "output_tokens": "--output", "tp": "--tp"}):
+        rows = profile_rows(latency, args.model, args.gpu, tps, shares, batch=args.batch,
+                            seq=args.seq, input_tokens=args.input, output_tokens=args.output,
+                            fitted=fitted, catalog=catalog)
+    if args.json:
+        print(json.dumps({"model": args.model, "gpu": gpu, "batch": args.batch,
+                          "seq": args.seq, "input_tokens": args.input,
+                          "output_tokens": args.output, "rows": rows}, indent=2, sort_keys=True))
+    else:
+        print(f"{args.model} on {gpu}: latency at batch {args.batch}, {args.seq} tokens; "
+              f"μ for calls of {args.input:g} in / {args.output:g} out tokens")
+        _print_table(rows, list(rows[0]))
+    return 0
+
+
+HELP = "latency profiles: fit curves, show them"
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add ``scepsy profile`` and its sub-commands."""
+    cmd = subparsers.add_parser("profile", help=HELP)
+    _profile_args(cmd)
+    return cmd
