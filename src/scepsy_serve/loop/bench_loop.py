@@ -1268,225 +1268,299 @@ def make_out_folder(path: str | Path) -> Path:
     return out
 
 
+@dataclass
+class _Run:
+    """What one run of the loop knows so far: each stage fills its part, and
+    :class:`LoopResult` (results.json) is made of it whatever stage the run ended in."""
+
+    options: LoopOptions
+    out: Path
+    work: Path
+    run_id: str
+    tell: _Clocked
+    progress: DriveProgress = field(default_factory=DriveProgress)
+    timings: dict[str, float] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    common: dict[str, Any] = field(default_factory=dict)  # plan and predict options
+    rate: float = 0.0
+    max_throughput: float | None = None
+    allocation: dict[str, Any] = field(default_factory=dict)
+    running: Allocation | None = None  # what the predictions are of (None: the plan's)
+    predicted_as: dict[str, Any] | None = None
+    curves: Any = None
+    requests: int | None = None
+    servers: int = 0
+    ports: tuple[int, ...] = ()
+    started: bool = False  # servers were started: stop them
+    up_s: float = 0.0  # how long the servers took to answer /health
+    drive: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
+    control: dict[str, Any] | None = None
+    predicted: dict[str, Any] | None = None
+    predicted_measured: dict[str, Any] | None = None
+    comparison: dict[str, Any] | None = None
+    leftovers: Leftovers = field(default_factory=Leftovers)
+    error: str | None = None
+    interrupted: bool = False
+
+    @property
+    def launch_dir(self) -> Path:
+        return self.work / "launch"
+
+    def result(self) -> LoopResult:
+        return LoopResult(
+            options=self.options, run_id=self.run_id, rate=self.rate,
+            max_throughput=self.max_throughput, allocation=self.allocation,
+            servers=self.servers, timings=self.timings, drive=self.drive,
+            predicted=self.predicted, predicted_measured=self.predicted_measured,
+            comparison=self.comparison, leftovers=self.leftovers, error=self.error,
+            interrupted=self.interrupted, out=str(self.out), files=self.files,
+            curves=self.curves, predicted_as=self.predicted_as, requests=self.requests,
+            predicted_drive_s=None if self.requests is None or not self.rate
+            else self.requests / self.rate, control=self.control)
+
+
 def run_loop(options: LoopOptions, planning: Planning,
              say: Callable[[str], None] | None = None) -> LoopResult:
     """Plan, launch, drive, stop and compare (module docstring); ``say`` gets a line at the
     start and the end of each stage (with the seconds since the start), and one every
-    :data:`PROGRESS_EVERY_S` seconds during the long ones. The servers are stopped whatever happens; a :class:`KeyboardInterrupt`
-    (Ctrl-C, or SIGTERM in the main thread) is raised again after the stop, other exceptions
-    too, with ``results.json`` written first (``error``/``interrupted`` set)."""
+    :data:`PROGRESS_EVERY_S` seconds during the long ones. The servers are stopped whatever
+    happens; a :class:`KeyboardInterrupt` (Ctrl-C, or SIGTERM in the main thread) is raised
+    again after the stop, other exceptions too, with ``results.json`` written first
+    (``error``/``interrupted`` set)."""
     options = with_default_files(options)
     out = make_out_folder(options.out)
-    run_id = uuid.uuid4().hex[:16]
     work = out / "run"
     if work.exists():
         shutil.rmtree(work)
     work.mkdir()
-    timings: dict[str, float] = {}
+    run = _Run(options, out, work, uuid.uuid4().hex[:16], _Clocked(say))
     t_start = time.monotonic()
-    files: dict[str, str] = {}
-    running: Allocation | None = None
-    state: dict[str, Any] = {"rate": 0.0, "max": None, "alloc": {}, "servers": 0, "drive": None,
-                             "pred": None, "pred_m": None, "cmp": None, "ports": (),
-                             "server": None, "curves": None, "as": None, "control": None}
-    launch_dir = work / "launch"
-    started = False
-    error: str | None = None
-    interrupted = False
-    lo = Leftovers()
     raised: BaseException | None = None
-    tell = _Clocked(say)
-    progress = DriveProgress()
-    n_requests: int | None = None
     with planning.using_catalog(options.catalog) as catalog, _terminate_as_interrupt():
         try:
             specs = load_specs(options.workflow)
             topology = load_topology(options.cluster, catalog)  # before any profiling
-            t0 = time.monotonic()
-            if options.curves is None:
-                with tell.stage("profile"):
-                    used = profile_here(options, loop_models(specs, catalog),
-                                        out / "profile", catalog, tell)
-                files["curves"] = used.path
-                files["profile_store"] = str(used.store)
-            else:
-                used = given_curves(options.curves, loop_models(specs, catalog),
-                                    sorted({n.gpu for n in topology.nodes}), options.tps)
-            state["curves"] = used
-            timings["profile_s"] = time.monotonic() - t0
-            # plan and predict for the engines the loop starts (their max_num_seqs)
-            common = {"catalog": options.catalog, "curves": used.path,
-                      "seed": options.seed, "trace_requests": options.trace_requests,
-                      "engine": MemoryPolicy(max_batch=options.max_num_seqs),
-                      "overheads": options.overheads}
-            t0 = time.monotonic()
-            if options.rate is None:
-                tell("planning: the largest throughput the cluster carries")
-                top = planning.plan(specs, topology, 1.0,
-                                    objective="max-throughput", tps=options.tps,
-                                    shares=options.shares, **common)
-                if top.allocation is None:
-                    raise InputError(SOURCE, "plan", "a cluster that carries the workflows "
-                                     f"(status {top.plan.status})")
-                state["max"] = float(top.plan.scale)
-                rate = options.load * state["max"]
-            else:
-                rate = float(options.rate)
-            state["rate"] = rate
-            tell(f"planning: minimum latency at {rate:.3g} req/s")
-            res = planning.plan(specs, topology, rate, tps=options.tps,
-                                shares=options.shares, **common)
-            if res.allocation is None:
-                raise InputError(SOURCE, "plan", f"a placed allocation at {rate:.3g} req/s "
-                                 f"(status {res.plan.status}); lower --rate or --load")
-            if options.control is not None:
-                res = _control_plan(planning, specs, topology, rate, res, options, common, tell)
-            doc = res.to_dict(timings=False)
-            state["alloc"] = doc["allocation"]["llms"]
-            running = running_allocation(doc, options.device)  # what the predictions are of
-            state["as"] = None if running is None else running.to_dict()
-            timings["plan_s"] = time.monotonic() - t0
-            tell(f"plan: done after {timings['plan_s']:.1f} s")
-            n_requests = drive_requests(options, rate)
-            span = n_requests / rate
-            limit = (f"over --max-drive-s {options.max_drive_s:g} s: fewer --requests or a "
-                     "higher --rate would bound it" if span > options.max_drive_s
-                     else f"limit --max-drive-s {options.max_drive_s:g} s")
-            tell(f"the drive: {n_requests} requests at {rate:.3g} req/s, arriving over about "
-                 f"{span:.0f} s ({limit})")
-
-            t0 = time.monotonic()
-            model_dirs = _model_dirs(doc, work / "models", catalog)
-            if options.engine_command is not None:
-                command = tuple(options.engine_command)
-            else:
-                python = vllm_python(BackendOptions(engine_python=options.engine_python))
-                command = (str(python.path), *SERVER_MODULE)
-            cuda = options.device == "cuda"
-            make_args = gpu_engine_args if cuda else cpu_engine_args
-            args = options.engine_args if options.engine_args is not None else make_args(
-                options.max_model_len, options.max_num_seqs)
-            if options.control is not None and options.control.priority == "las":
-                # the gateway's per-call priorities are read only under this policy
-                args = (*args, "--scheduling-policy", "priority")
-            nodes = sorted({i["node"] for i in doc["placement"]["instances"]})
-            n_servers = len(doc["placement"]["instances"])
-            env = {k: v for k, v in engine_environment(
-                1, 1.0, "cuda" if cuda else "cpu", None, work / "tmp").items()
-                if k not in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CPU_KVCACHE_SPACE",
-                             "VLLM_CPU_OMP_THREADS_BIND", *ONE_PROCESS_ENV)}
-            env[MARKER] = run_id
-            doc["launch"] = cpu_launch_section(
-                command, args, model_dirs, nodes, base_port=free_port_range(n_servers),
-                health_timeout_s=options.health_timeout_s, env=env,
-                model_args=gpu_memory_args(doc["allocation"]["llms"]) if cuda else None)
-            plan_path = work / "plan.json"
-            write_plan_file(plan_path, doc)
-            files["plan"] = str(plan_path)
-            plan: LaunchPlan = load_plan(plan_path)
-            state["ports"] = tuple(r.port for r in plan.replicas)
-            state["servers"] = len(plan.replicas)
-            write_rendered(get_renderer(TARGET).render(plan), launch_dir, TARGET)
-            files["launch"] = str(launch_dir)
-            tell(f"launching {len(plan.replicas)} server(s) (ports "
-                 f"{min(state['ports'])}-{max(state['ports'])}), waiting for /health")
-            started = True
-            with tell.stage("launch", lambda: f"waiting for {len(plan.replicas)} server(s) "
-                            "to answer /health"):
-                t_up = time.monotonic()
-                for node in plan.node_names():
-                    host.apply(launch_dir, node)
-                up_s = time.monotonic() - t_up
-            timings["launch_s"] = time.monotonic() - t0
-            before = server_metrics(plan)
-
-            t0 = time.monotonic()
-            routes = load_routes(launch_dir / ROUTES_FILE)
-            tell(f"driving {n_requests} requests at {rate:.3g} req/s")
-            timeout = ReplayTimeouts(connect_s=10.0, stall_s=min(60.0, options.call_timeout_s),
-                                     call_s=options.call_timeout_s)
-            with tell.stage("drive", progress.line):
-                if options.control is None:
-                    result: DriveResult = drive(
-                        specs, routes, rate=rate, requests=n_requests, seed=options.seed,
-                        max_in_flight=options.max_in_flight, timeouts=timeout,
-                        deadline_s=n_requests / rate * 3 + 120, progress=progress)
-                else:
-                    startup = (options.control.startup_s if options.control.startup_s
-                               is not None else up_s)
-                    result, ctl = drive_under_control(
-                        control=options.control, specs=specs, plan=plan,
-                        launch_dir=launch_dir, work=work, startup_s=startup,
-                        controller=running_controller(res.problem, res.topology or topology,
-                                                      res.placed, options.control, startup),
-                        rate=rate, requests=n_requests, seed=options.seed,
-                        max_in_flight=options.max_in_flight, timeouts=timeout,
-                        health_timeout_s=options.health_timeout_s, progress=progress,
-                        say=tell)
-                    state["control"] = ctl.to_dict()
-            state["drive"] = result.to_dict()
-            timings["drive_s"] = time.monotonic() - t0
-            state["server"] = server_terms(before, server_metrics(plan))
-            _write_measured(result, out, files)
+            _profile_stage(run, specs, topology, catalog)
+            res, doc = _plan_stage(run, planning, specs, topology)
+            plan = _launch_stage(run, doc, catalog)
+            _drive_stage(run, specs, plan, res, topology)
         except KeyboardInterrupt as exc:
-            interrupted = True
+            run.interrupted = True
             raised = exc
         except BaseException as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            run.error = f"{type(exc).__name__}: {exc}"
             raised = exc
         finally:
             with _shielded():
-                t0 = time.monotonic()
-                if state["drive"] is None and (progress.result is not None or progress.sent):
-                    # interrupted or failed while driving: keep what the drive measured
-                    state["drive"] = partial_drive(progress)
-                    with contextlib.suppress(Exception):
-                        if progress.result is not None:
-                            _write_measured(progress.result, out, files)
-                if started:
-                    tell("stopping the servers")
-                    try:
-                        host.stop(launch_dir)
-                    except Exception as exc:
-                        error = error or f"stop: {type(exc).__name__}: {exc}"
-                lo = leftovers(run_id, state["ports"])
-                timings["stop_s"] = time.monotonic() - t0
-        if raised is None and state["drive"] is not None and options.control is not None:
-            tell("no prediction compared: the controller changed the allocation mid-run (the "
+                _stop_stage(run)
+        if raised is None and run.drive is not None:
+            _predict_stage(run, planning, specs)
+    run.timings["total_s"] = time.monotonic() - t_start
+    return _finish(run, raised)
+
+
+def _profile_stage(run: _Run, specs: Any, topology: Any, catalog: Any) -> None:
+    """The latency curves: measured here (``OUT/profile``) or the given ones."""
+    options, t0 = run.options, time.monotonic()
+    if options.curves is None:
+        with run.tell.stage("profile"):
+            used = profile_here(options, loop_models(specs, catalog), run.out / "profile",
+                                catalog, run.tell)
+        run.files["curves"] = used.path
+        run.files["profile_store"] = str(used.store)
+    else:
+        used = given_curves(options.curves, loop_models(specs, catalog),
+                            sorted({n.gpu for n in topology.nodes}), options.tps)
+    run.curves = used
+    run.timings["profile_s"] = time.monotonic() - t0
+    # plan and predict for the engines the loop starts (their max_num_seqs)
+    run.common = {"catalog": options.catalog, "curves": used.path, "seed": options.seed,
+                  "trace_requests": options.trace_requests,
+                  "engine": MemoryPolicy(max_batch=options.max_num_seqs),
+                  "overheads": options.overheads}
+
+
+def _plan_stage(run: _Run, planning: Planning, specs: Any, topology: Any
+                ) -> tuple[Any, dict[str, Any]]:
+    """The rate (given, or ``load`` x the largest throughput), the placed plan at it (the
+    controller's plan with ``control``) and its plan.json document; the drive's size."""
+    options, tell, common, t0 = run.options, run.tell, run.common, time.monotonic()
+    if options.rate is None:
+        tell("planning: the largest throughput the cluster carries")
+        top = planning.plan(specs, topology, 1.0, objective="max-throughput", tps=options.tps,
+                            shares=options.shares, **common)
+        if top.allocation is None:
+            raise InputError(SOURCE, "plan", "a cluster that carries the workflows "
+                             f"(status {top.plan.status})")
+        run.max_throughput = float(top.plan.scale)
+        rate = options.load * run.max_throughput
+    else:
+        rate = float(options.rate)
+    run.rate = rate
+    tell(f"planning: minimum latency at {rate:.3g} req/s")
+    res = planning.plan(specs, topology, rate, tps=options.tps, shares=options.shares, **common)
+    if res.allocation is None:
+        raise InputError(SOURCE, "plan", f"a placed allocation at {rate:.3g} req/s "
+                         f"(status {res.plan.status}); lower --rate or --load")
+    if options.control is not None:
+        res = _control_plan(planning, specs, topology, rate, res, options, common, tell)
+    doc = res.to_dict(timings=False)
+    run.allocation = doc["allocation"]["llms"]
+    run.running = running_allocation(doc, options.device)
+    run.predicted_as = None if run.running is None else run.running.to_dict()
+    run.timings["plan_s"] = time.monotonic() - t0
+    tell(f"plan: done after {run.timings['plan_s']:.1f} s")
+    run.requests = n = drive_requests(options, rate)
+    span = n / rate
+    limit = (f"over --max-drive-s {options.max_drive_s:g} s: fewer --requests or a "
+             "higher --rate would bound it" if span > options.max_drive_s
+             else f"limit --max-drive-s {options.max_drive_s:g} s")
+    tell(f"the drive: {n} requests at {rate:.3g} req/s, arriving over about {span:.0f} s "
+         f"({limit})")
+    return res, doc
+
+
+def _launch_stage(run: _Run, doc: dict[str, Any], catalog: Any) -> LaunchPlan:
+    """The plan's launch section (this machine's engine, free ports, the run's marker),
+    plan.json and the shell launch folder written, every server started and healthy."""
+    options, t0 = run.options, time.monotonic()
+    model_dirs = _model_dirs(doc, run.work / "models", catalog)
+    if options.engine_command is not None:
+        command = tuple(options.engine_command)
+    else:
+        python = vllm_python(BackendOptions(engine_python=options.engine_python))
+        command = (str(python.path), *SERVER_MODULE)
+    cuda = options.device == "cuda"
+    make_args = gpu_engine_args if cuda else cpu_engine_args
+    args = options.engine_args if options.engine_args is not None else make_args(
+        options.max_model_len, options.max_num_seqs)
+    if options.control is not None and options.control.priority == "las":
+        # the gateway's per-call priorities are read only under this policy
+        args = (*args, "--scheduling-policy", "priority")
+    nodes = sorted({i["node"] for i in doc["placement"]["instances"]})
+    n_servers = len(doc["placement"]["instances"])
+    env = {k: v for k, v in engine_environment(
+        1, 1.0, "cuda" if cuda else "cpu", None, run.work / "tmp").items()
+        if k not in ("TMPDIR", "VLLM_CACHE_ROOT", "VLLM_CPU_KVCACHE_SPACE",
+                     "VLLM_CPU_OMP_THREADS_BIND", *ONE_PROCESS_ENV)}
+    env[MARKER] = run.run_id
+    doc["launch"] = cpu_launch_section(
+        command, args, model_dirs, nodes, base_port=free_port_range(n_servers),
+        health_timeout_s=options.health_timeout_s, env=env,
+        model_args=gpu_memory_args(doc["allocation"]["llms"]) if cuda else None)
+    plan_path = run.work / "plan.json"
+    write_plan_file(plan_path, doc)
+    run.files["plan"] = str(plan_path)
+    plan: LaunchPlan = load_plan(plan_path)
+    run.ports = tuple(r.port for r in plan.replicas)
+    run.servers = len(plan.replicas)
+    launch_dir = run.launch_dir
+    write_rendered(get_renderer(TARGET).render(plan), launch_dir, TARGET)
+    run.files["launch"] = str(launch_dir)
+    run.tell(f"launching {len(plan.replicas)} server(s) (ports {min(run.ports)}-"
+             f"{max(run.ports)}), waiting for /health")
+    run.started = True
+    with run.tell.stage("launch", lambda: f"waiting for {len(plan.replicas)} server(s) "
+                        "to answer /health"):
+        t_up = time.monotonic()
+        for node in plan.node_names():
+            host.apply(launch_dir, node)
+        run.up_s = time.monotonic() - t_up
+    run.timings["launch_s"] = time.monotonic() - t0
+    return plan
+
+
+def _drive_stage(run: _Run, specs: Any, plan: LaunchPlan, res: Any, topology: Any) -> None:
+    """The requests driven through the routes (under the controller with ``control``); the
+    drive's figures, the servers' own and the measured trace."""
+    options, tell, rate, t0 = run.options, run.tell, run.rate, time.monotonic()
+    n = run.requests
+    assert n is not None
+    before = server_metrics(plan)
+    routes = load_routes(run.launch_dir / ROUTES_FILE)
+    tell(f"driving {n} requests at {rate:.3g} req/s")
+    timeout = ReplayTimeouts(connect_s=10.0, stall_s=min(60.0, options.call_timeout_s),
+                             call_s=options.call_timeout_s)
+    with tell.stage("drive", run.progress.line):
+        if options.control is None:
+            result: DriveResult = drive(
+                specs, routes, rate=rate, requests=n, seed=options.seed,
+                max_in_flight=options.max_in_flight, timeouts=timeout,
+                deadline_s=n / rate * 3 + 120, progress=run.progress)
+        else:
+            startup = (options.control.startup_s if options.control.startup_s is not None
+                       else run.up_s)
+            result, ctl = drive_under_control(
+                control=options.control, specs=specs, plan=plan, launch_dir=run.launch_dir,
+                work=run.work, startup_s=startup,
+                controller=running_controller(res.problem, res.topology or topology,
+                                              res.placed, options.control, startup),
+                rate=rate, requests=n, seed=options.seed,
+                max_in_flight=options.max_in_flight, timeouts=timeout,
+                health_timeout_s=options.health_timeout_s, progress=run.progress, say=tell)
+            run.control = ctl.to_dict()
+    run.drive = result.to_dict()
+    run.timings["drive_s"] = time.monotonic() - t0
+    run.server = server_terms(before, server_metrics(plan))
+    _write_measured(result, run.out, run.files)
+
+
+def _stop_stage(run: _Run) -> None:
+    """Whatever happened: keep what an interrupted drive measured, stop the servers, and
+    look for anything of the run still running."""
+    t0 = time.monotonic()
+    progress = run.progress
+    if run.drive is None and (progress.result is not None or progress.sent):
+        # interrupted or failed while driving: keep what the drive measured
+        run.drive = partial_drive(progress)
+        with contextlib.suppress(Exception):
+            if progress.result is not None:
+                _write_measured(progress.result, run.out, run.files)
+    if run.started:
+        run.tell("stopping the servers")
+        try:
+            host.stop(run.launch_dir)
+        except Exception as exc:
+            run.error = run.error or f"stop: {type(exc).__name__}: {exc}"
+    run.leftovers = leftovers(run.run_id, run.ports)
+    run.timings["stop_s"] = time.monotonic() - t0
+
+
+def _predict_stage(run: _Run, planning: Planning, specs: Any) -> None:
+    """The prediction at the rates the drive sent, from the generated trace and from the
+    measured one, compared with the measurements (none under the controller: the
+    allocation changed mid-run)."""
+    if run.options.control is not None:
+        run.tell("no prediction compared: the controller changed the allocation mid-run (the "
                  "control section has the latency per window)")
-        elif raised is None and state["drive"] is not None:
-            tell("predicting at the rates the drive sent")
-            t0 = time.monotonic()
-            try:
-                at = sent_rates(state["drive"], state["rate"])
-                what = files["plan"] if running is None else running
-                pred = planning.predict(specs, what, at, **common)
-                state["pred"] = prediction_dict(pred)
-                if "trace" in files:
-                    pm = planning.predict(specs, what, at,
-                                          trace=files["trace"],
-                                          **{k: v for k, v in common.items()
-                                             if k != "trace_requests"})
-                    state["pred_m"] = prediction_dict(pm)
-                state["cmp"] = comparison(state["pred"], state["pred_m"], state["drive"],
-                                          state["server"])
-            except Exception as exc:
-                error = f"predict: {type(exc).__name__}: {exc}"
-            timings["predict_s"] = time.monotonic() - t0
-    timings["total_s"] = time.monotonic() - t_start
-    loop = LoopResult(options=options, run_id=run_id, rate=state["rate"],
-                      max_throughput=state["max"], allocation=state["alloc"],
-                      servers=state["servers"], timings=timings, drive=state["drive"],
-                      predicted=state["pred"], predicted_measured=state["pred_m"],
-                      comparison=state["cmp"], leftovers=lo, error=error,
-                      interrupted=interrupted, out=str(out), files=files,
-                      curves=state["curves"], predicted_as=state["as"], requests=n_requests,
-                      predicted_drive_s=None if n_requests is None or not state["rate"]
-                      else n_requests / state["rate"], control=state["control"])
-    results = out / "results.json"
-    loop = replace(loop, files={**files, "results": str(results)})
-    if not options.keep and raised is None and error is None:
-        shutil.rmtree(work, ignore_errors=True)
+        return
+    run.tell("predicting at the rates the drive sent")
+    t0 = time.monotonic()
+    assert run.drive is not None
+    try:
+        at = sent_rates(run.drive, run.rate)
+        what = run.files["plan"] if run.running is None else run.running
+        run.predicted = prediction_dict(planning.predict(specs, what, at, **run.common))
+        if "trace" in run.files:
+            pm = planning.predict(specs, what, at, trace=run.files["trace"],
+                                  **{k: v for k, v in run.common.items()
+                                     if k != "trace_requests"})
+            run.predicted_measured = prediction_dict(pm)
+        run.comparison = comparison(run.predicted, run.predicted_measured, run.drive,
+                                    run.server)
+    except Exception as exc:
+        run.error = f"predict: {type(exc).__name__}: {exc}"
+    run.timings["predict_s"] = time.monotonic() - t0
+
+
+def _finish(run: _Run, raised: BaseException | None) -> LoopResult:
+    """results.json written (the run folder removed unless ``keep`` or it failed); the
+    result, or the exception that ended the run raised again."""
+    results = run.out / "results.json"
+    loop = replace(run.result(), files={**run.files, "results": str(results)})
+    if not run.options.keep and raised is None and run.error is None:
+        shutil.rmtree(run.work, ignore_errors=True)
         loop = replace(loop, files={k: v for k, v in loop.files.items()
                                     if k not in ("plan", "launch")})
     atomic_write_text(results, json.dumps(loop.to_dict(), indent=2, sort_keys=True) + "\n")
