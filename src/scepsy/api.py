@@ -18,17 +18,18 @@ import contextlib
 import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from scepsy_common.errors import InputError, check_rate
+from scepsy_opt.workflows import DEFAULT_TRACE_REQUESTS
 
 if TYPE_CHECKING:
     from scepsy_opt.allocation import Allocation
     from scepsy_opt.cluster import Cluster
     from scepsy_opt.planning.coverage import ShareExtrapolation
-    from scepsy_opt.planning.plans import Plan
+    from scepsy_opt.planning.plans import Plan, Termination
     from scepsy_opt.planning.problem import PlanningProblem
     from scepsy_opt.prediction.pipeline import Prediction
     from scepsy_opt.prediction.simulate import SimulationResult
@@ -48,14 +49,6 @@ PathLike = str | os.PathLike[str]
 Rates = float | Mapping[str, float]
 OptionalRates = Rates | None  # None: a rate workload's own rates
 Progress = Callable[[str], None]
-
-DEFAULT_OPTIMISER = "milp"
-DEFAULT_FORMULATION = "auto"
-DEFAULT_PLACER = "hierarchical"
-# the aggregate loop's round cap, a safety net (scepsy_place.formulations.loop.MAX_ROUNDS): the loop
-# stops on a proof or at the deadline
-DEFAULT_MAX_ROUNDS = 1000
-DEFAULT_TRACE_REQUESTS = 2000  # requests per workflow of a generated trace
 
 
 @dataclass(frozen=True)
@@ -82,6 +75,12 @@ class PlanResult:
     @property
     def allocation(self) -> Allocation | None:
         return self.plan.allocation
+
+    @property
+    def termination(self) -> Termination:
+        """How the search ended (:class:`~scepsy_opt.planning.plans.Termination`: optimal,
+        feasible, infeasible, no_solution or unplaced, and the limit that ended it)."""
+        return self.placed.termination
 
     @property
     def workflow_latencies(self) -> dict[str, float]:
@@ -393,86 +392,56 @@ def check_grid(specs: Sequence[WorkflowSpec], topology: Topology, tps: Sequence[
 
 
 def plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
-                 targets: OptionalRates = None, *,
-                 trace: PathLike | Trace | None = None,
-                 trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
-                 curves: PathLike | None = None, latency: LatencyModel | None = None,
-                 overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
-                 current: PathLike | Allocation | None = None,
-                 latency_bound_s: float | Mapping[str, float] | None = None,
-                 optimiser: str = DEFAULT_OPTIMISER, progress: Progress | None = None,
-                 catalog: PathLike | Catalog | None = None,
-                 **options: Any) -> tuple[PlanningProblem, Topology]:
+                 targets: OptionalRates = None, *, progress: Progress | None = None,
+                 **kwargs: Any) -> tuple[PlanningProblem, Topology]:
     """The :class:`~scepsy_opt.planning.problem.PlanningProblem` and topology :func:`plan` solves
-    (arguments as there); every check on the inputs happens here, before any solving."""
-    with using_catalog(catalog) as cat:
-        return _plan_problem(workflows, cluster, targets, trace=trace,
-                             trace_requests=trace_requests, seed=seed, curves=curves,
-                             latency=latency, overheads=overheads, engine=engine,
-                             current=current,
-                             latency_bound_s=latency_bound_s, optimiser=optimiser,
-                             progress=progress, catalog=cat if catalog is not None else None,
-                             **options)
+    (arguments as there: they build a :class:`~scepsy_place.request.PlanRequest`,
+    :func:`plan_request`); every check on the inputs happens here, before any solving."""
+    request = plan_request(workflows, cluster, targets, **kwargs)
+    return problem_of(request, request.inputs.targets, progress=progress)
 
 
-def _plan_problem(workflows: Any, cluster: PathLike | Topology | Cluster,
-                  targets: OptionalRates, *,
-                  trace: PathLike | Trace | None, trace_requests: int, seed: int,
-                  curves: PathLike | None, latency: LatencyModel | None,
-                  overheads: Overheads | None, engine: MemoryPolicy | None,
-                  current: PathLike | Allocation | None,
-                  latency_bound_s: float | Mapping[str, float] | None,
-                  optimiser: str, progress: Progress | None, catalog: Catalog | None,
-                  prices: Mapping[str, float] | None = None,
-                  **options: Any) -> tuple[PlanningProblem, Topology]:
-    from scepsy_opt.planning.optimisers import OPTIMISERS
-    from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+def problem_of(request: PlanRequest, targets: OptionalRates, *,
+               progress: Progress | None = None) -> tuple[PlanningProblem, Topology]:
+    """The problem and topology of ``request`` at ``targets`` (the request's own, or those
+    its arrivals' peak window sets, :func:`run_plan`): the files loaded, the bounds and SLOs
+    resolved per workflow and LLM, the trace built and its statistics taken."""
+    with using_catalog(request.inputs.catalog) as cat:
+        return _problem_of(request, targets, progress,
+                           cat if request.inputs.catalog is not None else None)
+
+
+def _problem_of(request: PlanRequest, targets: OptionalRates, progress: Progress | None,
+                catalog: Catalog | None) -> tuple[PlanningProblem, Topology]:
+    from scepsy_opt.planning.problem import PlanningProblem
     from scepsy_opt.workload import models_of
 
+    inp, obj, cons = request.inputs, request.objective, request.constraints
     say = progress or (lambda _s: None)
     say("reading the workflows and the cluster")
-    specs, rates = _specs_rates(workflows, targets, "targets")
-    topology = _topology(cluster)
-    pools = _pools(cluster, topology, catalog, prices)
-    known = {f.name for f in fields(PlanOptions)} - {"current", "latency_bound_s"}
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise InputError("plan", unknown[0], f"an option of PlanOptions ({', '.join(sorted(known))})")
-    if optimiser not in OPTIMISERS:
-        raise InputError("optimiser", "", f"one of {', '.join(OPTIMISERS)}", optimiser)
+    specs, rates = _specs_rates(inp.workflow, targets, "targets")
+    topology = _topology(inp.cluster)
+    pools = _pools(inp.cluster, topology, catalog, getattr(obj, "prices", None))
     cur = None
-    if current is not None:
-        cur = _allocation(current, "current", check_gpus=True)
+    if inp.current is not None:
+        cur = _allocation(inp.current, "current", check_gpus=True)
         cur.require_partitions("scepsy plan --current")
-    if optimiser == "user" and cur is None:
-        raise InputError("optimiser", "", "'user' together with current= (the allocation it "
-                         "evaluates)", optimiser)
-    if options.get("change_penalty_s", 0.0) and cur is None:
-        raise InputError("change_penalty_s", "", "a current allocation to count changed "
-                         "replicas against (current=)", options["change_penalty_s"])
-    bounds = _bounds(specs, latency_bound_s)
-    if bounds and options.get("objective", "min-latency") == "min-latency":
-        raise InputError("latency_bound_s", "", "objective 'max-throughput' or 'min-cost' (a "
-                         "min-latency plan already minimises the latencies; mean bounds apply "
-                         "when maximising throughput or minimising cost)", dict(bounds))
-    if options.get("latency_bounds") is not None:
-        options["latency_bounds"] = _latency_bounds(specs, options["latency_bounds"])
-    else:
-        options.pop("latency_bounds", None)
-    if options.get("slos") is not None:
+    resolved: dict[str, Any] = {
+        "current": cur, "latency_bound_s": _bounds(specs, getattr(obj, "latency_bound_s", None))}
+    if cons.latency_bounds is not None:
+        resolved["latency_bounds"] = _latency_bounds(specs, cons.latency_bounds)
+    if cons.slos is not None:
         from scepsy_opt.prediction.slo import parse_slos
 
         called = sorted({m for s in specs if s.name in rates for m in s.llms})
-        options["slos"] = parse_slos(options["slos"], called)
-    else:
-        options.pop("slos", None)
-    opts = PlanOptions(current=cur, latency_bound_s=bounds, **options)
+        resolved["slos"] = parse_slos(cons.slos, called)
+    opts = request.plan_options(**resolved)
     check_grid(specs, topology, opts.tps, opts.shares)
-    lat = _latency(curves, latency, catalog, overheads)
+    lat = _latency(inp.curves, inp.latency, catalog, inp.overheads)
     say("building the trace and its statistics")
-    stats = _stats(specs, _trace(specs, trace, trace_requests, seed), seed)
+    stats = _stats(specs, _trace(specs, inp.trace, inp.trace_requests, inp.seed), inp.seed)
     problem = PlanningProblem(stats, models_of(specs), rates, pools, lat, opts,
-                              catalog=catalog, policy=_engine(engine))
+                              catalog=catalog, policy=request.engine.memory_policy())
     return problem, topology
 
 
@@ -496,14 +465,7 @@ def _pools(cluster: PathLike | Topology | Cluster, topology: Topology, catalog: 
 
 
 def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: OptionalRates = None,
-         *,
-         optimiser: str = DEFAULT_OPTIMISER, formulation: str = DEFAULT_FORMULATION,
-         placer: str = DEFAULT_PLACER, spread_replicas: bool = False,
-         max_rounds: int = DEFAULT_MAX_ROUNDS, progress: Progress | None = None,
-         catalog: PathLike | Catalog | None = None, improve: bool = True, repack: int = 0,
-         arrivals: PathLike | Any = None, peak_window_s: float | None = None,
-         peak_quantile: float = 1.0, time_scale: float = 1.0,
-         **options: Any) -> PlanResult:
+         *, progress: Progress | None = None, **options: Any) -> PlanResult:
     """The placed plan serving ``workflows`` at ``targets`` on ``cluster``.
 
     ``workflows``: a workflow, workload or rate workload YAML path, specs or a
@@ -540,17 +502,19 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
     window of ``peak_window_s`` (default 60 s) at ``peak_quantile`` of the windows (default
     1: the busiest), split over the workflows as a total target is (docs/arrivals.md).
     """
-    return run_plan(plan_request(
-        workflows, cluster, targets, optimiser=optimiser, formulation=formulation,
-        placer=placer, spread_replicas=spread_replicas, max_rounds=max_rounds,
-        catalog=catalog, improve=improve, repack=repack, arrivals=arrivals,
-        peak_window_s=peak_window_s, peak_quantile=peak_quantile, time_scale=time_scale,
-        **options), progress=progress)
+    return run_plan(plan_request(workflows, cluster, targets, **options), progress=progress)
 
 
 _INPUTS = ("trace", "trace_requests", "seed", "curves", "latency", "overheads", "current")
 _SEARCH = ("tps", "shares", "shares_within_profile", "memory_shares", "max_utilisation",
            "time_limit_s", "gap_rel", "change_penalty_s")
+_API_SEARCH = ("weights", "prune_rel", "max_replicas", "reduce")
+_ARGUMENTS = tuple(sorted({*_INPUTS, *_SEARCH, *_API_SEARCH, "optimiser", "formulation",
+                           "max_rounds", "objective", "latency_bound_s", "prices",
+                           "latency_bounds", "slos", "placer", "spread_replicas", "improve",
+                           "repack", "engine", "catalog", "arrivals", "peak_window_s",
+                           "peak_quantile", "time_scale"}))
+"""Every keyword of :func:`plan` and :func:`plan_request` beside the three positional ones."""
 
 
 def plan_request(workflows: Any, cluster: PathLike | Topology | Cluster,
@@ -579,7 +543,7 @@ def plan_request(workflows: Any, cluster: PathLike | Topology | Cluster,
     constraints = {k: kw.pop(k) for k in ("latency_bounds", "slos") if k in kw}
     search = {k: kw.pop(k) for k in ("optimiser", "formulation", "max_rounds", *_SEARCH)
               if k in kw}
-    placement: dict[str, Any] = {"placer": kw.pop("placer", DEFAULT_PLACER)}
+    placement: dict[str, Any] = {"placer": kw.pop("placer", "hierarchical")}
     if kw.pop("spread_replicas", False):
         placement["spread_replicas"] = True
     improve, repack = kw.pop("improve", True), kw.pop("repack", 0)
@@ -589,7 +553,11 @@ def plan_request(workflows: Any, cluster: PathLike | Topology | Cluster,
         placement["repack"] = repack
     engine = {"policy": kw.pop("engine")} if kw.get("engine") is not None else {}
     kw.pop("engine", None)
-    search["options"] = kw  # the other fields of PlanOptions, checked by the request
+    search.update({k: kw.pop(k) for k in _API_SEARCH if k in kw})
+    if kw:
+        name = sorted(kw)[0]
+        raise InputError("plan", name, f"an argument of scepsy.plan ({', '.join(_ARGUMENTS)})",
+                         kw[name])
     return PlanRequest.of({"inputs": inputs, "objective": objective,
                            "constraints": constraints, "search": search,
                            "placement": placement, "engine": engine})
@@ -603,7 +571,6 @@ def run_plan(request: PlanRequest, *, progress: Progress | None = None) -> PlanR
     from scepsy_profile.catalog import catalog_in_force
 
     inp, search = request.inputs, request.search
-    _count(search.max_rounds, "max_rounds", 1)
     peak = None
     targets = inp.targets
     if inp.arrivals is not None:
@@ -611,14 +578,7 @@ def run_plan(request: PlanRequest, *, progress: Progress | None = None) -> PlanR
                            PEAK_WINDOW_S if inp.peak_window_s is None else inp.peak_window_s,
                            inp.peak_quantile)
         targets = peak.rate
-    obj = request.objective
-    problem, topology = plan_problem(
-        inp.workflow, inp.cluster, targets, trace=inp.trace,
-        trace_requests=inp.trace_requests, seed=inp.seed, curves=inp.curves,
-        latency=inp.latency, overheads=inp.overheads, engine=request.engine.memory_policy(),
-        current=inp.current, latency_bound_s=getattr(obj, "latency_bound_s", None),
-        optimiser=search.optimiser, progress=progress, catalog=inp.catalog,
-        prices=getattr(obj, "prices", None), **request.plan_options())
+    problem, topology = problem_of(request, targets, progress=progress)
     with catalog_in_force(problem.catalog):  # already merged with the bundled one
         if progress is not None:
             progress(f"optimising and placing ({search.formulation} formulation)")

@@ -70,6 +70,8 @@ MAX_CALLS_PER_REQUEST = 100_000
 an error, raised before its calls are built)."""
 MAX_REQUESTS = 100_000
 """The most requests :func:`generate_trace` generates per workflow."""
+DEFAULT_TRACE_REQUESTS = 2000
+"""Requests per workflow of a generated trace (``--trace-requests``, ``trace_requests=``)."""
 MAX_TRACE_CALLS = 5_000_000
 """The most calls :func:`generate_trace` generates in all (checked after each request)."""
 JITTER_CV = 0.1

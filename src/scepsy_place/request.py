@@ -32,16 +32,13 @@ from scepsy_common.errors import InputError
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_opt.planning.problem import OBJECTIVES, TENTHS, PlanOptions
 from scepsy_opt.ratework import check_rate
-from scepsy_opt.workflows import MAX_REQUESTS
+from scepsy_opt.workflows import DEFAULT_TRACE_REQUESTS, MAX_REQUESTS
 from scepsy_place.formulations.loop import FORMULATIONS_REGISTRY, MAX_ROUNDS
 from scepsy_place.packing.placement import PLACERS
 from scepsy_profile.serving import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_NUM_SEQS, MemoryPolicy
 
 SOURCE = "plan"
 """The source an invalid request's :class:`InputError` names (its field: the request field)."""
-
-DEFAULT_TRACE_REQUESTS = 2000
-"""Requests per workflow of a generated trace."""
 
 
 @dataclass(frozen=True)
@@ -242,12 +239,19 @@ class Search(_Model):
     change_penalty_s: Annotated[float, Flag("--change-penalty", "nonnegative")] = (
         _D.change_penalty_s)
     """objective seconds per replica started or stopped (needs --current)"""
-    max_rounds: Annotated[int, Flag("--max-rounds", "count")] = MAX_ROUNDS
+    max_rounds: Annotated[int, Flag("--max-rounds", "count"), Field(ge=1)] = MAX_ROUNDS
     """the aggregate loop's round cap, a safety net: it stops when a plan places, is proven
     infeasible or at --time-limit"""
-    options: Mapping[str, Any] = Field(default_factory=dict)
-    """further fields of scepsy_opt.planning.problem.PlanOptions (weights, prune_rel, max_replicas,
-    reduce; the Python API only)"""
+    weights: dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(
+        default_factory=dict)
+    """per workflow, its weight in the min-latency objective (default 1; the Python API)"""
+    prune_rel: Annotated[float, Field(ge=0, lt=1e-3)] = _D.prune_rel
+    """relative tolerance of candidate dominance pruning (the Python API)"""
+    max_replicas: Annotated[int, Field(ge=1)] = _D.max_replicas
+    """the most replicas of one LLM (the Python API)"""
+    reduce: bool | None = _D.reduce
+    """Lagrangian reduced-cost fixing before the MILP (exact); None: on from 64 GPUs (the
+    Python API)"""
 
     @model_validator(mode="after")
     def _known(self) -> Search:
@@ -257,18 +261,7 @@ class Search(_Model):
             raise InputError("formulation", "", f"one of {', '.join(FORMULATIONS_REGISTRY)}",
                              self.formulation)
         FORMULATIONS_REGISTRY.check(self.formulation, "optimiser", self.optimiser)
-        known = set(PlanOptions.__dataclass_fields__) - _REQUEST_OPTIONS
-        unknown = sorted(set(self.options) - known)
-        if unknown:
-            raise InputError(SOURCE, unknown[0], f"an option of PlanOptions "
-                             f"({', '.join(sorted(known))})")
         return self
-
-
-_REQUEST_OPTIONS = {"current", "latency_bound_s", "latency_bounds", "slos", "objective", "tps",
-                    "shares", "shares_within_profile", "memory_shares", "max_utilisation",
-                    "time_limit_s", "gap_rel", "change_penalty_s"}
-"""PlanOptions fields the request holds as fields of its own."""
 
 
 class HierarchicalPlacement(_Model):
@@ -369,6 +362,11 @@ class PlanRequest(_Model):
         """The request ``data`` describes (nested mappings), or the :class:`InputError` of its
         first invalid field."""
         data = dict(data)
+        search = data.get("search")
+        if isinstance(search, Mapping) and isinstance(search.get("options"), Mapping):
+            # plan.json of an earlier version kept the API-only fields under search.options
+            search = dict(search)
+            data["search"] = {**search.pop("options"), **search}
         for key, tag, default in (("objective", "kind", "min-latency"),
                                   ("placement", "placer", "hierarchical")):
             if isinstance(data.get(key), Mapping) and tag not in data[key]:
@@ -378,25 +376,18 @@ class PlanRequest(_Model):
         except ValidationError as exc:
             raise _input_error(exc) from None
 
-    def plan_options(self) -> dict[str, Any]:
-        """The :class:`~scepsy_opt.planning.problem.PlanOptions` fields the request sets (beside the
-        current allocation and the bounds, which the planner reads and checks itself)."""
+    def plan_options(self, **resolved: Any) -> PlanOptions:
+        """The :class:`~scepsy_opt.planning.problem.PlanOptions` of this request. ``resolved``
+        holds what only the loaded inputs determine: ``current`` (the loaded allocation),
+        ``latency_bound_s``, ``latency_bounds`` and ``slos`` resolved per workflow or LLM
+        (:func:`scepsy.api.problem_of`)."""
         s = self.search
-        out: dict[str, Any] = {"objective": self.objective.kind, "tps": s.tps,
-                               "max_utilisation": s.max_utilisation,
-                               "time_limit_s": s.time_limit_s, "gap_rel": s.gap_rel,
-                               "change_penalty_s": s.change_penalty_s, **s.options}
-        if s.shares != TENTHS:
-            out["shares"] = s.shares
-        if s.shares_within_profile:
-            out["shares_within_profile"] = True
-        if s.memory_shares is not None:
-            out["memory_shares"] = s.memory_shares
-        if self.constraints.latency_bounds is not None:
-            out["latency_bounds"] = self.constraints.latency_bounds
-        if self.constraints.slos is not None:
-            out["slos"] = self.constraints.slos
-        return out
+        return PlanOptions(
+            objective=self.objective.kind, tps=s.tps, shares=s.shares,
+            shares_within_profile=s.shares_within_profile, memory_shares=s.memory_shares,
+            max_utilisation=s.max_utilisation, time_limit_s=s.time_limit_s, gap_rel=s.gap_rel,
+            change_penalty_s=s.change_penalty_s, weights=dict(s.weights),
+            prune_rel=s.prune_rel, max_replicas=s.max_replicas, reduce=s.reduce, **resolved)
 
     def placer_options(self) -> dict[str, Any]:
         """The options the placer is built with (only those that differ from its defaults)."""

@@ -84,17 +84,6 @@ def test_plan_splits_a_total_target_over_the_workload_weights():
     assert sum(problem.targets.values()) == pytest.approx(0.6, rel=1e-12)
 
 
-def test_plan_default_formulation_is_the_clis():
-    import inspect
-
-    from scepsy.api import DEFAULT_FORMULATION
-    from scepsy_place.formulations.loop import plan_and_place
-
-    assert DEFAULT_FORMULATION == "auto"
-    assert inspect.signature(plan_and_place).parameters["formulation"].default == "auto"
-    assert inspect.signature(scepsy.plan).parameters["formulation"].default == "auto"
-
-
 def test_predict_equals_what_the_cli_prints(capsys):
     pred = scepsy.predict(RAG, ALLOC, 1.5, trace_requests=N)
     assert main(["predict", "--workflow", RAG, "--allocation", ALLOC, "--rate", "1.5",

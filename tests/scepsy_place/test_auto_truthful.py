@@ -16,7 +16,6 @@ from dataclasses import replace
 import pytest
 
 import scepsy_place.formulations.loop as loop
-from scepsy import api
 from scepsy_opt.cluster import uniform_cluster
 from scepsy_opt.planning.instances import many_models_problem, random_problem
 from scepsy_opt.planning.milp import solve_min_latency
@@ -254,7 +253,9 @@ def many_rounds():
 @pytest.mark.slow  # a long run (docs/testing.md): every tier, not the fast one
 def test_the_loop_stops_on_a_proof_not_after_25_rounds():
     """The old default of 25 rounds left this placeable instance unplaced."""
-    assert MAX_ROUNDS >= 1000 and api.DEFAULT_MAX_ROUNDS == MAX_ROUNDS
+    from scepsy_place.request import Search
+
+    assert MAX_ROUNDS >= 1000 and Search().max_rounds == MAX_ROUNDS
     p, topo = many_rounds()
     oracle = placeable_optimum(p, topo)
     assert oracle is not None

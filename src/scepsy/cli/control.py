@@ -125,12 +125,11 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
         raw, running = _running(args.plan)
         launch = parse_launch_plan(raw, str(args.plan))
         topology = _topology(raw, args.cluster, str(args.plan))
-        problem, topology = api.plan_problem(
-            args.workflow, topology, dict(raw["targets"]), trace=inp.trace,
-            trace_requests=inp.trace_requests, seed=inp.seed, curves=inp.curves,
-            overheads=inp.overheads, current=running.allocation, catalog=inp.catalog,
-            **{k: v for k, v in req.plan_options().items()
-               if k in ("tps", "shares", "max_utilisation")})
+        # the running plan's cluster, targets and allocation, the request's other inputs
+        inputs = inp.model_copy(update={"cluster": topology, "targets": dict(raw["targets"]),
+                                        "current": running.allocation})
+        problem, topology = api.problem_of(req.model_copy(update={"inputs": inputs}),
+                                           inputs.targets)
         with catalog_in_force(problem.catalog):
             plan = UserAllocation(running.allocation).solve(problem)
         placed = PlacedPlan(plan=plan, placement=running.placement, rounds=1, history=(),

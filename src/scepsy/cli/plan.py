@@ -147,11 +147,12 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
     plan, placed, problem = res.plan, res.placed, res.problem
     opts = problem.options
     lines = []
-    if opts.objective == "max-throughput":
+    kind = opts.kind
+    if kind.scales_targets:
         lines.append(f"objective: the largest fraction of the targets carried: {plan.scale:.6g}"
                      + (f" (latency bounds {dict(opts.latency_bound_s)} s)"
                         if opts.latency_bound_s else ""))
-    elif opts.objective == "min-cost":
+    elif kind.priced:
         st = plan.stats
         used = ", ".join(f"{n} × {g}" for g, n in st.get("placed_gpus", {}).items())
         buy = st.get("nodes_to_buy")
@@ -187,7 +188,7 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
     if res.peak is not None:
         lines.append(f"targets from {res.peak.describe()}")
     st = plan.stats
-    priced = st.get("placed_costs_per_hour", {}) if opts.objective == "min-cost" else {}
+    priced = st.get("placed_costs_per_hour", {}) if kind.priced else {}
     tried = ", ".join(f"{k} {priced[k]:.6g} USD/h" if k in priced else
                       f"{k} {o.objective_s:.6g} s" if o.status == "placed" else f"{k} {o.status}"
                       for k, o in placed.compared.items())
@@ -197,10 +198,10 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
         scope = {"blocks": " among whole-GPU-block allocations",
                  "aggregate": "" if placed.exact else
                  " (not proven the cheapest placeable: inexact cuts were needed)"}
-        if opts.objective == "min-cost":
+        if kind.priced:
             scope["aggregate"] = " (the cheapest allocation in aggregate, then placed)"
             scope["mixed"] = " (LLMs split over GPU types)"
-        if opts.objective != "min-cost" and set(placed.compared) - {"current"}:
+        if not kind.priced and set(placed.compared) - {"current"}:
             scope = {}  # auto: its status and gap hold over the whole candidate grid
         gap = f"gap {plan.gap:.3g}" if math.isfinite(plan.gap) else "no proven gap"
         how = (f"{placed.formulation} formulation, optimiser {plan.optimiser}: {plan.status}"

@@ -121,12 +121,11 @@ def cmd_replan(args: argparse.Namespace) -> int:
     with api.using_catalog(inp.catalog), naming(flags):
         raw, running = _running(args.plan)
         topology = _topology(raw, args.cluster, str(args.plan))
-        problem, topology = api.plan_problem(
-            args.workflow, topology, dict(raw["targets"]), trace=inp.trace,
-            trace_requests=inp.trace_requests, seed=inp.seed, curves=inp.curves,
-            overheads=inp.overheads, current=running.allocation, catalog=inp.catalog,
-            **{k: v for k, v in req.plan_options().items()
-               if k in ("tps", "shares", "max_utilisation", "time_limit_s")})
+        # the running plan's cluster, targets and allocation, the request's other inputs
+        inputs = inp.model_copy(update={"cluster": topology, "targets": dict(raw["targets"]),
+                                        "current": running.allocation})
+        problem, topology = api.problem_of(req.model_copy(update={"inputs": inputs}),
+                                           inputs.targets)
         deadline = Deadline.after(search.time_limit_s)
         with catalog_in_force(problem.catalog):
             try:

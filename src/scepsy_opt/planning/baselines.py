@@ -486,7 +486,7 @@ class BruteForce:
         self.max_product = max_product
 
     def solve(self, problem: PlanningProblem) -> Plan:
-        if problem.options.objective == "max-throughput":
+        if problem.options.kind.scales_targets:
             return self._max_throughput(problem)
         return self._min_latency(problem)
 
@@ -558,7 +558,7 @@ class _CandidateHeuristic:
         raise NotImplementedError
 
     def solve(self, problem: PlanningProblem) -> Plan:
-        if problem.options.objective == "max-throughput":
+        if problem.options.kind.scales_targets:
             # the bisection needs only whether a scale works: no diagnosis of the failures
             return _max_throughput_by_bisection(
                 problem, self.name, lambda p: self._min_latency(p, explain=False))
@@ -791,7 +791,7 @@ class UserAllocation:
             return UserAllocation(problem.options.current).solve(problem)
         t0 = time.perf_counter()
         plan, scale = self._evaluate(problem)
-        if problem.options.objective == "max-throughput" and (plan.feasible or scale > 0):
+        if problem.options.kind.scales_targets and (plan.feasible or scale > 0):
             plan = self._max_throughput(problem, plan, scale)
         return replace(plan, stats=dict(plan.stats, total_s=time.perf_counter() - t0))
 

@@ -1107,11 +1107,11 @@ class MILPOptimiser:
     def solve(self, problem: PlanningProblem, *, deadline: Deadline | None = None) -> Plan:
         """The plan within ``deadline`` (default: the problem's time limit from now)."""
         left = Deadline.of(problem, deadline)
-        if problem.options.objective == "min-cost":  # scepsy_opt.planning.mincost builds on this module
+        if problem.options.kind.priced:  # scepsy_opt.planning.mincost builds on this module
             raise InputError("plan", "objective", "min-latency or max-throughput for "
                              "scepsy_opt.planning.milp (min-cost: scepsy_opt.planning.optimisers.optimiser('milp') "
                              "or scepsy_opt.planning.mincost.solve_min_cost)", "min-cost")
-        if problem.options.objective == "max-throughput":
+        if problem.options.kind.scales_targets:
             try:
                 return solve_max_throughput(problem, self.name, deadline=left)
             except TimeLimitReached:

@@ -46,7 +46,7 @@ class ExactOptimiser(MILPOptimiser):
 
     def solve(self, problem: PlanningProblem, *, deadline: Deadline | None = None) -> Plan:
         """The plan within ``deadline`` (default: the problem's time limit from now)."""
-        if problem.options.objective == "min-cost":
+        if problem.options.kind.priced:
             return solve_min_cost(problem, deadline=Deadline.of(problem, deadline))
         return super().solve(problem, deadline=deadline)
 

@@ -22,6 +22,52 @@ Status = Literal["optimal", "time_limit", "time_limit_no_solution", "infeasible"
                  "heuristic", "evaluated"]
 
 
+Reason = Literal["optimal", "feasible", "infeasible", "no_solution", "unplaced"]
+"""Why a search ended (as OR-Tools math_opt's termination reasons): ``optimal``: proven
+optimal (within the gap limit); ``feasible``: an allocation without a proof of optimality (a
+limit stopped the search, or the optimiser does not prove: heuristics, an evaluated
+allocation); ``infeasible``: proven that no allocation meets the targets; ``no_solution``: a
+limit stopped the search before any allocation was found (nothing is known about
+feasibility); ``unplaced``: allocations were found but none placed on the concrete GPUs."""
+
+Limit = Literal["time", "gap"]
+"""The limit that ended a search: the plan's time limit, or the relative gap limit
+(``gap_rel``) reached before a proof of zero gap."""
+
+
+@dataclass(frozen=True)
+class Termination:
+    """How a search ended: its :data:`Reason`, the :data:`Limit` that ended it (None: it ran to
+    its end) and, where one is known, a sentence saying why."""
+
+    reason: Reason
+    limit: Limit | None = None
+    detail: str = ""
+
+    @property
+    def proven(self) -> bool:
+        """Whether the answer is proven: optimal within the gap limit, or infeasible."""
+        return self.reason in ("optimal", "infeasible")
+
+
+def termination(status: str, gap: float | None, detail: str | None = None) -> Termination:
+    """The :class:`Termination` of a plan's ``status`` (:data:`Status`, or plan.json's) and
+    its proven relative ``gap``: the one definition every result and report uses."""
+    text = detail or ""
+    if status == "optimal":
+        stopped_at_gap = gap is not None and math.isfinite(gap) and gap > 0
+        return Termination("optimal", "gap" if stopped_at_gap else None, text)
+    if status == "time_limit":
+        return Termination("feasible", "time", text)
+    if status == "time_limit_no_solution":
+        return Termination("no_solution", "time", text)
+    if status in ("infeasible", "unplaced"):
+        return Termination(status, None, text)  # type: ignore[arg-type]
+    if status in ("heuristic", "evaluated"):
+        return Termination("feasible", None, text)
+    raise ValueError(f"no termination for plan status {status!r}")
+
+
 @dataclass(frozen=True)
 class Infeasibility:
     """Why no allocation meets the targets, and how far the cluster gets."""
@@ -55,6 +101,12 @@ class Plan:
     @property
     def feasible(self) -> bool:
         return self.allocation is not None
+
+    @property
+    def termination(self) -> Termination:
+        """How the search for this plan ended (:func:`termination` of its status and gap)."""
+        return termination(self.status, self.gap,
+                           self.infeasible.detail if self.infeasible is not None else None)
 
 
 class Optimiser(Protocol):

@@ -14,12 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from types import MappingProxyType
-from typing import Literal
 
 from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.cluster import Cluster
+from scepsy_opt.planning.objectives import OBJECTIVES, ObjectiveKind, objective
+from scepsy_opt.planning.objectives import Name as Objective
 from scepsy_opt.prediction.pipeline import LLMDemand, llm_demand, llm_load
 from scepsy_opt.prediction.slo import CallSLO
 from scepsy_opt.stats import WorkflowStats
@@ -28,10 +29,6 @@ from scepsy_profile.latency import LatencyModel
 from scepsy_profile.serving import MemoryPolicy
 
 TENTHS = tuple(round(0.1 * i, 1) for i in range(1, 11))
-# min-cost: the cheapest GPUs (price per hour, scepsy_opt.planning.mincost) that meet the targets and the
-# latency bounds (latency_bound_s: mean; latency_bounds: percentile), ties broken by latency
-Objective = Literal["min-latency", "max-throughput", "min-cost"]
-OBJECTIVES: tuple[Objective, ...] = ("min-latency", "max-throughput", "min-cost")
 
 
 @dataclass(frozen=True)
@@ -126,6 +123,11 @@ class PlanOptions:
         object.__setattr__(self, "latency_bounds", MappingProxyType(dict(sorted(bounds.items()))))
         object.__setattr__(self, "slos", MappingProxyType(dict(sorted(self.slos.items()))))
 
+    @property
+    def kind(self) -> ObjectiveKind:
+        """The objective's strategy (:mod:`scepsy_opt.planning.objectives`)."""
+        return objective(self.objective)
+
 
 class TimeLimitReached(Exception):
     """The plan's :class:`Deadline` passed: no allocation can be returned from this point on.
@@ -192,7 +194,7 @@ class PlanningProblem:
                 raise InputError("plan", f"targets.{w}", "a throughput > 0 req/s", t)
         if self.cluster.total_gpus < 1 and not self.cluster.open:
             raise InputError("plan", "cluster", "a cluster with at least one GPU")
-        if self.cluster.unbounded and self.options.objective != "min-cost":
+        if self.cluster.unbounded and not self.options.kind.priced:
             raise InputError("plan", "cluster", "pools of a known size (nodes: auto without "
                              "max_nodes needs the min-cost objective)",
                              ", ".join(self.cluster.unbounded))

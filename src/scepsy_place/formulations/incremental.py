@@ -53,7 +53,8 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, parse_allocation
 from scepsy_opt.planning.candidates import CandidateSet, generate_candidates
 from scepsy_opt.planning.milp import Row, solve_min_latency
-from scepsy_opt.planning.problem import OBJECTIVES, Deadline, Objective, PlanningProblem
+from scepsy_opt.planning.objectives import OBJECTIVES_REGISTRY
+from scepsy_opt.planning.problem import Deadline, Objective, PlanningProblem
 from scepsy_opt.planning.solver import has_solution, highs_status, pulp_highs
 from scepsy_opt.ratework import check_rate
 from scepsy_place.formulations.loop import (
@@ -639,8 +640,10 @@ def replan(problem: PlanningProblem, topology: Topology,
     new targets within the problem's latency bounds, what a controller that gives GPUs back
     wants). The next-best allocations are searched under ``min-latency`` only."""
     t0 = time.perf_counter()
-    if objective not in OBJECTIVES:
-        raise InputError("replan", "objective", f"one of {list(OBJECTIVES)}", objective)
+    if objective not in OBJECTIVES_REGISTRY:
+        raise InputError("replan", "objective", f"one of {list(OBJECTIVES_REGISTRY)}",
+                         objective)
+    kind = OBJECTIVES_REGISTRY[objective]
     deadline = Deadline.of(problem, deadline)
     for name, x in (("move_cost_s", move_cost_s), ("change_penalty_s", change_penalty_s)):
         if isinstance(x, bool) or not (isinstance(x, int | float) and math.isfinite(x) and x >= 0):
@@ -677,7 +680,7 @@ def replan(problem: PlanningProblem, topology: Topology,
     best = _realise(new_problem, top, run, surviving, res, **kw)
     tried, tests = 1, best.tests
     if (best.moved and move_cost_s > 0 and alternatives > 0 and best.placed.placed
-            and objective == "min-latency"):
+            and kind.searches_alternatives):
         cset = generate_candidates(new_problem, prune=top.total_gpus > UNPRUNED_MAX_GPUS)
         rows: list[Row] = [_nogood(cset, res.plan.allocation)]
         for _ in range(alternatives):

@@ -215,9 +215,10 @@ def plan_and_place(problem: PlanningProblem, topology: Topology, *, name: str = 
     FORMULATIONS_REGISTRY.check(formulation, "optimiser", name)
     kw: dict[str, Any] = {"name": name, "policy": policy, "max_rounds": max_rounds,
                           "placer_options": placer_options, "deadline": deadline}
-    if problem.options.objective == "max-throughput" and name == "milp":
+    kind = problem.options.kind
+    if kind.scales_targets and name == "milp":
         return _max_throughput(problem, topology, formulation, **kw)
-    if problem.options.objective == "min-cost" and name == "milp":
+    if kind.priced and name == "milp":
         return _min_cost(problem, topology, aggregate_only=formulation == "aggregate", **kw)
     return keep_current(problem, topology, _min_latency(problem, topology, formulation, **kw),
                         policy=policy, placer_options=placer_options, deadline=deadline)
@@ -740,7 +741,7 @@ def keep_current(problem: PlanningProblem, topology: Topology, res: PlacedPlan, 
     penalty). ``compared["current"]`` says how it ended (``stopped``: priced no better than
     ``res``, not placed; ``infeasible``: it does not carry the targets or fit the budgets)."""
     cur = problem.options.current
-    if cur is None or problem.options.objective != "min-latency":
+    if cur is None or not problem.options.kind.keeps_current:
         return res
     plan = current_plan(problem, res.plan.optimiser)
     if plan is None:

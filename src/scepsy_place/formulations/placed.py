@@ -10,7 +10,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from scepsy_opt.planning.milp import solve_min_latency
-from scepsy_opt.planning.plans import Plan, time_limit_plan
+from scepsy_opt.planning.plans import Plan, Termination, termination, time_limit_plan
 from scepsy_opt.planning.problem import (
     Deadline,
     PlanningProblem,
@@ -92,6 +92,15 @@ class PlacedPlan:
             return None
         gap = self.plan.objective_s / self.bound_s - 1.0
         return 0.0 if gap < 1e-12 else gap  # float noise between a MILP's bound and our sum
+
+    @property
+    def termination(self) -> Termination:
+        """How the plan handed on (:attr:`answer`) ended: its status, the proven gap over
+        every placeable allocation where one is known, and why nothing was placed."""
+        ans = self.answer
+        gap = self.gap if self.bound_s is not None else ans.gap
+        detail = self.reason or (ans.infeasible.detail if ans.infeasible is not None else None)
+        return termination(ans.status, gap, detail)
 
     @property
     def outcome(self) -> Outcome:

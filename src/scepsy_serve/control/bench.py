@@ -58,6 +58,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.arrivals import load_arrivals
 from scepsy_opt.cluster import uniform_cluster
+from scepsy_opt.planning.objectives import objective as kind
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.prediction.pipeline import predict
 from scepsy_opt.prediction.schedule import AllocationChange
@@ -194,7 +195,7 @@ def setup(opts: BenchOptions) -> Setup:
 
 def _with(problem: PlanningProblem, objective: str) -> PlanningProblem:
     return replace(problem, options=replace(problem.options, objective=objective,  # type: ignore[arg-type]
-                                            latency_bounds={} if objective == "min-latency"
+                                            latency_bounds={} if not kind(objective).mean_bounds
                                             else problem.options.latency_bounds))
 
 

@@ -71,7 +71,8 @@ from typing import Any, Literal
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planning.problem import OBJECTIVES, Objective, PlanningProblem
+from scepsy_opt.planning.objectives import OBJECTIVES, MaxThroughput, MinLatency, objective
+from scepsy_opt.planning.problem import Objective, PlanningProblem
 from scepsy_opt.prediction.pipeline import predict
 from scepsy_opt.prediction.tails import QUANTILES
 from scepsy_place.formulations.incremental import LoadChanged, Replan, replan
@@ -316,7 +317,7 @@ class Controller:
         """The largest total rate (req/s, at the problem's mix) a plan on the whole cluster
         carries within the bounds and the band (its max-throughput plan); inf without one."""
         p = self.problem
-        res = plan_and_place(replace(p, options=replace(p.options, objective="max-throughput",
+        res = plan_and_place(replace(p, options=replace(p.options, objective=MaxThroughput.name,
                                                         current=None)), self.topology,
                              formulation=self.config.formulation)
         if not res.placed or res.plan.allocation is None:
@@ -444,12 +445,12 @@ class Controller:
             rp = replan(self.problem, self.topology, self._placed, events,
                         objective=cfg.objective, formulation=form)
             note = " (new shapes: none of the running ones carries the target)"
-        if not rp.ok and action == "scale-up" and cfg.objective != "min-latency":
+        if not rp.ok and action == "scale-up" and objective(cfg.objective).mean_bounds:
             for base in (within, self.problem):  # the running shapes first, again
                 free = replace(base, options=replace(base.options, latency_bound_s={},
                                                      latency_bounds={}))
                 rp = replan(free, self.topology, self._placed, events,
-                            objective="min-latency", formulation=form)
+                            objective=MinLatency.name, formulation=form)
                 if rp.ok:
                     break
             note = " (no plan meets the latency bounds: the lowest latency on the cluster)"

@@ -42,7 +42,7 @@ from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
 from scepsy_opt.planning.planfile import PLAN_VERSION, dumps
-from scepsy_opt.planning.plans import Status
+from scepsy_opt.planning.plans import Status, Termination, termination
 from scepsy_opt.planning.problem import Objective
 from scepsy_place.formulations.loop import LoopStatus
 from scepsy_place.packing.check import overloads
@@ -403,6 +403,8 @@ class SolveReport(BaseModel):
 
     model_config = ConfigDict(frozen=True)
     status: Status
+    termination: Termination
+    """how the search ended (:func:`scepsy_opt.planning.plans.termination`: reason, limit)"""
     reason: str | None
     objective_s: float | None
     bound_s: float | None
@@ -425,7 +427,8 @@ class SolveReport(BaseModel):
         gap = pl.gap if pl is not None and pl.gap is not None else plan.solver.gap
         reason = pl.reason if pl is not None and pl.reason else (
             plan.infeasible.detail if plan.infeasible is not None else None)
-        return cls(status=plan.status, reason=reason, objective_s=plan.solver.objective_s,
+        return cls(status=plan.status, termination=termination(plan.status, gap, reason),
+                   reason=reason, objective_s=plan.solver.objective_s,
                    bound_s=bound, gap=gap, formulation=pl.formulation if pl else None,
                    compared=dict(pl.compared) if pl else {},
                    statistics=plan.solver)
