@@ -26,6 +26,7 @@ from scepsy_common.errors import InputError, check_rate
 from scepsy_opt.workflows import DEFAULT_TRACE_REQUESTS
 
 if TYPE_CHECKING:
+    from scepsy.evaluation import PredictRequest, SimulateRequest
     from scepsy_opt.allocation import Allocation
     from scepsy_opt.cluster import Cluster
     from scepsy_opt.planning.coverage import ShareExtrapolation
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from scepsy_place.request import PlanRequest
     from scepsy_profile.catalog import Catalog
     from scepsy_profile.latency import LatencyModel
-    from scepsy_profile.serving import MemoryPolicy
     from scepsy_serve.launch.planfile import SolveReport
 
     Overheads = Any  # a path or a scepsy_profile.overheads.EngineOverheads
@@ -196,18 +196,6 @@ def load_overheads(overheads: PathLike | Any) -> Any:
         return _load(overheads)
     raise InputError("overheads", "", "an overheads file path or an EngineOverheads",
                      type(overheads).__name__)
-
-
-def _engine(engine: Any) -> MemoryPolicy | None:
-    """The engine settings an ``engine=`` argument stands for: a
-    :class:`~scepsy_profile.serving.MemoryPolicy` (vLLM's ``max_num_seqs`` as ``max_batch``, the
-    KV block size and management, the token budget) or None (the defaults)."""
-    from scepsy_profile.serving import MemoryPolicy
-
-    if engine is None or isinstance(engine, MemoryPolicy):
-        return engine
-    raise InputError("engine", "", "a MemoryPolicy (the engine's settings) or None",
-                     type(engine).__name__)
 
 
 def _latency(curves: PathLike | None, latency: LatencyModel | None,
@@ -614,85 +602,91 @@ def _predict_inputs(workflows: Any, allocation: PathLike | Allocation, rate: Opt
     return specs, alloc, rates, _trace(specs, trace, trace_requests, seed)
 
 
-def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None, *,
-            form: str = "critical-path", trace: PathLike | Trace | None = None,
-            trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
-            curves: PathLike | None = None, latency: LatencyModel | None = None,
-            overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
-            catalog: PathLike | Catalog | None = None) -> Prediction:
+def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None,
+            **options: Any) -> Prediction:
     """Each workflow's predicted throughput, maximum throughput and latency at ``rate`` on
-    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md); arguments as :func:`plan`
-    (``rate`` optional for a rate workload). ``allocation`` may be a plan.json (its allocation
-    is read)."""
+    ``allocation`` (the Aggregate LLM Pipeline, docs/predictor.md). The keywords are the
+    fields of :class:`~scepsy.evaluation.PredictRequest` and its inputs (``form``, ``trace``,
+    ``trace_requests``, ``seed``, ``curves`` or ``latency``, ``overheads``, ``catalog``) and
+    ``engine`` (a :class:`~scepsy_profile.serving.MemoryPolicy`); arguments as :func:`plan`
+    (``rate`` optional for a rate workload). ``allocation`` may be a plan.json (its
+    allocation is read)."""
+    from scepsy.evaluation import PredictRequest, request_of, split_keywords
+
+    return run_predict(request_of(PredictRequest, split_keywords(
+        PredictRequest, workflows, allocation, rate, options)))
+
+
+def run_predict(request: PredictRequest) -> Prediction:
+    """:func:`predict` of a :class:`~scepsy.evaluation.PredictRequest` (``scepsy predict``
+    builds one from its options)."""
     from scepsy_opt.prediction.pipeline import predict as _predict
     from scepsy_opt.workload import models_of
 
-    with using_catalog(catalog) as cat:
-        specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
-                                                  trace_requests, seed)
-        own = cat if catalog is not None else None
-        return _predict(_stats(specs, tr, seed), models_of(specs), alloc,
-                        _latency(curves, latency, own, overheads), rates,
-                        form=form, catalog=own, policy=_engine(engine))  # type: ignore[arg-type]
+    inp = request.inputs
+    with using_catalog(inp.catalog) as cat:
+        specs, alloc, rates, tr = _predict_inputs(inp.workflow, inp.allocation, inp.rate,
+                                                  inp.trace, inp.trace_requests, inp.seed)
+        own = cat if inp.catalog is not None else None
+        return _predict(_stats(specs, tr, inp.seed), models_of(specs), alloc,
+                        _latency(inp.curves, inp.latency, own, inp.overheads), rates,
+                        form=request.form, catalog=own, policy=request.engine.memory_policy())
 
 
-def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None, *,
-             requests: int | None = DEFAULT_TRACE_REQUESTS, routing: str = "round_robin",
-             trace: PathLike | Trace | None = None,
-             trace_requests: int = DEFAULT_TRACE_REQUESTS, seed: int = 0,
-             curves: PathLike | None = None, latency: LatencyModel | None = None,
-             overheads: Overheads | None = None, engine: MemoryPolicy | None = None,
-             progress: bool = False, catalog: PathLike | Catalog | None = None,
-             arrivals: PathLike | Any = None, time_scale: float = 1.0,
-             ) -> SimulationResult:
+def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None,
+             **options: Any) -> SimulationResult:
     """Simulated throughput and latency of ``requests`` Poisson arrivals at ``rate`` on
-    ``allocation`` (the discrete-event simulator, docs/simulator.md); arguments as :func:`plan`
-    (``rate`` optional for a rate workload). ``arrivals``: recorded arrival times (a file
-    :func:`scepsy_opt.arrivals.load_arrivals` reads, or :class:`~scepsy_opt.arrivals.Arrivals`),
-    ``time_scale`` times as fast, replayed in place of the Poisson process (the first
-    ``requests`` of them; ``None``: all); each draws a workflow in proportion to the rates
-    (``rate``: a mapping workflow -> rate, or None for their mean rate split as for
-    :func:`plan`; a total rate is refused, as the arrivals set it) (docs/arrivals.md)."""
+    ``allocation`` (the discrete-event simulator, docs/simulator.md); the keywords are the
+    fields of :class:`~scepsy.evaluation.SimulateRequest` and its inputs, arguments as
+    :func:`plan` (``rate`` optional for a rate workload). ``arrivals``: recorded arrival
+    times (a file :func:`scepsy_opt.arrivals.load_arrivals` reads, or
+    :class:`~scepsy_opt.arrivals.Arrivals`), ``time_scale`` times as fast, replayed in place
+    of the Poisson process (the first ``requests`` of them; ``None``: all); each draws a
+    workflow in proportion to the rates (``rate``: a mapping workflow -> rate, or None for
+    their mean rate split as for :func:`plan`; a total rate is refused, as the arrivals set
+    it) (docs/arrivals.md)."""
+    from scepsy.evaluation import SimulateRequest, request_of, split_keywords
+
+    return run_simulate(request_of(SimulateRequest, split_keywords(
+        SimulateRequest, workflows, allocation, rate, options)))
+
+
+def run_simulate(request: SimulateRequest) -> SimulationResult:
+    """:func:`simulate` of a :class:`~scepsy.evaluation.SimulateRequest` (``scepsy simulate``
+    builds one from its options)."""
     from scepsy_opt.prediction.simulate import simulate as _simulate
     from scepsy_opt.workload import models_of, specs_and_rates
 
+    inp = request.inputs
+    rate = inp.rate
     times = None
-    if arrivals is not None:
-        if rate is not None and not isinstance(rate, Mapping):  # it would change nothing
-            raise InputError("rate", "", "no total rate together with arrivals (the arrival "
-                             "times set the rate; the workload's weights, or rates given per "
-                             "workflow, set the mix)", rate)
-        arr = _arrivals(arrivals, time_scale)
+    if request.arrivals is not None:
+        arr = _arrivals(request.arrivals, request.time_scale)
         times = arr.times_s
-        if rate is None and specs_and_rates(workflows)[1] is None:  # not a rate workload
+        if rate is None and specs_and_rates(inp.workflow)[1] is None:  # not a rate workload
             rate = check_rate(arr.mean_rate if math.isfinite(arr.mean_rate) else
                               float(arr.count), arr.source or "arrivals", "",
                               f" as the mean rate of the arrival times ({arr.count} over "
                               f"{arr.span_s:g} s)")
-    elif time_scale != 1.0:
-        raise InputError("time_scale", "", "arrivals to scale (arrivals=)", time_scale)
-    if requests is not None:
-        _count(requests, "requests", 1)
-    elif times is None:
-        requests = DEFAULT_TRACE_REQUESTS
-    with using_catalog(catalog) as cat:
-        specs, alloc, rates, tr = _predict_inputs(workflows, allocation, rate, trace,
-                                                  trace_requests, seed)
-        own = cat if catalog is not None else None
-        lat = _latency(curves, latency, own, overheads)
-        policy = _engine(engine)
+    with using_catalog(inp.catalog) as cat:
+        specs, alloc, rates, tr = _predict_inputs(inp.workflow, inp.allocation, rate,
+                                                  inp.trace, inp.trace_requests, inp.seed)
+        own = cat if inp.catalog is not None else None
+        lat = _latency(inp.curves, inp.latency, own, inp.overheads)
+        policy = request.engine.memory_policy()
         more: dict[str, Any] = {} if policy is None else {"policy": policy}
         models = models_of(specs)
         if any(i.mesh is not None or i.prefill_share is not None for i in alloc.llms.values()):
             from scepsy_opt.prediction.pipeline import phase_latencies, served
 
-            stats, served_models = served(_stats(specs, tr, seed), models, alloc)
+            stats, served_models = served(_stats(specs, tr, inp.seed), models, alloc)
             more["latencies"] = phase_latencies(stats, served_models, alloc, lat, rates,
                                                 catalog=own, policy=policy)
         if times is not None:
             more["arrival_times_s"] = times
-        return _simulate(tr, models, alloc, lat, rates, requests=requests, seed=seed,
-                         routing=routing, progress=progress, **more)  # type: ignore[arg-type]
+        return _simulate(tr, models, alloc, lat, rates, requests=request.arrivals_count,
+                         seed=inp.seed, routing=request.routing, progress=request.progress,
+                         **more)
 
 
 # ------------------------------------------------------------------------------ documents

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from scepsy_common.errors import InputError
+from scepsy_common.flags import Flag, FlagField, fields_with_flags
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_opt.planning.problem import OBJECTIVES, TENTHS, PlanOptions
 from scepsy_opt.ratework import check_rate
@@ -39,30 +39,6 @@ from scepsy_profile.serving import MAX_BATCHED_TOKENS, MAX_BLOCK_SIZE, MAX_NUM_S
 
 SOURCE = "plan"
 """The source an invalid request's :class:`InputError` names (its field: the request field)."""
-
-
-@dataclass(frozen=True)
-class Flag:
-    """How a request field appears on the command line: the option ``name`` (or several, for a
-    field the CLI reads from more than one option), its ``metavar``, and its text ``form``, one
-    of :data:`FORMS` (how the CLI parses the text into the field's value)."""
-
-    name: str
-    form: str = "text"
-    metavar: str | None = None
-    also: tuple[str, ...] = ()  # further options of the same field (--tpot-slo beside --ttft-slo)
-    group: str | None = None  # the help section
-    choices: Callable[[], tuple[str, ...]] | None = None  # form "choice": the values
-    also_metavar: str | None = None  # the further options' metavar and help
-    also_help: str = ""
-
-
-FORMS = ("text", "path", "count", "seed", "positive", "nonnegative", "float", "choice", "switch",
-         "negated-switch", "csv-ints", "csv-floats", "memory-shares", "rates", "prices",
-         "latency-bounds", "slos")
-"""The text forms of :class:`Flag`: ``switch`` is a flag that sets True, ``negated-switch`` one
-that sets False (``--no-improve``); ``rates``, ``prices`` and ``latency-bounds`` repeat
-(``NAME=VALUE`` entries); ``slos`` reads ``--ttft-slo`` and ``--tpot-slo``."""
 
 
 class _Model(BaseModel):
@@ -467,18 +443,6 @@ def _not_here(loc: list[str]) -> str:
 # ------------------------------------------------------------------------------ the flags
 
 
-@dataclass(frozen=True)
-class FlagField:
-    """A request field that has a command-line option: its path in the request (``("search",
-    "tps")``), its :class:`Flag`, its default and its help text."""
-
-    path: tuple[str, ...]
-    flag: Flag
-    default: Any
-    required: bool
-    help: str
-
-
 def _models() -> Iterator[tuple[tuple[str, ...], type[_Model]]]:
     yield ("inputs",), Inputs
     for cls in (MinLatency, MaxThroughput, MinCost):
@@ -491,20 +455,9 @@ def _models() -> Iterator[tuple[tuple[str, ...], type[_Model]]]:
 
 
 def flag_fields() -> tuple[FlagField, ...]:
-    """Every field with a :class:`Flag`, once per option, in the order of the request."""
-    out: dict[str, FlagField] = {}
-    for prefix, model in _models():
-        for name, info in model.model_fields.items():
-            flag = next((m for m in info.metadata if isinstance(m, Flag)), None)
-            if flag is None or flag.name in out:
-                continue
-            assert flag.form in FORMS, flag
-            out[flag.name] = FlagField((*prefix, name), flag,
-                                       None if info.is_required() else info.get_default(
-                                           call_default_factory=True),
-                                       info.is_required(),
-                                       " ".join((info.description or "").split()))
-    return tuple(out.values())
+    """Every field of the plan request with a :class:`~scepsy_common.flags.Flag`, once per
+    option, in the order of the request."""
+    return fields_with_flags(_models())
 
 
 def flag_names() -> dict[str, str]:

@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import run_cli
-from scepsy.cli import _Parser, _parser
+from scepsy.cli import _Parser, build_parser
 from scepsy.cli.helptext import plain_text
 
 # double backquotes, a role (:class:`x`, :py:func:`x`), a hyperlink reference (`x`_),
@@ -36,7 +36,7 @@ def _commands() -> list[tuple[str, ...]]:
     todo: list[tuple[str, ...]] = [()]
     while todo:
         path = todo.pop()
-        parser = _parser([*path, "--help"])
+        parser = build_parser([*path, "--help"])
         for name in path:
             parser = _sub(parser)[name]
         for name in _sub(parser):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from scepsy.cli import COMMANDS, _parser
+from scepsy.cli import COMMANDS, build_parser
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -31,13 +31,13 @@ def _handlers(parser: argparse.ArgumentParser) -> list[object]:
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
 def test_every_command_is_built_by_its_module_with_a_handler(name):
-    cmd = _subcommands(_parser([name]))[name]
+    cmd = _subcommands(build_parser([name]))[name]
     handlers = _handlers(cmd)
     assert handlers and all(callable(h) for h in handlers), (name, handlers)
 
 
 def test_help_imports_no_command_module_and_no_library():
-    code = ("import sys, json; from scepsy.cli import _parser; _parser(['--help']); "
+    code = ("import sys, json; from scepsy.cli import build_parser; build_parser(['--help']); "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('scepsy'))))")
     loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                        text=True, check=True).stdout)
@@ -48,7 +48,7 @@ def test_help_imports_no_command_module_and_no_library():
 
 
 def test_naming_one_command_imports_its_module_only():
-    code = ("import sys, json; from scepsy.cli import _parser; _parser(['gateway']); "
+    code = ("import sys, json; from scepsy.cli import build_parser; build_parser(['gateway']); "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('scepsy.cli.'))))")
     loaded = set(json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True,
                                            text=True, check=True).stdout))

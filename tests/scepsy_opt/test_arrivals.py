@@ -157,7 +157,7 @@ def test_simulate_replays_an_arrivals_file(tmp_path):
     assert doc["workflows"]["rag"]["completed"] == 101
     code, _, err = run_cli("simulate", "--workflow", WORKFLOW, "--allocation", ALLOCATION,
                            "--time-scale", "2", "--trace-requests", "100")
-    assert code == 2 and "--time-scale: expected together with --arrivals" in err
+    assert code == 2 and "--time-scale: expected together with arrivals" in err
 
 
 def test_plan_carries_the_peak_window_of_the_arrivals(tmp_path):

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from conftest import REPO, run_cli
 from scepsy import api
 from scepsy_common.errors import InputError
+from scepsy_common.flags import FORMS
 from scepsy_opt.planning.optimisers import OPTIMISERS
 from scepsy_place.packing.placement import PLACERS
 from scepsy_place.request import (
-    FORMS,
     HierarchicalPlacement,
     PlanRequest,
     SimplePlacement,

@@ -60,7 +60,7 @@ class _Parser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = _parser(argv).parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
     except SystemExit as exc:  # --help (0) or a usage error, already printed (2)
         return int(exc.code or 0)
     except KeyboardInterrupt:  # Ctrl-C while the command's modules load: nothing written
@@ -96,7 +96,7 @@ def _one_line(text: str) -> str:
 # ------------------------------------------------------------------------------- parsers
 
 
-def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
     """The parser; only the command named in ``argv`` gets its options (its module imported,
     and with it what its defaults and choices come from), so ``scepsy --help`` imports no
     library."""
@@ -112,32 +112,6 @@ def _parser(argv: Sequence[str]) -> argparse.ArgumentParser:
         if mod != module:
             sub.add_parser(name, help=helptext)
     return p
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -167,65 +141,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
 """Every command: the module that adds its parser (``register(subparsers)``, which sets the
 handler as ``func``) and its one-line help. A command's module is imported only when the
 command is named."""
-
-
-# ------------------------------------------------------------------------------ helpers
-
-
-
-
-
-
-
-
-# ----------------------------------------------------------------------------- commands
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 if __name__ == "__main__":  # pragma: no cover

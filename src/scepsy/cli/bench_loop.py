@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from scepsy.cli.argtypes import COUNT, POSITIVE, RATE, SEED
-from scepsy.cli.evaluate import _EVAL_FLAGS
 from scepsy.cli.util import UsageError
 from scepsy.cli.util import floats as _floats
 from scepsy.cli.util import ints as _ints
@@ -110,8 +109,13 @@ def _cmd_bench_loop(args: argparse.Namespace) -> int:
             max_drive_s=args.max_drive_s, control=_control_loop(args))
     except InputError as exc:
         _loop_usage(exc)
-    with _naming(_EVAL_FLAGS | {"tps": "--tp", "shares": "--shares"}):
+    with _naming(_LOOP_FLAGS):
         return _loop_report(lambda: api.bench_loop(options, say=_say), args)
+
+
+_LOOP_FLAGS = {"seed": "--seed", "rate": "--rate", "requests": "--requests",
+               "overheads": "--overheads", "tps": "--tp", "shares": "--shares"}
+"""Fields of the loop's options -> the options that set them, for error messages."""
 
 
 def _control_loop(args: argparse.Namespace) -> Any:

@@ -1,62 +1,36 @@
-"""What ``scepsy predict`` and ``scepsy simulate`` share: their input flags and the serving
-engine's settings (the engine fields of the plan request)."""
+"""What ``scepsy predict`` and ``scepsy simulate`` share: options generated from their
+requests' fields (:mod:`scepsy.evaluation`) and the request read back from the options."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
-from scepsy.cli.argtypes import COUNT, RATE, SEED
-from scepsy.cli.util import naming as _naming
+from scepsy.cli.util import naming
 
 
-def _engine_fields() -> tuple[Any, ...]:
-    from scepsy_place.request import flag_fields
-
-    return tuple(f for f in flag_fields() if f.path[0] == "engine")
-
-
-def _engine_args(cmd: argparse.ArgumentParser) -> None:
-    """The serving engine's settings, as vLLM names them (predict, simulate): the engine
-    fields of the plan request (:class:`scepsy_place.request.Engine`)."""
+def add_evaluation_flags(cmd: argparse.ArgumentParser, fields: Sequence[Any]) -> None:
+    """One option per request field with a flag (the engine's in their own group), and
+    ``--json``."""
     from scepsy.cli.fields import add_request_flags
 
-    add_request_flags(cmd, _engine_fields())
+    add_request_flags(cmd, fields)
+    cmd.add_argument("--json", action="store_true", help="print the figures as JSON")
 
 
-def _engine(args: argparse.Namespace) -> Any:
-    """The MemoryPolicy of the engine flags, or None when none is given."""
+def evaluation_request(args: argparse.Namespace, cls: type, fields: Sequence[Any]) -> Any:
+    """The request ``cls`` of the options given (an invalid one: a usage error naming the
+    option)."""
     from scepsy.cli.fields import given_fields
-    from scepsy_place.request import Engine, flag_names
+    from scepsy.evaluation import request_of
+    from scepsy_place.request import request_data
 
-    given = {path[-1]: v for path, v in given_fields(args, _engine_fields(), {}).items()}
-    with _naming(flag_names()):
-        return Engine.checked(given).memory_policy()
-
-
-def _evaluate_args(cmd: argparse.ArgumentParser) -> None:
-    """The options predict and simulate share."""
-    from scepsy.api import DEFAULT_TRACE_REQUESTS
-
-    cmd.add_argument("--workflow", type=Path, required=True,
-                     help="workflow, workload or rate workload (kind: rates) YAML")
-    cmd.add_argument("--allocation", type=Path, required=True, help="allocation YAML/JSON")
-    cmd.add_argument("--rate", type=RATE,
-                     help="total arrival rate, req/s (split over a workload's weights); "
-                     "optional for a rate workload: its rates, rescaled to this total if given")
-    cmd.add_argument("--trace", type=Path, help="recorded trace (default: generated)")
-    cmd.add_argument("--trace-requests", type=COUNT, default=DEFAULT_TRACE_REQUESTS,
-                     help="requests per workflow of the generated trace (default %(default)s)")
-    cmd.add_argument("--curves", type=Path, help="fitted curves (measured curves win)")
-    cmd.add_argument("--overheads", type=Path, help="engine overheads calibration YAML/JSON "
-                     "(scepsy profile calibrate; default: none, optimistic)")
-    cmd.add_argument("--catalog", type=Path, help="YAML catalog extending the bundled one")
-    cmd.add_argument("--seed", type=SEED, default=0)
-    cmd.add_argument("--json", action="store_true")
-    _engine_args(cmd)
+    given = given_fields(args, fields, {})
+    with naming(option_names(fields)):
+        return request_of(cls, request_data(given))
 
 
-_EVAL_FLAGS = {"seed": "--seed", "trace_requests": "--trace-requests", "rate": "--rate",
-               "requests": "--requests", "overheads": "--overheads", "arrivals": "--arrivals",
-               "time_scale": "--time-scale"}
+def option_names(fields: Sequence[Any]) -> dict[str, str]:
+    """Each request field (its last name) -> its option, for error messages."""
+    return {f.path[-1]: f.flag.name for f in fields}

@@ -14,14 +14,14 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scepsy.cli.argtypes import COUNT, FINITE, NONNEGATIVE, POSITIVE, SEED, slo_flags
+from scepsy.cli.argtypes import COUNT, FINITE, NONNEGATIVE, POSITIVE, RATE, SEED, slo_flags
 from scepsy.cli.util import floats, ints
 
 # form -> argparse keyword arguments (the text forms parsed after argparse are in _PARSE)
 _ARGPARSE: Mapping[str, dict[str, Any]] = {
     "text": {}, "path": {"type": Path}, "count": {"type": COUNT}, "seed": {"type": SEED},
     "positive": {"type": POSITIVE}, "nonnegative": {"type": NONNEGATIVE},
-    "float": {"type": FINITE}, "choice": {}, "switch": {"action": "store_true"},
+    "float": {"type": FINITE}, "rate": {"type": RATE}, "choice": {}, "switch": {"action": "store_true"},
     "negated-switch": {"action": "store_false"}, "csv-ints": {}, "csv-floats": {},
     "memory-shares": {}, "rates": {"action": "append"}, "prices": {"action": "append"},
     "latency-bounds": {"action": "append"}, "slos": {"action": "append"},

@@ -5,29 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 
-from scepsy.cli.evaluate import _EVAL_FLAGS, _engine, _evaluate_args
+from scepsy.cli.evaluate import add_evaluation_flags, evaluation_request, option_names
 from scepsy.cli.util import json_float as _json_float
 from scepsy.cli.util import naming as _naming
 from scepsy.cli.util import print_rows as _print_table
 
 
-def _predict_args(cmd: argparse.ArgumentParser) -> None:
-    from scepsy_opt.prediction.pipeline import FORMS
-
-    _evaluate_args(cmd)
-    cmd.add_argument("--form", choices=FORMS, default="critical-path")
-    cmd.set_defaults(func=_cmd_predict)
-
-
 def _cmd_predict(args: argparse.Namespace) -> int:
     from scepsy import api
+    from scepsy.evaluation import PredictRequest, predict_flag_fields
 
-    with _naming(_EVAL_FLAGS):
-        pred = api.predict(args.workflow, args.allocation, args.rate, form=args.form,
-                           trace=args.trace, trace_requests=args.trace_requests, seed=args.seed,
-                           curves=args.curves, overheads=args.overheads,
-                           engine=_engine(args), catalog=args.catalog)
-    doc = api.prediction_document(pred, args.form)
+    fields = predict_flag_fields()
+    request = evaluation_request(args, PredictRequest, fields)
+    with _naming(option_names(fields)):
+        pred = api.run_predict(request)
+    doc = api.prediction_document(pred, request.form)
     if args.json:
         print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
         return 0
@@ -45,7 +37,11 @@ HELP = "predicted throughput and latency (Aggregate LLM Pipeline)"
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``scepsy predict`` and its options."""
+    """Add ``scepsy predict`` and its options (the fields of
+    :class:`scepsy.evaluation.PredictRequest`)."""
+    from scepsy.evaluation import predict_flag_fields
+
     cmd = subparsers.add_parser("predict", help=HELP)
-    _predict_args(cmd)
+    add_evaluation_flags(cmd, predict_flag_fields())
+    cmd.set_defaults(func=_cmd_predict)
     return cmd
