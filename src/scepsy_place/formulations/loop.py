@@ -84,7 +84,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, cast
 
@@ -802,152 +802,215 @@ def _aggregate_loop(problem: PlanningProblem, topology: Topology, *, name: str =
     net, and a loop it ends says so (``unplaced``, the reason naming the round cap).
     """
     deadline = Deadline.of(problem, deadline)
-    opts = dict(placer_options or {})
-    exact = True
-    history: list[dict[str, Any]] = []
-    valid: list[Row] = []  # rows that hold for every placeable allocation
-    nogood: list[Row] = []  # allocations the placer failed on
-    cuts = dict.fromkeys(CUT_KINDS, 0)
-    cset: CandidateSet | None = None
-    # every candidate on small clusters (exact); the dominance-pruned ones above
-    # UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round
-    unpruned = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
-    looping = name == "milp"
-    busy = any(n.busy for n in topology.nodes)
+    run = _AggregateRun(problem, topology, name, policy, dict(placer_options or {}), cutoff_s,
+                        deadline)
+    try:
+        plan = run.first_plan()
+    except TimeLimitReached:
+        return timed_out(deadline, name, 1, (), "aggregate", run.exact)
+    placement: Placement | None = None
+    for rnd in range(1, max_rounds + 1):
+        done = run.settled(plan, placement, rnd)
+        if done is not None:
+            return done
+        assert plan.allocation is not None
+        dem = demands(plan.allocation, problem.catalog)
+        placement = place(topology, dem, policy, **run.opts)
+        entry: dict[str, Any] = {"round": rnd, "objective_s": plan.objective_s,
+                                 "unplaced": len(placement.unplaced)}
+        run.history.append(entry)
+        if placement.complete:
+            return run.ended(plan, placement, "placed", None, quality(topology, placement, dem))
+        if run.looping and deadline.remaining() <= 0:  # no time for cuts and another round
+            return run.timed_out(rnd)
+        step = run.shrink(plan, placement, entry) if not run.looping else \
+            run.cut(plan, placement, dem, entry, rnd)
+        if isinstance(step, PlacedPlan):
+            return step
+        plan = step
+    last = run.history[-1] if run.history else {}
+    return run.ended(plan, placement, "unplaced",
+                     f"stopped by the round cap: no placed plan after {len(run.history)} "
+                     f"round(s) (max_rounds, --max-rounds {max_rounds}; "
+                     f"{last.get('unplaced', 0)} replica(s) unplaced in the last, "
+                     f"{_cut_text(run.cuts)}); not proven infeasible")
 
-    def loop_candidates() -> CandidateSet:
-        cs = generate_candidates(problem, prune=not unpruned, deadline=deadline)
-        if busy:  # re-planning on a busy cluster: budget the free capacity, not every GPU
-            rows = free_capacity_rows(topology, cs.by_llm)
-            valid.extend(rows)
-            cuts["free_capacity"] += len(rows)
-        rows = packing_inequalities(problem, cs.by_llm)
-        valid.extend(rows)
-        cuts["packing"] += len(rows)
+
+@dataclass
+class _AggregateRun:
+    """The state of one run of :func:`_aggregate_loop`: what it was asked, the rows it has
+    added (``valid``: hold for every placeable allocation; ``nogood``: allocations the placer
+    failed on), the cuts by kind, the rounds so far and the first MILP's bound."""
+
+    problem: PlanningProblem
+    topology: Topology
+    name: str
+    policy: str
+    opts: dict[str, Any]
+    cutoff_s: float
+    deadline: Deadline
+    exact: bool = True
+    history: list[dict[str, Any]] = field(default_factory=list)
+    valid: list[Row] = field(default_factory=list)
+    nogood: list[Row] = field(default_factory=list)
+    cuts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CUT_KINDS, 0))
+    cset: CandidateSet | None = None
+    first: list[float] = field(default_factory=list)  # the first MILP's bound, if any
+    solved_on: PlanningProblem | None = None  # a heuristic's problem, budgets shrunk
+
+    @property
+    def unpruned(self) -> bool:
+        """Every candidate on small clusters (exact); the dominance-pruned ones above
+        UNPRUNED_MAX_GPUS, where the unpruned set is too large to re-solve round after round."""
+        return self.problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+
+    @property
+    def looping(self) -> bool:
+        """Only the MILP re-solves with cuts; the heuristics re-solve with smaller budgets."""
+        return self.name == "milp"
+
+    @property
+    def busy(self) -> bool:
+        return any(n.busy for n in self.topology.nodes)
+
+    def candidates(self) -> CandidateSet:
+        cs = generate_candidates(self.problem, prune=not self.unpruned, deadline=self.deadline)
+        if self.busy:  # re-planning on a busy cluster: budget the free capacity, not every GPU
+            rows = free_capacity_rows(self.topology, cs.by_llm)
+            self.valid.extend(rows)
+            self.cuts["free_capacity"] += len(rows)
+        rows = packing_inequalities(self.problem, cs.by_llm)
+        self.valid.extend(rows)
+        self.cuts["packing"] += len(rows)
         return cs
 
-    first: list[float] = []  # the first MILP's bound: valid for every allocation
+    def first_plan(self) -> Plan:
+        if self.looping and self.busy:
+            self.exact = self.unpruned
+            self.cset = self.candidates()
+            plan = solve_min_latency(self.problem, self.cset, self.valid, deadline=self.deadline)
+        elif self.looping:
+            plan = optimiser(self.name).solve(self.problem,  # type: ignore[call-arg]
+                                              deadline=self.deadline)
+        else:
+            plan = optimiser(self.name).solve(self.problem)
+        if self.looping and plan.allocation is not None and math.isfinite(plan.bound_s):
+            self.first.append(plan.bound_s)
+        return plan
 
-    def ended(plan: Plan, placement: Placement | None, status: LoopStatus, why: str | None,
-              qual: Mapping[str, Any] | None = None) -> PlacedPlan:
-        proven = exact and not cuts["no_good_placer"] and not cuts["tightened"]
+    def ended(self, plan: Plan, placement: Placement | None, status: LoopStatus,
+              why: str | None, qual: Mapping[str, Any] | None = None) -> PlacedPlan:
+        proven = self.exact and not self.cuts["no_good_placer"] and not self.cuts["tightened"]
         # a placed (or stopped) plan is the cheapest placeable only when its MILP was solved
         # to optimality (or, stopped, its bound reached the cutoff), not cut by the deadline
         solved = (status == "infeasible" or plan.status == "optimal"
-                  or (status == "stopped" and plan.bound_s >= cutoff_s))
-        return PlacedPlan(plan=plan, placement=placement, rounds=max(len(history), 1),
-                          history=tuple(history), quality=qual, reason=why,
-                          exact=proven and solved and status in ("placed", "infeasible", "stopped"),
+                  or (status == "stopped" and plan.bound_s >= self.cutoff_s))
+        return PlacedPlan(plan=plan, placement=placement, rounds=max(len(self.history), 1),
+                          history=tuple(self.history), quality=qual, reason=why,
+                          exact=proven and solved and status in ("placed", "infeasible",
+                                                                 "stopped"),
                           formulation="aggregate",
-                          status=status, cuts=MappingProxyType(dict(cuts)),
-                          bound_s=_loop_bound(first, plan, proven and looping))
+                          status=status, cuts=MappingProxyType(dict(self.cuts)),
+                          bound_s=_loop_bound(self.first, plan, proven and self.looping))
 
-    try:
-        if looping and busy:
-            exact = unpruned
-            cset = loop_candidates()
-            plan = solve_min_latency(problem, cset, valid, deadline=deadline)
-        elif looping:
-            plan = optimiser(name).solve(problem, deadline=deadline)  # type: ignore[call-arg]
-        else:
-            plan = optimiser(name).solve(problem)
-    except TimeLimitReached:
-        return timed_out(deadline, name, 1, (), "aggregate", exact)
-    placement: Placement | None = None
-    solved_on = problem  # the problem the heuristic solved (budgets shrunk by failed rounds)
-    if looping and plan.allocation is not None and math.isfinite(plan.bound_s):
-        first.append(plan.bound_s)
-    for rnd in range(1, max_rounds + 1):
+    def timed_out(self, rounds: int) -> PlacedPlan:
+        """No placed plan: the deadline passed; the bound is the first MILP's."""
+        return replace(timed_out(self.deadline, self.name, rounds, tuple(self.history),
+                                 "aggregate", self.exact),
+                       bound_s=self.first[0] if self.first else None)
+
+    def settled(self, plan: Plan, placement: Placement | None, rnd: int) -> PlacedPlan | None:
+        """How the run ends before placing ``plan`` (None: place it): no solution in time, no
+        allocation, or an objective no better than the cutoff."""
         if plan.status == "time_limit_no_solution":
-            return replace(timed_out(deadline, name, rnd, tuple(history), "aggregate", exact),
-                           bound_s=first[0] if first else None)
+            return self.timed_out(rnd)
         if plan.allocation is None:
-            return ended(plan, placement, *_no_allocation(plan, cuts, proven=unpruned))
-        if plan.objective_s >= cutoff_s and plan.status != "optimal" and not (
-                plan.bound_s >= cutoff_s):  # cut by the deadline before it proved anything
-            valid_rows = exact and looping and not cuts["no_good_placer"] and not cuts["tightened"]
-            return replace(timed_out(deadline, name, rnd, tuple(history), "aggregate", exact),
-                           bound_s=_loop_bound(first, plan, valid_rows))
-        if plan.objective_s >= cutoff_s:
-            history.append({"round": rnd, "objective_s": plan.objective_s, "unplaced": None})
-            return ended(plan, None, "stopped",
-                         f"stopped at an objective of {plan.objective_s:.6g} s, no better than "
-                         f"the plan in hand ({cutoff_s:.6g} s)")
-        dem = demands(plan.allocation, problem.catalog)
-        placement = place(topology, dem, policy, **opts)
-        entry: dict[str, Any] = {"round": rnd, "objective_s": plan.objective_s,
-                                 "unplaced": len(placement.unplaced)}
-        history.append(entry)
-        if placement.complete:
-            return ended(plan, placement, "placed", None, quality(topology, placement, dem))
-        if looping and deadline.remaining() <= 0:  # no time for cuts and another round
-            return replace(timed_out(deadline, name, rnd, tuple(history), "aggregate", exact),
-                           bound_s=first[0] if first else None)
-        if not looping:
-            smaller = _shrunk(solved_on, plan, placement) if plan.status == "heuristic" else None
-            if smaller is None:
-                return ended(plan, placement, "unplaced",
-                             f"the {name} allocation could not be placed "
-                             f"({len(placement.unplaced)} replica(s) unplaced; only the milp "
-                             "optimiser re-solves with cuts, the heuristics with smaller "
-                             "budgets)")
-            entry["shrunk_to"] = smaller.budgets()
-            cuts["tightened"] += 1
-            solved_on = replace(problem, cluster=smaller)
-            plan = optimiser(name).solve(solved_on)
-            continue
+            return self.ended(plan, placement, *_no_allocation(plan, self.cuts,
+                                                                proven=self.unpruned))
+        if plan.objective_s >= self.cutoff_s and plan.status != "optimal" and not (
+                plan.bound_s >= self.cutoff_s):  # cut by the deadline before it proved anything
+            valid_rows = (self.exact and self.looping and not self.cuts["no_good_placer"]
+                          and not self.cuts["tightened"])
+            return replace(self.timed_out(rnd), bound_s=_loop_bound(self.first, plan, valid_rows))
+        if plan.objective_s >= self.cutoff_s:
+            self.history.append({"round": rnd, "objective_s": plan.objective_s,
+                                 "unplaced": None})
+            return self.ended(plan, None, "stopped",
+                              f"stopped at an objective of {plan.objective_s:.6g} s, no better "
+                              f"than the plan in hand ({self.cutoff_s:.6g} s)")
+        return None
+
+    def shrink(self, plan: Plan, placement: Placement, entry: dict[str, Any]
+               ) -> Plan | PlacedPlan:
+        """A heuristic's next plan: solved again with smaller budgets of the GPU types that
+        failed to place (or the end of the run, unplaced)."""
+        solved_on = self.solved_on or self.problem
+        smaller = _shrunk(solved_on, plan, placement) if plan.status == "heuristic" else None
+        if smaller is None:
+            return self.ended(plan, placement, "unplaced",
+                              f"the {self.name} allocation could not be placed "
+                              f"({len(placement.unplaced)} replica(s) unplaced; only the milp "
+                              "optimiser re-solves with cuts, the heuristics with smaller "
+                              "budgets)")
+        entry["shrunk_to"] = smaller.budgets()
+        self.cuts["tightened"] += 1
+        self.solved_on = replace(self.problem, cluster=smaller)
+        return optimiser(self.name).solve(self.solved_on)
+
+    def cut(self, plan: Plan, placement: Placement, dem: Any, entry: dict[str, Any],
+            rnd: int) -> Plan | PlacedPlan:
+        """The MILP's next plan: cuts for each GPU type that failed to place (configuration
+        cuts, no-goods, tightened no-goods), then a re-solve; or the placed plan, when the
+        exact test places what the placer did not; or the end of the run, out of time."""
+        deadline = self.deadline
         try:
-            if cset is None:
-                exact = exact and unpruned
-                cset = loop_candidates()
+            if self.cset is None:
+                self.exact = self.exact and self.unpruned
+                self.cset = self.candidates()
+            cset = self.cset
             added = dict.fromkeys(("configuration", "no_good", "no_good_placer", "tightened"), 0)
             rescued: list[Slot] = []
             failed = _failed_types(placement, plan)
             for gpu in sorted(failed):
                 deadline.check()
                 chosen = [c for c in plan.candidates.values() if c.gpu == gpu]
-                cut = configuration_cut(topology, gpu, chosen, cset.by_llm)
+                cut = configuration_cut(self.topology, gpu, chosen, cset.by_llm)
                 if cut is not None:
-                    valid.append(cut)
+                    self.valid.append(cut)
                     added["configuration"] += 1
                     continue
-                ex = _place_type_exactly(topology, dem, gpu, deadline)
+                ex = _place_type_exactly(self.topology, dem, gpu, deadline)
                 if ex.status == "placed":
                     rescued.extend(ex.slots)
                     continue
-                nogood.append(({c: 1.0 for c in chosen}, len(chosen) - 1.0))
+                self.nogood.append(({c: 1.0 for c in chosen}, len(chosen) - 1.0))
                 if ex.status == "infeasible":
                     added["no_good"] += 1
                     continue
                 added["no_good_placer"] += 1
-                if cuts["no_good_placer"] + added["no_good_placer"] > TIGHTEN_AFTER:
-                    nogood.append(_tightened(plan, placement, gpu, cset))
+                if self.cuts["no_good_placer"] + added["no_good_placer"] > TIGHTEN_AFTER:
+                    self.nogood.append(_tightened(plan, placement, gpu, cset))
                     added["tightened"] += 1
             if not any(added.values()):  # the exact test placed what the placer did not
                 plan_unplaced = placement.unplaced
                 placement = _rescue(placement, failed, rescued,
                                     {m: c.gpu for m, c in plan.candidates.items()})
                 entry.update(unplaced=0, placer_unplaced=len(plan_unplaced), placed_by="exact")
-                return ended(plan, placement, "placed", None, quality(topology, placement, dem))
+                return self.ended(plan, placement, "placed", None,
+                                  quality(self.topology, placement, dem))
             entry["cuts"] = added
             for k, v in added.items():
-                cuts[k] += v
+                self.cuts[k] += v
             # building the MILP and handing it to HiGHS run outside HiGHS's clock (about the
             # last build's time each): a re-solve without time for both is not started, and
             # HiGHS's limit ends that much before the deadline
             build_s = float(plan.stats.get("build_s", 0.0))
             if deadline.remaining() <= 2 * build_s:
                 raise TimeLimitReached(time_limit_detail(deadline.limit_s))
-            plan = solve_min_latency(problem, cset, valid + nogood,
+            return solve_min_latency(self.problem, cset, self.valid + self.nogood,
                                      deadline=deadline.within(deadline.remaining() - build_s))
         except TimeLimitReached:
-            return replace(timed_out(deadline, name, rnd + 1, tuple(history), "aggregate",
-                                      exact), bound_s=first[0] if first else None)
-    last = history[-1] if history else {}
-    return ended(plan, placement, "unplaced",
-                 f"stopped by the round cap: no placed plan after {len(history)} round(s) "
-                 f"(max_rounds, --max-rounds {max_rounds}; {last.get('unplaced', 0)} replica(s) "
-                 f"unplaced in the last, {_cut_text(cuts)}); not proven infeasible")
+            return self.timed_out(rnd + 1)
 
 
 def _loop_bound(first: list[float], plan: Plan, proven: bool) -> float | None:

@@ -1173,178 +1173,282 @@ def solve_patterns(problem: PlanningProblem, topology: Topology, *,
     bound by its optimum; ``blocks_start``: a placed blocks plan
     (:func:`scepsy_place.formulations.loop.plan_blocks`) whose candidates join the set and whose placement
     is the first plan (computed here from 65 to 1,024 GPUs when not given)."""
-    t0 = time.perf_counter()
-    left = Deadline.of(problem, deadline)
-    costs = dict(gpu_cost or {})
+    run = _PatternRun(problem, topology, Deadline.of(problem, deadline), time.perf_counter(),
+                      dict(gpu_cost or {}), list(extra or []), max_columns, max_iterations,
+                      mip_time_s)
     try:
         if cset is None:
-            cset, exact = _candidate_set(problem, left)
+            cset, exact = _candidate_set(problem, run.left)
         else:
             exact = bool(exact_candidates)
     except TimeLimitReached:
-        return _no_plan(problem, "time_limit_no_solution", t0, time_limit_detail(left.limit_s))
+        return _no_plan(problem, "time_limit_no_solution", run.t0,
+                        time_limit_detail(run.left.limit_s))
     if cset.unfit or any(not cset.by_llm.get(m) for m in problem.llms):
-        return _no_plan(problem, "infeasible", t0, "an LLM has no candidate (its model fits no "
-                        "GPU of the cluster at any TP degree and share)", exact=exact)
-    llms = sorted(problem.llms)
-    blocks_plan = blocks_start
-    if (blocks_plan is None and aggregate and not costs and not extra
-            and UNPRUNED_MAX_GPUS < topology.total_gpus <= PLACER_MAX_GPUS
-            and left.remaining() > 0):
-        # the blocks plan (itself a pattern solution) as a start: its candidates join the set
-        blocks_plan = plan_blocks(problem, topology, left)
-        if not blocks_plan.placed:
-            blocks_plan = None
-    by_llm = {m: tuple(cset.by_llm[m]) for m in llms}
-    if blocks_plan is not None:
-        for m, c in blocks_plan.plan.candidates.items():
-            if c not in by_llm[m]:
-                by_llm[m] += (c,)
-    cands = [c for m in llms for c in by_llm[m]]
-    shape_index: dict[tuple[Any, ...], int] = {}
-    shapes: list[Shape] = []
-    cand_shape = []
-    for c in cands:
-        key = (c.llm, c.gpu, c.tp, c.share, c.memory_share)
-        if key not in shape_index:
-            shape_index[key] = len(shapes)
-            shapes.append(shape_of(c, problem))
-        cand_shape.append(shape_index[key])
-    most = [0] * len(shapes)
-    for c, s in zip(cands, cand_shape, strict=True):
-        most[s] = max(most[s], c.replicas)
-    types = domain_types(topology)
-    big = 10.0 * (math.fsum(max(abs(c.cost) for c in cset.by_llm[m]) for m in llms) + 1.0
-                  + math.fsum(costs.get(dt.gpu, 0.0) * dt.count * len(dt.free) for dt in types))
-    owner = {m: j for j, m in enumerate(llms)}
-    master = _Master(problem, llms, cands, np.array(cand_shape, dtype=np.int64),
-                     np.array([owner[c.llm] for c in cands], dtype=np.int64), shapes, types,
-                     list(extra or []), costs, big, most)
-    master.build()
-    for k, dt in enumerate(types):
-        for s in range(len(shapes)):
-            if shapes[s].gpu == dt.gpu:
-                p = _fill(k, dt, shapes, s, most[s])
-                if p is not None:
-                    master.add(p)
-    stats: dict[str, Any] = {"domain_types": len(types), "shapes": len(shapes),
-                             "candidates": len(cands), "solver": SOLVER,
-                             "candidates_generated": cset.generated, "candidates_kept": len(cands)}
-    const = problem.constant_s if not costs else 0.0
-    agg_bound, start = _aggregate(problem, topology, master, cset, left, aggregate)
-    stats["aggregate_placed"] = start.objective + const if start is not None else None
-    if blocks_plan is not None and blocks_plan.placed and blocks_plan.placement is not None:
-        index = {c: i for i, c in enumerate(cands)}
-        picks = tuple(index[blocks_plan.plan.candidates[m]] for m in llms)
-        found = _from_placement(master, picks, blocks_plan.placement)
-        stats["blocks_start"] = found.objective + const if found is not None else None
-        if found is not None and (start is None or found.objective < start.objective):
-            start = found
-    stats["aggregate_bound"] = agg_bound + const if math.isfinite(agg_bound) else None
-    if agg_bound == math.inf:
-        return _no_plan(problem, "infeasible" if exact else "no_solution", t0,
-                        "no allocation of the candidates is placeable: the exact placement "
-                        "test rejects every one that fits the GPU budgets", exact=exact,
-                        bound=math.inf, stats=stats)
-    small = topology.total_gpus <= UNPRUNED_MAX_GPUS
-    scale: dict[str, Any] = {} if small else {
-        "tail_rel": TAIL_REL, "rel": CG_REL, "price_s": PRICE_LARGE_S, "price_gap": 1e-2,
-        "price_top": PRICE_TOP}
-    # the root LP: solved to optimality (exact pricing) up to PLACER_MAX_GPUS GPUs
-    root_scale = scale if topology.total_gpus > PLACER_MAX_GPUS else {}
-    root = _generate(master, left, max_iterations, max_columns, lower=agg_bound, **root_scale)
-    stats["cg_bound"] = root.bound + const if math.isfinite(root.bound) else None
-    bound, iterations = max(root.bound, agg_bound), root.iterations
-    for _ in range(3):  # artificials left at convergence: feasible (a larger penalty) or not?
-        if not (root.converged and root.artificial > 1e-6):
-            break
-        master.set_phase1(True)
-        one = _generate(master, left, max_iterations, max_columns, stop_at=1e-7)
-        iterations += one.iterations
-        master.set_phase1(False, master.big * 1e3)
-        if one.bound > 1e-7 and not exact:  # proven for these candidates only: go on to
-            stats["candidates_unplaceable"] = True  # the blocks plan, bounded by the aggregate
-            bound = agg_bound
-            break
-        if one.bound > 1e-7:
-            stats.update(columns=len(master.patterns), iterations=iterations)
-            return _no_plan(problem, "infeasible", t0, "no placeable allocation of the "
-                            "candidates: even a fractional covering of their replicas by "
-                            "patterns needs more domains than the topology has (proven)",
-                            exact=exact, bound=math.inf, iterations=iterations,
-                            columns=len(master.patterns), stats=stats)
-        if not one.converged:
-            break
-        root = _generate(master, left, max_iterations, max_columns)
-        iterations += root.iterations
-        bound = max(bound, root.bound)
-    stats.update(root_iterations=iterations, root_columns=len(master.patterns),
-                 converged=root.converged, root_lp=(root.z + const) if root.ok else None,
-                 root_s=time.perf_counter() - t0)
-
-    def proven(sol: _Integer | None) -> bool:
-        return sol is not None and sol.objective - bound <= OPT_REL * abs(sol.objective) + OPT_ABS
-
-    best: _Integer | None = start
-    hopeless = bool(stats.get("candidates_unplaceable"))
-    if dive and not proven(best) and not hopeless and left.remaining() > 0 and root.ok:
-        fast = {**scale, "exact": False} if not small else scale  # greedy pricing only
-        found = None
-        for reserve in RESERVES if not small else RESERVES[:1]:
-            found, it, _ = _dive(master, topology, left, max_iterations, max_columns, root,
-                                 small=small, mip_time_s=mip_time_s, scale=fast,
-                                 reserve=reserve)
-            iterations += it
-            master.reset()
-            if found is not None and (best is None or found.objective < best.objective):
-                best = found
-            if found is not None or left.remaining() <= 0:
-                break
-            root = _generate(master, left, max_iterations, max_columns, **fast)
-            iterations += root.iterations
-        stats["dive"] = found.objective + const if found is not None else None
-        if found is not None and (best is None or found.objective < best.objective):
-            best = found
-    if not proven(best) and not hopeless and left.remaining() > 0:
-        again = _master_mip(master, min(mip_time_s, left.remaining()), hint=best)
-        if again is not None and _covers(master, again) and (
-                best is None or again.objective < best.objective):
-            best = again
-        stats["mip"] = again.objective + const if again is not None else None
-    if best is not None and not hopeless and root.ok and topology.total_gpus <= PLACER_MAX_GPUS:
-        best = _recombined(master, left, root.vals, best, bound, const, mip_time_s, stats)
-    stats.update(columns=len(master.patterns), iterations=iterations)
-    lb = bound + const if math.isfinite(bound) else bound
-    # the blocks plan, a pattern solution too, when nothing was found
-    if best is None and not costs and not extra and left.remaining() > 0:
-        # the blocks plan may use candidates outside a reduced set: the aggregate bound only
-        glb = lb if exact else (agg_bound + const if math.isfinite(agg_bound) else -math.inf)
-        blocks = blocks_plan or plan_blocks(problem, topology, left)
-        fallback = _blocks(problem, topology, blocks, glb, exact, iterations,
-                           len(master.patterns), t0, dict(stats))
-        if (fallback is not None and blocks_plan is None and not small
-                and left.remaining() > 0):
+        return _no_plan(problem, "infeasible", run.t0, "an LLM has no candidate (its model fits "
+                        "no GPU of the cluster at any TP degree and share)", exact=exact)
+    run.cset, run.exact = cset, exact
+    blocks_plan = run.blocks_start(blocks_start, aggregate)
+    master = run.master(blocks_plan)
+    ended = run.root(master, blocks_plan, aggregate)
+    if ended is not None:
+        return ended
+    best = run.search(master, dive)
+    lb = run.bound + run.const if math.isfinite(run.bound) else run.bound
+    if best is None and not run.costs and not run.extra and run.left.remaining() > 0:
+        fallback = run.blocks_fallback(master, blocks_plan, lb)
+        if (fallback is not None and blocks_plan is None and not run.small
+                and run.left.remaining() > 0):
             # nothing found with these candidates: again with the blocks plan's added
             # (a start that columns and dives can improve on)
-            retry = solve_patterns(problem, topology, deadline=left, cset=cset,
+            retry = solve_patterns(problem, topology, deadline=run.left, cset=cset,
                                    gpu_cost=gpu_cost, extra=extra, max_columns=max_columns,
                                    max_iterations=max_iterations, mip_time_s=mip_time_s,
                                    dive=dive, aggregate=aggregate,
-                                   exact_candidates=exact_candidates, blocks_start=blocks)
-            if retry.plan.allocation is not None and retry.objective < fallback.objective:
-                return replace(retry, seconds=time.perf_counter() - t0)
+                                   exact_candidates=exact_candidates,
+                                   blocks_start=fallback.blocks)
+            if retry.plan.allocation is not None and retry.objective < fallback.result.objective:
+                return replace(retry, seconds=time.perf_counter() - run.t0)
         if fallback is not None:
-            return fallback
+            return fallback.result
     if best is None:
-        if left.remaining() <= 0:
-            return _no_plan(problem, "time_limit_no_solution", t0,
-                            time_limit_detail(left.limit_s), exact=exact, bound=lb,
-                            iterations=iterations, columns=len(master.patterns), stats=stats)
-        return _no_plan(problem, "no_solution", t0, "no integer plan of the generated patterns "
-                        "was found (not proven infeasible)", exact=exact, bound=lb,
-                        iterations=iterations, columns=len(master.patterns), stats=stats)
-    return _result(problem, topology, master, best, lb, const, exact,
-                   bool(stats["converged"]), iterations, left, t0, stats)
+        return run.no_plan(master, lb)
+    return _result(problem, topology, master, best, lb, run.const, exact,
+                   bool(run.stats["converged"]), run.iterations, run.left, run.t0, run.stats)
+
+
+@dataclass(frozen=True)
+class _Fallback:
+    """The blocks plan as a pattern result, and the blocks plan itself (a start for a retry)."""
+
+    result: PatternResult
+    blocks: PlacedPlan
+
+
+@dataclass
+class _PatternRun:
+    """The state of one :func:`solve_patterns`: what it was asked, the candidates, the root
+    bound and the iterations so far, the best integer plan's start and the statistics, filled
+    in by its stages (a start from the blocks plan, the master and its first columns, the root
+    LP, the search for an integer plan, the fallback to the blocks plan)."""
+
+    problem: PlanningProblem
+    topology: Topology
+    left: Deadline
+    t0: float
+    costs: dict[str, float]
+    extra: list[Row]
+    max_columns: int
+    max_iterations: int
+    mip_time_s: float
+    cset: CandidateSet = field(init=False)
+    exact: bool = True
+    stats: dict[str, Any] = field(default_factory=dict)
+    agg_bound: float = math.inf
+    bound: float = math.inf
+    iterations: int = 0
+    root_lp: _CG | None = None
+    start: _Integer | None = None
+    hopeless: bool = False
+
+    @property
+    def llms(self) -> list[str]:
+        return sorted(self.problem.llms)
+
+    @property
+    def const(self) -> float:
+        """The constant (tool time) every min-latency objective carries; none with costs."""
+        return self.problem.constant_s if not self.costs else 0.0
+
+    @property
+    def small(self) -> bool:
+        return self.topology.total_gpus <= UNPRUNED_MAX_GPUS
+
+    @property
+    def scale(self) -> dict[str, Any]:
+        """Column generation's settings above UNPRUNED_MAX_GPUS (approximate pricing)."""
+        return {} if self.small else {
+            "tail_rel": TAIL_REL, "rel": CG_REL, "price_s": PRICE_LARGE_S, "price_gap": 1e-2,
+            "price_top": PRICE_TOP}
+
+    def blocks_start(self, given: PlacedPlan | None, aggregate: bool) -> PlacedPlan | None:
+        """The blocks plan (itself a pattern solution) as a start: its candidates join the
+        set (computed from 65 to 1,024 GPUs when not given)."""
+        if (given is None and aggregate and not self.costs and not self.extra
+                and UNPRUNED_MAX_GPUS < self.topology.total_gpus <= PLACER_MAX_GPUS
+                and self.left.remaining() > 0):
+            found = plan_blocks(self.problem, self.topology, self.left)
+            return found if found.placed else None
+        return given
+
+    def master(self, blocks_plan: PlacedPlan | None) -> _Master:
+        """The restricted master over the candidates' shapes, with one filled pattern per
+        domain type and shape as its first columns."""
+        llms, cset, problem = self.llms, self.cset, self.problem
+        by_llm = {m: tuple(cset.by_llm[m]) for m in llms}
+        if blocks_plan is not None:
+            for m, c in blocks_plan.plan.candidates.items():
+                if c not in by_llm[m]:
+                    by_llm[m] += (c,)
+        cands = [c for m in llms for c in by_llm[m]]
+        shape_index: dict[tuple[Any, ...], int] = {}
+        shapes: list[Shape] = []
+        cand_shape = []
+        for c in cands:
+            key = (c.llm, c.gpu, c.tp, c.share, c.memory_share)
+            if key not in shape_index:
+                shape_index[key] = len(shapes)
+                shapes.append(shape_of(c, problem))
+            cand_shape.append(shape_index[key])
+        most = [0] * len(shapes)
+        for c, s in zip(cands, cand_shape, strict=True):
+            most[s] = max(most[s], c.replicas)
+        types = domain_types(self.topology)
+        big = 10.0 * (math.fsum(max(abs(c.cost) for c in cset.by_llm[m]) for m in llms) + 1.0
+                      + math.fsum(self.costs.get(dt.gpu, 0.0) * dt.count * len(dt.free)
+                                  for dt in types))
+        owner = {m: j for j, m in enumerate(llms)}
+        master = _Master(problem, llms, cands, np.array(cand_shape, dtype=np.int64),
+                         np.array([owner[c.llm] for c in cands], dtype=np.int64), shapes, types,
+                         list(self.extra), self.costs, big, most)
+        master.build()
+        for k, dt in enumerate(types):
+            for s in range(len(shapes)):
+                if shapes[s].gpu == dt.gpu:
+                    p = _fill(k, dt, shapes, s, most[s])
+                    if p is not None:
+                        master.add(p)
+        self.stats.update({"domain_types": len(types), "shapes": len(shapes),
+                           "candidates": len(cands), "solver": SOLVER,
+                           "candidates_generated": cset.generated,
+                           "candidates_kept": len(cands)})
+        return master
+
+    def root(self, master: _Master, blocks_plan: PlacedPlan | None,
+             aggregate: bool) -> PatternResult | None:
+        """The starts (the aggregate MILP's placed allocation, the blocks plan) and the root
+        LP by column generation, with its phase 1 where artificials remain; a result when
+        that already ends the search (no placeable allocation)."""
+        problem, stats, const, left = self.problem, self.stats, self.const, self.left
+        agg_bound, start = _aggregate(problem, self.topology, master, self.cset, left,
+                                      aggregate)
+        stats["aggregate_placed"] = start.objective + const if start is not None else None
+        if blocks_plan is not None and blocks_plan.placed and blocks_plan.placement is not None:
+            index = {c: i for i, c in enumerate(master.cands)}
+            picks = tuple(index[blocks_plan.plan.candidates[m]] for m in self.llms)
+            found = _from_placement(master, picks, blocks_plan.placement)
+            stats["blocks_start"] = found.objective + const if found is not None else None
+            if found is not None and (start is None or found.objective < start.objective):
+                start = found
+        stats["aggregate_bound"] = agg_bound + const if math.isfinite(agg_bound) else None
+        self.agg_bound, self.start = agg_bound, start
+        if agg_bound == math.inf:
+            return _no_plan(problem, "infeasible" if self.exact else "no_solution", self.t0,
+                            "no allocation of the candidates is placeable: the exact placement "
+                            "test rejects every one that fits the GPU budgets", exact=self.exact,
+                            bound=math.inf, stats=stats)
+        # the root LP: solved to optimality (exact pricing) up to PLACER_MAX_GPUS GPUs
+        root_scale = self.scale if self.topology.total_gpus > PLACER_MAX_GPUS else {}
+        root = _generate(master, left, self.max_iterations, self.max_columns, lower=agg_bound,
+                         **root_scale)
+        stats["cg_bound"] = root.bound + const if math.isfinite(root.bound) else None
+        bound, iterations = max(root.bound, agg_bound), root.iterations
+        for _ in range(3):  # artificials left at convergence: feasible (a larger penalty) or not?
+            if not (root.converged and root.artificial > 1e-6):
+                break
+            master.set_phase1(True)
+            one = _generate(master, left, self.max_iterations, self.max_columns, stop_at=1e-7)
+            iterations += one.iterations
+            master.set_phase1(False, master.big * 1e3)
+            if one.bound > 1e-7 and not self.exact:  # proven for these candidates only: go on
+                stats["candidates_unplaceable"] = True  # to the blocks plan, bounded by the
+                bound = agg_bound  # aggregate
+                break
+            if one.bound > 1e-7:
+                stats.update(columns=len(master.patterns), iterations=iterations)
+                return _no_plan(problem, "infeasible", self.t0, "no placeable allocation of the "
+                                "candidates: even a fractional covering of their replicas by "
+                                "patterns needs more domains than the topology has (proven)",
+                                exact=self.exact, bound=math.inf, iterations=iterations,
+                                columns=len(master.patterns), stats=stats)
+            if not one.converged:
+                break
+            root = _generate(master, left, self.max_iterations, self.max_columns)
+            iterations += root.iterations
+            bound = max(bound, root.bound)
+        stats.update(root_iterations=iterations, root_columns=len(master.patterns),
+                     converged=root.converged, root_lp=(root.z + const) if root.ok else None,
+                     root_s=time.perf_counter() - self.t0)
+        self.bound, self.iterations, self.root_lp = bound, iterations, root
+        self.hopeless = bool(stats.get("candidates_unplaceable"))
+        return None
+
+    def proven(self, sol: _Integer | None) -> bool:
+        return (sol is not None
+                and sol.objective - self.bound <= OPT_REL * abs(sol.objective) + OPT_ABS)
+
+    def search(self, master: _Master, dive: bool) -> _Integer | None:
+        """The best integer plan: the start, improved by dives, a MIP over the generated
+        columns and recombination."""
+        root = self.root_lp
+        assert root is not None
+        left, stats, const, small = self.left, self.stats, self.const, self.small
+        best = self.start
+        if dive and not self.proven(best) and not self.hopeless and left.remaining() > 0 \
+                and root.ok:
+            fast = {**self.scale, "exact": False} if not small else self.scale  # greedy pricing
+            found = None
+            for reserve in RESERVES if not small else RESERVES[:1]:
+                found, it, _ = _dive(master, self.topology, left, self.max_iterations,
+                                     self.max_columns, root, small=small,
+                                     mip_time_s=self.mip_time_s, scale=fast, reserve=reserve)
+                self.iterations += it
+                master.reset()
+                if found is not None and (best is None or found.objective < best.objective):
+                    best = found
+                if found is not None or left.remaining() <= 0:
+                    break
+                root = _generate(master, left, self.max_iterations, self.max_columns, **fast)
+                self.iterations += root.iterations
+            stats["dive"] = found.objective + const if found is not None else None
+            if found is not None and (best is None or found.objective < best.objective):
+                best = found
+        if not self.proven(best) and not self.hopeless and left.remaining() > 0:
+            again = _master_mip(master, min(self.mip_time_s, left.remaining()), hint=best)
+            if again is not None and _covers(master, again) and (
+                    best is None or again.objective < best.objective):
+                best = again
+            stats["mip"] = again.objective + const if again is not None else None
+        if best is not None and not self.hopeless and root.ok \
+                and self.topology.total_gpus <= PLACER_MAX_GPUS:
+            best = _recombined(master, left, root.vals, best, self.bound, const,
+                               self.mip_time_s, stats)
+        stats.update(columns=len(master.patterns), iterations=self.iterations)
+        return best
+
+    def blocks_fallback(self, master: _Master, blocks_plan: PlacedPlan | None,
+                        lb: float) -> _Fallback | None:
+        """The blocks plan, a pattern solution too, when nothing was found (None: it did not
+        place either)."""
+        # the blocks plan may use candidates outside a reduced set: the aggregate bound only
+        glb = lb if self.exact else (self.agg_bound + self.const
+                                     if math.isfinite(self.agg_bound) else -math.inf)
+        blocks = blocks_plan or plan_blocks(self.problem, self.topology, self.left)
+        res = _blocks(self.problem, self.topology, blocks, glb, self.exact, self.iterations,
+                      len(master.patterns), self.t0, dict(self.stats))
+        return None if res is None else _Fallback(res, blocks)
+
+    def no_plan(self, master: _Master, lb: float) -> PatternResult:
+        """No integer plan: out of time, or none of the generated patterns (not proven)."""
+        if self.left.remaining() <= 0:
+            return _no_plan(self.problem, "time_limit_no_solution", self.t0,
+                            time_limit_detail(self.left.limit_s), exact=self.exact, bound=lb,
+                            iterations=self.iterations, columns=len(master.patterns),
+                            stats=self.stats)
+        return _no_plan(self.problem, "no_solution", self.t0, "no integer plan of the generated "
+                        "patterns was found (not proven infeasible)", exact=self.exact, bound=lb,
+                        iterations=self.iterations, columns=len(master.patterns),
+                        stats=self.stats)
 
 
 def _blocks(problem: PlanningProblem, topology: Topology, res: PlacedPlan, lb: float,

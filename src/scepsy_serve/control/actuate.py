@@ -387,101 +387,151 @@ def apply_decision(decision: Any, plan: LaunchPlan, target: ApplyTarget, gateway
     finish their calls; after it they are stopped anyway (logged with their calls in flight)."""
     if not (math.isfinite(timeout_s) and timeout_s > 0):
         raise InputError("apply", "timeout_s", "a number of seconds > 0", timeout_s)
-    steps: list[dict[str, Any]] = []
-    t0 = time.monotonic()
-
-    def step(name: str, **fields: Any) -> None:
-        row = {"step": name, "elapsed_s": round(time.monotonic() - t0, 3),
-               "decision_at_s": getattr(decision, "at_s", None), **fields}
-        steps.append(row)
-        log(row)
-
+    run = _Apply(decision, plan, target, gateway_url.rstrip("/"), log, timeout_s,
+                 timeout_s if drain_timeout_s is None else drain_timeout_s, poll_s,
+                 interrupted)
     rp = getattr(decision, "replan", None)
     if rp is None:
-        return ApplyResult(True, plan, "no change", steps)
+        return ApplyResult(True, plan, "no change", run.steps)
     change = plan_change(plan, rp, getattr(target, "port_free", None))
-    step("plan", action=getattr(decision, "action", None), dry_run=dry_run,
-         start=[_rep(r) for r in change.start], stop=[_rep(r) for r in change.stop],
-         kept=len(change.kept))
+    run.step("plan", action=getattr(decision, "action", None), dry_run=dry_run,
+             start=[_rep(r) for r in change.start], stop=[_rep(r) for r in change.stop],
+             kept=len(change.kept))
     if dry_run or change.empty:
         return ApplyResult(True, plan if dry_run else change.after,
-                           "dry run" if dry_run else "no replica changes", steps)
-    own = client is None
+                           "dry run" if dry_run else "no replica changes", run.steps)
     http = client if client is not None else httpx.Client(timeout=30.0, trust_env=False)
-    gateway = gateway_url.rstrip("/")
-    started: list[ReplicaLaunch] = []
-    routed = False
-
-    def rollback(reason: str, was_interrupted: bool = False) -> ApplyResult:
-        for r in started:
-            try:
-                target.stop(change.after, r)
-                step("rollback-stop", replica=_rep(r))
-            except Exception as exc:  # reported, the others still stopped
-                step("rollback-stop-failed", replica=_rep(r), error=str(exc))
-        step("failed", reason=reason, routes="unchanged", interrupted=was_interrupted)
-        return ApplyResult(False, plan, reason, steps, was_interrupted)
-
     try:
-        # 1. start, wait for health
-        for r in change.start:
-            if interrupted():
-                return rollback("interrupted before every new replica started", True)
+        return run.apply(change, http)
+    except BaseException:
+        if not run.routed:  # the old routes stay: what was started goes
+            for r in run.started:
+                with contextlib.suppress(Exception):
+                    target.stop(change.after, r)
+        raise
+    finally:
+        if client is None:
+            http.close()
+
+
+@dataclass
+class _Apply:
+    """One change being applied: its settings, the steps logged so far, the replicas started
+    and whether the routes changed (the stages of :func:`apply_decision`, in order: start,
+    wait for health, route, drain, stop; a failure before the routes change rolls back)."""
+
+    decision: Any
+    plan: LaunchPlan
+    target: ApplyTarget
+    gateway: str
+    log: Callable[[dict[str, Any]], None]
+    timeout_s: float
+    drain_timeout_s: float
+    poll_s: float
+    interrupted: Callable[[], bool]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    started: list[ReplicaLaunch] = field(default_factory=list)
+    routed: bool = False
+    t0: float = field(default_factory=time.monotonic)
+
+    def step(self, name: str, **fields: Any) -> None:
+        row = {"step": name, "elapsed_s": round(time.monotonic() - self.t0, 3),
+               "decision_at_s": getattr(self.decision, "at_s", None), **fields}
+        self.steps.append(row)
+        self.log(row)
+
+    def apply(self, change: PlanChange, http: httpx.Client) -> ApplyResult:
+        failed = self._start(change) or self._wait_healthy(change)
+        if failed is not None:
+            return failed
+        if self.interrupted():
+            return self._rollback(change, "interrupted before the routes changed", True)
+        failed = self._route(change, http)
+        if failed is not None:
+            return failed
+        # from here on the change finishes, interrupted or not
+        self._drain(change, http)
+        return self._stop(change)
+
+    def _rollback(self, change: PlanChange, reason: str,
+                  was_interrupted: bool = False) -> ApplyResult:
+        for r in self.started:
             try:
-                target.start(change.after, r)
+                self.target.stop(change.after, r)
+                self.step("rollback-stop", replica=_rep(r))
+            except Exception as exc:  # reported, the others still stopped
+                self.step("rollback-stop-failed", replica=_rep(r), error=str(exc))
+        self.step("failed", reason=reason, routes="unchanged", interrupted=was_interrupted)
+        return ApplyResult(False, self.plan, reason, self.steps, was_interrupted)
+
+    def _start(self, change: PlanChange) -> ApplyResult | None:
+        """1. Start every new replica (None: all started)."""
+        for r in change.start:
+            if self.interrupted():
+                return self._rollback(change, "interrupted before every new replica started",
+                                      True)
+            try:
+                self.target.start(change.after, r)
             except Exception as exc:  # any failed start rolls back
-                step("start-failed", replica=_rep(r), error=str(exc))
-                return rollback(f"{r.name} did not start: {exc}")
-            started.append(r)
-            step("start", replica=_rep(r), url=target.url(change.after, r))
+                self.step("start-failed", replica=_rep(r), error=str(exc))
+                return self._rollback(change, f"{r.name} did not start: {exc}")
+            self.started.append(r)
+            self.step("start", replica=_rep(r), url=self.target.url(change.after, r))
+        return None
+
+    def _wait_healthy(self, change: PlanChange) -> ApplyResult | None:
+        """2. Wait until every new replica is healthy (None: all are)."""
         waiting = list(change.start)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + self.timeout_s
         while waiting:
-            if interrupted():
-                return rollback("interrupted while new replicas started", True)
+            if self.interrupted():
+                return self._rollback(change, "interrupted while new replicas started", True)
             still = []
             for r in waiting:
                 try:
-                    ok = target.healthy(change.after, r)
+                    ok = self.target.healthy(change.after, r)
                 except Exception as exc:  # a server that died
-                    step("unhealthy", replica=_rep(r), error=str(exc))
-                    return rollback(f"{r.name} is not healthy: {exc}")
+                    self.step("unhealthy", replica=_rep(r), error=str(exc))
+                    return self._rollback(change, f"{r.name} is not healthy: {exc}")
                 if ok:
-                    step("healthy", replica=_rep(r))
+                    self.step("healthy", replica=_rep(r))
                 else:
                     still.append(r)
             waiting = still
             if waiting and time.monotonic() >= deadline:
                 names = ", ".join(r.name for r in waiting)
-                step("unhealthy", replicas=[_rep(r) for r in waiting],
-                     error=f"not healthy after {timeout_s:g} s")
-                return rollback(f"not healthy after {timeout_s:g} s: {names}")
+                self.step("unhealthy", replicas=[_rep(r) for r in waiting],
+                          error=f"not healthy after {self.timeout_s:g} s")
+                return self._rollback(change, f"not healthy after {self.timeout_s:g} s: "
+                                      f"{names}")
             if waiting:
-                time.sleep(poll_s)
-        if interrupted():
-            return rollback("interrupted before the routes changed", True)
-        # 2. route
-        routes = plan_routes(change.after, lambda r: target.url(change.after, r))
+                time.sleep(self.poll_s)
+        return None
+
+    def _route(self, change: PlanChange, http: httpx.Client) -> ApplyResult | None:
+        """3. Hand the gateway the new routes (None: it took them)."""
+        routes = plan_routes(change.after, lambda r: self.target.url(change.after, r))
         try:
-            resp = http.put(gateway + ROUTES_PATH, json=routes.to_dict())
+            resp = http.put(self.gateway + ROUTES_PATH, json=routes.to_dict())
         except httpx.HTTPError as exc:
-            return rollback(f"the gateway did not take the routes: {exc}")
+            return self._rollback(change, f"the gateway did not take the routes: {exc}")
         if resp.status_code != 200:
-            return rollback(f"the gateway refused the routes ({resp.status_code}): "
-                            f"{resp.text.strip()[:300]}")
-        routed = True
-        version = _json(resp).get("version")
-        step("routes", version=version, endpoints=sum(
+            return self._rollback(change, f"the gateway refused the routes "
+                                  f"({resp.status_code}): {resp.text.strip()[:300]}")
+        self.routed = True
+        self.step("routes", version=_json(resp).get("version"), endpoints=sum(
             len(eps) for llms in routes.workflows.values() for eps in llms.values()))
-        # 3. drain (from here on the change finishes, interrupted or not)
-        old_urls = _endpoint_urls(plan, change.stop, target) - _endpoint_urls(
-            change.after, change.after.replicas, target)
-        drain_deadline = time.monotonic() + (timeout_s if drain_timeout_s is None
-                                             else drain_timeout_s)
+        return None
+
+    def _drain(self, change: PlanChange, http: httpx.Client) -> None:
+        """4. Wait until the old replicas have no call in flight (or the drain time ends)."""
+        old_urls = _endpoint_urls(self.plan, change.stop, self.target) - _endpoint_urls(
+            change.after, change.after.replicas, self.target)
+        drain_deadline = time.monotonic() + self.drain_timeout_s
         busy: dict[str, int] = {}
         while old_urls:
             try:
-                state = _json(http.get(gateway + STATE_PATH))
+                state = _json(http.get(self.gateway + STATE_PATH))
                 busy = {}
                 for e in state.get("endpoints", []):
                     u = str(e.get("url", "")).rstrip("/")
@@ -489,37 +539,30 @@ def apply_decision(decision: Any, plan: LaunchPlan, target: ApplyTarget, gateway
                         busy[u] = busy.get(u, 0) + int(e["in_flight"])
             except (httpx.HTTPError, ValueError, TypeError) as exc:
                 busy = {u: -1 for u in old_urls}
-                step("drain-state-failed", error=str(exc))
+                self.step("drain-state-failed", error=str(exc))
             if not busy:
                 break
             if time.monotonic() >= drain_deadline:
-                step("drain-timeout", in_flight=busy)
+                self.step("drain-timeout", in_flight=busy)
                 break
-            time.sleep(poll_s)
-        step("drained", replicas=[_rep(r) for r in change.stop], in_flight=busy)
-        # 4. stop
+            time.sleep(self.poll_s)
+        self.step("drained", replicas=[_rep(r) for r in change.stop], in_flight=busy)
+
+    def _stop(self, change: PlanChange) -> ApplyResult:
+        """5. Stop the old replicas; the change is applied."""
         failed = []
         for r in change.stop:
             try:
-                target.stop(plan, r)
-                step("stop", replica=_rep(r))
+                self.target.stop(self.plan, r)
+                self.step("stop", replica=_rep(r))
             except Exception as exc:  # the others still stop
                 failed.append(r.name)
-                step("stop-failed", replica=_rep(r), error=str(exc))
-        step("applied", started=len(change.start), stopped=len(change.stop) - len(failed),
-             interrupted=interrupted())
+                self.step("stop-failed", replica=_rep(r), error=str(exc))
+        self.step("applied", started=len(change.start),
+                  stopped=len(change.stop) - len(failed), interrupted=self.interrupted())
         return ApplyResult(True, change.after,
-                           f"could not stop {', '.join(failed)}" if failed else "", steps,
-                           interrupted())
-    except BaseException:
-        if not routed:  # the old routes stay: what was started goes
-            for r in started:
-                with contextlib.suppress(Exception):
-                    target.stop(change.after, r)
-        raise
-    finally:
-        if own:
-            http.close()
+                           f"could not stop {', '.join(failed)}" if failed else "", self.steps,
+                           self.interrupted())
 
 
 def _json(resp: httpx.Response) -> dict[str, Any]:
