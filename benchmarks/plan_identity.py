@@ -2,6 +2,7 @@
 
     git worktree add /tmp/base REV
     python benchmarks/plan_identity.py --base /tmp/base [--out results/plan-identity.json]
+        [--cases readme,min-cost]
 
 Runs ``scepsy plan --no-timings --json`` on each example with this checkout's ``src`` and with
 the other checkout's, and compares the two documents; the ``request`` section (which older
@@ -62,10 +63,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--base", type=Path, required=True, help="the other checkout")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "plan-identity.json")
+    ap.add_argument("--cases", default=",".join(CASES),
+                    help=f"comma-separated cases to compare (default all: {', '.join(CASES)})")
     args = ap.parse_args()
+    chosen = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in chosen if c not in CASES]
+    if unknown or not chosen:
+        ap.error(f"--cases: expected names among {', '.join(CASES)} (got {args.cases!r})")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, argv in CASES.items():
+        for name in chosen:
+            argv = CASES[name]
             old = plan(args.base.resolve(), argv, Path(tmp) / f"{name}-base.json")
             new = plan(HERE, argv, Path(tmp) / f"{name}-here.json")
             old.pop("request", None)
