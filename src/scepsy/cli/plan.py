@@ -154,11 +154,11 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
                         if opts.latency_bound_s else ""))
     elif kind.priced:
         st = plan.stats
-        used = ", ".join(f"{n} × {g}" for g, n in st.get("placed_gpus", {}).items())
-        buy = st.get("nodes_to_buy")
-        lines.append(f"objective: the price of the GPUs used: {st.get('placed_cost_per_hour', 0):.6g}"
-                     f" USD/h ({used}); aggregate bound {st.get('cost_bound_per_hour', 0):.6g} "
-                     f"USD/h (gap {st.get('placed_cost_gap', 0):.3g})"
+        used = ", ".join(f"{n} × {g}" for g, n in (st.placed_gpus or {}).items())
+        buy = st.nodes_to_buy
+        lines.append(f"objective: the price of the GPUs used: {st.placed_cost_per_hour or 0:.6g}"
+                     f" USD/h ({used}); aggregate bound {st.cost_bound_per_hour or 0:.6g} "
+                     f"USD/h (gap {st.placed_cost_gap or 0:.3g})"
                      + (f" subject to mean latencies {dict(opts.latency_bound_s)} s"
                         if opts.latency_bound_s else "")
                      + (f"; nodes to buy: {buy}" if buy else ""))
@@ -188,7 +188,7 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
     if res.peak is not None:
         lines.append(f"targets from {res.peak.describe()}")
     st = plan.stats
-    priced = st.get("placed_costs_per_hour", {}) if kind.priced else {}
+    priced = (st.placed_costs_per_hour or {}) if kind.priced else {}
     tried = ", ".join(f"{k} {priced[k]:.6g} USD/h" if k in priced else
                       f"{k} {o.objective_s:.6g} s" if o.status == "placed" else f"{k} {o.status}"
                       for k, o in placed.compared.items())
@@ -206,7 +206,7 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
         gap = f"gap {plan.gap:.3g}" if math.isfinite(plan.gap) else "no proven gap"
         how = (f"{placed.formulation} formulation, optimiser {plan.optimiser}: {plan.status}"
                f"{scope.get(placed.formulation, '')}, {gap}, candidates "
-               f"{st.get('candidates_generated', '-')} -> {st.get('candidates_kept', '-')}")
+               f"{_or_dash(st.candidates_generated)} -> {_or_dash(st.candidates_kept)}")
     lines.append(how + (f"; compared: {tried}" if tried else ""))
     q = placed.quality or {}
     pl = placed.placement
@@ -241,3 +241,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     cmd = subparsers.add_parser("plan", help=HELP)
     _plan_args(cmd)
     return cmd
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)

@@ -130,7 +130,7 @@ def _not_found(problem: PlanningProblem, cset: CandidateSet, name: str,
         info = replace(info, detail=(
             f"{name} found no allocation that meets the targets within its budget split, "
             f"although the cluster carries up to {info.max_scale:.4g}x the targets"))
-        plan = replace(plan, infeasible=info, stats=dict(plan.stats, baseline_failed=True))
+        plan = replace(plan, infeasible=info, stats=plan.stats.updated(baseline_failed=True))
     return plan
 
 
@@ -353,7 +353,7 @@ def _max_throughput_by_bisection(problem: PlanningProblem, name: str,
     if found is None:
         return _no_scale(problem, name, {"total_s": time.perf_counter() - t0})
     plan, s = found
-    return replace(plan, scale=s, stats=dict(plan.stats, total_s=time.perf_counter() - t0))
+    return replace(plan, scale=s, stats=plan.stats.updated(total_s=time.perf_counter() - t0))
 
 
 def _within_bounds_plan(problem: PlanningProblem, plan: Plan) -> bool:
@@ -518,13 +518,13 @@ class BruteForce:
         bounds = _bounds(problem)
         if not bounds:  # the min-latency allocation at the largest scale
             plan = self._min_latency(problem.scaled(scale * (1 - 1e-9)))
-            return replace(plan, scale=scale, stats=dict(plan.stats, total_s=time.perf_counter() - t0))
+            return replace(plan, scale=scale, stats=plan.stats.updated(total_s=time.perf_counter() - t0))
         found = _bisect(problem, scale, lambda p: self._min_latency(p, bounds),
                         lambda p, plan: True, BRUTE_BISECT_REL)
         if found is None:
             return _no_scale(problem, self.name, {"total_s": time.perf_counter() - t0})
         plan, s = found
-        return replace(plan, scale=s, stats=dict(plan.stats, total_s=time.perf_counter() - t0))
+        return replace(plan, scale=s, stats=plan.stats.updated(total_s=time.perf_counter() - t0))
 
 
 # --------------------------------------------------------------------------- the paper's heuristic
@@ -793,7 +793,7 @@ class UserAllocation:
         plan, scale = self._evaluate(problem)
         if problem.options.kind.scales_targets and (plan.feasible or scale > 0):
             plan = self._max_throughput(problem, plan, scale)
-        return replace(plan, stats=dict(plan.stats, total_s=time.perf_counter() - t0))
+        return replace(plan, stats=plan.stats.updated(total_s=time.perf_counter() - t0))
 
     def _evaluate(self, problem: PlanningProblem) -> tuple[Plan, float]:
         """The priced plan (infeasible when the allocation cannot run or carry the targets) and

@@ -1071,7 +1071,7 @@ def solve_max_throughput(problem: PlanningProblem, name: str = "milp", *,
         cset = generate_candidates(problem, deadline=left)
         return _diagnosed(problem, cset, name, {"total_s": time.perf_counter() - t0}, left, shp)
     plan, s = found.best, found.best_at
-    stats = dict(plan.stats, total_s=time.perf_counter() - t0)
+    stats = plan.stats.updated(total_s=time.perf_counter() - t0)
     return Plan(optimiser=plan.optimiser, status="time_limit" if found.stopped else plan.status,
                 allocation=plan.allocation, objective_s=plan.objective_s, bound_s=plan.bound_s,
                 gap=plan.gap, candidates=plan.candidates, stats=stats, infeasible=None, scale=s)

@@ -633,7 +633,8 @@ def solve_min_cost(problem: PlanningProblem, cset: CandidateSet | None = None, *
             if not problem.cluster.unbounded:
                 return plan
             if plan.feasible:  # a plan of cost U uses at most U/p GPUs of each type
-                cost = plan.stats["cost_per_hour"]
+                cost = plan.stats.cost_per_hour
+                assert cost is not None  # every feasible min-cost plan is priced
                 tight = {g: math.floor(cost / prices[g] * (1 + 1e-12)) for g in
                          problem.cluster.unbounded}
                 if all(tight[g] <= caps[g] for g in tight) or plan.status != "optimal":
@@ -647,7 +648,7 @@ def solve_min_cost(problem: PlanningProblem, cset: CandidateSet | None = None, *
                 low = _unreachable(problem, left)
                 if low:  # proven: no number of GPUs meets these bounds
                     info = dataclasses.replace(plan.infeasible, detail="; ".join(low))
-                    stats = dict(plan.stats, latency_bounds_proven_infeasible=True)
+                    stats = plan.stats.updated(latency_bounds_proven_infeasible=True)
                     return _final(problem, dataclasses.replace(plan, infeasible=info,
                                                                stats=stats), caps)
             last_generated = cs.generated
@@ -659,6 +660,6 @@ def solve_min_cost(problem: PlanningProblem, cset: CandidateSet | None = None, *
 
 def _final(problem: PlanningProblem, plan: Plan, caps: Mapping[str, int]) -> Plan:
     """The plan of an open cluster, with the GPU caps it was solved within."""
-    stats = dict(plan.stats, open_caps={g: caps[g] for g in problem.cluster.unbounded})
+    stats = plan.stats.updated(open_caps={g: caps[g] for g in problem.cluster.unbounded})
     return dataclasses.replace(plan, stats=stats)
 

@@ -38,6 +38,7 @@ from scepsy_opt.planning.milp import MILPOptimiser, percentile_latencies
 from scepsy_opt.planning.mincost import solve_min_cost
 from scepsy_opt.planning.plans import Infeasibility, Optimiser, Plan, no_allocation_plan
 from scepsy_opt.planning.problem import OBJECTIVES, Deadline, PlanningProblem
+from scepsy_opt.planning.solvestats import SolveStats
 
 
 class ExactOptimiser(MILPOptimiser):
@@ -64,7 +65,7 @@ def check_latency_bounds(problem: PlanningProblem, plan: Plan, *, keep: bool = F
     met = all(r["met"] for r in report.values())
     stats = dict(plan.stats, latency_bounds=report, latency_bounds_verified=met)
     if met or keep:
-        return replace(plan, stats=MappingProxyType(stats))
+        return replace(plan, stats=SolveStats.of(stats))
     miss = ", ".join(f"{w} p{q:g} {got[w]:.4g} s > {b:g} s" for w, (q, b) in bounds.items()
                      if not report[w]["met"])
     info = Infeasibility("latency", f"{plan.optimiser} found no allocation within the percentile "
@@ -84,7 +85,7 @@ def check_slos(problem: PlanningProblem, plan: Plan, *, keep: bool = False) -> P
     stats = dict(plan.stats, slos={m: c.to_dict() for m, c in checks.items()})
     missed = {m: c for m, c in checks.items() if not c.met}
     if not missed or keep:
-        return replace(plan, stats=MappingProxyType(stats))
+        return replace(plan, stats=SolveStats.of(stats))
     miss = "; ".join(f"{m}: {c.slo.describe()}, predicted ttft {c.ttft_s:.4g} s, tpot "
                      f"{c.tpot_s:.4g} s" for m, c in missed.items())
     info = Infeasibility("latency", f"{plan.optimiser} found no allocation within the LLMs' SLOs "

@@ -34,6 +34,7 @@ from scepsy_opt.planning.candidates import slo_checks
 from scepsy_opt.planning.coverage import extrapolated_shares
 from scepsy_opt.planning.plans import Plan, workflow_latencies
 from scepsy_opt.planning.problem import PlanningProblem
+from scepsy_opt.planning.solvestats import TIMING_KEYS
 from scepsy_opt.prediction.pipeline import Prediction, predict
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.hardware import GIB
@@ -43,7 +44,6 @@ PLAN_VERSION = 1
 LAUNCH_COMMAND = ("vllm", "serve")
 LAUNCH_BASE_PORT = 8000
 LAUNCH_HEALTH_TIMEOUT_S = 900.0
-TIMING_KEYS = ("candidates_s", "build_s", "solve_s", "total_s")
 CURVE_POINTS = 24
 """Points of each workflow's ``curve``: throughputs ``k / (CURVE_POINTS + 1)`` of its predicted
 maximum throughput, ``k = 1 .. CURVE_POINTS`` (4% to 96%)."""
@@ -158,7 +158,7 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
     """The plan.json document (see the module docstring); ``extra`` adds top-level entries
     (``scepsy plan`` adds the placement)."""
     cat = problem.catalog or default_catalog()
-    stats = {k: v for k, v in plan.stats.items() if k not in TIMING_KEYS}
+    stats = plan.stats.without(*TIMING_KEYS)
     if problem.options.slos and plan.allocation is not None and not plan.allocation.splits:
         at = problem.scaled(plan.scale) if plan.scale != 1.0 else problem
         stats["slos"] = {m: c.to_dict() for m, c in slo_checks(at, plan.allocation).items()}

@@ -11,6 +11,7 @@ from typing import Any, Literal, Protocol
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.planning.candidates import Candidate
 from scepsy_opt.planning.problem import PlanningProblem
+from scepsy_opt.planning.solvestats import SolveStats
 from scepsy_opt.prediction.pipeline import carried_scale, predict
 
 # optimal: proven optimal; time_limit: the time limit ended the search with an allocation (its
@@ -94,9 +95,13 @@ class Plan:
     bound_s: float  # best proven lower bound on the objective (= objective when optimal)
     gap: float
     candidates: Mapping[str, Candidate]
-    stats: Mapping[str, Any]
+    stats: SolveStats
     infeasible: Infeasibility | None = None
     scale: float = 1.0  # max-throughput mode: the fraction of the targets reached
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stats, SolveStats):  # a mapping of figures: checked here
+            object.__setattr__(self, "stats", SolveStats.of(self.stats))
 
     @property
     def feasible(self) -> bool:
@@ -117,7 +122,7 @@ class Optimiser(Protocol):
     def solve(self, problem: PlanningProblem) -> Plan: ...
 
 
-def no_allocation_plan(*, optimiser: str, status: Status, stats: Mapping[str, Any],
+def no_allocation_plan(*, optimiser: str, status: Status, stats: Mapping[str, Any] | SolveStats,
                        candidates: Mapping[str, Candidate] | None = None,
                        infeasible: Infeasibility | None = None, scale: float = 1.0) -> Plan:
     """A plan without an allocation (infeasible, or no solution in time): no objective, bound
@@ -125,18 +130,18 @@ def no_allocation_plan(*, optimiser: str, status: Status, stats: Mapping[str, An
     reached."""
     return Plan(optimiser=optimiser, status=status, allocation=None, objective_s=math.inf,
                 bound_s=math.inf, gap=math.inf, candidates={} if candidates is None else candidates,
-                stats=stats, infeasible=infeasible, scale=scale)
+                stats=SolveStats.of(stats), infeasible=infeasible, scale=scale)
 
 
-def time_limit_plan(name: str, stats: Mapping[str, Any] | None = None) -> Plan:
+def time_limit_plan(name: str, stats: Mapping[str, Any] | SolveStats | None = None) -> Plan:
     """The plan of a run whose time limit ran out before any allocation was found: no
     allocation, no diagnosis, and no scale of the targets reached (0)."""
     return no_allocation_plan(optimiser=name, status="time_limit_no_solution", candidates={},
-                              stats=MappingProxyType(dict(stats or {})), infeasible=None, scale=0.0)
+                              stats=SolveStats.of(stats), infeasible=None, scale=0.0)
 
 
 def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
-                     choice: Mapping[str, Candidate], stats: Mapping[str, Any],
+                     choice: Mapping[str, Candidate], stats: Mapping[str, Any] | SolveStats,
                      bound_s: float | None = None, scale: float = 1.0) -> Plan:
     """A :class:`Plan` for one candidate per LLM (objective includes the constant tool time).
 
@@ -152,7 +157,7 @@ def plan_from_choice(problem: PlanningProblem, name: str, status: Status,
     gap = 0.0 if gap < 1e-12 else gap  # float noise between HiGHS's bound and our sum
     return Plan(optimiser=name, status=status, allocation=alloc, objective_s=obj, bound_s=bound,
                 gap=gap, candidates=MappingProxyType(dict(sorted(choice.items()))),
-                stats=MappingProxyType(dict(stats)), infeasible=None, scale=scale)
+                stats=SolveStats.of(stats), infeasible=None, scale=scale)
 
 
 def headroom(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> dict[str, float]:
@@ -164,7 +169,7 @@ def headroom(problem: PlanningProblem, choice: Mapping[str, Candidate]) -> dict[
 
 
 def saturated_plan(problem: PlanningProblem, name: str, choice: Mapping[str, Candidate],
-                   stats: Mapping[str, Any]) -> Plan:
+                   stats: Mapping[str, Any] | SolveStats) -> Plan:
     """The infeasible plan of a choice whose replicas do not all carry their LLM's load: its
     ``max_scale`` is the fraction of the targets the choice carries at ``max_utilisation``
     (:func:`scepsy_opt.prediction.pipeline.carried_scale` of each LLM's :func:`~scepsy_opt.prediction.pipeline.llm_load`)."""
@@ -180,7 +185,7 @@ def saturated_plan(problem: PlanningProblem, name: str, choice: Mapping[str, Can
         f"bounded by {bottleneck}", scale, tput, bottleneck, ())
     return no_allocation_plan(optimiser=name, status="infeasible",
                               candidates=MappingProxyType(dict(sorted(choice.items()))),
-                              stats=MappingProxyType(dict(stats)),
+                              stats=SolveStats.of(stats),
                               infeasible=info, scale=scale)
 
 

@@ -113,6 +113,7 @@ from scepsy_opt.planning.problem import (
     TimeLimitReached,
     time_limit_detail,
 )
+from scepsy_opt.planning.solvestats import SolveStats
 from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_place.formulations import slots
 from scepsy_place.formulations.cuts import (
@@ -298,9 +299,9 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
         return PlacedPlan(plan=plan, placement=None, rounds=1, history=history, quality=None,
                           reason=why, exact=True, formulation="aggregate",
                           status="infeasible", seconds=time.perf_counter() - t0)
-    top = open_topology(problem.cluster, topology, plan.stats.get("gpus_used", {}))
+    top = open_topology(problem.cluster, topology, cast(Mapping[str, int], plan.stats.gpus_used or {}))
     prices = gpu_prices(problem)
-    bound = plan.stats.get("cost_bound_per_hour", 0.0)
+    bound = plan.stats.cost_bound_per_hour or 0.0
     tried: dict[str, PlacedPlan] = {}
     dem = demands(plan.allocation, problem.catalog)
     placement = place_or_exact(top, dem, kw["policy"], kw["placer_options"], deadline)
@@ -360,7 +361,7 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
     # the status of the price: proven optimal when the placed price meets the bound
     status: Status = ("optimal" if cost <= bound * (1 + 1e-9) + 1e-12 else
               "time_limit" if deadline.remaining() <= 0 else "heuristic")
-    return replace(best, plan=replace(best.plan, stats=MappingProxyType(stats), status=status),
+    return replace(best, plan=replace(best.plan, stats=SolveStats.of(stats), status=status),
                    quality=quality(top, best.placement, dem), compared=compared,
                    seconds=time.perf_counter() - t0, topology=bought)
 
@@ -645,7 +646,7 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         pat = run("patterns", PATTERNS_LARGE_SHARE if large else 1.0, blocks_start=start)
         # its aggregate MILP (over candidates reduced exactly, so with the optimum of every
         # candidate): a bound on every allocation
-        agg_bound = pat.plan.stats.get("aggregate_bound")
+        agg_bound = pat.plan.stats.aggregate_bound
         if not small and isinstance(agg_bound, float) and math.isfinite(agg_bound):
             bounds.append(agg_bound)
     if large and _best(tried.values()) is None and deadline.remaining() > 0:
@@ -698,7 +699,7 @@ def _labelled(best: PlacedPlan, bound: float | None, ran_out: bool) -> PlacedPla
     status: Status = "optimal" if proven else "time_limit" if ran_out else "heuristic"
     # the formulation's own gap (patterns: over its own bound) would stand in for the solver's
     stats = {k: v for k, v in best.plan.stats.items() if k != "gap"}
-    plan = replace(best.plan, status=status, stats=MappingProxyType(stats),
+    plan = replace(best.plan, status=status, stats=SolveStats.of(stats),
                    bound_s=bound if bound is not None else -math.inf,
                    gap=gap if gap is not None else math.inf)
     return replace(res, plan=plan, exact=proven)
@@ -1004,7 +1005,7 @@ class _AggregateRun:
             # building the MILP and handing it to HiGHS run outside HiGHS's clock (about the
             # last build's time each): a re-solve without time for both is not started, and
             # HiGHS's limit ends that much before the deadline
-            build_s = float(plan.stats.get("build_s", 0.0))
+            build_s = float(plan.stats.build_s or 0.0)
             if deadline.remaining() <= 2 * build_s:
                 raise TimeLimitReached(time_limit_detail(deadline.limit_s))
             return solve_min_latency(self.problem, cset, self.valid + self.nogood,
@@ -1179,7 +1180,7 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
     res = slots.plan_slot_scale(problem, topology,
                                 deadline=_share(deadline, SLOT_SHARE) if small else deadline)
     res = replace(res, history=tuple({**h, "formulation": "slots"} for h in res.history))
-    gap = res.plan.stats.get("scale_gap") if res.placed else None
+    gap = res.plan.stats.scale_gap if res.placed else None
     if ((res.placed and (not small or (gap is not None and gap <= CAPACITY_GAP)))
             or deadline.remaining() <= 0):
         return res if res.placed else timed_out(deadline, "milp", res.rounds, res.history,
@@ -1197,11 +1198,12 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
         entry = {"round": res.rounds + 1, "scale": plan.scale, "objective_s": plan.objective_s,
                  "unplaced": len(placement.unplaced), "formulation": "aggregate"}
         if placement.complete:
-            bound = res.plan.stats.get("scale_bound")
+            bound = res.plan.stats.scale_bound
             exact = plan.status == "optimal"
-            stats = dict(plan.stats, scale_bound=plan.scale if exact else bound,
-                         scale_gap=0.0 if exact else (bound / plan.scale - 1
-                                                      if bound is not None else None))
+            stats = plan.stats.updated(scale_bound=plan.scale if exact else bound,
+                                       scale_gap=0.0 if exact else (bound / plan.scale - 1
+                                                                    if bound is not None
+                                                                    else None))
             return PlacedPlan(plan=replace(plan, stats=stats), placement=placement,
                               rounds=res.rounds + 1, history=(*res.history, entry),
                               quality=quality(topology, placement, dem), reason=None,

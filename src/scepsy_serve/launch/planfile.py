@@ -44,6 +44,7 @@ from scepsy_opt.cluster import MAX_GPUS_PER_NODE, ClusterRecord, parse_cluster
 from scepsy_opt.planning.planfile import PLAN_VERSION, dumps
 from scepsy_opt.planning.plans import Status, Termination, termination
 from scepsy_opt.planning.problem import Objective
+from scepsy_opt.planning.solvestats import SolveFigures
 from scepsy_place.formulations.loop import LoopStatus
 from scepsy_place.packing.check import overloads
 from scepsy_place.packing.replicas import Slot
@@ -126,97 +127,18 @@ class LaunchSection(BaseModel):
     models: dict[Name, ModelLaunchSection]
 
 
-Num = float | int
-Count = int
-Stat = float | int | bool | str | list[Any] | dict[str, Any] | None
-"""A statistic whose shape differs by formulation (``gpus_used``: a count, or per GPU type
-for a mixed plan)."""
-
-
-class SolverSection(BaseModel):
+class SolverSection(SolveFigures):
     """How the plan was solved: the termination (the document's ``status``), the objective, its
-    proven bound and gap, the limits, and each formulation's statistics. Closed: every field a
-    formulation or optimiser writes is listed here (docs/plan-format.md)."""
+    proven bound and gap, the limits, and each formulation's statistics (the fields of
+    :class:`~scepsy_opt.planning.solvestats.SolveFigures`, the one definition of every
+    figure; the timings have their own section). Closed (docs/plan-format.md)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=False)
     objective_s: float | None
     bound_s: float | None
     gap: float | None
     time_limit_s: float = Field(gt=0)
     gap_limit: float = Field(ge=0)
-    solver: str | None = None
-    """the MILP solver and its version (``HiGHS 1.x.y``)"""
-    arrivals: dict[str, Any] | None = None
-    """the peak window the targets came from (recorded arrivals)"""
-    slos: dict[str, Any] | None = None
-    """per LLM: its SLO, the predicted TTFT and TPOT and whether it is met (docs/slo.md)"""
-    latency_bounds: dict[str, Any] | None = None
-    """per workflow: the percentile bound, the predicted percentile and whether it is met"""
-    latency_bounds_verified: bool | None = None
-    latency_bounds_optimal: bool | None = None
-    latency_bounds_proven_infeasible: bool | None = None
-    latency_bound_solves: Count | None = None
-    # candidate generation (every formulation)
-    candidates: Count | None = None
-    candidates_generated: Count | None = None
-    candidates_kept: Count | None = None
-    candidates_unplaceable: Count | None = None
-    serving_curves: Count | None = None
-    variables: Count | None = None
-    diagnosis: Stat = None
-    # the scale of the targets carried (max-throughput)
-    scale_bound: Num | None = None
-    scale_gap: Num | None = None
-    # min-cost (docs/min-cost.md)
-    cost_per_hour: Num | None = None
-    cost_bound_per_hour: Num | None = None
-    cost_gap: Num | None = None
-    placed_cost_per_hour: Num | None = None
-    placed_cost_gap: Num | None = None
-    placed_costs_per_hour: dict[str, Any] | None = None
-    placed_gpus: dict[str, Any] | None = None
-    prices_per_hour: dict[str, Any] | None = None
-    nodes_to_buy: dict[str, Any] | None = None
-    open_caps: Stat = None
-    highs_status: Stat = None
-    solves: Count | None = None
-    aggregate_bound_per_hour: Num | None = None
-    whole_gpus_bound_per_hour: Num | None = None
-    slices: Count | None = None
-    splits: dict[str, Any] | None = None
-    reason: Stat = None
-    gpus_used: Stat = None
-    # the pattern formulation (docs/patterns.md)
-    objective: Num | None = None
-    aggregate_bound: Num | None = None
-    aggregate_placed: Num | None = None
-    blocks_start: Num | None = None
-    cg_bound: Num | None = None
-    lp_bound: Num | None = None
-    root_lp: Num | None = None
-    root_s: Num | None = None
-    root_columns: Count | None = None
-    root_iterations: Count | None = None
-    columns: Count | None = None
-    iterations: Count | None = None
-    converged: bool | None = None
-    dive: Num | None = None
-    mip: Num | None = None
-    recombined: Num | None = None
-    domain_types: Count | None = None
-    shapes: Count | None = None
-    fallback: Stat = None
-    # slot groups
-    parts: Count | None = None
-    fallback_parts: Count | None = None
-    probes: Count | None = None
-    reused: Count | None = None
-    # the baselines
-    profile_alpha: Num | None = None
-    demand_order: list[Any] | None = None
-    baseline_failed: Stat = None
-    gpu_memory_used: dict[str, Any] | None = None
-    nodes: Stat = None
 
 
 class InstanceAllocation(BaseModel):
