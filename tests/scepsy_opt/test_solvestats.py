@@ -11,7 +11,6 @@ from scepsy_opt.planning.solvestats import TIMING_KEYS, SolveFigures, SolveStats
 from scepsy_serve.launch.planfile import SolverSection
 
 
-
 def test_the_solver_section_is_the_figures_and_the_plans_own_fields():
     plan_fields = {"objective_s", "bound_s", "gap", "time_limit_s", "gap_limit"}
     assert set(SolverSection.model_fields) == set(SolveFigures.model_fields) | plan_fields
