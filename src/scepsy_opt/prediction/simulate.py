@@ -17,10 +17,11 @@ Call graph
     duration (tools have unlimited concurrency). An LLM call goes to one replica of its LLM:
     ``round_robin`` cycles through the replicas, ``least_loaded`` picks the replica with the
     fewest calls queued, running or on their way to it (lowest index on ties). Every LLM call
-    passes its replica's front end first, which takes ``call_delay_s(latency)`` per call (the
-    engine overheads' pure delay, :mod:`scepsy_profile.overheads`; 0 for a plain latency model)
-    and handles one call at a time, first come first served (calls that are ready together, a
-    fan-out, wait for each other's delays); the replica is not busy meanwhile. A request
+    passes its replica's front end first, which delays it by ``call_delay_s(latency)`` (the
+    engine overheads' pure delay, :mod:`scepsy_profile.overheads`; 0 for a plain latency model):
+    a delay, not a server, so calls that arrive apart do not queue behind each other's; calls
+    that reach the replica at the same instant (a fan-out) take their delays in turn, as the
+    predictor's ``front_delay_s`` has them; the replica is not busy meanwhile. A request
     completes when its last call does; its latency is completion minus arrival.
 
 Replica (continuous batching, vLLM-style, prefill first)
@@ -338,11 +339,38 @@ class _Replica:
     """
 
     __slots__ = (
-        "admitted", "bs", "busy", "calls", "ctx_base", "decode_batch", "decode_steps", "down",
-        "draining", "eng", "front_free",
-        "hist", "idx", "inflight", "jump_n", "jump_t0", "jump_tau", "kv_cap", "kv_used", "llm",
-        "max_batch", "n_prefill", "paged", "preemptions", "prefill_calls", "queue", "running",
-        "state", "steps", "up", "version",
+        "admitted",
+        "bs",
+        "busy",
+        "calls",
+        "ctx_base",
+        "decode_batch",
+        "decode_steps",
+        "down",
+        "draining",
+        "eng",
+        "front_at",
+        "front_free",
+        "hist",
+        "idx",
+        "inflight",
+        "jump_n",
+        "jump_t0",
+        "jump_tau",
+        "kv_cap",
+        "kv_used",
+        "llm",
+        "max_batch",
+        "n_prefill",
+        "paged",
+        "preemptions",
+        "prefill_calls",
+        "queue",
+        "running",
+        "state",
+        "steps",
+        "up",
+        "version",
     )
 
     def __init__(self, eng: _Engine, llm: int, idx: int, kv_cap: int, max_batch: int,
@@ -353,7 +381,8 @@ class _Replica:
         self.bs = block_size
         self.hist = [0] * block_size
         self.kv_used = 0
-        self.front_free = 0.0  # when the front end (the per-call delay) is next free
+        self.front_free = 0.0  # when the front end's last call of its group is through
+        self.front_at = -1.0  # when that group of calls reached it
         self.queue: deque = deque()
         self.running: list = []  # heap of (finish step, seq, call)
         self.admitted: list = []
@@ -705,7 +734,11 @@ class _Engine:
             call = (aid, i, tm.inp[i], tm.out[i], las_level(self.attained[aid]), t, self.seq)
         if self.delay > 0:  # routed now, seen by the replica after its front end's delay
             rep.inflight += 1
-            rep.front_free = max(t, rep.front_free) + self.delay
+            # a pure delay per call; the calls that reach the replica at the same instant (a
+            # fan-out) take their delays in turn (scepsy_profile.overheads.front_delay_s)
+            if t != rep.front_at:
+                rep.front_at, rep.front_free = t, t
+            rep.front_free += self.delay
             self.push(rep.front_free, _SUBMIT, rep, call)
         else:
             rep.submit(call, t)
@@ -1212,8 +1245,8 @@ def simulate(
     ``max_num_batched_tokens``; a longer prompt still goes alone); ``None``: the policy's
     ``max_num_batched_tokens`` (``None`` there too: no cap). ``policy`` also sets the batch
     limit and the KV management (``paged`` blocks with preemption, or ``reserve``); a
-    latency model with a ``call_delay_s`` (engine overheads) delays every LLM call by it, in
-    turn at each replica's front end.
+    latency model with a ``call_delay_s`` (engine overheads) delays every LLM call by it (the
+    calls of a fan-out that reach one replica together take their delays in turn).
     ``record_events`` keeps every call's ready, start and end time in ``call_log``;
     ``progress`` prints a progress line on stderr. ``latencies``: the latency model of some
     deployments (LLM name -> model), in place of ``latency``; required for every LLM with its

@@ -34,7 +34,7 @@ import numpy as np
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.prediction.colocation import contend, phase_model
+from scepsy_opt.prediction.colocation import contend, operating_point, phase_model
 from scepsy_opt.prediction.pipeline import instance_curve, llm_demand
 from scepsy_opt.prediction.simulate import SimulationResult, simulate
 from scepsy_opt.prediction.slo import CallSLO, attained
@@ -122,12 +122,22 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     if queued is None:
         queued = overload_queued(latency)
     alpha = (interference or {}).get(run.strategy, INTERFERENCE)
-    llms = {m.name: _llm(run, mesh, m) for mesh in run.meshes for m in mesh.llms}
     workload, stats = _lengths(tuple((m, run.models[m], r, *run.lengths(m))
                                      for m, r in run.rates.items()), seed)
-    models = {m: x.model for m, x in llms.items()}
-    rates = {m: x.rate for m, x in llms.items()}
-    demands = {m: llm_demand(stats, models, rates, m) for m in llms}
+    models = dict(run.models)
+    rates = dict(run.rates)
+    demands = {m: llm_demand(stats, models, rates, m) for m in run.rates}
+    # the KV each LLM can hold: its quota of its mesh's pool, or what its co-runners leave
+    # free at their rates (each alone at its own limits with its quota)
+    llms: dict[str, _LLM] = {}
+    for mesh in run.meshes:
+        quota = kv_gib(run, mesh)
+        first = {x.name: _llm(run, mesh, x, quota[x.name]) for x in mesh.llms}
+        held = ({k: _held_gib(run, mesh, y, demands[k], phase_model(
+                    latency, Contended(*y.limits, 1.0))) for k, y in first.items()}
+                if len(mesh.llms) > 1 else {})
+        kv = kv_gib(run, mesh, held)
+        llms.update({x.name: _llm(run, mesh, x, kv[x.name]) for x in mesh.llms})
     shares = contend({mesh.source: [x.name for x in mesh.llms] for mesh in run.meshes},
                      {m: x.limits for m, x in llms.items()}, rates,
                      lambda m, lat: _curve(llms[m], demands[m], lat), latency,
@@ -206,18 +216,61 @@ def _lengths(llms: tuple[tuple[str, str, float, float, float], ...], seed: int,
     return workload, rate_stats(workload, STATS_REQUESTS, seed)
 
 
-def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM) -> _LLM:
+def kv_pool_gib(mesh: Mesh) -> float:
+    """The KV pool of ``mesh`` on each of its GPUs (GiB): MuxServe sizes it as the mesh's
+    ``gpu_memory_utilization`` of each GPU's memory, on top of the weights its LLMs load."""
+    return mesh.memory_utilization * default_catalog().gpu(GPU).memory_gib
+
+
+def kv_gib(run: MuxRun, mesh: Mesh, held_gib: Mapping[str, float] | None = None
+           ) -> dict[str, float]:
+    """Each LLM of ``mesh``: the KV memory per GPU (GiB) it can hold, as the engine gives it
+    (docs/validate.md, "Memory").
+
+    One LLM alone on a mesh has the whole pool (:func:`kv_pool_gib`). LLMs sharing a mesh
+    share one pool of KV blocks (MuxServe's unified, head-wise KV cache): the engine starts by
+    giving each LLM the same number of tokens (the pool split in proportion to each LLM's KV
+    bytes per token per GPU) and then moves free blocks to the LLMs that run out. An LLM can
+    hold its starting quota, or what its co-runners leave free on average (the pool less what
+    they hold, ``held_gib``; without it, the quota), whichever is more."""
+    cat = default_catalog()
+    pool = kv_pool_gib(mesh)
+    if len(mesh.llms) == 1:
+        return {mesh.llms[0].name: pool}
+    per_token = {x.name: cat.model(run.models[x.name]).kv_bytes_per_token_per_gpu(x.tp) / GIB
+                 for x in mesh.llms}
+    tokens = pool / sum(per_token.values())  # the same tokens for every LLM at the start
+    quota = {m: tokens * v for m, v in per_token.items()}
+    if held_gib is None:
+        return quota
+    return {m: max(q, pool - sum(v for k, v in held_gib.items() if k != m))
+            for m, q in quota.items()}
+
+
+def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM, kv: float) -> _LLM:
     cat = default_catalog()
     spec, gpu = cat.model(run.models[m.name]), cat.gpu(GPU)
     weights = spec.weight_bytes_per_gpu(m.tp) / GIB
-    seqs = sum(x.max_num_seqs for x in mesh.llms)  # the KV pool split as MuxServe sizes it
-    kv = mesh.memory_utilization * gpu.memory_gib * m.max_num_seqs / seqs
     memory = min(1.0, (weights + kv) / gpu.memory_gib)
     limit = mesh.max_num_seqs if run.strategy in ENFORCES_MAX_NUM_SEQS else MAX_BATCH
     policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0, max_batch=limit)
     inst = Instance(GPU, m.tp, m.decode_pct / 100.0, 1, memory)
     return _LLM(m.name, run.models[m.name], run.rates[m.name], run.measured[m.name].requests,
                 inst, policy, (m.prefill_pct / 100.0, m.decode_pct / 100.0))
+
+
+def _held_gib(run: MuxRun, mesh: Mesh, x: _LLM, demand: object, latency: LatencyModel
+              ) -> float:
+    """The KV memory per GPU (GiB) ``x`` holds on average at its rate: the calls its serving
+    curve has in service, each holding its prompt and half its output."""
+    curve = _curve(x, demand, latency)
+    if not curve.feasible:
+        return 0.0
+    batch, _ = operating_point(curve, x.rate)
+    prompt, output = run.lengths(x.name)
+    m = next(y for y in mesh.llms if y.name == x.name)
+    per_token = default_catalog().model(x.model).kv_bytes_per_token_per_gpu(m.tp) / GIB
+    return batch * (prompt + output / 2.0) * per_token
 
 
 def _curve(x: _LLM, demand: object, lat: LatencyModel) -> ServingCurve:
