@@ -105,31 +105,19 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any, Any]:
     """(problem, topology, running placed plan, launch plan) of ``--plan``, rebuilt as
     ``scepsy replan`` does."""
     from scepsy import api
-    from scepsy.cli.fields import given_fields
-    from scepsy.cli.replan import _running, _topology
+    from scepsy.cli.replan import running_problem
     from scepsy.cli.util import naming
     from scepsy_opt.planning.baselines import UserAllocation
     from scepsy_place.formulations.placed import PlacedPlan
-    from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
+    from scepsy_place.request import flag_names
     from scepsy_profile.catalog import catalog_in_force
     from scepsy_serve.launch.planfile import parse_launch_plan
 
     flags = {**flag_names(), "targets": "--plan"}
-    with naming(flags):
-        given = given_fields(args, [f for f in flag_fields() if f.flag.name in REQUEST_FLAGS],
-                             {})
-        req = PlanRequest.of(request_data({("inputs", "workflow"): args.workflow,
-                                           ("inputs", "cluster"): args.plan, **given}))
-    inp = req.inputs
-    with api.using_catalog(inp.catalog), naming(flags):
-        raw, running = _running(args.plan)
-        launch = parse_launch_plan(raw, str(args.plan))
-        topology = _topology(raw, args.cluster, str(args.plan))
-        # the running plan's cluster, targets and allocation, the request's other inputs
-        inputs = inp.model_copy(update={"cluster": topology, "targets": dict(raw["targets"]),
-                                        "current": running.allocation})
-        problem, topology = api.problem_of(req.model_copy(update={"inputs": inputs}),
-                                           inputs.targets)
+    rp = running_problem(args, flags, REQUEST_FLAGS)
+    problem, topology, running = rp.problem, rp.topology, rp.running
+    with api.using_catalog(rp.request.inputs.catalog), naming(flags):
+        launch = parse_launch_plan(rp.raw, str(args.plan))
         with catalog_in_force(problem.catalog):
             plan = UserAllocation(running.allocation).solve(problem)
         placed = PlacedPlan(plan=plan, placement=running.placement, rounds=1, history=(),

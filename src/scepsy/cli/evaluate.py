@@ -34,3 +34,20 @@ def evaluation_request(args: argparse.Namespace, cls: type, fields: Sequence[Any
 def option_names(fields: Sequence[Any]) -> dict[str, str]:
     """Each request field (its last name) -> its option, for error messages."""
     return {f.path[-1]: f.flag.name for f in fields}
+
+
+def print_document(doc: dict[str, Any], as_json: bool, workflow_columns: Sequence[str],
+                   llm_columns: Sequence[str]) -> None:
+    """``doc`` (per workflow and per LLM figures) as JSON, or as two tables of the columns
+    given."""
+    import json
+
+    from scepsy.cli.util import json_float, print_rows
+
+    if as_json:
+        print(json.dumps(doc, indent=2, sort_keys=True, default=json_float))
+        return
+    print_rows([{"workflow": w, **o} for w, o in doc["workflows"].items()],
+               ["workflow", *workflow_columns])
+    print()
+    print_rows([{"llm": m, **o} for m, o in doc["llms"].items()], ["llm", *llm_columns])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,15 +92,54 @@ def _topology(raw: dict[str, Any], cluster: Path | None, source: str) -> Any:
     return parse_topology(raw.get("topology") or raw["cluster"], source)
 
 
+@dataclass(frozen=True)
+class RunningProblem:
+    """A running plan rebuilt as a planning problem (``scepsy replan``, ``scepsy control``): the
+    request of the command's options, the raw plan.json, its running allocation and placement,
+    the topology and the problem."""
+
+    request: Any
+    raw: dict[str, Any]
+    running: Any
+    topology: Any
+    problem: Any
+
+
+def running_problem(args: argparse.Namespace, flags: dict[str, str],
+                    request_flags: tuple[str, ...] = REQUEST_FLAGS) -> RunningProblem:
+    """The plan request of ``args``' options among ``request_flags`` (errors named by
+    ``flags``), with the
+    running plan's (``--plan``) cluster (or ``--cluster``), targets and allocation as its
+    inputs, and the problem it gives. The caller holds the catalog of the request's inputs."""
+    from scepsy import api
+    from scepsy.cli.fields import given_fields
+    from scepsy.cli.util import naming
+    from scepsy_place.request import PlanRequest, flag_fields, request_data
+
+    with naming(flags):
+        given = given_fields(args, [f for f in flag_fields() if f.flag.name in request_flags],
+                             {})
+        req = PlanRequest.of(request_data({("inputs", "workflow"): args.workflow,
+                                           ("inputs", "cluster"): args.plan, **given}))
+    with api.using_catalog(req.inputs.catalog), naming(flags):
+        raw, running = _running(args.plan)
+        topology = _topology(raw, args.cluster, str(args.plan))
+        inputs = req.inputs.model_copy(update={"cluster": topology,
+                                               "targets": dict(raw["targets"]),
+                                               "current": running.allocation})
+        req = req.model_copy(update={"inputs": inputs})
+        problem, topology = api.problem_of(req, inputs.targets)
+    return RunningProblem(req, raw, running, topology, problem)
+
+
 def cmd_replan(args: argparse.Namespace) -> int:
     """Run ``scepsy replan``: read, re-plan, write the new plan.json, print the report."""
     from scepsy import api
-    from scepsy.cli.fields import given_fields
     from scepsy.cli.util import UsageError, check_out, naming, print_rows, wrote_note
     from scepsy_common.errors import InputError
     from scepsy_opt.planning.problem import Deadline
     from scepsy_place.formulations.incremental import parse_event, replan
-    from scepsy_place.request import PlanRequest, flag_fields, flag_names, request_data
+    from scepsy_place.request import flag_names
     from scepsy_profile.catalog import catalog_in_force
     from scepsy_serve.launch.planfile import write_plan_file
 
@@ -112,20 +152,10 @@ def cmd_replan(args: argparse.Namespace) -> int:
             raise UsageError(f"--event: {exc.field}: expected {exc.expected} "
                              f"(got {text!r})") from None
     flags = {**flag_names(), **_OWN_FLAGS}
-    with naming(flags):
-        given = given_fields(args, [f for f in flag_fields() if f.flag.name in REQUEST_FLAGS],
-                             {})
-        req = PlanRequest.of(request_data({("inputs", "workflow"): args.workflow,
-                                           ("inputs", "cluster"): args.plan, **given}))
-    inp, search, placer = req.inputs, req.search, req.placement.placer
-    with api.using_catalog(inp.catalog), naming(flags):
-        raw, running = _running(args.plan)
-        topology = _topology(raw, args.cluster, str(args.plan))
-        # the running plan's cluster, targets and allocation, the request's other inputs
-        inputs = inp.model_copy(update={"cluster": topology, "targets": dict(raw["targets"]),
-                                        "current": running.allocation})
-        problem, topology = api.problem_of(req.model_copy(update={"inputs": inputs}),
-                                           inputs.targets)
+    rp = running_problem(args, flags)
+    req, running, problem, topology = rp.request, rp.running, rp.problem, rp.topology
+    search, placer = req.search, req.placement.placer
+    with api.using_catalog(req.inputs.catalog), naming(flags):
         deadline = Deadline.after(search.time_limit_s)
         with catalog_in_force(problem.catalog):
             try:

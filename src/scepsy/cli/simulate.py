@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from scepsy.cli.evaluate import add_evaluation_flags, evaluation_request, option_names
-from scepsy.cli.util import json_float as _json_float
+from scepsy.cli.evaluate import (
+    add_evaluation_flags,
+    evaluation_request,
+    option_names,
+    print_document,
+)
 from scepsy.cli.util import naming as _naming
-from scepsy.cli.util import print_rows as _print_table
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -20,15 +22,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     with _naming(option_names(fields)):
         res = api.run_simulate(request)
     doc = api.simulation_document(res)
-    if args.json:
-        print(json.dumps(doc, indent=2, sort_keys=True, default=_json_float))
-        return 0
-    _print_table([{"workflow": w, **o} for w, o in doc["workflows"].items()],
-                 ["workflow", "throughput", "mean_latency_s", "p50_latency_s",
-                  "p90_latency_s", "p99_latency_s", "completed", "unfinished"])
-    print()
-    _print_table([{"llm": m, **o} for m, o in doc["llms"].items()],
-                 ["llm", "replicas", "calls", "utilisation", "mean_batch", "preemptions", "preemptions_per_call"])
+    print_document(doc, args.json,
+                   ["throughput", "mean_latency_s", "p50_latency_s", "p90_latency_s",
+                    "p99_latency_s", "completed", "unfinished"],
+                   ["replicas", "calls", "utilisation", "mean_batch", "preemptions",
+                    "preemptions_per_call"])
     return 0
 
 

@@ -253,13 +253,6 @@ def latency_bounds(values: Sequence[str]) -> tuple[float | dict[str, float] | No
     if total is not None and named:
         raise UsageError("--latency-bound: expected either one PCT:SECONDS for every workflow "
                          f"or WORKFLOW=PCT:SECONDS entries (got {list(pct)!r})")
-    from dataclasses import fields
-
-    from scepsy_opt.planning.problem import PlanOptions
-
-    if "latency_bounds" not in {f.name for f in fields(PlanOptions)}:
-        raise UsageError("--latency-bound: percentile bounds (PCT:SECONDS) are not supported by "
-                         f"this optimiser (got {pct[0]!r})")
     return mean, named or total
 
 

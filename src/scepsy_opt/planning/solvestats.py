@@ -11,7 +11,7 @@ a mapping (``stats.get("columns")``, ``dict(stats)``) gives only those.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -131,10 +131,6 @@ class SolveFigures(BaseModel):
 
     def __len__(self) -> int:
         return len(self.model_fields_set)
-
-    def figures(self) -> Iterator[str]:
-        """The names of the figures set, in declaration order."""
-        return iter(self.keys())
 
 
 class SolveStats(SolveFigures):

@@ -131,12 +131,11 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     # free at their rates (each alone at its own limits with its quota)
     llms: dict[str, _LLM] = {}
     for mesh in run.meshes:
-        quota = kv_gib(run, mesh)
-        first = {x.name: _llm(run, mesh, x, quota[x.name]) for x in mesh.llms}
-        held = ({k: _held_gib(run, mesh, y, demands[k], phase_model(
-                    latency, Contended(*y.limits, 1.0))) for k, y in first.items()}
-                if len(mesh.llms) > 1 else {})
-        kv = kv_gib(run, mesh, held)
+        kv = kv_gib(run, mesh)
+        if len(mesh.llms) > 1:
+            first = {x.name: _llm(run, mesh, x, kv[x.name]) for x in mesh.llms}
+            kv = kv_gib(run, mesh, {k: _held_gib(run, y, demands[k], phase_model(
+                latency, Contended(*y.limits, 1.0))) for k, y in first.items()})
         llms.update({x.name: _llm(run, mesh, x, kv[x.name]) for x in mesh.llms})
     shares = contend({mesh.source: [x.name for x in mesh.llms] for mesh in run.meshes},
                      {m: x.limits for m, x in llms.items()}, rates,
@@ -259,8 +258,7 @@ def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM, kv: float) -> _LLM:
                 inst, policy, (m.prefill_pct / 100.0, m.decode_pct / 100.0))
 
 
-def _held_gib(run: MuxRun, mesh: Mesh, x: _LLM, demand: object, latency: LatencyModel
-              ) -> float:
+def _held_gib(run: MuxRun, x: _LLM, demand: object, latency: LatencyModel) -> float:
     """The KV memory per GPU (GiB) ``x`` holds on average at its rate: the calls its serving
     curve has in service, each holding its prompt and half its output."""
     curve = _curve(x, demand, latency)
@@ -268,8 +266,7 @@ def _held_gib(run: MuxRun, mesh: Mesh, x: _LLM, demand: object, latency: Latency
         return 0.0
     batch, _ = operating_point(curve, x.rate)
     prompt, output = run.lengths(x.name)
-    m = next(y for y in mesh.llms if y.name == x.name)
-    per_token = default_catalog().model(x.model).kv_bytes_per_token_per_gpu(m.tp) / GIB
+    per_token = default_catalog().model(x.model).kv_bytes_per_token_per_gpu(x.instance.tp) / GIB
     return batch * (prompt + output / 2.0) * per_token
 
 
