@@ -614,7 +614,7 @@ def predict(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRat
     from scepsy.evaluation import PredictRequest, request_of, split_keywords
 
     return run_predict(request_of(PredictRequest, split_keywords(
-        PredictRequest, workflows, allocation, rate, options)))
+        workflows, allocation, rate, options)))
 
 
 def run_predict(request: PredictRequest) -> Prediction:
@@ -648,7 +648,7 @@ def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRa
     from scepsy.evaluation import SimulateRequest, request_of, split_keywords
 
     return run_simulate(request_of(SimulateRequest, split_keywords(
-        SimulateRequest, workflows, allocation, rate, options)))
+        workflows, allocation, rate, options)))
 
 
 def run_simulate(request: SimulateRequest) -> SimulationResult:

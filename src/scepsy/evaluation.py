@@ -160,9 +160,9 @@ def simulate_flag_fields() -> tuple[FlagField, ...]:
 _INPUTS = frozenset(EvaluationInputs.model_fields)
 
 
-def split_keywords(cls: type[Request], workflows: Any, allocation: Any, rate: Any,
+def split_keywords(workflows: Any, allocation: Any, rate: Any,
                    options: Mapping[str, Any]) -> dict[str, Any]:
-    """The nested data of ``cls`` from :func:`scepsy.api.predict`'s (or simulate's) arguments:
+    """The nested data of a request from :func:`scepsy.api.predict`'s (or simulate's) arguments:
     the inputs' keywords under ``inputs``, ``engine=`` (a MemoryPolicy) as the engine's
     policy, the rest as the request's own fields."""
     inputs = {"workflow": workflows, "allocation": allocation, "rate": rate}

@@ -60,7 +60,7 @@ def test_the_command_line_builds_the_request_the_api_builds(chosen, data):
         (engine if name == "max_batch" else keywords)[name] = value
     args = build_parser(argv).parse_args(argv)
     from_cli = evaluation_request(args, SimulateRequest, simulate_flag_fields())
-    data_ = split_keywords(SimulateRequest, RAG, ALLOC, 1.5, keywords)
+    data_ = split_keywords(RAG, ALLOC, 1.5, keywords)
     if engine:
         data_["engine"] = engine
     from_api = request_of(SimulateRequest, data_)
