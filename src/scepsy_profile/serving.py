@@ -235,6 +235,17 @@ class ServingCurve:
     def feasible(self) -> bool:
         return self.memory.feasible and self.mu > 0
 
+    @property
+    def admits(self) -> int:
+        """The most calls the instance admits at once (:func:`admission_limit`; at least
+        :attr:`max_batch`, the batch of its saturation throughput; 0 when infeasible)."""
+        if not self.feasible:
+            return 0
+        if self.kv_per_seq <= 0:
+            return self.max_batch
+        return max(self.max_batch, admission_limit(self.memory.kv_tokens, self.kv_per_seq,
+                                                   self.policy))
+
     def group(self, batch: ArrayLike) -> NDArray[np.float64]:
         """Calls prefilled together at batch ``B``: ``g(B) = max(k, max(B, 1)/O)``, capped by the
         token budget at ``max(1, floor(T / I))``."""
@@ -431,6 +442,14 @@ def kv_demand(input_tokens: float, output_tokens: float, policy: MemoryPolicy,
     return KVDemand(per_seq=per_seq, var=var, ctx=ctx)
 
 
+def admission_limit(kv_tokens: int, per_seq: float, policy: MemoryPolicy) -> int:
+    """The most calls an instance admits at once: its ``max_batch``, and what its KV cache
+    holds at ``per_seq`` tokens a call (at least one with paged KV, which admits a call whose
+    prompt fits and preempts later); 0 when it holds no call."""
+    paged = policy.kv_management == "paged"
+    return min(policy.max_batch, max(int(kv_tokens // per_seq), int(paged)))
+
+
 def group_cap(policy: MemoryPolicy, input_tokens: float) -> float:
     """The most calls one prefill iteration takes under the token budget (inf without one)."""
     t = policy.max_num_batched_tokens
@@ -483,8 +502,8 @@ def serving_curves(latency: LatencyModel, model: str, gpu: str, tp: int, shares:
     mshares = shares if memory_shares is None else memory_shares
     fit = call_tokens(max(seq, longest_tokens), policy)
     mems = [memory_fit(model, gpu, tp, ms, fit, catalog, policy) for ms in mshares]
-    b_max = np.array([min(policy.max_batch, max(int(m.kv_tokens // kv.per_seq), int(paged)))
-                      if m.feasible else 0 for m in mems])
+    b_max = np.array([admission_limit(m.kv_tokens, kv.per_seq, policy) if m.feasible else 0
+                      for m in mems])
     k = np.minimum(min(prefill_batch, cap), np.maximum(b_max, 1)).astype(float)
     sh = np.asarray(shares, dtype=float)
     p = np.asarray(latency.prefill_ms(model, gpu, tp, sh, k, input_tokens), dtype=float) * np.ones(len(sh))

@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.prediction.slo import CallSLO
-from scepsy_opt.validate.evaluate import Figures, combine, grew, validate_run
+from scepsy_opt.validate.evaluate import OUTPUT_CV, Figures, combine, grew, validate_run
 from scepsy_opt.validate.finite import _admission_wait, finite_run, walk_wait
-from scepsy_opt.validate.fit import fit_overheads
+from scepsy_opt.validate.fit import fit_output_cv, fit_overheads, lognormal_ratios
 from scepsy_opt.validate.muxserve import MeasuredLLM, load_muxserve_dir
 from scepsy_opt.validate.report import document, validate_muxserve
 from scepsy_profile.latency import CompositeLatencyModel
@@ -438,6 +438,26 @@ def test_a_queue_in_front_puts_the_backlog_before_the_first_token(curve):
         finite_run(curve, rate, n, queued=1.5)
 
 
+@given(st.floats(1.05, 4.0), st.floats(0.0, 1.0))
+@settings(max_examples=30, deadline=None)
+def test_an_engine_that_admits_the_whole_run_queues_none_of_it_in_front(curve, factor, q):
+    """Overloaded, but the run brings no more requests than the engine admits at once
+    (``curve.admits``): every request is admitted on arrival, nothing waits before its first
+    token whatever ``queued`` says, and the overload shows as the same latency with a slower
+    TPOT; one request more than it admits and ``queued`` puts the backlog in front again."""
+    rate, n = factor * curve.mu, curve.admits
+    assert curve.admits >= curve.max_batch
+    small = finite_run(curve, rate, n, queued=q)
+    none = finite_run(curve, rate, n, queued=0.0)
+    assert small.overloaded
+    assert small.mean_ttft_s == pytest.approx(none.mean_ttft_s, rel=1e-12)
+    assert small.mean_latency_s == pytest.approx(none.mean_latency_s, rel=1e-12)
+    drift = (n - 1) / 2 * (1 / curve.mu - 1 / rate)
+    assert small.mean_ttft_s < drift or drift == 0.0
+    big = finite_run(curve, rate, n + 1, queued=1.0)
+    assert big.mean_ttft_s >= n / 2 * (1 / curve.mu - 1 / rate)
+
+
 def test_finite_run_refuses_bad_input(curve):
     for rate, n in ((0.0, 10), (math.inf, 10), (1.0, 0), (1.0, 2.5)):
         with pytest.raises(InputError):
@@ -517,6 +537,25 @@ def test_co_located_llms_slow_each_other(tmp_path, latency):
     assert v.llms["llm-1"]["predicted"].mean_tpot_s > w.llms["llm-1"]["predicted"].mean_tpot_s
 
 
+def test_simulated_figures_are_defined_as_muxserve_measures_them(tmp_path, latency):
+    """MuxServe's statistics: mean latency is mean TTFT plus mean TPOT times the LLM's mean
+    output (as the measured figure is built), TPOT a request's decode time over its output
+    tokens (at a light load about one decode step), throughput the requests over the last
+    completion since the run began (at most what the last arrival allows)."""
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",), rates=(0.5, 0.3)))[0]
+    v = validate_run(run, latency, simulate_runs=True)
+    for m, f in v.llms.items():
+        s = f["simulated"]
+        out = run.lengths(m)[1]
+        assert s.mean_latency_s == pytest.approx(s.mean_ttft_s + s.mean_tpot_s * out, rel=1e-9)
+        mine = next(x for mesh in run.meshes for x in mesh.llms if x.name == m)
+        step = float(latency.decode_ms(run.models[m], "A100-80GB", mine.tp,
+                                       mine.decode_pct / 100.0, 1.0, 300.0)) / 1e3
+        assert step * 0.7 < s.mean_tpot_s < step * 2.0
+        n = run.measured[m].requests  # the last of n uniform arrivals: n/(n+1) of the span
+        assert 0 < s.throughput < run.rates[m] * (n + 1) / n
+
+
 def test_the_simulator_replays_the_same_run(tmp_path, latency):
     run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
     v = validate_run(run, latency, simulate_runs=True)
@@ -541,12 +580,12 @@ def test_fitting_recovers_the_overheads_that_made_the_measurements(tmp_path, lat
                                f["predicted"].p90_ttft_s, 1.0, 1.0, 1.0, 1.0)
                 for m, f in made.llms.items()}
     fake = replace(run, measured=measured)
-    fit = fit_overheads([fake], latency, grid=(0.0, 2.5, 5.0, 7.5))
+    fit = fit_overheads([fake], latency, grid=(0.0, 2.5, 5.0, 7.5), output_cv=OUTPUT_CV)
     assert (fit.overheads.iteration_ms, fit.overheads.tp_doubling_ms) == (5.0, 0.0)
     best = min(p.score for p in fit.points)
     assert best == pytest.approx(0.0, abs=1e-12)
     with pytest.raises(InputError, match="spatial"):
-        fit_overheads([replace(run, strategy="flexsm")], latency)
+        fit_overheads([replace(run, strategy="flexsm")], latency, output_cv=OUTPUT_CV)
 
 
 def test_fitting_recovers_how_much_of_an_overload_queues_in_front(tmp_path, latency):
@@ -569,11 +608,39 @@ def test_fitting_recovers_how_much_of_an_overload_queues_in_front(tmp_path, late
                                f["predicted"].p90_ttft_s, 1.0, 1.0, 1.0, 1.0)
                 for m, f in made.llms.items()}
     fit = fit_overheads([replace(run, measured=measured)], latency, grid=(0.0, 5.0),
-                        first_grid=(0.0,), queued_grid=(0.0, 0.25, 0.5, 0.75, 1.0))
+                        first_grid=(0.0,), queued_grid=(0.0, 0.25, 0.5, 0.75, 1.0),
+                        output_cv=OUTPUT_CV)
     assert fit.overheads.iteration_ms == 5.0
     assert fit.overheads.overload_queued == 0.75
     with pytest.raises(InputError, match="queued_grid"):
-        fit_overheads([run], latency, queued_grid=(1.5,))
+        fit_overheads([run], latency, queued_grid=(1.5,), output_cv=OUTPUT_CV)
+
+
+@given(cv=st.sampled_from([0.3, 0.55, 0.8, 1.0, 1.5]), part=st.floats(0.0, 0.09))
+@settings(max_examples=25, deadline=None)
+def test_fitting_recovers_the_output_spread_that_made_the_latency_percentiles(
+        cv, part, tmp_path_factory):
+    """Oracle: LLMs that did not queue, whose p90 and p99 latencies over their mean are a
+    log-normal's of a known coefficient of variation (on the grid), are fitted back to it;
+    LLMs that queued (mean TTFT a large part of the latency) and other strategies are left
+    out."""
+    root = toy_folder(tmp_path_factory.mktemp("cv"), strategies=("spatial",))
+    run = load_muxserve_dir(root)[0]
+    r90, r99 = lognormal_ratios(cv)
+    measured = {}
+    for m, x in run.measured.items():
+        out = run.lengths(m)[1]
+        x = replace(x, ttft_mean_s=part * x.tpot_mean_s * out)  # less than a tenth
+        mean = x.mean_latency_s(out)
+        measured[m] = replace(x, p90_latency_s=r90 * mean, p99_latency_s=r99 * mean)
+    queued = replace(run.measured["llm-2"], ttft_mean_s=5.0, p90_latency_s=1e3,
+                     p99_latency_s=1e4)
+    fake = replace(run, measured={**measured, "llm-2": queued})
+    assert fit_output_cv([fake, replace(fake, strategy="flexsm")]) == cv
+    with pytest.raises(InputError, match="did not queue"):
+        fit_output_cv([replace(fake, measured={"llm-2": queued})])
+    with pytest.raises(InputError, match="output_cv"):
+        validate_run(run, roofline_model(), simulate_runs=False, output_cv=0.0)
 
 
 @pytest.mark.parametrize("bad", [-0.1, 1.5, True, "half"])

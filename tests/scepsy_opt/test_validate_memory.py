@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scepsy_opt.validate.evaluate import kv_gib, kv_pool_gib, validate_run
+from scepsy_opt.validate.evaluate import adbs_max_num_seqs, kv_gib, kv_pool_gib, validate_run
 from scepsy_opt.validate.muxserve import GPU, MeasuredLLM, Mesh, MeshLLM, MuxRun
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
@@ -18,13 +18,14 @@ MODELS = ("llama-7b", "llama-13b", "llama-30b", "llama-65b")
 LONGEST_CALL = 2048  # tokens: the longest prompt and output the validator replays together
 
 
-def _run(mesh: Mesh, models: dict[str, str], rate: float = 0.5,
-         strategy: str = "flexsm") -> MuxRun:
-    measured = MeasuredLLM(throughput=rate, requests=200, ttft_mean_s=0.5, tpot_mean_s=0.05,
+def _run(mesh: Mesh, models: dict[str, str], rate: float | dict[str, float] = 0.5,
+         strategy: str = "flexsm", prompt: float = 100.0, output: float = 250.0) -> MuxRun:
+    measured = MeasuredLLM(throughput=1.0, requests=200, ttft_mean_s=0.5, tpot_mean_s=0.05,
                            p90_ttft_s=1.0, p99_ttft_s=2.0, p90_latency_s=20.0,
                            p99_latency_s=30.0, p90_tpot_s=0.08)
-    return MuxRun("load", strategy, 1, mesh.gpus, {m: rate for m in models}, models, 100.0,
-                  250.0, (mesh,), {m: measured for m in models})
+    rates = rate if isinstance(rate, dict) else {m: rate for m in models}
+    return MuxRun("load", strategy, 1, mesh.gpus, rates, models, prompt, output, (mesh,),
+                  {m: measured for m in models})
 
 
 def _per_token_gib(model: str, tp: int) -> float:
@@ -85,3 +86,63 @@ def test_a_mesh_that_ran_at_the_limit_is_not_refused(seqs):
     res = validate_run(run, roofline_model(), simulate_runs=False)
     assert set(res.llms) == set(models)
     assert res.predicted.throughput > 0
+
+
+def _muxserve_init_max_num_seqs(run: MuxRun, mesh: Mesh) -> dict[str, int]:
+    """MuxServe's scheduler in its own units (muxserve/muxsched/scheduler.py,
+    ``init_max_num_seqs``; the pool from flexstore's ``get_num_gpu_blocks``): head-wise blocks
+    of 16 tokens of one head of one layer, ``group_size = heads/TP × layers`` blocks per 16
+    tokens, the pool's blocks split by ``rate × group_size``."""
+    total_bytes = default_catalog().gpu(GPU).memory_gib * GIB
+    block_bytes = 2 * (128 * 16 + 128 * 16)  # K and V of one head, 16 tokens, fp16
+    blocks = (int(round(mesh.memory_utilization * total_bytes) - 1) // block_bytes // 128) * 128
+    cat = default_catalog()
+    group = {x.name: cat.model(run.models[x.name]).heads // x.tp
+             * cat.model(run.models[x.name]).layers for x in mesh.llms}
+    base = sum(run.rates[m] * g for m, g in group.items())
+    per_seq = (int(run.prompt_mean) + int(run.output_mean)) // 16
+    return {m: (int(run.rates[m] * g / base * blocks) // g) // per_seq for m, g in group.items()}
+
+
+@given(meshes, st.lists(st.floats(0.05, 40.0), min_size=4, max_size=4),
+       st.floats(20.0, 400.0), st.floats(20.0, 600.0))
+@settings(max_examples=80, deadline=None)
+def test_the_batch_limit_is_muxserves_starting_max_num_seqs(mesh_spec, rates, prompt, output):
+    """The scheduler's own arithmetic (block units, integer divisions) is the oracle: the
+    limits agree to one call (its pool is rounded down to 128 blocks), and are at least one."""
+    llms, tp, util = mesh_spec
+    models = {f"llm-{i}": m for i, (m, _) in enumerate(llms)}
+    mesh = Mesh("m.yaml", tp, util, 256, tuple(
+        MeshLLM(f"llm-{i}", tp, 100.0, 50.0, seqs) for i, (_, seqs) in enumerate(llms)))
+    run = _run(mesh, models, {m: rates[i] for i, m in enumerate(models)}, prompt=prompt,
+               output=output)
+    got = adbs_max_num_seqs(run, mesh)
+    want = _muxserve_init_max_num_seqs(run, mesh)
+    for m in models:
+        assert got[m] >= 1
+        assert abs(got[m] - max(want[m], 1)) <= 1, (m, got, want)
+
+
+def test_a_busier_llm_of_the_same_model_gets_more_calls():
+    models = {"a": "llama-13b", "b": "llama-13b"}
+    mesh = Mesh("m.yaml", 2, 0.3, 256, tuple(MeshLLM(m, 2, 90.0, 60.0, 8) for m in models))
+    got = adbs_max_num_seqs(_run(mesh, models, {"a": 8.0, "b": 1.0}), mesh)
+    assert got["a"] > 4 * got["b"] >= 4
+
+
+def test_muxserves_engine_runs_at_most_its_scheduler_limit_and_vllm_at_max_num_seqs():
+    """flexsm and temporal take the scheduler's limit; spatial (plain vLLM) the mesh's."""
+    models = {"llm-3": "llama-13b", "llm-9": "llama-30b"}
+    mesh = Mesh("m.yaml", 2, 0.2225, 256, (MeshLLM("llm-3", 2, 100.0, 60.0, 115),
+                                           MeshLLM("llm-9", 2, 100.0, 30.0, 11)))
+    rates = {"llm-3": 7.08, "llm-9": 0.76}
+    for strategy in ("flexsm", "temporal"):
+        run = _run(mesh, models, rates, strategy=strategy, prompt=100.2, output=261.3)
+        res = validate_run(run, roofline_model(), simulate_runs=True)
+        limits = adbs_max_num_seqs(run, mesh)
+        assert limits["llm-9"] < 20 < limits["llm-3"]
+        sim = res.llms["llm-9"]["simulated"]
+        assert sim.throughput > 0
+    alone = Mesh("s.yaml", 2, 0.375, 256, (MeshLLM("llm-9", 2, 100.0, 90.0, 256),))
+    run = _run(alone, {"llm-9": "llama-30b"}, 0.76, strategy="spatial")
+    assert validate_run(run, roofline_model(), simulate_runs=False).predicted.throughput > 0

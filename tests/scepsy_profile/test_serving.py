@@ -27,7 +27,7 @@ from scepsy_profile.roofline import (
     bundled_calibration,
     roofline_model,
 )
-from scepsy_profile.serving import MemoryPolicy, memory_fit, serving_curve
+from scepsy_profile.serving import MemoryPolicy, admission_limit, memory_fit, serving_curve
 
 CAT = default_catalog()
 ROOF = roofline_model()
@@ -380,3 +380,25 @@ def test_non_finite_reserve_gib_is_rejected(value) -> None:
 def test_unsupported_tp_is_rejected() -> None:
     with pytest.raises(InputError, match="tp"):
         memory_fit("llama-2-7b", "A100-80GB", 3, 1.0, 100)
+
+
+@given(st.sampled_from(["llama-7b", "llama-13b"]), st.floats(0.3, 1.0),
+       st.integers(1, 512), st.sampled_from(["paged", "reserve"]),
+       st.floats(16.0, 900.0), st.floats(4.0, 900.0))
+@settings(max_examples=60, deadline=None)
+def test_an_instance_admits_what_its_batch_limit_and_kv_cache_hold(model, mem, limit, kv_mode,
+                                                                  prompt, output):
+    """``admits``: at most the policy's ``max_batch``; no fewer than the batch of its
+    saturation throughput; what the KV cache holds at the curve's tokens per call otherwise
+    (one at least with paged KV); 0 for an instance that holds no call."""
+    policy = MemoryPolicy(max_batch=limit, kv_management=kv_mode)
+    c = serving_curve(roofline_model(), model, "A100-80GB", 1, 1.0, prompt, output,
+                      policy=policy, memory_share=mem)
+    if not c.feasible:
+        assert c.admits == 0
+        return
+    assert c.max_batch <= c.admits <= limit
+    by_kv = admission_limit(c.memory.kv_tokens, c.kv_per_seq, policy)
+    assert c.admits == max(c.max_batch, by_kv)
+    assert by_kv == min(limit, max(int(c.memory.kv_tokens // c.kv_per_seq),
+                                   int(kv_mode == "paged")))

@@ -40,6 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     mux.add_argument("--no-simulate", action="store_true",
                      help="predict only (the simulator replays every run otherwise)")
     mux.add_argument("--seed", type=int, default=0, help="seed of lengths and arrivals")
+    mux.add_argument("--output-cv", type=_output_cv, metavar="CV",
+                     help="coefficient of variation of the output lengths, log-normal around "
+                     "each LLM's mean (default: the calibration on the shared ChatLMSYS "
+                     "loads; with --fit-overheads, fitted on DIR's runs)")
     mux.add_argument("--llms", action="store_true", help="print one table per run, per LLM")
     add_slo_flags(mux, "reports each source's SLO attainment")
     mux.add_argument("--json", type=Path, metavar="FILE",
@@ -49,6 +53,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "write them to FILE (YAML)")
     mux.set_defaults(func=cmd_validate_muxserve)
     return cmd
+
+
+def _output_cv(text: str) -> float:
+    from scepsy_opt.validate.evaluate import MAX_OUTPUT_CV
+
+    try:
+        cv = float(text)
+    except ValueError:
+        cv = float("nan")
+    if not 0 < cv <= MAX_OUTPUT_CV:  # NaN fails too
+        raise argparse.ArgumentTypeError(
+            f"expected a coefficient of variation in (0, {MAX_OUTPUT_CV:g}], got {text!r}")
+    return cv
 
 
 def cmd_validate_muxserve(args: argparse.Namespace) -> int:
@@ -108,7 +125,9 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
         model = f"{shown} + overheads {path.name}"
     with naming({"slos": "--ttft-slo/--tpot-slo"}):
         report = validate_muxserve(args.folder, latency, model=model,
-                                   simulate=not args.no_simulate, seed=args.seed, slos=slos)
+                                   simulate=not args.no_simulate, seed=args.seed, slos=slos,
+                                   **({} if args.output_cv is None
+                                      else {"output_cv": args.output_cv}))
     print(f"{args.folder}: {len(report.runs)} run(s); latency model {model}")
     print_rows(run_rows(report), run_columns(report))
     if args.llms:
@@ -129,11 +148,12 @@ def _fit(args: argparse.Namespace, base: LatencyModel) -> int:
     from scepsy_profile.overheads import save_overheads
 
     runs = load_muxserve_dir(args.folder)
-    fit = fit_overheads(runs, base, seed=args.seed,
+    fit = fit_overheads(runs, base, seed=args.seed, output_cv=args.output_cv,
                         source=f"scepsy validate muxserve {args.folder} "
                         f"--fit-overheads (runs: {', '.join(sorted({r.workload for r in runs}))})")
     o = fit.overheads
-    print(f"fitted on {len(fit.runs)} run(s): iteration_ms {o.iteration_ms:g}, "
+    print(f"fitted on {len(fit.runs)} run(s): output_cv {fit.output_cv:g} (pass it as "
+          f"--output-cv with these overheads), iteration_ms {o.iteration_ms:g}, "
           f"tp_doubling_ms {o.tp_doubling_ms:g}, first_token_ms {o.first_token_ms:g}, "
           f"overload_queued {o.overload_queued:g}")
     save_overheads(o, args.fit_overheads)

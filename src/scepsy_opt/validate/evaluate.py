@@ -1,16 +1,17 @@
 """Measured against predicted and simulated: one MuxServe run at a time (docs/validate.md).
 
 Each LLM of a run becomes one instance: its mesh's GPU type, its tensor parallelism, its
-weights plus its part of the mesh's KV memory (the mesh's ``gpu_memory_utilization`` split in
-proportion to the ``max_num_seqs`` of its LLMs), the KV cache as the batch limit (and the
-mesh's ``max_num_seqs`` where plain vLLM serves it, :data:`ENFORCES_MAX_NUM_SEQS`), and
+weights plus the KV memory the engine lets it hold (:func:`kv_gib`), a batch limit (the mesh's
+``max_num_seqs`` where plain vLLM serves it, :data:`ENFORCES_MAX_NUM_SEQS`; what MuxServe's
+scheduler gives it elsewhere, :func:`adbs_max_num_seqs`), and
 prefill and decode shares from its MPS limits contended by the busy co-runners of its mesh
 (:func:`scepsy_profile.mps.contended_shares`, iterated to a fixed point with the busy
 fractions the instances predict). Its requests are one-call requests with the LLM's own mean
-prompt and output lengths (:meth:`~scepsy_opt.validate.muxserve.MuxRun.lengths`; log-normal
-prompts and exponential outputs, both with a coefficient of variation of 1, each clipped to
-:data:`MAX_TOKENS`), arriving as a Poisson stream at the LLM's rate, as many as the run
-measured.
+prompt and output lengths (:meth:`~scepsy_opt.validate.muxserve.MuxRun.lengths`; log-normal,
+prompts with a coefficient of variation of 1 and outputs with the calibrated :data:`OUTPUT_CV`,
+each clipped to :data:`MAX_TOKENS`), as many as the run measured, arriving over the run's
+span at the LLM's rate (:func:`run_arrivals`; each LLM its own random stream,
+:func:`llm_seed`).
 
 * **predicted**: the finite-run model on the instance's serving curve
   (:func:`scepsy_opt.validate.finite.finite_run`);
@@ -24,6 +25,7 @@ and p90 TTFT the request-weighted means (weights: the measured request counts).
 from __future__ import annotations
 
 import functools
+import zlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -53,13 +55,18 @@ from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
 MAX_TOKENS = 1024
 """The longest prompt and the longest output (tokens; at most half the model's context)."""
-MAX_BATCH = 2048
-"""The batch limit of MuxServe's own engine (``flexsm``, ``temporal``): it batches beyond its
-``max_num_seqs`` (decode batches of 380 under a limit of 256 were measured), so the KV cache is
-what limits a batch there."""
+OUTPUT_CV = 0.55
+"""The coefficient of variation of the output lengths (log-normal around each LLM's mean):
+MuxServe's files keep only means, so the shape is calibrated on the shared ChatLMSYS loads
+(:func:`scepsy_opt.validate.fit.fit_output_cv`: the 90th and 99th percentile latencies over
+the mean of the LLMs that ran alone and did not queue; condense500 alone gives 0.7,
+condense2000 alone 0.45, both together 0.55; docs/validate.md, "Calibration")."""
+MAX_OUTPUT_CV = 4.0
+"""The largest output coefficient of variation accepted."""
 ENFORCES_MAX_NUM_SEQS = frozenset({"spatial"})
 """Strategies served by plain vLLM, which keeps a mesh's ``max_num_seqs`` (every measured
-spatial decode batch is below it)."""
+spatial decode batch is below it). MuxServe's own engine (``flexsm``, ``temporal``) limits each
+LLM to what its scheduler gives it instead (:func:`adbs_max_num_seqs`)."""
 STATS_REQUESTS = 2000  # one-call requests behind each LLM's length statistics
 SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "mps",
                                                "temporal": "turns"})
@@ -110,6 +117,7 @@ class _LLM:
 
 def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = True,
                  seed: int = 0, interference: Mapping[str, float] | None = None,
+                 output_cv: float = OUTPUT_CV,
                  queued: float | None = None,
                  slos: Mapping[str, CallSLO] | None = None) -> RunValidation:
     """Measured vs predicted (and simulated) for ``run`` with ``latency`` (the module
@@ -122,8 +130,11 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     if queued is None:
         queued = overload_queued(latency)
     alpha = (interference or {}).get(run.strategy, INTERFERENCE)
+    if not (math.isfinite(output_cv) and 0 < output_cv <= MAX_OUTPUT_CV):
+        raise InputError("validate", "output_cv", f"a coefficient of variation in (0, "
+                         f"{MAX_OUTPUT_CV:g}]", output_cv)
     workload, stats = _lengths(tuple((m, run.models[m], r, *run.lengths(m))
-                                     for m, r in run.rates.items()), seed)
+                                     for m, r in run.rates.items()), seed, output_cv)
     models = dict(run.models)
     rates = dict(run.rates)
     demands = {m: llm_demand(stats, models, rates, m) for m in run.rates}
@@ -156,7 +167,8 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
                          cast(float, front_delay_s(call_delay_s(latency), curve.prefill_batch)))
         predicted[m] = _of_finite(m, fin, slos.get(m))
         if simulate_runs:
-            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m))
+            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m),
+                                      run.lengths(m)[1])
     measured = {m: _of_measured(run, m, slos.get(m)) for m in llms}
     for m in llms:
         per[m] = {"measured": measured[m], "predicted": predicted[m]}
@@ -198,7 +210,7 @@ def _natural(name: str) -> tuple[str, int]:
 
 @functools.lru_cache(maxsize=16)
 def _lengths(llms: tuple[tuple[str, str, float, float, float], ...], seed: int,
-             ) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
+             output_cv: float = OUTPUT_CV) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
     """The one-call workload of a run's LLMs ``(name, model, rate, mean prompt, mean
     output)`` and its length
     statistics, kept for the next run with the same LLMs (the strategies of one load share
@@ -210,7 +222,7 @@ def _lengths(llms: tuple[tuple[str, str, float, float, float], ...], seed: int,
         most = min(MAX_TOKENS, cat.model(model).max_context // 2)
         specs[m] = RateLLM(model, rate,
                            Distribution.lognormal(prompt_mean, 1.0, min=1, max=most),
-                           Distribution.exponential(output_mean, min=1, max=most))
+                           Distribution.lognormal(output_mean, output_cv, min=1, max=most))
     workload = RateWorkload("muxserve", specs, reference_gpu=GPU)
     return workload, rate_stats(workload, STATS_REQUESTS, seed)
 
@@ -219,6 +231,10 @@ def kv_pool_gib(mesh: Mesh) -> float:
     """The KV pool of ``mesh`` on each of its GPUs (GiB): MuxServe sizes it as the mesh's
     ``gpu_memory_utilization`` of each GPU's memory, on top of the weights its LLMs load."""
     return mesh.memory_utilization * default_catalog().gpu(GPU).memory_gib
+
+
+BLOCK_TOKENS = 16
+"""Tokens per KV block of MuxServe's engine (its default ``block_size``)."""
 
 
 def kv_gib(run: MuxRun, mesh: Mesh, held_gib: Mapping[str, float] | None = None
@@ -246,12 +262,30 @@ def kv_gib(run: MuxRun, mesh: Mesh, held_gib: Mapping[str, float] | None = None
             for m, q in quota.items()}
 
 
+def adbs_max_num_seqs(run: MuxRun, mesh: Mesh) -> dict[str, int]:
+    """Each LLM of ``mesh``: the most calls MuxServe's scheduler (ADBS) runs at once, as it
+    starts (docs/validate.md, "Memory"): the pool split in proportion to each LLM's rate times
+    its KV bytes per token per GPU, in tokens, over the workload's mean call (mean prompt plus
+    mean output, each truncated to whole tokens, in whole blocks of :data:`BLOCK_TOKENS`), at
+    least one. It replaces the ``max_num_seqs`` of the placement files."""
+    cat = default_catalog()
+    per_call = max(1, (int(run.prompt_mean) + int(run.output_mean)) // BLOCK_TOKENS)
+    pool = kv_pool_gib(mesh)
+    per_token = {x.name: cat.model(run.models[x.name]).kv_bytes_per_token_per_gpu(x.tp) / GIB
+                 for x in mesh.llms}
+    weight = {m: run.rates[m] * k for m, k in per_token.items()}
+    total = sum(weight.values())
+    return {m: max(1, int(pool * weight[m] / total / per_token[m]) // BLOCK_TOKENS // per_call)
+            for m in per_token}
+
+
 def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM, kv: float) -> _LLM:
     cat = default_catalog()
     spec, gpu = cat.model(run.models[m.name]), cat.gpu(GPU)
     weights = spec.weight_bytes_per_gpu(m.tp) / GIB
     memory = min(1.0, (weights + kv) / gpu.memory_gib)
-    limit = mesh.max_num_seqs if run.strategy in ENFORCES_MAX_NUM_SEQS else MAX_BATCH
+    limit = (mesh.max_num_seqs if run.strategy in ENFORCES_MAX_NUM_SEQS
+             else adbs_max_num_seqs(run, mesh)[m.name])
     policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0, max_batch=limit)
     inst = Instance(GPU, m.tp, m.decode_pct / 100.0, 1, memory)
     return _LLM(m.name, run.models[m.name], run.rates[m.name], run.measured[m.name].requests,
@@ -318,30 +352,63 @@ def _of_measured(run: MuxRun, m: str, slo: CallSLO | None) -> Figures:
 
 
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
-               curve: ServingCurve, seed: int, slo: CallSLO | None) -> Figures:
+               curve: ServingCurve, seed: int, slo: CallSLO | None, output_mean: float,
+               ) -> Figures:
+    """The simulated figures of ``x``, defined as MuxServe measures them (its scheduler's
+    statistics): TTFT to the end of the prefill, TPOT each request's decode time over its
+    output tokens (the mean of those ratios), mean latency as the measured one
+    (:meth:`MeasuredLLM.mean_latency_s`: mean TTFT plus mean TPOT times the mean output),
+    throughput the requests over the last completion since the run began."""
+    own = llm_seed(seed, m)
     one = RateWorkload(workload.name, {m: workload.llms[m]}, reference_gpu=GPU)
-    trace = rate_trace(one, min(x.requests, STATS_REQUESTS), seed)
+    trace = rate_trace(one, min(x.requests, STATS_REQUESTS), own)
     res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
-                   requests=x.requests, seed=seed, policy=x.policy, warmup_fraction=0.0,
-                   record_events=True)
+                   requests=x.requests, seed=own, policy=x.policy, warmup_fraction=0.0,
+                   record_events=True, arrival_times_s=run_arrivals(x.requests, x.rate, own))
     reqs = [r for r in res.requests if r.end_s is not None]
     if not reqs:
         return Figures(0.0, math.inf, math.inf, math.inf, math.inf, (m,))
-    first = min(r.arrival_s for r in res.requests)
     last = max(r.end_s for r in reqs if r.end_s is not None)
     lat_s = np.array([r.latency_s for r in reqs], dtype=float)
     log = res.call_log or ()
-    waits = np.array([e.start_s - res.requests[e.arrival].arrival_s for e in log
-                      if e.start_s is not None], dtype=float)
     pre = float(res.llms[m].mean_prefill_batch) or 1.0
     prefill = float(lat.prefill_ms(x.model, x.instance.gpu, x.instance.tp, x.instance.share,
                                    pre, curve.input_tokens)) / 1e3
-    ttft = waits + prefill
-    tpot = (lat_s.mean() - ttft.mean()) / max(curve.output_tokens - 1.0, 1.0)
-    thr = len(reqs) / (last - first) if last > first else 0.0
+    # MuxServe's definitions (its scheduler's log_stats): TTFT to the end of the prefill,
+    # TPOT a request's decode time over its output tokens, throughput the requests over
+    # the last completion since the run began (t = 0)
+    done = [(e.start_s - res.requests[e.arrival].arrival_s + prefill,
+             res.requests[e.arrival].end_s - res.requests[e.arrival].arrival_s,
+             _output_tokens(trace, res.requests[e.arrival]))
+            for e in log if e.start_s is not None and res.requests[e.arrival].end_s is not None]
+    ttft = np.array([d[0] for d in done], dtype=float)
+    tpot = np.array([max(d[1] - d[0], 0.0) / d[2] for d in done], dtype=float)
+    thr = len(reqs) / last if last > 0 else 0.0
     share = None if slo is None else _simulated_attainment(slo, res, trace, prefill)
-    return Figures(thr, float(lat_s.mean()), float(np.percentile(ttft, 90)), float(ttft.mean()),
-                   float(tpot), (m,) if res.unfinished > 0 or grew(lat_s) else (), share, share)
+    return Figures(thr, float(ttft.mean() + tpot.mean() * output_mean),
+                   float(np.percentile(ttft, 90)), float(ttft.mean()), float(tpot.mean()),
+                   (m,) if res.unfinished > 0 or grew(lat_s) else (), share, share)
+
+
+def llm_seed(seed: int, llm: str) -> int:
+    """The seed of ``llm``'s own draws (arrivals and lengths) in a run validated with ``seed``:
+    every LLM its own stream, the same on every machine (CRC-32 of its name)."""
+    return (seed * 1_000_003 + zlib.crc32(llm.encode())) % (2**31)
+
+
+def run_arrivals(requests: int, rate: float, seed: int) -> np.ndarray:
+    """``requests`` arrival times over the run's span ``requests / rate`` (s): a Poisson
+    process conditioned on its count, i.e. sorted uniform times over the span. A measured
+    run's rate is its count over its span, so the replay keeps both (an unconditioned stream
+    of ``requests`` arrivals ends ``±√requests / rate`` away from the span)."""
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.uniform(0.0, requests / rate, size=requests))
+
+
+def _output_tokens(trace: Trace, req: object) -> int:
+    """The output tokens of a simulated one-call request (at least one)."""
+    call = trace.requests[(req.workflow, req.request_id)][0]  # type: ignore[attr-defined]
+    return max(int(call.output_tokens), 1)
 
 
 def _simulated_attainment(slo: CallSLO, res: SimulationResult, trace: Trace,

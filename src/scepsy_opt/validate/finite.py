@@ -11,9 +11,12 @@ served. With ``μ`` the instance's saturation throughput:
   ``(2/3)·√2·√(2N/π) ≈ 0.75·√N`` requests, a wait of :func:`walk_wait` ``= 0.75·√N / μ``;
 * **overloaded** (``λ ≥ μ``): the backlog grows at ``λ − μ``; request ``k`` waits
   ``k·(1/μ − 1/λ)``, ``(N − 1)/2·(1/μ − 1/λ)`` on average (at least the random walk's wait),
-  and is served in a full batch (``B_max/μ``). Only what the batch cannot admit waits before
-  the first token, unless the engine queues a part ``queued`` of the whole backlog in front
-  (its overheads' ``overload_queued``).
+  and is served in a full batch (``B_max/μ``). Only what the engine cannot admit (beyond
+  :attr:`~scepsy_profile.serving.ServingCurve.admits` calls at once) waits before the first
+  token, unless the engine queues a part ``queued`` of the whole backlog in front (its
+  overheads' ``overload_queued``), which it does only where the run brings more requests than
+  it admits at once: where it admits all ``N``, none waits in front and the overload shows as
+  a slower TPOT.
 
 Throughput is what the run served: ``N`` over the time from the first arrival to the last
 completion, ``max(N/λ, N/μ) + L + D`` with ``L`` the last request's service and ``D`` the pure
@@ -94,9 +97,11 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
     else:
         drift = (n - 1) / 2.0 * (1.0 / mu - 1.0 / rate)
         wait = max(drift, walk)
-        first, p90_first = _admission_wait(n, rate, mu, batch)
-        first = max(first, queued * drift)
-        p90_first = max(p90_first, queued * P90_UNIFORM * drift)
+        admitted = curve.admits
+        first, p90_first = _admission_wait(n, rate, mu, admitted)
+        if n > admitted:  # a backlog the engine cannot hold at once: part of it in front
+            first = max(first, queued * drift)
+            p90_first = max(p90_first, queued * P90_UNIFORM * drift)
         span = n / mu
     prefill = curve.group_prefill_s(batch)
     latency = wait + in_service

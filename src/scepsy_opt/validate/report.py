@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from scepsy_opt.prediction.slo import parse_slos
-from scepsy_opt.validate.evaluate import Figures, RunValidation, validate_run
+from scepsy_opt.validate.evaluate import OUTPUT_CV, Figures, RunValidation, validate_run
 from scepsy_opt.validate.muxserve import load_muxserve_dir
 from scepsy_profile.latency import LatencyModel
 
@@ -29,14 +29,16 @@ class ValidationReport:
 
 def validate_muxserve(folder: str | Path, latency: LatencyModel, *, model: str = "",
                       simulate: bool = True, seed: int = 0,
-                      slos: Mapping[str, Any] | None = None) -> ValidationReport:
+                      slos: Mapping[str, Any] | None = None,
+                      output_cv: float = OUTPUT_CV) -> ValidationReport:
     """Read every run in ``folder`` (:func:`~scepsy_opt.validate.muxserve.load_muxserve_dir`)
     and validate each with ``latency`` (:func:`~scepsy_opt.validate.evaluate.validate_run`);
     ``slos``: per LLM (``"*"``: every LLM), the SLO whose attainment is reported
-    (:func:`scepsy_opt.prediction.slo.parse_slos`, against each run's LLMs)."""
+    (:func:`scepsy_opt.prediction.slo.parse_slos`, against each run's LLMs); ``output_cv``:
+    the output lengths' coefficient of variation."""
     runs = load_muxserve_dir(folder)
     return ValidationReport(str(folder), model, tuple(
-        validate_run(r, latency, simulate_runs=simulate, seed=seed,
+        validate_run(r, latency, simulate_runs=simulate, seed=seed, output_cv=output_cv,
                      slos=parse_slos(slos, sorted(r.rates)) if slos else None)
         for r in runs))
 
