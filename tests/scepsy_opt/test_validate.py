@@ -19,10 +19,16 @@ from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.prediction.slo import CallSLO
 from scepsy_opt.validate.evaluate import OUTPUT_CV, Figures, combine, grew, validate_run
-from scepsy_opt.validate.finite import _admission_wait, finite_run, walk_wait
+from scepsy_opt.validate.finite import (
+    _admission_wait,
+    backlog_waits,
+    finite_run,
+    finite_run_recorded,
+    walk_wait,
+)
 from scepsy_opt.validate.fit import fit_output_cv, fit_overheads, lognormal_ratios
-from scepsy_opt.validate.muxserve import MeasuredLLM, load_muxserve_dir
-from scepsy_opt.validate.report import document, validate_muxserve
+from scepsy_opt.validate.muxserve import MeasuredLLM, load_muxserve_dir, load_muxserve_workload
+from scepsy_opt.validate.report import document, run_rows, validate_muxserve
 from scepsy_profile.latency import CompositeLatencyModel
 from scepsy_profile.mps import CoRunner, PhaseShareModel, contended_shares
 from scepsy_profile.overheads import (
@@ -763,3 +769,121 @@ def test_the_document_has_one_entry_per_run(tmp_path, latency):
     assert [(r["workload"], r["strategy"]) for r in doc["runs"]] == [
         (STEM, "spatial"), (STEM, "flexsm")]
     assert set(doc["runs"][1]["shares"]) == {"llm-1", "llm-2"}
+
+
+# ------------------------------------------------------------------ recorded arrivals
+
+
+@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=60), st.floats(0.2, 20.0))
+@settings(max_examples=80, deadline=None)
+def test_backlog_waits_are_the_fifo_deterministic_servers(times, mu):
+    """Oracle: a FIFO server taking 1/μ per call makes arrival ``k`` wait
+    ``max(0, max_{j<k} ((k − j)/μ − (t_k − t_j)))`` (the work of the calls since ``j`` less
+    the time since ``j`` arrived)."""
+    t = sorted(times)
+    got = backlog_waits(t, mu)
+    for k in range(len(t)):
+        want = max([0.0] + [(k - j) / mu - (t[k] - t[j]) for j in range(k)])
+        assert got[k] == pytest.approx(want, rel=1e-9, abs=1e-9)
+
+
+def test_evenly_spread_recorded_arrivals_are_the_finite_runs_model(curve):
+    """Requests evenly spread over the span at a rate beyond μ wait the backlog's drift on
+    average, as the Poisson finite run has it, and are served at its operating point; below
+    μ, evenly spread requests build no backlog (the recorded path keeps bursts, not the noise
+    of random arrivals)."""
+    n = 3 * curve.admits
+    for factor in (2.0, 0.5):
+        rate = factor * curve.mu
+        times = np.arange(n) / rate
+        rec = finite_run_recorded(curve, times, queued=1.0)
+        fin = finite_run(curve, rate, n, queued=1.0)
+        assert rec.overloaded == fin.overloaded == (factor > 1)
+        if factor > 1:
+            drift = (n - 1) / 2 * (1 / curve.mu - 1 / rate)
+            assert rec.mean_latency_s == pytest.approx(fin.mean_latency_s, rel=0.02)
+            assert rec.mean_ttft_s == pytest.approx(drift + rec.ttft_floor_s, rel=0.02)
+        else:
+            assert rec.mean_ttft_s == pytest.approx(rec.ttft_floor_s, rel=1e-12)
+        assert rec.throughput == pytest.approx(fin.throughput, rel=0.1)
+    with pytest.raises(InputError, match="times_s"):
+        finite_run_recorded(curve, [-1.0])
+
+
+def _workload_file(path: Path, times: dict[str, list[float]], lengths=(100, 200)) -> Path:
+    arrivals, requests = [], []
+    for m, ts in times.items():
+        for t in ts:
+            arrivals.append(t)
+            requests.append({"model_name": m, "slo": None, "idx": len(requests),
+                             "data": [[1, 2, 3], lengths[0], lengths[1]]})
+    order = np.argsort(arrivals, kind="stable")
+    path.write_text(json.dumps({"arrivals": [arrivals[i] for i in order],
+                                "requests": [requests[i] for i in order]}))
+    return path
+
+
+def test_recorded_bursts_wait_longer_than_the_same_requests_spread_out(tmp_path, latency):
+    """The same count and span per LLM, once evenly spread and once in a burst at the start:
+    the burst's requests wait longer before their first token, predicted and simulated; the
+    Poisson rows stay as they were, and the recorded rows name their arrivals."""
+    root = toy_folder(tmp_path / "d", strategies=("spatial",), rates=(6.0, 1.0))
+    run = load_muxserve_dir(root)[0]
+    n = {m: run.measured[m].requests for m in run.rates}
+    span = {m: n[m] / run.rates[m] for m in run.rates}
+    even = {m: list(np.linspace(0.0, span[m], n[m])) for m in run.rates}
+    burst = {m: [0.0] * (n[m] - 1) + [span[m]] for m in run.rates}
+    loads = {}
+    for name, times in (("even", even), ("burst", burst)):
+        (tmp_path / name).mkdir()
+        f = _workload_file(tmp_path / name / f"{STEM}.json", times)
+        loads[name] = validate_muxserve(root, latency, recorded=[load_muxserve_workload(f)])
+    for rep in loads.values():
+        assert [v.arrivals for v in rep.runs] == ["poisson", "recorded"]
+    assert loads["even"].runs[0] == loads["burst"].runs[0]
+    e, b = loads["even"].runs[1], loads["burst"].runs[1]
+    assert b.predicted.p90_ttft_s > e.predicted.p90_ttft_s
+    assert b.simulated.p90_ttft_s > e.simulated.p90_ttft_s
+    rows = run_rows(loads["burst"])
+    assert [r["source"] for r in rows] == ["measured", "predicted", "simulated",
+                                           "predicted (recorded)", "simulated (recorded)"]
+    doc = document(loads["burst"])
+    assert [r["arrivals"] for r in doc["runs"]] == ["poisson", "recorded"]
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.update(arrivals=[]), "arrivals"),
+    (lambda d: d["requests"].pop(), "requests"),
+    (lambda d: d["arrivals"].__setitem__(0, -1.0), "arrivals[0]"),
+    (lambda d: d["requests"][0].update(model_name=""), "requests[0].model_name"),
+    (lambda d: d["requests"][0].update(data=[[1], 0, 5]), "requests[0].data[1]"),
+    (lambda d: d["requests"][0].update(data="x"), "requests[0].data"),
+])
+def test_a_bad_workload_file_names_the_field(tmp_path, edit, field):
+    f = _workload_file(tmp_path / f"{STEM}.json", {"llm-1": [0.0, 1.0], "llm-2": [0.5]})
+    doc = json.loads(f.read_text())
+    edit(doc)
+    f.write_text(json.dumps(doc))
+    with pytest.raises(InputError) as exc:
+        load_muxserve_workload(f)
+    assert exc.value.field.startswith(field) and exc.value.source == str(f)
+
+
+def test_validate_with_arrivals_refuses_a_file_of_no_load_or_missing_llms(tmp_path):
+    root = toy_folder(tmp_path / "d", strategies=("spatial",))
+    other = _workload_file(tmp_path / "other.json", {"llm-1": [0.0], "llm-2": [0.0]})
+    code, _, err = run_cli("validate", "muxserve", str(root), "--no-simulate",
+                           "--arrivals", str(other))
+    assert code == 2 and "other.json" in err and "name" in err
+    (tmp_path / "x").mkdir()
+    short = _workload_file(tmp_path / "x" / f"{STEM}.json", {"llm-1": [0.0, 1.0]})
+    code, _, err = run_cli("validate", "muxserve", str(root), "--no-simulate",
+                           "--arrivals", str(short), "--json", str(tmp_path / "v.json"))
+    assert code == 2 and "llm-2" in err and not (tmp_path / "v.json").exists()
+    (tmp_path / "y").mkdir()
+    good = _workload_file(tmp_path / "y" / f"{STEM}.json",
+                          {"llm-1": list(np.linspace(0, 30, 120)),
+                           "llm-2": list(np.linspace(0, 60, 60))})
+    code, out, _ = run_cli("validate", "muxserve", str(root), "--no-simulate",
+                           "--arrivals", str(good), "--llms")
+    assert code == 0 and "predicted (recorded)" in out and "(recorded arrivals)" in out

@@ -146,3 +146,35 @@ def test_muxserves_engine_runs_at_most_its_scheduler_limit_and_vllm_at_max_num_s
     alone = Mesh("s.yaml", 2, 0.375, 256, (MeshLLM("llm-9", 2, 100.0, 90.0, 256),))
     run = _run(alone, {"llm-9": "llama-30b"}, 0.76, strategy="spatial")
     assert validate_run(run, roofline_model(), simulate_runs=False).predicted.throughput > 0
+
+
+co_located = st.tuples(
+    st.sampled_from(["flexsm", "temporal"]), st.sampled_from([1, 2, 4]),
+    st.lists(st.tuples(st.sampled_from(["llama-7b", "llama-13b"]), st.sampled_from([60, 80, 100]),
+                       st.sampled_from([30, 50, 70, 90]), st.floats(0.2, 2.0)),
+             min_size=2, max_size=3),
+    st.sampled_from([0.3, 0.5]))
+
+
+@given(co_located)
+@settings(max_examples=12, deadline=None, derandomize=True)
+def test_predictor_and_simulator_agree_on_a_co_located_mesh_below_saturation(mesh_spec):
+    """The same shares, limits, memory and requests: where neither finds an LLM overloaded,
+    the simulated throughput is within 20% of the predicted (the simulator's run ends with its
+    longest last request, the prediction's with a mean one) and the mean latency within 25%."""
+    strategy, tp, llms, util = mesh_spec
+    models = {f"llm-{i}": m for i, (m, *_rest) in enumerate(llms)}
+    mesh = Mesh("m.yaml", tp, util, 256, tuple(
+        MeshLLM(f"llm-{i}", tp, float(p), float(d), 64) for i, (_, p, d, _r) in enumerate(llms)))
+    rates = {f"llm-{i}": r for i, (*_rest, r) in enumerate(llms)}
+    run = _run(mesh, models, rates, strategy=strategy)
+    v = validate_run(run, roofline_model())
+    compared = 0
+    for m, f in v.llms.items():
+        p, s = f["predicted"], f["simulated"]
+        if p.overloaded or s.overloaded:
+            continue
+        compared += 1
+        assert s.throughput == pytest.approx(p.throughput, rel=0.2), m
+        assert s.mean_latency_s == pytest.approx(p.mean_latency_s, rel=0.25), m
+    assert compared  # these rates leave at least one LLM of every mesh below saturation

@@ -45,6 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
                      "each LLM's mean (default: the calibration on the shared ChatLMSYS "
                      "loads; with --fit-overheads, fitted on DIR's runs)")
     mux.add_argument("--llms", action="store_true", help="print one table per run, per LLM")
+    mux.add_argument("--arrivals", type=Path, metavar="FILE", action="append", default=[],
+                     help="a load's recorded requests: MuxServe's workload file "
+                     "(--workload-file), named after the load (<workload>.json); its runs are "
+                     "also predicted and simulated with the recorded arrivals (repeatable)")
     add_slo_flags(mux, "reports each source's SLO attainment")
     mux.add_argument("--json", type=Path, metavar="FILE",
                      help="write the results as JSON (written only when every run succeeded)")
@@ -73,7 +77,11 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
     from scepsy.cli.util import naming, print_rows
     from scepsy_common.errors import InputError
     from scepsy_common.files import atomic_write_text
-    from scepsy_opt.validate.muxserve import READ_FOLDERS, inside_read_folders
+    from scepsy_opt.validate.muxserve import (
+        READ_FOLDERS,
+        inside_read_folders,
+        load_muxserve_workload,
+    )
     from scepsy_opt.validate.report import (
         document,
         llm_columns,
@@ -92,7 +100,8 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
         for flag, given in (("--overheads", args.overheads is not None),
                             ("--ttft-slo/--tpot-slo", slos is not None),
                             ("--no-overheads", args.no_overheads), ("--json", args.json),
-                            ("--llms", args.llms), ("--no-simulate", args.no_simulate)):
+                            ("--llms", args.llms), ("--no-simulate", args.no_simulate),
+                            ("--arrivals", bool(args.arrivals))):
             if given:
                 raise InputError("validate", flag, "no --fit-overheads with it (the fit writes "
                                  "overheads; validate with them in a second run)")
@@ -124,16 +133,20 @@ def cmd_validate_muxserve(args: argparse.Namespace) -> int:
         latency = with_overheads(base, load_overheads(path))
         model = f"{shown} + overheads {path.name}"
     with naming({"slos": "--ttft-slo/--tpot-slo"}):
+        recorded = [load_muxserve_workload(p) for p in args.arrivals]
         report = validate_muxserve(args.folder, latency, model=model,
                                    simulate=not args.no_simulate, seed=args.seed, slos=slos,
+                                   recorded=recorded,
                                    **({} if args.output_cv is None
                                       else {"output_cv": args.output_cv}))
-    print(f"{args.folder}: {len(report.runs)} run(s); latency model {model}")
+    runs = len({(v.workload, v.strategy) for v in report.runs})
+    print(f"{args.folder}: {runs} run(s); latency model {model}")
     print_rows(run_rows(report), run_columns(report))
     if args.llms:
         for v in report.runs:
             print()
-            print(f"{v.workload} / {v.strategy}")
+            print(f"{v.workload} / {v.strategy}"
+                  + ("" if v.arrivals == "poisson" else f" ({v.arrivals} arrivals)"))
             print_rows(llm_rows(v), llm_columns(v.simulated is not None, slos is not None))
     if args.json is not None:
         atomic_write_text(args.json, json.dumps(document(report), indent=1, sort_keys=True)

@@ -42,14 +42,23 @@ from scepsy_opt.prediction.simulate import SimulationResult, simulate
 from scepsy_opt.prediction.slo import CallSLO, attained
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.stats import WorkflowStats
-from scepsy_opt.traces import Trace
-from scepsy_opt.validate.finite import FiniteRun, finite_run
-from scepsy_opt.validate.muxserve import GPU, MeasuredLLM, Mesh, MeshLLM, MuxRun
-from scepsy_opt.workflows import Distribution
+from scepsy_opt.traces import CallRecord, Trace, validate_calls
+from scepsy_opt.validate.finite import FiniteRun, finite_run, finite_run_recorded
+from scepsy_opt.validate.muxserve import (
+    GPU,
+    MeasuredLLM,
+    Mesh,
+    MeshLLM,
+    MuxRun,
+    RecordedLLM,
+    RecordedWorkload,
+)
+from scepsy_opt.workflows import Distribution, ReferenceTimer
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.mps import INTERFERENCE, Contended
+from scepsy_profile.roofline import roofline_model
 from scepsy_profile.overheads import call_delay_s, front_delay_s, overload_queued
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
@@ -102,6 +111,7 @@ class RunValidation:
     simulated: Figures | None
     llms: Mapping[str, Mapping[str, Figures]]  # LLM -> {"measured"|"predicted"|"simulated"}
     shares: Mapping[str, Contended] = field(default_factory=dict)
+    arrivals: str = "poisson"  # or "recorded": the requests of a workload file
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ class _LLM:
 
 def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = True,
                  seed: int = 0, interference: Mapping[str, float] | None = None,
-                 output_cv: float = OUTPUT_CV,
+                 output_cv: float = OUTPUT_CV, recorded: RecordedWorkload | None = None,
                  queued: float | None = None,
                  slos: Mapping[str, CallSLO] | None = None) -> RunValidation:
     """Measured vs predicted (and simulated) for ``run`` with ``latency`` (the module
@@ -125,7 +135,10 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     token (None: the engine's, :func:`scepsy_profile.overheads.overload_queued`); ``slos``:
     per LLM, the SLO whose attainment each source reports (predicted: the finite run's TTFT
     distribution, :meth:`FiniteRun.ttft_within`; simulated: its requests; measured: the range
-    its percentiles allow, :func:`attainment_measured`)."""
+    its percentiles allow, :func:`attainment_measured`); ``recorded``: the load's recorded
+    requests, replayed instead of Poisson arrivals (the predictor on
+    :func:`~scepsy_opt.validate.finite.finite_run_recorded`, the simulator at the recorded
+    times with lengths drawn from the recorded ones)."""
     slos = slos or {}
     if queued is None:
         queued = overload_queued(latency)
@@ -133,10 +146,18 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     if not (math.isfinite(output_cv) and 0 < output_cv <= MAX_OUTPUT_CV):
         raise InputError("validate", "output_cv", f"a coefficient of variation in (0, "
                          f"{MAX_OUTPUT_CV:g}]", output_cv)
-    workload, stats = _lengths(tuple((m, run.models[m], r, *run.lengths(m))
-                                     for m, r in run.rates.items()), seed, output_cv)
     models = dict(run.models)
     rates = dict(run.rates)
+    if recorded is None:
+        workload, stats = _lengths(tuple((m, run.models[m], r, *run.lengths(m))
+                                         for m, r in run.rates.items()), seed, output_cv)
+    else:
+        missing = sorted(set(run.rates) - set(recorded.llms))
+        if missing:
+            raise InputError(recorded.source, "requests", f"requests of every LLM of "
+                             f"{run.workload} (none of {', '.join(missing)})")
+        rates = {m: recorded.llms[m].rate for m in run.rates}
+        workload, stats = _recorded_lengths(run, recorded)
     demands = {m: llm_demand(stats, models, rates, m) for m in run.rates}
     # the KV each LLM can hold: its quota of its mesh's pool, or what its co-runners leave
     # free at their rates (each alone at its own limits with its quota)
@@ -144,10 +165,10 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     for mesh in run.meshes:
         kv = kv_gib(run, mesh)
         if len(mesh.llms) > 1:
-            first = {x.name: _llm(run, mesh, x, kv[x.name]) for x in mesh.llms}
+            first = {x.name: _llm(run, mesh, x, kv[x.name], recorded) for x in mesh.llms}
             kv = kv_gib(run, mesh, {k: _held_gib(run, y, demands[k], phase_model(
                 latency, Contended(*y.limits, 1.0))) for k, y in first.items()})
-        llms.update({x.name: _llm(run, mesh, x, kv[x.name]) for x in mesh.llms})
+        llms.update({x.name: _llm(run, mesh, x, kv[x.name], recorded) for x in mesh.llms})
     shares = contend({mesh.source: [x.name for x in mesh.llms] for mesh in run.meshes},
                      {m: x.limits for m, x in llms.items()}, rates,
                      lambda m, lat: _curve(llms[m], demands[m], lat), latency,
@@ -163,12 +184,14 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
                              f"a part of the GPUs' memory that holds {x.model}'s weights and "
                              f"one call (its KV cache holds {curve.memory.kv_tokens} tokens)")
         # a float: front_delay_s of scalars
-        fin = finite_run(curve, x.rate, x.requests, queued,
-                         cast(float, front_delay_s(call_delay_s(latency), curve.prefill_batch)))
+        delay = cast(float, front_delay_s(call_delay_s(latency), curve.prefill_batch))
+        own = None if recorded is None else recorded.llms[m]
+        fin = (finite_run(curve, x.rate, x.requests, queued, delay) if own is None
+               else finite_run_recorded(curve, own.times_s, queued, delay))
         predicted[m] = _of_finite(m, fin, slos.get(m))
         if simulate_runs:
-            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m),
-                                      run.lengths(m)[1])
+            out = run.lengths(m)[1] if own is None else float(np.mean(own.outputs))
+            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m), out, own)
     measured = {m: _of_measured(run, m, slos.get(m)) for m in llms}
     for m in llms:
         per[m] = {"measured": measured[m], "predicted": predicted[m]}
@@ -179,7 +202,8 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
         run.workload, run.strategy, combine(measured, weights), combine(predicted, weights),
         combine(simulated, weights) if simulate_runs else None,
         MappingProxyType({m: MappingProxyType(v) for m, v in sorted(per.items())}),
-        MappingProxyType(dict(sorted(shares.items()))))
+        MappingProxyType(dict(sorted(shares.items()))),
+        "poisson" if recorded is None else "recorded")
 
 
 def combine(per: Mapping[str, Figures], weights: Mapping[str, float]) -> Figures:
@@ -279,7 +303,8 @@ def adbs_max_num_seqs(run: MuxRun, mesh: Mesh) -> dict[str, int]:
             for m in per_token}
 
 
-def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM, kv: float) -> _LLM:
+def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM, kv: float,
+         recorded: RecordedWorkload | None = None) -> _LLM:
     cat = default_catalog()
     spec, gpu = cat.model(run.models[m.name]), cat.gpu(GPU)
     weights = spec.weight_bytes_per_gpu(m.tp) / GIB
@@ -288,8 +313,11 @@ def _llm(run: MuxRun, mesh: Mesh, m: MeshLLM, kv: float) -> _LLM:
              else adbs_max_num_seqs(run, mesh)[m.name])
     policy = MemoryPolicy(reserve_fraction=0.0, reserve_gib=0.0, max_batch=limit)
     inst = Instance(GPU, m.tp, m.decode_pct / 100.0, 1, memory)
-    return _LLM(m.name, run.models[m.name], run.rates[m.name], run.measured[m.name].requests,
-                inst, policy, (m.prefill_pct / 100.0, m.decode_pct / 100.0))
+    own = None if recorded is None else recorded.llms[m.name]
+    rate, requests = ((run.rates[m.name], run.measured[m.name].requests) if own is None
+                      else (own.rate, len(own.times_s)))
+    return _LLM(m.name, run.models[m.name], rate, requests, inst, policy,
+                (m.prefill_pct / 100.0, m.decode_pct / 100.0))
 
 
 def _held_gib(run: MuxRun, x: _LLM, demand: object, latency: LatencyModel) -> float:
@@ -353,18 +381,23 @@ def _of_measured(run: MuxRun, m: str, slo: CallSLO | None) -> Figures:
 
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
                curve: ServingCurve, seed: int, slo: CallSLO | None, output_mean: float,
-               ) -> Figures:
+               recorded: RecordedLLM | None = None) -> Figures:
     """The simulated figures of ``x``, defined as MuxServe measures them (its scheduler's
     statistics): TTFT to the end of the prefill, TPOT each request's decode time over its
     output tokens (the mean of those ratios), mean latency as the measured one
     (:meth:`MeasuredLLM.mean_latency_s`: mean TTFT plus mean TPOT times the mean output),
     throughput the requests over the last completion since the run began."""
     own = llm_seed(seed, m)
-    one = RateWorkload(workload.name, {m: workload.llms[m]}, reference_gpu=GPU)
-    trace = rate_trace(one, min(x.requests, STATS_REQUESTS), own)
+    if recorded is None:
+        one = RateWorkload(workload.name, {m: workload.llms[m]}, reference_gpu=GPU)
+        trace = rate_trace(one, min(x.requests, STATS_REQUESTS), own)
+        times = run_arrivals(x.requests, x.rate, own)
+    else:  # the recorded times; each request's lengths drawn from the recorded ones
+        trace = _recorded_trace(m, x.model, recorded)
+        times = np.asarray(recorded.times_s, dtype=float)
     res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
                    requests=x.requests, seed=own, policy=x.policy, warmup_fraction=0.0,
-                   record_events=True, arrival_times_s=run_arrivals(x.requests, x.rate, own))
+                   record_events=True, arrival_times_s=times)
     reqs = [r for r in res.requests if r.end_s is not None]
     if not reqs:
         return Figures(0.0, math.inf, math.inf, math.inf, math.inf, (m,))
@@ -388,6 +421,35 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
     return Figures(thr, float(ttft.mean() + tpot.mean() * output_mean),
                    float(np.percentile(ttft, 90)), float(ttft.mean()), float(tpot.mean()),
                    (m,) if res.unfinished > 0 or grew(lat_s) else (), share, share)
+
+
+def _recorded_trace(m: str, model: str, recorded: RecordedLLM) -> Trace:
+    """One-call requests of LLM ``m`` (``model``) with the recorded prompt and output tokens,
+    each lasting its zero-load time on one :data:`GPU`, as generated traces time their calls
+    (:func:`~scepsy_opt.workflows.reference_timer`, without jitter)."""
+    timer = ReferenceTimer({m: model}, GPU, roofline_model(), 0.0)
+    calls = []
+    t = 0.0
+    for i, (p, o) in enumerate(zip(recorded.prompts, recorded.outputs, strict=True)):
+        d = float(timer.zero_load_s(m, p, o))
+        calls.append(CallRecord(m, f"r{i}", "c0", t, t + d, llm=m, input_tokens=p,
+                                output_tokens=o))
+        t += d
+    return validate_calls(calls)
+
+
+def _recorded_lengths(run: MuxRun, recorded: RecordedWorkload,
+                      ) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
+    """The one-call workload of a run's LLMs with the recorded requests' lengths, and its
+    statistics over exactly those requests."""
+    specs, calls = {}, []
+    for m in run.rates:
+        own = recorded.llms[m]
+        specs[m] = RateLLM(run.models[m], own.rate, Distribution.choice(own.prompts),
+                           Distribution.choice(own.outputs))
+        calls.extend(_recorded_trace(m, run.models[m], own).calls)
+    workload = RateWorkload("muxserve", specs, reference_gpu=GPU)
+    return workload, rate_stats(workload, trace=validate_calls(calls))
 
 
 def llm_seed(seed: int, llm: str) -> int:

@@ -30,7 +30,11 @@ backlog's mean (uniform over ``[0, max]``) with it; the share of calls within a 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
 
 from scepsy_common.errors import InputError
 from scepsy_opt.prediction.colocation import operating_point
@@ -113,6 +117,63 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
                      mean_tpot_s=tpot, overloaded=rate >= mu, ttft_floor_s=prefill + delay_s,
                      wait_shape=shape,
                      wait_mean_s=p90_first / (P90_EXP if rate < mu else P90_UNIFORM))
+
+
+def backlog_waits(times_s: Sequence[float] | NDArray[np.float64], mu: float) -> NDArray[np.float64]:
+    """Each arrival's wait behind the work ahead of it at a server of ``mu`` calls/s (the
+    Lindley recursion ``w_k = max(0, w_{k−1} + 1/μ − (t_k − t_{k−1}))`` over the sorted
+    ``times_s``): the backlog that recorded bursts build beyond the instance's throughput."""
+    t = np.sort(np.asarray(times_s, dtype=float))
+    gaps = np.diff(t, prepend=t[0])
+    w = np.empty(len(t))
+    acc = 0.0
+    step = 1.0 / mu
+    for k, g in enumerate(gaps.tolist()):
+        acc = max(0.0, acc + (step if k else 0.0) - g)
+        w[k] = acc
+    return w
+
+
+def finite_run_recorded(curve: ServingCurve, times_s: Sequence[float] | NDArray[np.float64],
+                        queued: float = QUEUED, delay_s: float = 0.0) -> FiniteRun:
+    """The figures of requests arriving at the recorded ``times_s`` (s from the run's start)
+    on the instance of ``curve`` (docs/validate.md, "Recorded arrivals"): each waits the
+    backlog the times build at the instance's throughput ``μ`` (:func:`backlog_waits`); only
+    what the engine cannot admit at once (beyond :attr:`ServingCurve.admits` calls of
+    backlog) waits before the first token, or a part ``queued`` of the whole backlog where the
+    run brings more requests than the engine admits; each is served at the operating point of
+    the run's mean rate (its count over its span). Throughput counts from the run's start to
+    the last completion. The bursts are kept; the noise of random service times is not."""
+    if not 0 <= queued <= 1:
+        raise InputError("finite run", "queued", "a fraction in [0, 1]", queued)
+    if not (math.isfinite(delay_s) and delay_s >= 0):
+        raise InputError("finite run", "delay_s", "a delay >= 0 (s)", delay_s)
+    t = np.sort(np.asarray(times_s, dtype=float))
+    if t.ndim != 1 or len(t) < 1 or not np.all(np.isfinite(t)) or np.any(t < 0):
+        raise InputError("finite run", "times_s", "one or more arrival times >= 0 (s)")
+    if not curve.feasible:
+        raise InputError("finite run", "curve", "a feasible instance (the model and one call "
+                         "fit its memory)", curve.model)
+    mu, o, n = curve.mu, curve.output_tokens, len(t)
+    span = float(t[-1] - t[0])
+    rate = n / span if span > 0 else math.inf
+    batch, in_service = operating_point(curve, rate)
+    w = backlog_waits(t, mu)
+    admitted = curve.admits
+    front = np.maximum(w - admitted / mu, 0.0)
+    if n > admitted:
+        front = np.maximum(front, queued * w)
+    prefill = curve.group_prefill_s(batch)
+    latency = float(np.mean(w)) + in_service
+    first = float(np.mean(front))
+    p90 = float(np.percentile(front, 90))
+    tpot = max(latency - first - prefill, 0.0) / max(o - 1.0, 1.0)
+    return FiniteRun(throughput=n / (float(t[-1]) + float(w[-1]) + in_service + delay_s),
+                     mean_latency_s=latency + delay_s, mean_ttft_s=first + prefill + delay_s,
+                     p90_ttft_s=p90 + prefill + delay_s, mean_tpot_s=tpot,
+                     overloaded=rate >= mu or bool(np.max(w) * mu > admitted),
+                     ttft_floor_s=prefill + delay_s, wait_shape="exponential",
+                     wait_mean_s=first)
 
 
 def _admission_wait(n: int, rate: float, mu: float, admitted: float) -> tuple[float, float]:

@@ -26,6 +26,10 @@ a prediction; where the counts are missing, the workload's ``avg_prompt_len`` an
 A run is one (workload, strategy) with a merged file; its meshes must place every LLM of the
 workload exactly once. Anything malformed is an :class:`InputError` naming the file and the
 field.
+
+A load's recorded requests, where one has them, are in MuxServe's workload file (the
+``--workload-file`` of its runs, named ``<workload>.json``; :func:`load_muxserve_workload`):
+every request's arrival time, LLM and prompt and output tokens.
 """
 
 from __future__ import annotations
@@ -375,3 +379,71 @@ def _model(raw: object, src: str, where: str) -> str:
     except InputError:
         raise InputError(src, where, "a checkpoint path whose last part is a catalog model "
                          "(e.g. .../llama-13b)", raw) from None
+
+
+MAX_RECORDED = 10_000_000
+"""The most requests one workload file may hold."""
+
+
+@dataclass(frozen=True)
+class RecordedLLM:
+    """One LLM's requests in a MuxServe workload file: arrival times from the workload's
+    start (s, sorted) and each request's prompt and output tokens (in arrival order)."""
+
+    times_s: tuple[float, ...]
+    prompts: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+    @property
+    def rate(self) -> float:
+        """The LLM's rate as MuxServe defines it: its requests over their span (req/s; its
+        count over its first arrival's time when all arrive at once)."""
+        span = self.times_s[-1] - self.times_s[0]
+        return len(self.times_s) / (span if span > 0 else max(self.times_s[-1], 1e-9))
+
+
+@dataclass(frozen=True)
+class RecordedWorkload:
+    """A load's recorded requests (:func:`load_muxserve_workload`): per LLM, from ``source``."""
+
+    source: str
+    llms: Mapping[str, RecordedLLM]
+
+
+def load_muxserve_workload(path: str | os.PathLike[str]) -> RecordedWorkload:
+    """Each LLM's recorded requests in MuxServe's workload file (its ``--workload-file``:
+    ``{"arrivals": [s, ...], "requests": [{"model_name": "llm-3", "data": [prompt, prompt
+    tokens, output tokens], ...}, ...]}``, one request per arrival; other fields ignored).
+    Anything malformed is an :class:`InputError` naming the file and the field."""
+    src = str(path)
+    doc = _mapping(read_json(Path(path), "MuxServe workload JSON"), src, "top level")
+    arrivals, requests = doc.get("arrivals"), doc.get("requests")
+    if not isinstance(arrivals, list) or not arrivals:
+        raise InputError(src, "arrivals", "a list of arrival times (s), one per request",
+                         type(arrivals).__name__)
+    if not isinstance(requests, list) or len(requests) != len(arrivals):
+        raise InputError(src, "requests", f"a list of {len(arrivals)} requests, one per arrival",
+                         len(requests) if isinstance(requests, list) else type(requests).__name__)
+    if len(arrivals) > MAX_RECORDED:
+        raise InputError(src, "arrivals", f"at most {MAX_RECORDED} requests", len(arrivals))
+    per: dict[str, list[tuple[float, int, int]]] = {}
+    for i, (t, r) in enumerate(zip(arrivals, requests, strict=True)):
+        time = _num(t, src, f"arrivals[{i}]", "an arrival time >= 0 (s)", 0.0)
+        e = _mapping(r, src, f"requests[{i}]")
+        name = e.get("model_name")
+        if not isinstance(name, str) or not name:
+            raise InputError(src, f"requests[{i}].model_name", "the LLM's name (e.g. llm-3)",
+                             name)
+        data = e.get("data")
+        if not isinstance(data, list | tuple) or len(data) < 3:
+            raise InputError(src, f"requests[{i}].data", "[prompt, prompt tokens, output "
+                             "tokens]", data)
+        prompt = _int(data[1], src, f"requests[{i}].data[1] (prompt tokens)")
+        output = _int(data[2], src, f"requests[{i}].data[2] (output tokens)")
+        per.setdefault(name, []).append((time, prompt, output))
+    out = {}
+    for name, reqs in sorted(per.items()):
+        reqs.sort(key=lambda x: x[0])
+        out[name] = RecordedLLM(tuple(x[0] for x in reqs), tuple(x[1] for x in reqs),
+                                tuple(x[2] for x in reqs))
+    return RecordedWorkload(src, MappingProxyType(out))

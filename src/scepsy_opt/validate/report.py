@@ -4,14 +4,15 @@ and simulated, and the JSON document (docs/validate.md)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from scepsy_opt.prediction.slo import parse_slos
 from scepsy_opt.validate.evaluate import OUTPUT_CV, Figures, RunValidation, validate_run
-from scepsy_opt.validate.muxserve import load_muxserve_dir
+from scepsy_common.errors import InputError
+from scepsy_opt.validate.muxserve import RecordedWorkload, load_muxserve_dir
 from scepsy_profile.latency import LatencyModel
 
 SOURCES = ("measured", "predicted", "simulated")
@@ -30,17 +31,34 @@ class ValidationReport:
 def validate_muxserve(folder: str | Path, latency: LatencyModel, *, model: str = "",
                       simulate: bool = True, seed: int = 0,
                       slos: Mapping[str, Any] | None = None,
-                      output_cv: float = OUTPUT_CV) -> ValidationReport:
+                      output_cv: float = OUTPUT_CV,
+                      recorded: Sequence[RecordedWorkload] = ()) -> ValidationReport:
     """Read every run in ``folder`` (:func:`~scepsy_opt.validate.muxserve.load_muxserve_dir`)
     and validate each with ``latency`` (:func:`~scepsy_opt.validate.evaluate.validate_run`);
     ``slos``: per LLM (``"*"``: every LLM), the SLO whose attainment is reported
     (:func:`scepsy_opt.prediction.slo.parse_slos`, against each run's LLMs); ``output_cv``:
-    the output lengths' coefficient of variation."""
+    the output lengths' coefficient of variation; ``recorded``: loads' recorded requests
+    (each named after its load, ``<workload>.json``): a run of such a load is validated twice,
+    with Poisson arrivals and with the recorded ones."""
     runs = load_muxserve_dir(folder)
-    return ValidationReport(str(folder), model, tuple(
-        validate_run(r, latency, simulate_runs=simulate, seed=seed, output_cv=output_cv,
-                     slos=parse_slos(slos, sorted(r.rates)) if slos else None)
-        for r in runs))
+    by_load: dict[str, RecordedWorkload] = {}
+    loads = sorted({r.workload for r in runs})
+    for w in recorded:
+        stem = Path(w.source).stem
+        if stem not in loads:
+            raise InputError(w.source, "name", f"a workload file named after a load of "
+                             f"{folder} ({', '.join(f'{x}.json' for x in loads)})", stem)
+        by_load[stem] = w
+    out = []
+    for r in runs:
+        given = parse_slos(slos, sorted(r.rates)) if slos else None
+        out.append(validate_run(r, latency, simulate_runs=simulate, seed=seed,
+                                output_cv=output_cv, slos=given))
+        if r.workload in by_load:
+            out.append(validate_run(r, latency, simulate_runs=simulate, seed=seed,
+                                    output_cv=output_cv, slos=given,
+                                    recorded=by_load[r.workload]))
+    return ValidationReport(str(folder), model, tuple(out))
 
 
 def error(predicted: float, measured: float) -> float:
@@ -67,7 +85,9 @@ def _llm_figures(f: Figures | None) -> dict[str, Any] | None:
 
 def document(report: ValidationReport) -> dict[str, Any]:
     """The ``--json`` document: ``{"format", "folder", "model", "runs": [{"workload",
-    "strategy", "measured", "predicted", "simulated", "errors", "llms", "shares"}]}``; figures
+    "strategy", "arrivals", "measured", "predicted", "simulated", "errors", "llms",
+    "shares"}]}`` (``arrivals``: ``"poisson"``, or ``"recorded"`` for the second entry of a
+    run whose load's requests were given); figures
     ``{"throughput", "mean_latency_s", "p90_ttft_s", "mean_ttft_s", "mean_tpot_s",
     "overloaded", "attainment", "attainment_high"}`` (the attainments null without SLOs;
     measured: the range its percentiles allow), errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
@@ -77,7 +97,7 @@ def document(report: ValidationReport) -> dict[str, Any]:
                       for k in METRICS}
                 for src in ("predicted", "simulated") if getattr(v, src) is not None}
         runs.append({
-            "workload": v.workload, "strategy": v.strategy,
+            "workload": v.workload, "strategy": v.strategy, "arrivals": v.arrivals,
             "measured": _figures(v.measured), "predicted": _figures(v.predicted),
             "simulated": _figures(v.simulated), "errors": errs,
             "llms": {m: {src: _llm_figures(f.get(src)) for src in SOURCES if src in f}
@@ -99,10 +119,11 @@ def run_rows(report: ValidationReport) -> list[dict[str, Any]]:
     for v in report.runs:
         for src in SOURCES:
             f = getattr(v, src)
-            if f is None:
+            if f is None or (src == "measured" and v.arrivals != "poisson"):
                 continue
             row: dict[str, Any] = {"workload": _short(v.workload), "strategy": v.strategy,
-                                   "source": src}
+                                   "source": src if v.arrivals == "poisson"
+                                   else f"{src} ({v.arrivals})"}
             for k in ("throughput", "mean_latency_s", "p90_ttft_s"):
                 val = getattr(f, k)
                 row[k] = val
