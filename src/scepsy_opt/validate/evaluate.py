@@ -25,8 +25,8 @@ and p90 TTFT the request-weighted means (weights: the measured request counts).
 from __future__ import annotations
 
 import functools
-import zlib
 import math
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -38,7 +38,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.prediction.colocation import contend, operating_point, phase_model
 from scepsy_opt.prediction.pipeline import instance_curve, llm_demand
-from scepsy_opt.prediction.simulate import SimulationResult, simulate
+from scepsy_opt.prediction.simulate import RequestOutcome, SimulationResult, simulate
 from scepsy_opt.prediction.slo import CallSLO, attained
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.stats import WorkflowStats
@@ -58,8 +58,8 @@ from scepsy_profile.catalog import default_catalog
 from scepsy_profile.hardware import GIB
 from scepsy_profile.latency import LatencyModel
 from scepsy_profile.mps import INTERFERENCE, Contended
-from scepsy_profile.roofline import roofline_model
 from scepsy_profile.overheads import call_delay_s, front_delay_s, overload_queued
+from scepsy_profile.roofline import roofline_model
 from scepsy_profile.serving import MemoryPolicy, ServingCurve
 
 MAX_TOKENS = 1024
@@ -397,7 +397,7 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
         times = np.asarray(recorded.times_s, dtype=float)
     res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
                    requests=x.requests, seed=own, policy=x.policy, warmup_fraction=0.0,
-                   record_events=True, arrival_times_s=times)
+                   record_events=True, arrival_times_s=times.tolist())
     reqs = [r for r in res.requests if r.end_s is not None]
     if not reqs:
         return Figures(0.0, math.inf, math.inf, math.inf, math.inf, (m,))
@@ -410,10 +410,12 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
     # MuxServe's definitions (its scheduler's log_stats): TTFT to the end of the prefill,
     # TPOT a request's decode time over its output tokens, throughput the requests over
     # the last completion since the run began (t = 0)
-    done = [(e.start_s - res.requests[e.arrival].arrival_s + prefill,
-             res.requests[e.arrival].end_s - res.requests[e.arrival].arrival_s,
-             _output_tokens(trace, res.requests[e.arrival]))
-            for e in log if e.start_s is not None and res.requests[e.arrival].end_s is not None]
+    done = []  # (TTFT, latency, output tokens) of each completed request
+    for e in log:
+        req = res.requests[e.arrival]
+        if e.start_s is not None and req.end_s is not None:
+            done.append((e.start_s - req.arrival_s + prefill, req.end_s - req.arrival_s,
+                         _output_tokens(trace, req)))
     ttft = np.array([d[0] for d in done], dtype=float)
     tpot = np.array([max(d[1] - d[0], 0.0) / d[2] for d in done], dtype=float)
     thr = len(reqs) / last if last > 0 else 0.0
@@ -428,7 +430,7 @@ def _recorded_trace(m: str, model: str, recorded: RecordedLLM) -> Trace:
     each lasting its zero-load time on one :data:`GPU`, as generated traces time their calls
     (:func:`~scepsy_opt.workflows.reference_timer`, without jitter)."""
     timer = ReferenceTimer({m: model}, GPU, roofline_model(), 0.0)
-    calls = []
+    calls: list[CallRecord] = []
     t = 0.0
     for i, (p, o) in enumerate(zip(recorded.prompts, recorded.outputs, strict=True)):
         d = float(timer.zero_load_s(m, p, o))
@@ -442,7 +444,8 @@ def _recorded_lengths(run: MuxRun, recorded: RecordedWorkload,
                       ) -> tuple[RateWorkload, Mapping[str, WorkflowStats]]:
     """The one-call workload of a run's LLMs with the recorded requests' lengths, and its
     statistics over exactly those requests."""
-    specs, calls = {}, []
+    specs: dict[str, RateLLM] = {}
+    calls: list[CallRecord] = []
     for m in run.rates:
         own = recorded.llms[m]
         specs[m] = RateLLM(run.models[m], own.rate, Distribution.choice(own.prompts),
@@ -467,10 +470,9 @@ def run_arrivals(requests: int, rate: float, seed: int) -> np.ndarray:
     return np.sort(rng.uniform(0.0, requests / rate, size=requests))
 
 
-def _output_tokens(trace: Trace, req: object) -> int:
+def _output_tokens(trace: Trace, req: RequestOutcome) -> int:
     """The output tokens of a simulated one-call request (at least one)."""
-    call = trace.requests[(req.workflow, req.request_id)][0]  # type: ignore[attr-defined]
-    return max(int(call.output_tokens), 1)
+    return max(int(trace.requests[(req.workflow, req.request_id)][0].output_tokens), 1)
 
 
 def _simulated_attainment(slo: CallSLO, res: SimulationResult, trace: Trace,

@@ -9,9 +9,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from scepsy_common.errors import InputError
 from scepsy_opt.prediction.slo import parse_slos
 from scepsy_opt.validate.evaluate import OUTPUT_CV, Figures, RunValidation, validate_run
-from scepsy_common.errors import InputError
 from scepsy_opt.validate.muxserve import RecordedWorkload, load_muxserve_dir
 from scepsy_profile.latency import LatencyModel
 
