@@ -26,6 +26,9 @@ from scepsy_common.errors import InputError, check_rate
 from scepsy_opt.workflows import DEFAULT_TRACE_REQUESTS
 
 if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+
     from scepsy.evaluation import PredictRequest, SimulateRequest
     from scepsy_opt.allocation import Allocation
     from scepsy_opt.cluster import Cluster
@@ -624,13 +627,35 @@ def run_predict(request: PredictRequest) -> Prediction:
     from scepsy_opt.workload import models_of
 
     inp = request.inputs
+    rate, times = _recorded_rate(request)
     with using_catalog(inp.catalog) as cat:
-        specs, alloc, rates, tr = _predict_inputs(inp.workflow, inp.allocation, inp.rate,
+        specs, alloc, rates, tr = _predict_inputs(inp.workflow, inp.allocation, rate,
                                                   inp.trace, inp.trace_requests, inp.seed)
         own = cat if inp.catalog is not None else None
         return _predict(_stats(specs, tr, inp.seed), models_of(specs), alloc,
                         _latency(inp.curves, inp.latency, own, inp.overheads), rates,
-                        form=request.form, catalog=own, policy=request.engine.memory_policy())
+                        form=request.form, catalog=own, policy=request.engine.memory_policy(),
+                        arrival_times_s=None if times is None else list(times),
+                        seed=inp.seed)
+
+
+def _recorded_rate(request: PredictRequest | SimulateRequest,
+                   ) -> tuple[Any, NDArray[np.float64] | None]:
+    """The request's rate and its recorded arrival times (None: Poisson arrivals): with
+    arrivals and a workflow that is not a rate workload, the times' mean rate."""
+    from scepsy_opt.workload import specs_and_rates
+
+    inp = request.inputs
+    if request.arrivals is None:
+        return inp.rate, None
+    arr = _arrivals(request.arrivals, request.time_scale)
+    rate = inp.rate
+    if rate is None and specs_and_rates(inp.workflow)[1] is None:  # not a rate workload
+        rate = check_rate(arr.mean_rate if math.isfinite(arr.mean_rate) else
+                          float(arr.count), arr.source or "arrivals", "",
+                          f" as the mean rate of the arrival times ({arr.count} over "
+                          f"{arr.span_s:g} s)")
+    return rate, arr.times_s
 
 
 def simulate(workflows: Any, allocation: PathLike | Allocation, rate: OptionalRates = None,
@@ -655,19 +680,10 @@ def run_simulate(request: SimulateRequest) -> SimulationResult:
     """:func:`simulate` of a :class:`~scepsy.evaluation.SimulateRequest` (``scepsy simulate``
     builds one from its options)."""
     from scepsy_opt.prediction.simulate import simulate as _simulate
-    from scepsy_opt.workload import models_of, specs_and_rates
+    from scepsy_opt.workload import models_of
 
     inp = request.inputs
-    rate = inp.rate
-    times = None
-    if request.arrivals is not None:
-        arr = _arrivals(request.arrivals, request.time_scale)
-        times = arr.times_s
-        if rate is None and specs_and_rates(inp.workflow)[1] is None:  # not a rate workload
-            rate = check_rate(arr.mean_rate if math.isfinite(arr.mean_rate) else
-                              float(arr.count), arr.source or "arrivals", "",
-                              f" as the mean rate of the arrival times ({arr.count} over "
-                              f"{arr.span_s:g} s)")
+    rate, times = _recorded_rate(request)
     with using_catalog(inp.catalog) as cat:
         specs, alloc, rates, tr = _predict_inputs(inp.workflow, inp.allocation, rate,
                                                   inp.trace, inp.trace_requests, inp.seed)

@@ -74,36 +74,18 @@ class EvaluationInputs(_Model):
         return self
 
 
-class PredictRequest(_Model):
-    """``scepsy predict``: the Aggregate LLM Pipeline's figures of an allocation."""
+class _Recorded(_Model):
+    """Recorded arrival times in place of Poisson arrivals (both evaluations)."""
 
     inputs: EvaluationInputs
-    form: Annotated[Literal["paper", "critical-path"],
-                    Flag("--form", "choice", choices=lambda: FORMS)] = "critical-path"
-    """the predictor's latency form: critical-path (default) or the paper's sum"""
-    engine: Engine = Field(default_factory=Engine)
-
-
-class SimulateRequest(_Model):
-    """``scepsy simulate``: the discrete-event simulator's figures of an allocation."""
-
-    inputs: EvaluationInputs
-    requests: Annotated[int | None, Flag("--requests", "count"), Field(ge=1)] = None
-    """simulated arrivals (default 2000; with --arrivals: all of them)"""
     arrivals: Annotated[Source | None, Flag("--arrivals", "path", "FILE")] = None
-    """replay these recorded arrival times instead of Poisson arrivals: JSON lines with a
-    timestamp in ms (Mooncake) or one time in seconds per line (docs/arrivals.md)"""
+    """recorded arrival times instead of Poisson arrivals: JSON lines with a timestamp in ms
+    (Mooncake) or one time in seconds per line (docs/arrivals.md)"""
     time_scale: Annotated[float, Flag("--time-scale", "positive", "X")] = 1.0
     """replay --arrivals X times as fast (default 1)"""
-    routing: Annotated[Literal["round_robin", "least_loaded"],
-                       Flag("--routing", "choice", choices=lambda: ROUTINGS)] = "round_robin"
-    """how calls are spread over an LLM's replicas"""
-    progress: Annotated[bool, Flag("--progress", "switch")] = False
-    """a progress bar while simulating"""
-    engine: Engine = Field(default_factory=Engine)
 
     @model_validator(mode="after")
-    def _arrivals(self) -> SimulateRequest:
+    def _arrivals(self) -> _Recorded:
         rate = self.inputs.rate
         if self.arrivals is not None and rate is not None and not isinstance(rate, Mapping):
             raise InputError("rate", "", "no total rate together with arrivals (the arrival "
@@ -113,6 +95,29 @@ class SimulateRequest(_Model):
             raise InputError("time_scale", "", "together with arrivals (recorded arrival "
                              "times to scale)", self.time_scale)
         return self
+
+
+class PredictRequest(_Recorded):
+    """``scepsy predict``: the Aggregate LLM Pipeline's figures of an allocation; with
+    ``arrivals``, its latency percentiles are those of the recorded arrivals."""
+
+    form: Annotated[Literal["paper", "critical-path"],
+                    Flag("--form", "choice", choices=lambda: FORMS)] = "critical-path"
+    """the predictor's latency form: critical-path (default) or the paper's sum"""
+    engine: Engine = Field(default_factory=Engine)
+
+
+class SimulateRequest(_Recorded):
+    """``scepsy simulate``: the discrete-event simulator's figures of an allocation."""
+
+    requests: Annotated[int | None, Flag("--requests", "count"), Field(ge=1)] = None
+    """simulated arrivals (default 2000; with --arrivals: all of them)"""
+    routing: Annotated[Literal["round_robin", "least_loaded"],
+                       Flag("--routing", "choice", choices=lambda: ROUTINGS)] = "round_robin"
+    """how calls are spread over an LLM's replicas"""
+    progress: Annotated[bool, Flag("--progress", "switch")] = False
+    """a progress bar while simulating"""
+    engine: Engine = Field(default_factory=Engine)
 
     @property
     def arrivals_count(self) -> int | None:

@@ -20,7 +20,13 @@ from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.milp import MILPOptimiser
 from scepsy_opt.planning.optimisers import optimiser
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
-from scepsy_opt.prediction.tails import floor_cut, latency_quantiles, linearise, request_latencies
+from scepsy_opt.prediction.tails import (
+    floor_cut,
+    latency_quantiles,
+    linearise,
+    recorded_latencies,
+    request_latencies,
+)
 from scepsy_opt.stats import RequestPaths, stats_to_dict, workflow_stats
 from scepsy_opt.traces import CallRecord, validate_calls
 from scepsy_profile.roofline import roofline_model
@@ -356,3 +362,66 @@ def test_a_saturated_llm_makes_the_requests_through_it_infinite():
     assert (p0, p50, p99) == (1.0, math.inf, math.inf)
     assert p25 == pytest.approx(1.75)  # rank 0.75 between 1 and 2
     assert latency_quantiles(paths, {"m0": math.inf, "m1": 1.0}, (50,)) == (math.inf,)
+
+
+# ------------------------------------------------------------------ recorded arrivals
+
+
+@given(st.integers(1, 6), st.integers(1, 3), st.data())
+@settings(max_examples=60, deadline=None)
+def test_recorded_latencies_add_each_llms_wait_once_per_mean_call_on_the_path(r, m, data):
+    """Oracle, by hand: arrival k replays request ``picks[k]`` and waits ``waits[llm][k]``
+    once per mean call of that LLM on its path; no waits: the requests' own latencies."""
+    llms = tuple(f"m{j}" for j in range(m))
+    weights = np.array(data.draw(st.lists(st.lists(st.floats(0, 4), min_size=m, max_size=m),
+                                          min_size=r, max_size=r)))
+    tools = np.array(data.draw(st.lists(st.floats(0, 2), min_size=r, max_size=r)))
+    paths = RequestPaths(llms, weights, tools)
+    unit = {x: data.draw(st.floats(0.01, 3)) for x in llms}
+    n = data.draw(st.integers(1, 12))
+    picks = np.array(data.draw(st.lists(st.integers(0, r - 1), min_size=n, max_size=n)))
+    waits = {x: np.array(data.draw(st.lists(st.floats(0, 5), min_size=n, max_size=n)))
+             for x in llms}
+    got = recorded_latencies(paths, unit, picks, waits)
+    for k in range(n):
+        j = picks[k]
+        want = tools[j] + sum(weights[j, i] * (unit[x] + waits[x][k])
+                              for i, x in enumerate(llms))
+        assert got[k] == pytest.approx(want, rel=1e-9, abs=1e-12)
+    assert np.array_equal(recorded_latencies(paths, unit, picks, {}),
+                          request_latencies(paths, unit)[picks])
+
+
+def _arrivals_file(path, times):
+    path.write_text("".join(f"{t:.6f}\n" for t in times))
+    return str(path)
+
+
+def test_predicted_percentiles_of_recorded_arrivals_grow_with_their_bursts(tmp_path):
+    """The same count over the same span: evenly spread, the percentiles are the steady
+    state's (a backlog the batch drains within a call's latency is no wait; the requests
+    replayed are drawn, so up to the draw); all in one burst, they grow, and the mean with
+    them; only the latency figures move."""
+    from scepsy.api import run_predict
+    from scepsy.evaluation import PredictRequest, request_of, split_keywords
+
+    wf = "datasets/workflows/rag.yaml"
+    alloc = "datasets/allocations/rag-8gpu.yaml"
+
+    def run(**kw):
+        return run_predict(request_of(PredictRequest, split_keywords(
+            wf, alloc, kw.pop("rate", None), dict(trace_requests=200, **kw))))
+    steady = run(rate=5.0).workflows["rag"]
+    n, span = 2000, 400.0
+    even = run(arrivals=_arrivals_file(tmp_path / "even.txt",
+                                       np.linspace(0, span, n))).workflows["rag"]
+    burst = run(arrivals=_arrivals_file(tmp_path / "burst.txt",
+                                        [0.0] * (n - 1) + [span])).workflows["rag"]
+    assert even.rate == pytest.approx(steady.rate, rel=1e-9)
+    assert even.p90_latency_s == pytest.approx(steady.p90_latency_s, rel=0.05)
+    assert even.mean_latency_s == pytest.approx(steady.mean_latency_s, rel=1e-9)
+    assert burst.p90_latency_s > 2 * even.p90_latency_s
+    assert burst.mean_latency_s > even.mean_latency_s
+    assert burst.max_throughput == even.max_throughput
+    with pytest.raises(InputError, match="rate"):
+        run(rate=5.0, arrivals=_arrivals_file(tmp_path / "x.txt", [0.0, 1.0]))

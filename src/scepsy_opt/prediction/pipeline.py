@@ -75,7 +75,12 @@ from numpy.typing import ArrayLike, NDArray
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, check_allocation
 from scepsy_opt.prediction.colocation import contend, phase_model
-from scepsy_opt.prediction.tails import QUANTILES, latency_quantiles
+from scepsy_opt.prediction.tails import (
+    QUANTILES,
+    backlog_waits,
+    latency_quantiles,
+    recorded_latencies,
+)
 from scepsy_opt.stats import WorkflowStats, split_stats
 from scepsy_profile.catalog import Catalog
 from scepsy_profile.latency import LatencyModel
@@ -645,9 +650,15 @@ def predict(
     form: Form = "critical-path",
     catalog: Catalog | None = None,
     policy: MemoryPolicy | None = None,
+    arrival_times_s: Sequence[float] | None = None,
+    seed: int = 0,
 ) -> Prediction:
     """Predict every workflow's throughput, maximum throughput, mean latency and latency
     percentiles at ``rates`` (req/s), and every LLM's load (see :class:`WorkflowPrediction`).
+    ``arrival_times_s``: recorded request arrival times (s, sorted from 0); the latency
+    percentiles and mean are then those of the recorded arrivals, each adding the backlog its
+    bursts build at every LLM on its critical path (:func:`recorded_quantiles`; ``seed``: the
+    draw of each arrival's workflow and request).
     An LLM the allocation splits over replica groups (``Allocation.splits``) is predicted as
     its groups, each with its fraction of the calls (:func:`scepsy_opt.stats.split_stats`);
     the loads are the groups'. LLMs that share a mesh under MPS limits are predicted at the
@@ -705,6 +716,8 @@ def predict(
         for (i, o), v in per_class.items():
             class_lat[(m, i, o)] = float(v[0])
 
+    recorded = (None if arrival_times_s is None or form != "critical-path" else
+                _recorded_draws(stats, rates, loads, arrival_times_s, seed))
     out: dict[str, WorkflowPrediction] = {}
     for w, st in stats.items():
         r = rates.get(w, 0.0)
@@ -728,10 +741,68 @@ def predict(
         if form == "critical-path":
             total += st.tool_critical_s
         qs = _quantiles(st, unit) if form == "critical-path" else (math.nan,) * len(QUANTILES)
+        if recorded is not None and w in recorded[0]:
+            total, qs = recorded_quantiles(st, unit, total, *recorded[0][w], recorded[1])
         sat = bool(saturated(1.0 / scale)) if scale > 0 else True
         max_t = r * scale
         out[w] = WorkflowPrediction(w, r, max_t, bottleneck, total, form, min(r, max_t), sat, *qs)
     return Prediction(workflows=out, llms=loads)
+
+
+def _recorded_draws(stats: Mapping[str, WorkflowStats], rates: Mapping[str, float],
+                    loads: Mapping[str, LLMLoad], times_s: Sequence[float], seed: int,
+                    ) -> tuple[dict[str, tuple[NDArray[np.int64], NDArray[np.int64]]],
+                               dict[str, NDArray[np.float64]]]:
+    """Each workflow's recorded arrivals (indices into ``times_s``) and the trace requests they
+    replay (uniform row draws), each arrival's workflow drawn in proportion to ``rates``; and
+    per LLM, each arrival's wait behind the backlog the times build at the LLM's throughput
+    (:func:`~scepsy_opt.prediction.tails.backlog_waits`: the LLM carries ``replicas·μ``
+    calls/s, ``rate/Λ`` calls a request), less the LLM's mean call latency: the batch runs a
+    backlog it drains within that time alongside the call, so only the rest is a wait."""
+    t = np.asarray(times_s, dtype=float)
+    if t.ndim != 1 or len(t) < 1 or not np.all(np.isfinite(t)) or np.any(t < 0) or np.any(
+            np.diff(t) < 0):
+        raise InputError("predict", "arrival_times_s", "sorted arrival times >= 0 (s)")
+    names = [w for w in stats if rates.get(w, 0.0) > 0]
+    total = math.fsum(rates[w] for w in names)
+    rng = np.random.default_rng(seed)
+    which = rng.choice(len(names), size=len(t), p=[rates[w] / total for w in names])
+    pick = rng.random(len(t))
+    draws = {}
+    for i, w in enumerate(names):
+        idx = np.flatnonzero(which == i)
+        paths = stats[w].paths
+        if len(idx) and paths is not None and paths.requests:
+            rows = np.minimum((pick[idx] * paths.requests).astype(np.int64), paths.requests - 1)
+            draws[w] = (idx, rows)
+    waits = {}
+    for m, load in loads.items():
+        carried = load.replicas * load.mu * total / load.rate if load.rate > 0 else math.inf
+        w = (backlog_waits(t, carried) if math.isfinite(carried) and carried > 0
+             else np.zeros(len(t)))
+        # a backlog the batch drains within a call's own latency runs with it, not before it
+        own = load.call_latency_s if math.isfinite(load.call_latency_s) else 0.0
+        waits[m] = np.maximum(w - own, 0.0)
+    return draws, waits
+
+
+def recorded_quantiles(st: WorkflowStats, unit: Mapping[str, float], mean_s: float,
+                       idx: NDArray[np.int64], rows: NDArray[np.int64],
+                       waits: Mapping[str, NDArray[np.float64]],
+                       ) -> tuple[float, tuple[float, ...]]:
+    """The mean latency and :data:`QUANTILES` of a workflow's recorded arrivals (indices
+    ``idx``, replaying trace requests ``rows``): each its request's predicted latency plus its
+    backlog waits (:func:`~scepsy_opt.prediction.tails.recorded_latencies`); the mean is the
+    steady state's ``mean_s`` plus the arrivals' mean wait. Infinite where an LLM on the
+    paths is saturated."""
+    paths = st.paths
+    assert paths is not None
+    if not all(math.isfinite(unit.get(m, 0.0)) for m in paths.llms):
+        return mean_s, (math.inf,) * len(QUANTILES)
+    lat = recorded_latencies(paths, unit, rows, {m: w[idx] for m, w in waits.items()})
+    base = recorded_latencies(paths, unit, rows, {})
+    pct = np.percentile(lat, QUANTILES)
+    return mean_s + float(np.mean(lat - base)), tuple(float(x) for x in pct)
 
 
 def _quantiles(st: WorkflowStats, unit: Mapping[str, float]) -> tuple[float, ...]:

@@ -36,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import cast
 
 import numpy as np
+from numpy.typing import NDArray
 
 from scepsy_common.errors import InputError
 from scepsy_opt.stats import RequestPaths
@@ -74,6 +75,38 @@ def request_latencies(paths: RequestPaths, unit_latency_s: Mapping[str, float]) 
     with np.errstate(invalid="ignore"):  # 0 weight × inf latency is 0: that LLM is not on the path
         terms = np.where(w > 0, w * u[None, :], 0.0)
     return terms.sum(axis=1) + paths.tool_s
+
+
+def backlog_waits(times_s: Sequence[float] | NDArray[np.float64], mu: float,
+                  ) -> NDArray[np.float64]:
+    """Each arrival's wait behind the work ahead of it at a server of ``mu`` calls/s (the
+    Lindley recursion ``w_k = max(0, w_{k−1} + 1/μ − (t_k − t_{k−1}))`` over the sorted
+    ``times_s``): the backlog that recorded bursts build beyond the instance's throughput."""
+    t = np.sort(np.asarray(times_s, dtype=float))
+    gaps = np.diff(t, prepend=t[0])
+    w = np.empty(len(t))
+    acc = 0.0
+    step = 1.0 / mu
+    for k, g in enumerate(gaps.tolist()):
+        acc = max(0.0, acc + (step if k else 0.0) - g)
+        w[k] = acc
+    return w
+
+
+def recorded_latencies(paths: RequestPaths, unit_latency_s: Mapping[str, float],
+                       picks: NDArray[np.int64], waits: Mapping[str, NDArray[np.float64]],
+                       ) -> NDArray[np.float64]:
+    """Each recorded arrival's predicted latency: the latency of the trace request it replays
+    (``picks``, row indices of ``paths``), plus, for every LLM on its critical path, the
+    backlog that LLM had when it arrived (``waits[m]``, one per arrival) once per mean call of
+    that LLM on its path (``W_jm``): ``y_j + Σ_m W_jm·w_m``."""
+    y = request_latencies(paths, unit_latency_s)[picks]
+    extra = np.zeros(len(picks))
+    for j, m in enumerate(paths.llms):
+        if m in waits:
+            col = paths.weights[picks, j]
+            extra += np.where(col > 0, col * waits[m], 0.0)
+    return y + extra
 
 
 def _percentiles(y: np.ndarray, qs: tuple[float, ...]) -> tuple[float, ...]:

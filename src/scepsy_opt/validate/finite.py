@@ -39,6 +39,7 @@ from numpy.typing import NDArray
 from scepsy_common.errors import InputError
 from scepsy_opt.prediction.colocation import operating_point
 from scepsy_opt.prediction.slo import ttft_attainment
+from scepsy_opt.prediction.tails import backlog_waits
 from scepsy_profile.serving import ServingCurve
 
 WALK = 0.75
@@ -117,21 +118,6 @@ def finite_run(curve: ServingCurve, rate: float, requests: int,
                      mean_tpot_s=tpot, overloaded=rate >= mu, ttft_floor_s=prefill + delay_s,
                      wait_shape=shape,
                      wait_mean_s=p90_first / (P90_EXP if rate < mu else P90_UNIFORM))
-
-
-def backlog_waits(times_s: Sequence[float] | NDArray[np.float64], mu: float) -> NDArray[np.float64]:
-    """Each arrival's wait behind the work ahead of it at a server of ``mu`` calls/s (the
-    Lindley recursion ``w_k = max(0, w_{k−1} + 1/μ − (t_k − t_{k−1}))`` over the sorted
-    ``times_s``): the backlog that recorded bursts build beyond the instance's throughput."""
-    t = np.sort(np.asarray(times_s, dtype=float))
-    gaps = np.diff(t, prepend=t[0])
-    w = np.empty(len(t))
-    acc = 0.0
-    step = 1.0 / mu
-    for k, g in enumerate(gaps.tolist()):
-        acc = max(0.0, acc + (step if k else 0.0) - g)
-        w[k] = acc
-    return w
 
 
 def finite_run_recorded(curve: ServingCurve, times_s: Sequence[float] | NDArray[np.float64],
