@@ -778,11 +778,11 @@ def _recorded_draws(stats: Mapping[str, WorkflowStats], rates: Mapping[str, floa
     waits = {}
     for m, load in loads.items():
         carried = load.replicas * load.mu * total / load.rate if load.rate > 0 else math.inf
-        w = (backlog_waits(t, carried) if math.isfinite(carried) and carried > 0
-             else np.zeros(len(t)))
+        behind = (backlog_waits(t, carried) if math.isfinite(carried) and carried > 0
+                  else np.zeros(len(t)))
         # a backlog the batch drains within a call's own latency runs with it, not before it
         own = load.call_latency_s if math.isfinite(load.call_latency_s) else 0.0
-        waits[m] = np.maximum(w - own, 0.0)
+        waits[m] = np.maximum(behind - own, 0.0)
     return draws, waits
 
 
@@ -796,7 +796,8 @@ def recorded_quantiles(st: WorkflowStats, unit: Mapping[str, float], mean_s: flo
     steady state's ``mean_s`` plus the arrivals' mean wait. Infinite where an LLM on the
     paths is saturated."""
     paths = st.paths
-    assert paths is not None
+    if paths is None or not paths.requests:  # no request to replay: the steady state's
+        return mean_s, _quantiles(st, unit)
     if not all(math.isfinite(unit.get(m, 0.0)) for m in paths.llms):
         return mean_s, (math.inf,) * len(QUANTILES)
     lat = recorded_latencies(paths, unit, rows, {m: w[idx] for m, w in waits.items()})
