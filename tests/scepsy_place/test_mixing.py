@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scepsy_common.errors import InputError
 from scepsy_opt.cluster import Cluster, GPUPool
+from scepsy_opt.planning.milp import unit_latency
 from scepsy_opt.planning.mincost import gpu_prices
 from scepsy_opt.planning.mixing import (
     melange_min_cost,
@@ -201,12 +203,106 @@ def test_an_unmeetable_bound_is_infeasible_and_a_spent_deadline_is_a_time_limit(
     assert mx.status == "time_limit_no_solution" and not mx.feasible
 
 
-def test_percentile_bounds_and_bad_slices_are_refused():
-    p = _one_llm("llama-3-8b", 4.0, latency_bounds={"chat": (90.0, 30.0)})
-    with pytest.raises(InputError, match="latency_bounds"):
-        solve_mixed(p)
+def test_bad_slices_are_refused():
     with pytest.raises(InputError, match="slices"):
         solve_mixed(_one_llm("llama-3-8b", 4.0), slices=0)
+
+
+# -- percentile bounds on split plans -------------------------------------------------------------
+
+
+def _brute_percentile(p: PlanningProblem, s: int) -> float:
+    """The least price of any set of portions within the GPUs whose p90 with the slowest
+    routing (every split LLM at its slowest group) is within the bound."""
+    prices = gpu_prices(p)
+    caps = p.cluster.budgets()
+    by_type: dict[str, list] = {}
+    for q in portion_candidates(p, s)["chat"]:
+        by_type.setdefault(q.candidate.gpu, []).append(q)
+    (q90, bound), = p.options.latency_bounds.values()
+    best = math.inf
+    for combo in itertools.product(*([None, *by_type[g]] for g in sorted(by_type))):
+        picked = tuple(q for q in combo if q is not None)
+        if sum(q.slices for q in picked) != s or any(q.gpus > caps[q.candidate.gpu]
+                                                     for q in picked):
+            continue
+        # the slowest routing, computed here from the definition: each request's latency with
+        # the slowest group's unit latency
+        st = p.stats["chat"]
+        unit = max(unit_latency(p, "chat", q.candidate) for q in picked)
+        y = st.paths.weights[:, 0] * unit + st.paths.tool_s
+        if float(np.percentile(y, q90)) <= bound * (1 + 1e-9):
+            best = min(best, math.fsum(prices[q.candidate.gpu] * q.gpus for q in picked))
+    return best
+
+
+@pytest.mark.parametrize("bound", [60.0, 40.0, 36.0, 30.0, 25.0, 21.0, 19.0, 15.0])
+def test_a_percentile_bound_plans_the_brute_force_least_split(bound):
+    """With a p90 bound the split plan is the cheapest set of portions whose p90 holds for
+    every routing (brute force over every set, computed from the definition), proven; an
+    unmeetable bound is infeasible. At loose bounds the answer splits (cheaper than one type),
+    at tight ones it takes the faster type alone."""
+    p = _one_llm("llama-3-8b", 12.0, latency_bounds={"chat": (90.0, bound)})
+    mx = solve_mixed(p, slices=4)
+    oracle = _brute_percentile(p, 4)
+    if math.isinf(oracle):
+        assert mx.status == "infeasible" and not mx.feasible
+        return
+    assert mx.status == "optimal"
+    assert mx.cost_per_hour == pytest.approx(oracle, rel=REL)
+    assert mx.cost_bound_per_hour <= mx.cost_per_hour * (1 + REL)
+    got = mx.stats["latency_bounds"]["chat"]
+    assert got["met"] and got["slowest_routing_s"] <= bound * (1 + 1e-9)
+    # the predictor's fraction-weighted routing is never slower than the slowest routing
+    assert got["predicted_s"] <= got["slowest_routing_s"] * (1 + 1e-12)
+
+
+def test_loose_percentile_bounds_still_split_and_the_predictor_agrees(tmp_path):
+    """A bound the unbounded split plan meets keeps that plan (the split is not lost to the
+    bound), and the predictor on the split plan's groups predicts the p90 the plan reports
+    (relative 1e-9: the same sum over requests in another order)."""
+    free = solve_mixed(_one_llm("llama-3-8b", 12.0), slices=8)
+    assert free.mixed
+    p = _one_llm("llama-3-8b", 12.0, latency_bounds={"chat": (90.0, 1000.0)})
+    mx = solve_mixed(p, slices=8)
+    assert mx.mixed and mx.status == "optimal"
+    assert mx.cost_per_hour == pytest.approx(free.cost_per_hour, rel=REL)
+    _, plan = mixed_plan(p, mx)
+    pred = predict(p.stats, p.models, plan.allocation, p.latency, dict(p.targets))
+    assert pred.workflows["chat"].p90_latency_s == pytest.approx(
+        mx.stats["latency_bounds"]["chat"]["predicted_s"], rel=1e-9)
+
+
+@pytest.mark.parametrize("tpot_s", [0.2, 0.09])
+def test_an_slo_holds_group_by_group_on_a_split_llm(tpot_s):
+    """A per-LLM TPOT SLO holds group by group: at 0.2 s the unbounded split plan meets it and
+    is kept; at 0.09 s its L4 group (0.098 s at its quarter of the calls) would miss it, and
+    the plan changes until every group meets it. The check of the split allocation reports
+    the fraction-weighted mean TPOT of its groups' checks (relative 1e-9)."""
+    from scepsy_opt.planning.candidates import slo_checks
+    from scepsy_opt.prediction.slo import CallSLO
+
+    free = solve_mixed(_one_llm("llama-3-8b", 12.0), slices=8)
+    p = _one_llm("llama-3-8b", 12.0, slos={"chat": CallSLO(tpot_s=tpot_s)})
+    mx = solve_mixed(p, slices=8)
+    assert mx.status == "optimal"
+    groups, plan = mixed_plan(p, mx)
+    each = slo_checks(groups, plan.allocation)
+    assert each and all(c.met for c in each.values())
+    whole = slo_checks(p, plan.allocation)["chat"] if plan.allocation.splits else None
+    if tpot_s == 0.2:
+        assert mx.mixed and mx.cost_per_hour == pytest.approx(free.cost_per_hour, rel=REL)
+    else:
+        # the free plan's groups do not all meet it: the answer differs from it
+        _, free_groups = mixed_plan(p, free)
+        missed = [g for g, c in slo_checks(mixed_plan(p, free)[0], free_groups.allocation).items()
+                  if not c.met]
+        assert missed and mx.portions != free.portions
+    if whole is not None:
+        assert whole.met
+        fr = plan.allocation.splits["chat"]
+        assert whole.tpot_s == pytest.approx(math.fsum(fr[g] * each[g].tpot_s for g in fr),
+                                             rel=1e-9)
 
 
 def test_the_split_problem_prices_each_group_as_the_split_milp_does():
@@ -370,3 +466,25 @@ def test_layout_groups_uses_the_gpus_the_split_formulation_prices(tp, share, rep
     assert pl.complete
     assert violations(topo, demands(alloc), pl) == []
     assert len({(s.node, g) for s in pl.slots for g in s.gpus}) == need
+
+
+
+def test_placed_min_cost_splits_under_a_percentile_bound():
+    """scepsy plan's min-cost with a p90 bound on L4 and A10 plans split LLMs too: at a bound
+    the split meets with every routing, the placed plan is the split one, at the unbounded
+    split's price, and reports the bound met; at a tight bound the faster type alone wins."""
+    from scepsy_place.formulations.loop import plan_and_place
+    from scepsy_place.packing.topology import from_cluster
+
+    free = solve_mixed(_one_llm("llama-3-8b", 12.0), slices=8)
+    for bound, split in ((1000.0, True), (25.0, False)):
+        p = _one_llm("llama-3-8b", 12.0, latency_bounds={"chat": (90.0, bound)})
+        res = plan_and_place(p, from_cluster(p.cluster))
+        assert res.placed and "mixed" in res.compared
+        assert (res.formulation == "mixed") == split
+        got = res.plan.stats["latency_bounds"]["chat"]
+        assert got["met"] and got["predicted_s"] <= bound
+        if split:
+            assert res.plan.stats["placed_cost_per_hour"] == pytest.approx(free.cost_per_hour,
+                                                                          rel=REL)
+            assert got["slowest_routing_s"] <= bound

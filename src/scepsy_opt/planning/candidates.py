@@ -69,7 +69,7 @@ from scepsy_opt.prediction.pipeline import (
     instance_curves,
     min_replicas,
 )
-from scepsy_opt.prediction.slo import SLOCheck, check, fewest_replicas
+from scepsy_opt.prediction.slo import CallSLO, SLOCheck, check, fewest_replicas
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.overheads import call_delay_s
 
@@ -355,22 +355,45 @@ def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candida
 
 def slo_checks(problem: PlanningProblem, allocation: Allocation) -> dict[str, SLOCheck]:
     """Each LLM with an SLO (``PlanOptions.slos``) against its instance of ``allocation`` at
-    its rate per replica (:func:`scepsy_opt.prediction.slo.check`). An LLM split over GPU types is
-    refused (its calls are not checked against one SLO)."""
+    its rate per replica (:func:`scepsy_opt.prediction.slo.check`). An LLM split over GPU types
+    (``allocation.splits``) is checked group by group, each at its fraction of the calls, and
+    reported for all its calls: mean TTFT and TPOT and the attainment weighted by the
+    fractions, a TTFT percentile as the groups' largest (the mixture's is at most that)."""
     out = {}
     for m, slo in problem.options.slos.items():
         if m in allocation.splits:
-            raise InputError("allocation", f"splits.{m}", "an LLM with an SLO on one GPU type "
-                             "(the calls of a split LLM are not checked against one SLO)")
+            out[m] = _split_check(problem, allocation, m, slo)
+            continue
         if m not in allocation.llms:
             raise InputError("allocation", f"llms.{m}", "an instance for every LLM with an SLO")
-        inst, dem = allocation.llms[m], problem.demands[m]
-        curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
-                               catalog=problem.catalog, policy=problem.policy,
-                               memory_share=inst.memory)
-        out[m] = check(slo, curve, dem.rate / inst.replicas, call_delay_s(problem.latency),
-                       inst.replicas)
+        out[m] = _one_check(problem, allocation.llms[m], problem.demands[m], slo)
     return out
+
+
+def _one_check(problem: PlanningProblem, inst: Instance, dem: LLMDemand,
+               slo: CallSLO) -> SLOCheck:
+    curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
+                           catalog=problem.catalog, policy=problem.policy,
+                           memory_share=inst.memory)
+    return check(slo, curve, dem.rate / inst.replicas, call_delay_s(problem.latency),
+                 inst.replicas)
+
+
+def _split_check(problem: PlanningProblem, allocation: Allocation, m: str,
+                 slo: CallSLO) -> SLOCheck:
+    """:func:`slo_checks` of a split LLM (its docstring)."""
+    parts = []
+    for g, f in sorted(allocation.splits[m].items()):
+        if g not in allocation.llms:
+            raise InputError("allocation", f"llms.{g}", f"an instance for every group of {m}")
+        parts.append((f, _one_check(problem, allocation.llms[g],
+                                    problem.scaled(f).demands[m], slo)))
+    if any(not math.isfinite(c.ttft_s) for _, c in parts):
+        return SLOCheck(slo, math.inf, math.inf, 0.0)
+    ttft = (max(c.ttft_s for _, c in parts) if slo.ttft_percentile is not None
+            else math.fsum(f * c.ttft_s for f, c in parts))
+    return SLOCheck(slo, ttft, math.fsum(f * c.tpot_s for f, c in parts),
+                    math.fsum(f * c.attainment for f, c in parts))
 
 
 def slo_floors(problem: PlanningProblem, llm: str) -> tuple[float, float]:

@@ -33,8 +33,23 @@ the weighted latency ``Σ (j/S)·cost_c·y`` (a second solve at the optimal pric
 pruned exactly for these counts (:func:`scepsy_opt.planning.mincost.prune_for_cost` with the whole GPUs
 as a further count).
 
-Percentile latency bounds are not planned here (the mixture of two groups' latencies has no
-linear form): :func:`solve_mixed` refuses them.
+**Percentile bounds** (``PlanOptions.latency_bounds``) hold for every routing of the calls: a
+split plan meets workflow ``w``'s bound ``(q, B)`` when the ``q``-th percentile of its request
+latency (:mod:`scepsy_opt.prediction.tails`) is within ``B`` with every split LLM at the unit
+latency of its *slowest* group. Whatever group each call reaches, each request takes at most
+that long (the latency grows with every unit latency), so its percentile is an upper bound on
+the percentile under any routing, the predictor's fraction-weighted one included
+(``stats["latency_bounds"]`` reports both); with no LLM split it is the percentile itself. It
+is planned as :mod:`scepsy_opt.planning.milp` plans percentile bounds, by lazy constraints on
+variables ``v_wm ≥ u_wp·y_p`` (at least the slowest chosen group's unit latency): solve,
+verify, and on a violation add a dominance no-good (one of the workflow's LLMs must drop every
+group at least as slow as now), the floor cut on ``v`` (valid for every choice) and the
+linearised percentile (steering only), then an exact check with the valid cuts alone and a
+price below the verified choice's. **Per-LLM SLOs** hold group by group: a portion is a
+candidate of the problem scaled to its share of the load, so it meets the LLM's SLO at its own
+rate (:mod:`scepsy_opt.planning.candidates`); the calls of the LLM then meet it too (a mean is
+the groups' fraction-weighted mean, and a percentile of a mixture of groups that each meet it
+is within it).
 
 **Mélange's formulation** (:func:`melange_min_cost`; Griggs et al., "Mélange: Cost Efficient
 Large Language Model Serving by Exploiting GPU Heterogeneity", 2024) is the same split by
@@ -62,15 +77,27 @@ from scepsy_common.errors import InputError
 from scepsy_common.units import UNITS, replica_gpus, replicas_per_gpu
 from scepsy_opt.allocation import Allocation
 from scepsy_opt.planning.candidates import Candidate, generate_candidates, price
-from scepsy_opt.planning.milp import _solver, _status, choice_variables
+from scepsy_opt.planning.milp import (
+    EXACT_ITERS,
+    LINEARISE_ITERS,
+    _meets,
+    _path_weight,
+    _percentile_bounds,
+    _solver,
+    _status,
+    choice_variables,
+    unit_latency,
+)
 from scepsy_opt.planning.mincost import gpu_prices, prune_for_cost
 from scepsy_opt.planning.plans import Plan, Status, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.planning.solver import SOLVER, pulp_highs
+from scepsy_opt.prediction.tails import floor_cut, latency_quantiles, linearise
 from scepsy_opt.stats import split_stats
 
 SLICES = 8  # fractions of an LLM's load are multiples of 1/SLICES
 COST_REL = 1e-9  # the tie-break solve: price within this (relative) of the optimum
+CHEAPER_REL = 1e-7  # percentile bounds' exact check: a price this much (relative) lower
 
 
 # -- Mélange's formulation ----------------------------------------------------------------------
@@ -231,11 +258,11 @@ Vars = dict[str, list[tuple[Portion, Any]]]
 
 def _model(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
            s: int, prices: Mapping[str, float], caps: Mapping[str, int], *, aggregate: bool,
-           objective: str, cost_cap: float | None = None,
-           ) -> tuple[pulp.LpProblem, Vars]:
+           objective: str, cost_cap: float | None = None, cuts: Sequence[Cut] = (),
+           units: Units | None = None) -> tuple[pulp.LpProblem, Vars]:
     """The split MILP (module docstring): GPUs counted per group (or, ``aggregate``, in
     aggregate per type); ``objective`` "cost" or "latency" (then the cost at most
-    ``cost_cap``)."""
+    ``cost_cap``); ``cuts`` of the percentile bounds on the portions' ``units``."""
     prob = pulp.LpProblem("scepsy_mixed", pulp.LpMinimize)
     ys: Vars = choice_variables(prob, options)  # one binary per portion
     types = sorted(caps)
@@ -274,7 +301,101 @@ def _model(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
                  <= bound - problem.stats[w].tool_critical_s), f"bound_{i}"
     if cost_cap is not None:
         prob += cost <= cost_cap, "cost_cap"
+    if cuts:
+        assert units is not None
+        _add_cuts(prob, ys, cuts, units)
     return prob, ys
+
+
+# -- percentile bounds on split plans (module docstring) ---------------------------------------
+
+Units = Mapping[str, Mapping[Portion, float]]  # workflow -> portion -> its unit latency (s)
+
+
+@dataclass(frozen=True)
+class Cut:
+    """A lazy row of workflow ``workflow``'s percentile bound. ``"row"``: ``Σ_m a_m·v_wm ≤ rhs``
+    (``terms`` LLM -> ``a_m``; ``v_wm`` at least the unit latency of ``m``'s slowest chosen
+    group); ``"nogood"``: not every LLM of ``terms`` (LLM -> unit latency) keeps a group at least
+    that slow."""
+
+    kind: str  # row | nogood
+    workflow: str
+    terms: tuple[tuple[str, float], ...]
+    rhs: float = 0.0
+
+
+def _add_cuts(prob: pulp.LpProblem, ys: Vars, cuts: Sequence[Cut], units: Units) -> None:
+    v: dict[tuple[str, str], Any] = {}
+
+    def worst(w: str, m: str) -> Any:  # v_wm >= u_wp·y_p for every portion p of m
+        if (w, m) not in v:
+            x = v[w, m] = prob.add_variable(f"v{len(v)}", 0, None)
+            for k, (p, y) in enumerate(ys[m]):
+                if units[w][p] > 0:
+                    prob.addConstraint(
+                        pulp.LpAffineExpression([(x, 1.0), (y, -units[w][p])]) >= 0,
+                        f"v{len(v) - 1}_{k}")
+        return v[w, m]
+
+    for i, c in enumerate(cuts):
+        if c.kind == "row":
+            terms = [(worst(c.workflow, m), a) for m, a in c.terms if a > 0]
+            if terms:
+                prob += pulp.LpAffineExpression(terms) <= c.rhs, f"pct_{i}"
+            continue
+        zs = []
+        for j, (m, at) in enumerate(c.terms):
+            slow = [y for p, y in ys[m] if units[c.workflow][p] >= at]
+            if not slow:
+                break  # m cannot keep a group that slow: the no-good always holds
+            z = prob.add_variable(f"z{i}_{j}", 0, 1, pulp.LpBinary)
+            for k, y in enumerate(slow):
+                prob += pulp.LpAffineExpression([(z, 1), (y, -1)]) >= 0, f"z{i}_{j}_{k}"
+            zs.append((z, 1))
+        else:
+            prob += pulp.LpAffineExpression(zs) <= len(zs) - 1, f"nogood_{i}"
+
+
+def portion_units(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]]) -> Units:
+    """Per percentile-bounded workflow, every portion's unit latency
+    (:func:`scepsy_opt.planning.milp.unit_latency` of its candidate: the group's calls at its
+    share of the load)."""
+    return {w: {p: unit_latency(problem, w, p.candidate) for m in sorted(options)
+                for p in options[m]} for w in _percentile_bounds(problem)}
+
+
+def worst_units(problem: PlanningProblem, units: Units, w: str,
+                portions: Mapping[str, Sequence[Portion]]) -> dict[str, float]:
+    """Workflow ``w``'s unit latency of each LLM at its slowest group in ``portions``."""
+    return {m: max(units[w][p] for p in portions[m]) for m in problem.stats[w].llms}
+
+
+def split_percentiles(problem: PlanningProblem, portions: Mapping[str, Sequence[Portion]],
+                      units: Units | None = None) -> dict[str, tuple[float, float]]:
+    """Per percentile-bounded workflow, ``(slowest routing, fraction-weighted routing)``: its
+    predicted percentile with every split LLM at its slowest group (what the bound holds) and
+    with each at the fraction-weighted mean of its groups' unit latencies (the predictor's, on
+    the split plan's groups)."""
+    units = units if units is not None else portion_units(problem, portions)
+    out = {}
+    for w, (q, _) in _percentile_bounds(problem).items():
+        paths = problem.stats[w].paths
+        mean = {m: math.fsum(p.fraction * units[w][p] for p in portions[m])
+                for m in problem.stats[w].llms}
+        out[w] = (latency_quantiles(paths, worst_units(problem, units, w, portions), (q,))[0],
+                  latency_quantiles(paths, mean, (q,))[0])
+    return out
+
+
+def _bound_report(problem: PlanningProblem, portions: Mapping[str, Sequence[Portion]] | None,
+                  units: Units) -> dict[str, dict[str, Any]]:
+    got = split_percentiles(problem, portions, units) if portions else {}
+    return {w: {"percentile": q, "bound_s": b,
+                "predicted_s": got[w][1] if w in got else None,
+                "slowest_routing_s": got[w][0] if w in got else None,
+                "met": w in got and _meets(got[w][0], b)}
+            for w, (q, b) in _percentile_bounds(problem).items()}
 
 
 def _picked(ys: Vars) -> dict[str, tuple[Portion, ...]]:
@@ -299,6 +420,133 @@ def mixed_latencies(problem: PlanningProblem, portions: Mapping[str, Sequence[Po
     return out
 
 
+def _cost_solve(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]], slices: int,
+                prices: Mapping[str, float], caps: Mapping[str, int], left: Deadline,
+                cuts: Sequence[Cut] = (), units: Units | None = None,
+                cost_cap: float | None = None,
+                ) -> tuple[str, dict[str, tuple[Portion, ...]] | None, float]:
+    """(status, the cheapest portions or None, the solver's dual bound) of the split MILP."""
+    prob, ys = _model(problem, options, slices, prices, caps, aggregate=False, objective="cost",
+                      cost_cap=cost_cap, cuts=cuts, units=units)
+    prob.solve(_solver(problem, left, gap_rel=0.0))
+    status, _, bound = _status(prob)
+    if status not in ("optimal", "time_limit"):
+        return status, None, bound
+    return status, _picked(ys), bound
+
+
+def _violated(problem: PlanningProblem, portions: Mapping[str, Sequence[Portion]],
+              units: Units) -> list[str]:
+    """The workflows whose percentile bound ``portions`` miss with the slowest routing."""
+    if not units:
+        return []
+    got = split_percentiles(problem, portions, units)
+    return [w for w, (_, b) in _percentile_bounds(problem).items() if not _meets(got[w][0], b)]
+
+
+@dataclass
+class _Search:
+    """The percentile bounds' lazy-constraint search (module docstring): its valid cuts, the
+    best verified portions, whether they are proven cheapest, a lower bound on the price of
+    every plan that meets the bounds, the solves spent, the status and why nothing was found."""
+
+    valid: list[Cut] = field(default_factory=list)
+    steer: list[Cut] = field(default_factory=list)
+    best: dict[str, tuple[Portion, ...]] | None = None
+    proven: bool = False
+    lower: float = 0.0
+    solves: int = 0
+    status: str = "infeasible"
+    why: str | None = None
+
+    @property
+    def bound(self) -> float:
+        return self.lower
+
+
+def _percentile_search(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
+                       slices: int, prices: Mapping[str, float], caps: Mapping[str, int],
+                       left: Deadline, units: Units) -> _Search:
+    """The cheapest portions whose percentiles meet the bounds with the slowest routing, by
+    lazy constraints as :func:`scepsy_opt.planning.milp.solve_min_latency` plans them."""
+    bounds = _percentile_bounds(problem)
+    sr = _Search()
+    for w, (q, b) in bounds.items():  # every LLM at its fastest portion: a proof at no cost
+        fastest = {m: min(units[w][p] for p in options[m]) for m in problem.stats[w].llms}
+        least = latency_quantiles(problem.stats[w].paths, fastest, (q,))[0]
+        if not _meets(least, b):
+            sr.proven = True
+            sr.why = (f"{w}'s predicted p{q:g} latency is at least {least:.4g} s (every LLM on "
+                      f"its fastest group), above the bound of {b:g} s")
+            return sr
+
+    def learn(pt: Mapping[str, Sequence[Portion]], bad: list[str], steer: bool) -> None:
+        for w in bad:
+            q, b = bounds[w]
+            st = problem.stats[w]
+            u = worst_units(problem, units, w, pt)
+            on = tuple((m, u[m]) for m in st.llms if _path_weight(st.llms[m]) > 0)
+            sr.valid.append(Cut("nogood", w, on))
+            a, off = floor_cut(st.paths, u, q)
+            sr.valid.append(Cut("row", w, tuple(sorted(a.items())), b - off))
+            if steer:
+                a, off = linearise(st.paths, u, q)
+                sr.steer.append(Cut("row", w, tuple(sorted(a.items())), b - off))
+
+    try:
+        for _ in range(LINEARISE_ITERS):  # 1. linearised rows steer to a verified choice
+            status, pt, bound = _cost_solve(problem, options, slices, prices, caps, left,
+                                            sr.valid + sr.steer, units)
+            sr.solves += 1
+            if status == "time_limit_no_solution":
+                raise TimeLimitReached("time limit")
+            if pt is None:
+                if not sr.steer:  # the valid cuts alone admit nothing: proven
+                    sr.proven, sr.status = status == "infeasible", status
+                    sr.why = "no split meets the targets and the bounds within the GPUs"
+                    return sr
+                break
+            if not sr.steer:
+                sr.lower = max(sr.lower, bound if math.isfinite(bound) else 0.0)
+            bad = _violated(problem, pt, units)
+            if not bad:
+                sr.best, sr.proven = pt, not sr.steer and status == "optimal"
+                break
+            learn(pt, bad, steer=True)
+        for _ in range(EXACT_ITERS if not sr.proven else 0):  # 2. valid cuts, a lower price
+            cap = None
+            if sr.best is not None:
+                z = _cost(sr.best, prices)
+                cap = z - CHEAPER_REL * max(1.0, z)
+            status, pt, bound = _cost_solve(problem, options, slices, prices, caps, left,
+                                            sr.valid, units, cost_cap=cap)
+            sr.solves += 1
+            if status == "time_limit_no_solution":
+                break
+            if pt is None:  # nothing cheaper left: the best verified choice is optimal
+                sr.proven = status == "infeasible"
+                break
+            sr.lower = max(sr.lower, bound if math.isfinite(bound) else _cost(pt, prices))
+            bad = _violated(problem, pt, units)
+            if not bad:
+                sr.best, sr.proven = pt, status == "optimal"
+                break
+            learn(pt, bad, steer=False)
+    except TimeLimitReached:
+        if sr.best is None:
+            raise
+    if sr.best is None:
+        sr.status = "infeasible" if sr.proven else "time_limit_no_solution"
+        sr.why = (f"no split meets the percentile bounds within the GPUs ({sr.solves} solves)"
+                  if sr.proven else f"no split found whose percentiles meet the bounds in "
+                  f"{sr.solves} solves (not proven impossible)")
+        return sr
+    cost = _cost(sr.best, prices)
+    sr.lower = cost if sr.proven else min(sr.lower, cost)
+    sr.status = "optimal" if sr.proven else "time_limit"
+    return sr
+
+
 def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
                 caps: Mapping[str, int] | None = None, deadline: Deadline | None = None,
                 prices: Mapping[str, float] | None = None) -> MixedPlan:
@@ -309,14 +557,6 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     the targets and mean bounds within the GPUs)."""
     if not isinstance(slices, int) or slices < 1:
         raise InputError("mixed plan", "slices", "an integer >= 1", slices)
-    if problem.options.latency_bounds:
-        raise InputError("mixed plan", "latency_bounds",
-                         "mean latency bounds only (a percentile of a split LLM's calls is not "
-                         "planned)", ", ".join(sorted(problem.options.latency_bounds)))
-    if problem.options.slos:
-        raise InputError("mixed plan", "slos", "no per-LLM SLOs (the calls of an LLM split "
-                         "over GPU types are not checked against one)",
-                         ", ".join(problem.options.slos))
     t0 = time.perf_counter()
     left = Deadline.of(problem, deadline)
     prices = dict(gpu_prices(problem) if prices is None else prices)
@@ -331,22 +571,32 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         if any(not v for v in options.values()):
             return MixedPlan("infeasible", empty, math.inf, math.inf, empty, empty,
                              dict(stats, reason="an LLM has no candidate"))
-        prob, ys = _model(problem, options, slices, prices, caps, aggregate=False,
-                          objective="cost")
-        prob.solve(_solver(problem, left, gap_rel=0.0))
-        status, _, bound = _status(prob)
-        if status not in ("optimal", "time_limit"):
-            return MixedPlan(status, empty, math.inf, math.inf, empty, empty,
-                             dict(stats, total_s=time.perf_counter() - t0))
-        portions = _picked(ys)
+        units = portion_units(problem, options)
+        cuts: tuple[Cut, ...] = ()
+        if units:  # percentile bounds: the lazy-constraint search
+            search = _percentile_search(problem, options, slices, prices, caps, left, units)
+            status, found, bound = search.status, search.best, search.bound
+            cuts = tuple(search.valid)
+            stats.update(latency_bound_solves=search.solves,
+                         latency_bounds_optimal=search.proven)
+            if found is None:
+                return MixedPlan(status, empty, math.inf, math.inf, empty, empty,
+                                 dict(stats, latency_bounds=_bound_report(problem, None, units),
+                                      reason=search.why, total_s=time.perf_counter() - t0))
+        else:
+            status, found, bound = _cost_solve(problem, options, slices, prices, caps, left)
+            if found is None:
+                return MixedPlan(status, empty, math.inf, math.inf, empty, empty,
+                                 dict(stats, total_s=time.perf_counter() - t0))
+        portions = found
         cost = _cost(portions, prices)
         try:  # the least latency at that price
             cap = cost + COST_REL * max(1.0, cost)
             prob2, ys2 = _model(problem, options, slices, prices, caps, aggregate=False,
-                                objective="latency", cost_cap=cap)
+                                objective="latency", cost_cap=cap, cuts=cuts, units=units)
             prob2.solve(_solver(problem, left, gap_rel=0.0))
             st2, _, _ = _status(prob2)
-            if st2 in ("optimal", "time_limit"):
+            if st2 in ("optimal", "time_limit") and not _violated(problem, _picked(ys2), units):
                 portions = _picked(ys2)
                 status = status if st2 == "optimal" else "time_limit"
         except TimeLimitReached:
@@ -354,7 +604,7 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         agg = -math.inf
         try:  # a lower bound on any plan of these portions: GPUs counted in aggregate
             prob3, _ = _model(problem, options, slices, prices, caps, aggregate=True,
-                              objective="cost")
+                              objective="cost", cuts=cuts, units=units)
             prob3.solve(_solver(problem, left, gap_rel=0.0))
             st3, val3, bound3 = _status(prob3)
             agg = val3 if st3 == "optimal" else (bound3 if st3 == "time_limit" else agg)
@@ -375,6 +625,8 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
             used[p.candidate.gpu] += p.gpus
     stats.update(whole_gpus_bound_per_hour=whole, aggregate_bound_per_hour=max(agg, 0.0),
                  total_s=time.perf_counter() - t0)
+    if units:
+        stats["latency_bounds"] = _bound_report(problem, portions, units)
     return MixedPlan(status, MappingProxyType(portions), cost, min(lower, cost),
                      MappingProxyType(used), MappingProxyType(mixed_latencies(problem, portions)),
                      stats)
@@ -400,10 +652,16 @@ def split_problem(problem: PlanningProblem, splits: Splits) -> PlanningProblem:
     """``problem`` with every LLM of ``splits`` replaced by its replica groups (each running
     the LLM's model, :func:`scepsy_opt.stats.split_stats`)."""
     models = dict(problem.models)
+    slos = dict(problem.options.slos)
     for m, parts in splits.items():
         for name in parts:
             models[name] = problem.models[m]
-    return dataclasses.replace(problem, models=models,
+            if m in problem.options.slos:  # every group meets the LLM's SLO
+                slos[name] = problem.options.slos[m]
+        slos.pop(m, None)
+    options = (dataclasses.replace(problem.options, slos=slos) if problem.options.slos
+               else problem.options)
+    return dataclasses.replace(problem, models=models, options=options,
                                stats={w: split_stats(st, splits) for w, st in problem.stats.items()})
 
 

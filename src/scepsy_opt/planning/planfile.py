@@ -159,7 +159,7 @@ def plan_to_dict(problem: PlanningProblem, plan: Plan, *, timings: bool = True,
     (``scepsy plan`` adds the placement)."""
     cat = problem.catalog or default_catalog()
     stats = plan.stats.without(*TIMING_KEYS)
-    if problem.options.slos and plan.allocation is not None and not plan.allocation.splits:
+    if problem.options.slos and plan.allocation is not None:
         at = problem.scaled(plan.scale) if plan.scale != 1.0 else problem
         stats["slos"] = {m: c.to_dict() for m, c in slo_checks(at, plan.allocation).items()}
     doc: dict[str, Any] = {

@@ -480,10 +480,9 @@ def _min_cost_patterns(problem: PlanningProblem, topology: Topology,
 
 def mixing_applies(problem: PlanningProblem) -> bool:
     """Whether min-cost also plans LLMs split over GPU types (:mod:`scepsy_opt.planning.mixing`): the
-    cluster offers two or more GPU types, every bound is a mean bound, no LLM has an SLO and
-    no current allocation is kept."""
+    cluster offers two or more GPU types and no current allocation is kept (latency bounds,
+    mean or percentile, and per-LLM SLOs hold for split plans too)."""
     return (len({p.gpu for p in problem.cluster.pools}) > 1
-            and not problem.options.latency_bounds and not problem.options.slos
             and problem.options.current is None)
 
 
