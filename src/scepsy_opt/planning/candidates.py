@@ -67,6 +67,7 @@ from scepsy_opt.prediction.pipeline import (
     curve_preemptions,
     instance_curve,
     instance_curves,
+    llm_demand,
     min_replicas,
 )
 from scepsy_opt.prediction.slo import CallSLO, SLOCheck, check, fewest_replicas
@@ -386,8 +387,9 @@ def _split_check(problem: PlanningProblem, allocation: Allocation, m: str,
     for g, f in sorted(allocation.splits[m].items()):
         if g not in allocation.llms:
             raise InputError("allocation", f"llms.{g}", f"an instance for every group of {m}")
-        parts.append((f, _one_check(problem, allocation.llms[g],
-                                    problem.scaled(f).demands[m], slo)))
+        dem = llm_demand(problem.stats, problem.models,  # m's demand at fraction f only
+                         {w: f * t for w, t in problem.targets.items()}, m)
+        parts.append((f, _one_check(problem, allocation.llms[g], dem, slo)))
     if any(not math.isfinite(c.ttft_s) for _, c in parts):
         return SLOCheck(slo, math.inf, math.inf, 0.0)
     ttft = (max(c.ttft_s for _, c in parts) if slo.ttft_percentile is not None

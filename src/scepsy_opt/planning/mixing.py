@@ -459,10 +459,6 @@ class _Search:
     status: str = "infeasible"
     why: str | None = None
 
-    @property
-    def bound(self) -> float:
-        return self.lower
-
 
 def _percentile_search(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
                        slices: int, prices: Mapping[str, float], caps: Mapping[str, int],
@@ -575,7 +571,7 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         cuts: tuple[Cut, ...] = ()
         if units:  # percentile bounds: the lazy-constraint search
             search = _percentile_search(problem, options, slices, prices, caps, left, units)
-            status, found, bound = search.status, search.best, search.bound
+            status, found, bound = search.status, search.best, search.lower
             cuts = tuple(search.valid)
             stats.update(latency_bound_solves=search.solves,
                          latency_bounds_optimal=search.proven)
@@ -596,8 +592,9 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
                                 objective="latency", cost_cap=cap, cuts=cuts, units=units)
             prob2.solve(_solver(problem, left, gap_rel=0.0))
             st2, _, _ = _status(prob2)
-            if st2 in ("optimal", "time_limit") and not _violated(problem, _picked(ys2), units):
-                portions = _picked(ys2)
+            tied = _picked(ys2) if st2 in ("optimal", "time_limit") else None
+            if tied is not None and not _violated(problem, tied, units):
+                portions = tied
                 status = status if st2 == "optimal" else "time_limit"
         except TimeLimitReached:
             status = "time_limit"
