@@ -25,6 +25,17 @@ call) is forgotten once it has had no call in flight and no new call for ``reque
 seconds, so memory stays bounded by the requests active in that window (plus one call counter
 per request id, which keeps the trace's call ids unique).
 
+Healing (docs/gateway.md, "A replica that is gone"). An endpoint is *routable* while it is
+healthy (active health checks, :class:`HealthCheck`: ``GET /health`` every ``interval_s``; it
+turns unhealthy after ``unhealthy_threshold`` failed probes in a row and healthy again after
+``healthy_threshold`` passed ones) and not ejected (outlier detection, :class:`OutlierDetection`,
+as Envoy's: ``consecutive_5xx`` answers of 5xx or gateway failures in a row, or
+``consecutive_gateway_failure`` of 502/503/504, timeouts and lost connections in a row, or one
+refused connection eject it for ``base_ejection_s`` times the number of times it was ejected,
+at most ``max_ejection_s``; no ejection takes an LLM's ejected share over
+``max_ejection_percent``, except that one endpoint may always be ejected). Calls go to routable
+endpoints; an LLM without one still sends its calls to its other endpoints (:func:`choose_live`).
+
 Live reload: ``PUT /scepsy/routes`` with a routes document, :meth:`Gateway.reload_file` (the
 CLI calls it on SIGHUP) and a poll of the routes file's modification time every ``poll_s``
 seconds swap the table in one assignment: a call already routed finishes where it is; a bad
@@ -44,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -68,8 +80,21 @@ from scepsy_opt.ingest.record import (
 from scepsy_opt.prediction.priority import PRIORITY_POLICIES, PriorityPolicy, las_level
 from scepsy_serve.launch.routes import Routes, load_routes, parse_routes
 
-__all__ = ["Gateway", "GatewayConfig", "choose", "choose_live", "gateway_in_thread",
-           "serve_gateway"]
+__all__ = [
+    "Gateway",
+    "GatewayConfig",
+    "HealthCheck",
+    "OutlierDetection",
+    "choose",
+    "choose_live",
+    "ejection_s",
+    "gateway_in_thread",
+    "may_eject",
+    "outcome_of",
+    "parse_health_check",
+    "parse_outlier_detection",
+    "serve_gateway",
+]
 
 ROUTES_PATH = "/scepsy/routes"
 STATE_PATH = "/scepsy/state"
@@ -80,10 +105,30 @@ next one) is kept after its last call, s."""
 POLL_S = 1.0
 """How often the routes file's modification time is checked, s."""
 EJECT_S = 5.0
-"""How long an endpoint that refused a connection (nothing listens there) gets no call while
-its LLM has another endpoint that did not, s; then one call tries it again."""
+"""The default :attr:`OutlierDetection.base_ejection_s`: how long an endpoint ejected for the
+first time gets no call while its LLM has another routable endpoint, s."""
+ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
+"""Listen addresses that bind every interface of the host: refused unless
+:attr:`GatewayConfig.all_interfaces` (``--all-interfaces``)."""
 MAX_ROUTES_BYTES = 16 * 1024 * 1024
 _LOG = one_line_logger("scepsy gateway")
+
+
+def outcome_of(error: str | None) -> str | None:
+    """What a recorded call's end says of its endpoint, for outlier detection: ``ok`` (an
+    answer that is no 5xx: a 4xx is the caller's fault), ``gateway`` (a 502, 503 or 504 answer,
+    ``upstream_timeout``, ``upstream_stream_cut``, ``upstream_unreachable``), ``5xx`` (another
+    5xx answer), None (nothing about the endpoint: ``client_disconnected``, ``proxy_stopped``,
+    ``no_route``)."""
+    if error is None:
+        return "ok"
+    if error in ("upstream_timeout", "upstream_stream_cut", "upstream_unreachable"):
+        return "gateway"
+    code = error.removeprefix("upstream_")
+    if code != error and code.isdigit():
+        status = int(code)
+        return "gateway" if status in (502, 503, 504) else "5xx" if status >= 500 else "ok"
+    return None
 
 
 def choose(weights: Sequence[float], in_flight: Sequence[int],
@@ -118,6 +163,138 @@ def choose_live(weights: Sequence[float], in_flight: Sequence[int], sent: Sequen
     return choose(weights, in_flight, sent)
 
 
+def may_eject(ejected: int, pool: int, max_percent: float) -> bool:
+    """Whether one more endpoint of an LLM with ``pool`` endpoints, ``ejected`` of them ejected
+    now, may be ejected: when the ejected ones would then be at most ``max_percent`` of the
+    pool, or none is ejected yet (Envoy's rule: one endpoint may always be ejected)."""
+    return ejected == 0 or 100 * (ejected + 1) <= max_percent * pool
+
+
+def ejection_s(times: int, base_s: float, max_s: float) -> float:
+    """How long an endpoint ejected for the ``times``-th time (1, 2, ...) stays ejected:
+    ``base_s * times``, at most ``max(max_s, base_s)``."""
+    return min(base_s * max(1, times), max(max_s, base_s))
+
+
+def _check_number(source: str, name: str, v: object, *, integer: bool = False,
+                  low: float = 0.0, high: float = math.inf, low_open: bool = True) -> None:
+    ok = not isinstance(v, bool) and isinstance(v, int if integer else int | float)
+    if ok:
+        x = float(v)  # type: ignore[arg-type]
+        ok = math.isfinite(x) and (x > low if low_open else x >= low) and x <= high
+    if not ok:
+        kind = "an integer" if integer else "a number"
+        lo = f"> {low:g}" if low_open else f">= {low:g}"
+        hi = f" and <= {high:g}" if math.isfinite(high) else ""
+        raise InputError(source, name, f"{kind} {lo}{hi}", v)
+
+
+@dataclass(frozen=True)
+class HealthCheck:
+    """Active health checks, as Envoy's HTTP health checker: each endpoint's server is sent
+    ``GET path`` (on its base URL, e.g. ``http://10.0.0.5:8000/health``) every ``interval_s``
+    on a fresh connection; a probe passes when it is answered 200 within ``timeout_s``. An
+    endpoint turns unhealthy after ``unhealthy_threshold`` failed probes in a row and healthy
+    again after ``healthy_threshold`` passed ones; a new endpoint counts as healthy until its
+    probes say otherwise."""
+
+    path: str = "/health"
+    interval_s: float = 1.0
+    timeout_s: float = 1.0
+    unhealthy_threshold: int = 2
+    healthy_threshold: int = 2
+
+    def __post_init__(self) -> None:
+        src = "--health-check"
+        if not isinstance(self.path, str) or not self.path.startswith("/") or any(
+                c.isspace() or c in "?#" for c in self.path):
+            raise InputError(src, "path", "a path that starts with / (no spaces, ? or #), e.g. "
+                             "/health", self.path)
+        _check_number(src, "interval", self.interval_s, high=3600)
+        _check_number(src, "timeout", self.timeout_s, high=3600)
+        for name in ("unhealthy_threshold", "healthy_threshold"):
+            _check_number(src, name.removesuffix("_threshold"), getattr(self, name),
+                          integer=True, low=1, low_open=False, high=1000)
+
+
+@dataclass(frozen=True)
+class OutlierDetection:
+    """Passive outlier detection, as Envoy's (``outlier_detection``): an endpoint is ejected
+    after ``consecutive_5xx`` calls in a row ended with a 5xx answer or a gateway failure, or
+    ``consecutive_gateway_failure`` in a row with a gateway failure (a 502, 503 or 504 answer,
+    a timeout, a connection lost before or during the answer), or at once when it refused a
+    connection (nothing listens there). The ``n``-th ejection lasts ``base_ejection_s * n``, at
+    most ``max_ejection_s``; ``n`` drops by one for every ``decay_s`` the endpoint spent
+    un-ejected. An ejection that would take the ejected endpoints of an LLM over
+    ``max_ejection_percent`` of its endpoints is skipped, unless none is ejected yet."""
+
+    consecutive_5xx: int = 5
+    consecutive_gateway_failure: int = 3
+    base_ejection_s: float = EJECT_S
+    max_ejection_s: float = 300.0
+    max_ejection_percent: float = 50.0
+    decay_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        src = "--outlier-detection"
+        for name in ("consecutive_5xx", "consecutive_gateway_failure"):
+            _check_number(src, name, getattr(self, name), integer=True, low=1, low_open=False,
+                          high=1000)
+        for name in ("base_ejection_s", "max_ejection_s", "decay_s"):
+            _check_number(src, name.removesuffix("_s"), getattr(self, name), high=86400)
+        _check_number(src, "max_ejection_percent", self.max_ejection_percent, low=0,
+                      low_open=False, high=100)
+
+
+_HEALTH_KEYS = {"path": "path", "interval": "interval_s", "timeout": "timeout_s",
+                "unhealthy": "unhealthy_threshold", "healthy": "healthy_threshold"}
+_OUTLIER_KEYS = {"consecutive_5xx": "consecutive_5xx",
+                 "consecutive_gateway_failure": "consecutive_gateway_failure",
+                 "base_ejection": "base_ejection_s", "max_ejection": "max_ejection_s",
+                 "max_ejection_percent": "max_ejection_percent", "decay": "decay_s"}
+
+
+def _key_values(text: str, source: str, keys: Mapping[str, str],
+                defaults: object) -> dict[str, Any]:
+    """``KEY=VALUE,...`` as the keyword arguments of a config: each key one of ``keys``, once;
+    numbers as numbers (integers where the default is one)."""
+    out: dict[str, Any] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in keys or keys[key] in out:
+            raise InputError(source, key or item, "KEY=VALUE pairs separated by commas, each "
+                             "key once, one of " + ", ".join(keys), text)
+        name = keys[key]
+        default = getattr(defaults, name)
+        if isinstance(default, str):
+            out[name] = value
+            continue
+        try:
+            out[name] = int(value) if isinstance(default, int) else float(value)
+        except ValueError:
+            raise InputError(source, key, "an integer" if isinstance(default, int)
+                             else "a number", value) from None
+    return out
+
+
+def parse_health_check(text: str) -> HealthCheck | None:
+    """``--health-check``: ``off`` (None: no active checks), ``on`` (the defaults) or
+    ``KEY=VALUE,...`` over the defaults, keys ``path``, ``interval`` (s), ``timeout`` (s),
+    ``unhealthy`` and ``healthy`` (the thresholds), e.g. ``path=/health,interval=2``."""
+    if text.strip() in ("off", "on"):
+        return None if text.strip() == "off" else HealthCheck()
+    return HealthCheck(**_key_values(text, "--health-check", _HEALTH_KEYS, HealthCheck()))
+
+
+def parse_outlier_detection(text: str) -> OutlierDetection:
+    """``--outlier-detection``: ``KEY=VALUE,...`` over the defaults, keys ``consecutive_5xx``,
+    ``consecutive_gateway_failure``, ``base_ejection`` (s), ``max_ejection`` (s),
+    ``max_ejection_percent`` and ``decay`` (s)."""
+    return OutlierDetection(**_key_values(text, "--outlier-detection", _OUTLIER_KEYS,
+                                          OutlierDetection()))
+
+
 # ------------------------------------------------------------------------------ config
 
 
@@ -126,7 +303,10 @@ class GatewayConfig:
     """A gateway: ``record`` (what it listens on and the trace it writes; ``routed=True``, no
     upstream), the first routing table, the file it is reloaded from (optional), the priority
     policy, how long a request's LAS state is kept after its last call and how often the file
-    is checked for a change."""
+    is checked for a change; the active health checks (None: none) and the outlier detection;
+    ``all_interfaces``: the listen address may bind every interface (``0.0.0.0``, ``::``),
+    otherwise refused: the gateway's admin API (``PUT /scepsy/routes``) has no authentication,
+    so it listens only on the address it was given, e.g. the node's address in the plan."""
 
     record: RecordConfig
     routes: Routes
@@ -134,9 +314,22 @@ class GatewayConfig:
     priority: PriorityPolicy = "fcfs"
     request_idle_s: float = REQUEST_IDLE_S
     poll_s: float = POLL_S
+    health: HealthCheck | None = HealthCheck()
+    outlier: OutlierDetection = OutlierDetection()
+    all_interfaces: bool = False
 
     def __post_init__(self) -> None:
         rec = self.record
+        if rec.host.strip("[]") in ALL_INTERFACES and not self.all_interfaces:
+            raise InputError("--listen", "", "an address of this host, e.g. 127.0.0.1:8100 or "
+                             "the node's address in the plan (an address of every interface "
+                             "exposes the gateway's unauthenticated admin API to every "
+                             "network the host is on; add --all-interfaces to mean it)",
+                             f"{rec.host}:{rec.port}")
+        if self.health is not None and not isinstance(self.health, HealthCheck):
+            raise InputError("gateway config", "health", "a HealthCheck or None", self.health)
+        if not isinstance(self.outlier, OutlierDetection):
+            raise InputError("gateway config", "outlier", "an OutlierDetection", self.outlier)
         if rec.upstream is not None or rec.upstream_for:
             raise InputError("--routes", "", "either --routes (the gateway) or --upstream / "
                              "--upstream-for (the plain proxy), not both")
@@ -161,7 +354,9 @@ class GatewayConfig:
 @dataclass(eq=False, slots=True)
 class _Server:
     """One endpoint URL, across tables: its calls in flight, attempts sent, failed calls,
-    attempts lost before an answer, and until when it is ejected (monotonic s)."""
+    attempts lost before an answer; its health (active checks: healthy, and the passed or failed
+    probes in a row) and its outlier state (5xx and gateway failures in a row, times ejected,
+    until when it is ejected, monotonic s)."""
 
     url: str
     base: str
@@ -171,6 +366,25 @@ class _Server:
     lost: int = 0
     down_until: float = 0.0
     seen_as: tuple[str, str] = ("", "")  # (workflow, llm) it was last routed for
+    healthy: bool = True
+    probes_ok: int = 0
+    probes_failed: int = 0
+    last_probe: str = ""
+    errors_5xx: int = 0
+    errors_gateway: int = 0
+    ejections: int = 0
+
+    def routable(self, now: float) -> bool:
+        return self.healthy and self.down_until <= now
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """What a recorded call keeps of its last attempt (``Call.route``): its endpoint, and
+    whether that attempt was lost before an answer (already counted by outlier detection)."""
+
+    server: _Server
+    lost: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +401,8 @@ class _Table:
     by_key: Mapping[tuple[str, str], tuple[_Choice, ...]]
     by_llm: Mapping[str, tuple[_Choice, ...]]
     default: str
+    pools: Mapping[str, tuple[tuple[_Server, ...], ...]]
+    """URL -> the endpoints of each LLM it serves (the pools ``max_ejection_percent`` bounds)."""
 
 
 def check_routes(routes: Routes, source: str) -> Routes:
@@ -217,7 +433,13 @@ def _compile(routes: Routes, version: int, servers: dict[str, _Server]) -> _Tabl
             by_key[(wf, llm)] = tuple(row)
     by_llm = {llm: tuple(_Choice(s, sum(ws) / len(ws), m) for s, ws, m in urls.values())
               for llm, urls in union.items()}
-    return _Table(version, routes, by_key, by_llm, default)
+    pools: dict[str, list[tuple[_Server, ...]]] = {}
+    for choices in by_llm.values():
+        pool = tuple(c.server for c in choices)
+        for srv in pool:
+            pools.setdefault(srv.url, []).append(pool)
+    return _Table(version, routes, by_key, by_llm, default,
+                  {url: tuple(p) for url, p in pools.items()})
 
 
 # ------------------------------------------------------------------------------ the gateway
@@ -258,7 +480,15 @@ class Gateway:
                                      "Time from a call's arrival to the choice of its endpoint",
                                      registry=r, buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
                                                           5e-3, 1e-2, 5e-2))
+        self._m_ejections = Counter("scepsy_gateway_ejections", "Endpoints ejected by outlier "
+                                    "detection, by reason (refused, consecutive_5xx, "
+                                    "consecutive_gateway_failure)", ["url", "reason"],
+                                    registry=r)
+        self._m_healthy = Gauge("scepsy_gateway_endpoint_healthy", "1 while an endpoint passes "
+                                "its active health checks, else 0", ["url"], registry=r)
         self._children: dict[tuple[Any, ...], Any] = {}  # labels() once per label set
+        self._probe_session: aiohttp.ClientSession | None = None
+        self._probes: dict[str, asyncio.Task[None]] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -274,14 +504,25 @@ class Gateway:
         start polling the routes file; the base URL."""
         url = await self.proxy.start()
         self._poller = asyncio.get_running_loop().create_task(self._poll())
+        if self.gateway.health is not None:
+            self._probe_session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=aiohttp.ClientTimeout(total=self.gateway.health.timeout_s))
+            self._sync_probes()
         return url
 
     async def stop(self) -> None:
-        if self._poller is not None:
-            self._poller.cancel()
+        tasks = [t for t in (self._poller, *self._probes.values()) if t is not None]
+        self._poller = None
+        self._probes = {}
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._poller
-            self._poller = None
+                await t
+        if self._probe_session is not None:
+            await self._probe_session.close()
+            self._probe_session = None
         await self.proxy.stop()
 
     def stats(self) -> RecordStats:
@@ -300,6 +541,7 @@ class Gateway:
     def set_routes(self, routes: Routes) -> int:
         """Swap the table (calls already routed finish where they are); its version."""
         self._table = _compile(routes, self._table.version + 1, self._servers)
+        self._sync_probes()
         return self._table.version
 
     def reload_file(self) -> bool:
@@ -352,6 +594,102 @@ class Gateway:
             del self._active[key]
             self.proxy.forget(*key)
 
+    # -- active health checks ----------------------------------------------------------------
+
+    def _sync_probes(self) -> None:
+        """One probe task per endpoint of the table (started for a new one, its health reset;
+        cancelled for one the table left out). Nothing before :meth:`start`."""
+        if self._probe_session is None:
+            return
+        listed = {c.server.url: c.server for choices in self._table.by_key.values()
+                  for c in choices}
+        for url in [u for u in self._probes if u not in listed]:
+            self._probes.pop(url).cancel()
+        loop = asyncio.get_running_loop()
+        for url, srv in listed.items():
+            if url not in self._probes:
+                srv.healthy, srv.probes_ok, srv.probes_failed, srv.last_probe = True, 0, 0, ""
+                self._child(self._m_healthy, url).set(1)
+                self._probes[url] = loop.create_task(self._probe_loop(srv))
+
+    async def _probe_loop(self, srv: _Server) -> None:
+        hc = self.gateway.health
+        assert hc is not None and self._probe_session is not None
+        session = self._probe_session
+        url = srv.base + hc.path
+        loop = asyncio.get_running_loop()
+        while True:
+            t0 = loop.time()
+            try:
+                async with session.get(url, allow_redirects=False) as resp:
+                    await resp.read()
+                    why = "" if resp.status == 200 else f"answered {resp.status}"
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.probed(srv, why)
+            await asyncio.sleep(max(0.0, t0 + hc.interval_s - loop.time()))
+
+    def probed(self, srv: _Server, why: str) -> None:
+        """One probe's result (``why``: empty when it passed, else what failed): the endpoint
+        turns unhealthy after ``unhealthy_threshold`` failures in a row, healthy again after
+        ``healthy_threshold`` passes in a row."""
+        hc = self.gateway.health
+        assert hc is not None
+        srv.last_probe = why or "ok"
+        if not why:
+            srv.probes_ok, srv.probes_failed = srv.probes_ok + 1, 0
+            if not srv.healthy and srv.probes_ok >= hc.healthy_threshold:
+                srv.healthy = True
+                self._child(self._m_healthy, srv.url).set(1)
+                _LOG.warning("endpoint %s healthy again (%d probes of %s passed)", srv.url,
+                             srv.probes_ok, hc.path)
+        else:
+            srv.probes_ok, srv.probes_failed = 0, srv.probes_failed + 1
+            if srv.healthy and srv.probes_failed >= hc.unhealthy_threshold:
+                srv.healthy = False
+                self._child(self._m_healthy, srv.url).set(0)
+                _LOG.warning("endpoint %s unhealthy: %d probes of %s failed (%s)", srv.url,
+                             srv.probes_failed, hc.path, why)
+
+    # -- outlier detection -------------------------------------------------------------------
+
+    def _outcome(self, srv: _Server, kind: str) -> None:
+        """An attempt's outcome at ``srv``: ``ok`` (an answer that was no 5xx), ``5xx`` or
+        ``gateway`` (a 502/503/504, a timeout, a connection lost); ejects it at a threshold."""
+        if kind == "ok":
+            srv.errors_5xx = srv.errors_gateway = 0
+            return
+        od = self.gateway.outlier
+        srv.errors_5xx += 1
+        srv.errors_gateway = srv.errors_gateway + 1 if kind == "gateway" else 0
+        if srv.errors_gateway >= od.consecutive_gateway_failure:
+            self.eject(srv, "consecutive_gateway_failure")
+        elif srv.errors_5xx >= od.consecutive_5xx:
+            self.eject(srv, "consecutive_5xx")
+
+    def eject(self, srv: _Server, reason: str, now: float | None = None) -> bool:
+        """Eject ``srv`` (OutlierDetection's rule: the ``n``-th time for ``base * n`` s, at most
+        ``max``; not when it would take an LLM's ejected endpoints over the percentage); whether
+        it was ejected."""
+        now = time.monotonic() if now is None else now
+        if srv.down_until > now:
+            return False
+        od = self.gateway.outlier
+        for pool in self._table.pools.get(srv.url, ()):
+            ejected = sum(1 for s in pool if s.down_until > now)
+            if not may_eject(ejected, len(pool), od.max_ejection_percent):
+                return False
+        if srv.ejections and srv.down_until > 0:  # one less per decay_s spent un-ejected
+            srv.ejections = max(0, srv.ejections - int((now - srv.down_until) // od.decay_s))
+        srv.ejections += 1
+        span = ejection_s(srv.ejections, od.base_ejection_s, od.max_ejection_s)
+        srv.down_until = now + span
+        srv.errors_5xx = srv.errors_gateway = 0
+        self._child(self._m_ejections, srv.url, reason).inc()
+        _LOG.warning("endpoint %s ejected for %g s (%s; ejection %d)", srv.url, span, reason,
+                     srv.ejections)
+        return True
+
     # -- routing -----------------------------------------------------------------------------
 
     def default_upstream(self) -> str:
@@ -380,7 +718,7 @@ class Gateway:
         i = None if choices is None else choose_live(
             [c.weight for c in choices], [c.server.in_flight for c in choices],
             [c.server.calls for c in choices], [c.server.base in tried for c in choices],
-            [c.server.down_until > now for c in choices])
+            [not c.server.routable(now) for c in choices])
         if i is None or choices is None:
             return NoUpstream(404, f"no route for LLM {llm!r} (workflow {wf!r}) in routes "
                               f"version {table.version}", "no_route")
@@ -401,8 +739,9 @@ class Gateway:
             body["model"] = c.model
             changed = True
         active = None
+        attempt = None
         if call is not None:
-            call.route = srv
+            attempt = call.route = _Attempt(srv)
             if call.call_id == "c0" and first:
                 counts[0] += 1
                 self._child(self._m_requests, wf).inc()
@@ -431,17 +770,26 @@ class Gateway:
         def lost(refused: bool) -> None:
             srv.lost += 1
             self._child(self._m_lost, llm, srv.url).inc()
+            if attempt is not None:
+                attempt.lost = True
             if refused:  # nothing listens there: other endpoints first for a while
-                srv.down_until = time.monotonic() + EJECT_S
+                self.eject(srv, "refused")
+            else:
+                self._outcome(srv, "gateway")
 
         return Upstream(srv.base, changed, release, lost)
 
     def ended(self, call: Call, usage: Usage | None, error: str | None) -> None:
         """A recorded call is over: count it, and add its tokens to its request's attained
-        service."""
-        srv = call.route
-        if error is not None and srv is not None:
-            srv.failed += 1
+        service; its outcome counts for outlier detection (:func:`outcome_of`)."""
+        attempt = call.route
+        if isinstance(attempt, _Attempt):
+            srv = attempt.server
+            if error is not None:
+                srv.failed += 1
+            kind = outcome_of(error)
+            if kind is not None and not (attempt.lost and error == "upstream_unreachable"):
+                self._outcome(srv, kind)
         self._child(self._m_calls, call.workflow, call.llm, error or "ok").inc()
         self._child(self._m_latency, call.workflow, call.llm).observe(self.proxy.age_s(call))
         if error is None and usage is not None:
@@ -499,6 +847,12 @@ class Gateway:
             return json_error(405, f"{method} {path} is not supported", "method_not_allowed")
         return json_error(404, f"no such path: {path}", "not_found")
 
+    @staticmethod
+    def _health_row(s: _Server, now: float) -> dict[str, Any]:
+        return {"healthy": s.healthy, "ejected": s.down_until > now, "ejections": s.ejections,
+                "ejected_for_s": round(max(0.0, s.down_until - now), 3),
+                "last_probe": s.last_probe or None}
+
     def state(self) -> dict[str, Any]:
         """``GET /scepsy/state``: the table's version, every endpoint of the table (and any
         URL left out of it that still has calls in flight, weight 0) with its URL's calls in
@@ -514,14 +868,13 @@ class Gateway:
                 listed.add(s.url)
                 rows.append({"workflow": wf, "llm": llm, "url": s.url, "model": c.model,
                              "weight": c.weight, "in_flight": s.in_flight, "calls": s.calls,
-                             "failed": s.failed, "lost": s.lost,
-                             "ejected": s.down_until > now})
+                             "failed": s.failed, "lost": s.lost, **self._health_row(s, now)})
         for s in self._servers.values():
             if s.url not in listed and s.in_flight > 0:
                 rows.append({"workflow": s.seen_as[0], "llm": s.seen_as[1], "url": s.url,
                              "model": None, "weight": 0.0, "in_flight": s.in_flight,
                              "calls": s.calls, "failed": s.failed, "lost": s.lost,
-                             "ejected": s.down_until > now})
+                             **self._health_row(s, now)})
         return {"version": table.version, "endpoints": rows,
                 "workflows": {wf: {"requests": c[0], "calls": c[1]}
                               for wf, c in sorted(self._wf_counts.items())}}

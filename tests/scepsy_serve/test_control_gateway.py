@@ -205,14 +205,15 @@ def test_a_dead_replica_is_ejected_and_its_calls_go_to_the_live_one(tmp_path, de
     dead = Dead()
     with Upstream() as live:
         eps = [(dead, 0.5), (live, 0.5)] if dead_first else [(live, 0.5), (dead, 0.5)]
-        with gateway(tmp_path, routes_doc(eps)) as url:  # type: ignore[arg-type]
+        with gateway(tmp_path, routes_doc(eps), health=None) as url:  # type: ignore[arg-type]
             t0 = time.monotonic()
             statuses = asyncio.run(_many(url, 20, 1))
             elapsed = time.monotonic() - t0
             s = state(url)
     assert statuses == [200] * 20 and len(live.bodies) == 20
     rows = {e["url"]: e for e in s["endpoints"]}
-    # one lost attempt ejects it for EJECT_S; then one call tries it again
+    # one lost attempt ejects it for EJECT_S (passive only: no health checks here); then one
+    # call tries it again
     assert 1 <= rows[dead.v1]["lost"] <= 2 + int(elapsed / EJECT_S)
     assert rows[dead.v1]["failed"] == 0 and rows[live.v1]["lost"] == 0
     if elapsed < EJECT_S / 2:  # read right after the calls: still ejected
@@ -225,7 +226,7 @@ def test_a_dead_replica_is_ejected_and_its_calls_go_to_the_live_one(tmp_path, de
 def test_without_retries_a_dead_replica_fails_its_calls(tmp_path):
     dead = Dead()
     with Upstream() as live, gateway(tmp_path, routes_doc([(dead, 0.5), (live, 0.5)]),  # type: ignore[list-item]
-                                     retries=0) as url:
+                                     retries=0, health=None) as url:
         statuses = asyncio.run(_many(url, 4, 1))
     assert statuses[0] == 502 and statuses[1:] == [200] * 3  # then ejected
 
@@ -234,7 +235,7 @@ def test_a_connection_closed_at_the_only_replica_is_tried_there_again(tmp_path):
     with DroppingUpstream() as up:
         doc = {"version": 1, "workflows": {"rag": {"gen": [
             {"url": up.base_url + "/v1", "model": "gen", "weight": 1.0, "replica": 0}]}}}
-        with gateway(tmp_path, doc) as url:
+        with gateway(tmp_path, doc, health=None) as url:
             statuses = asyncio.run(_many(url, 5, 1))
             s = state(url)
     assert statuses == [200] * 5 and up.dropped == 4
@@ -244,7 +245,8 @@ def test_a_connection_closed_at_the_only_replica_is_tried_there_again(tmp_path):
 
 def test_lost_attempts_are_counted_in_the_metrics(tmp_path):
     dead = Dead()
-    with Upstream() as live, gateway(tmp_path, routes_doc([(dead, 0.5), (live, 0.5)])) as url:  # type: ignore[list-item]
+    with Upstream() as live, gateway(tmp_path, routes_doc([(dead, 0.5), (live, 0.5)]),  # type: ignore[list-item]
+                                     health=None) as url:
         assert asyncio.run(_many(url, 3, 1)) == [200] * 3
         text = httpx.get(url + "/metrics", timeout=10).text
     samples = {(smp.name, tuple(sorted(smp.labels.items()))): smp.value

@@ -21,7 +21,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``gateway`` to a ``scepsy`` sub-command set; returns its parser."""
     cmd = subparsers.add_parser("gateway", help=HELP, description=HELP)
     cmd.add_argument("--listen", required=True, metavar="HOST:PORT",
-                     help="where the gateway listens, e.g. 127.0.0.1:8100 (port 0: any free one)")
+                     help="where the gateway listens, e.g. 127.0.0.1:8100 or the node's "
+                     "address in the plan (port 0: any free one); 0.0.0.0 or [::] only with "
+                     "--all-interfaces")
+    cmd.add_argument("--all-interfaces", action="store_true",
+                     help="allow a --listen address of every interface (0.0.0.0, [::]): the "
+                     "admin API (PUT /scepsy/routes) has no authentication")
+    cmd.add_argument("--health-check", default="on", metavar="off|on|KEY=VALUE,...",
+                     help="active health checks of every endpoint: keys path (default /health), "
+                     "interval and timeout (s, default 1 and 1), unhealthy and healthy (probes "
+                     "in a row, default 2 and 2); off: none (default on)")
+    cmd.add_argument("--outlier-detection", metavar="KEY=VALUE,...",
+                     help="ejection on errors, as Envoy's: keys consecutive_5xx (default 5), "
+                     "consecutive_gateway_failure (3), base_ejection (s, 5), max_ejection (s, "
+                     "300), max_ejection_percent (50), decay (s, 10)")
     cmd.add_argument("--routes", type=Path, required=True, metavar="ROUTES.json",
                      help="the routing table (routes.json of a launch): each call goes to the "
                      "least-loaded endpoint of its LLM within the weights; re-read on SIGHUP "
@@ -57,7 +70,12 @@ def _config(args: argparse.Namespace) -> Any:
     from scepsy_common.net import parse_listen
     from scepsy_opt.ingest.record import MAX_BODY_BYTES, RecordConfig
     from scepsy_opt.ingest.tracemap import trace_map
-    from scepsy_serve.gateway import GatewayConfig
+    from scepsy_serve.gateway import (
+        GatewayConfig,
+        OutlierDetection,
+        parse_health_check,
+        parse_outlier_detection,
+    )
     from scepsy_serve.launch.routes import load_routes
 
     host, port = parse_listen(args.listen)
@@ -68,7 +86,11 @@ def _config(args: argparse.Namespace) -> Any:
                           max_body_bytes=args.max_body_bytes or MAX_BODY_BYTES,
                           retries=args.retries, routed=True)
     config = GatewayConfig(record=record, routes=load_routes(args.routes),
-                           routes_file=args.routes, priority=args.priority)
+                           routes_file=args.routes, priority=args.priority,
+                           health=parse_health_check(args.health_check),
+                           outlier=parse_outlier_detection(args.outlier_detection)
+                           if args.outlier_detection else OutlierDetection(),
+                           all_interfaces=args.all_interfaces)
     check_new_out(args.out)  # last: it may create the folder
     return config
 
