@@ -1,10 +1,14 @@
 """What the routing gateway (``scepsy gateway``) adds to a call: the same client sends N
 sequential calls to a fast loopback upstream directly and through the gateway (the real command,
-in its own process, routes of two endpoints, ``--priority las``), non-streamed and streamed; the
-overhead is the gateway's median (p90) minus the direct one; the CPU time the gateway process
-spends per call is measured too (it does not depend on how busy the machine's cores are). The plain recording proxy
-(``scepsy record --upstream``) runs beside it, so the table also shows what routing adds to
-recording.
+in its own process, routes of two endpoints, ``--priority las``, its default health checks and
+outlier detection on), non-streamed and streamed; the overhead is the gateway's median (p90)
+minus the direct one, and the ratio of the two medians; the CPU time the gateway process
+spends per call is measured too (it depends less than latency on how busy the machine is).
+The plain recording proxy (``scepsy record --upstream``) runs beside it, so the table also
+shows what routing adds to
+recording, and the same gateway on asyncio's own event loop (``routed_asyncio``) runs beside them
+too, so the table shows what uvloop (the loop ``scepsy gateway`` runs on where it is installed)
+changes.
 
     python benchmarks/gateway_overhead.py [--calls 2000] [--warmup 200] [--out FILE.json]
 
@@ -23,6 +27,7 @@ import asyncio
 import json
 import multiprocessing as mp
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -54,7 +59,12 @@ def _upstream(port_q: mp.Queue, chunks: int) -> None:
     usage_event = b"data: " + json.dumps({"id": "x", "choices": [], "usage": usage}).encode() \
         + b"\n\n"
 
-    handle = answer_handler(body, stream, usage_event)
+    answer = answer_handler(body, stream, usage_event)
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        if request.method == "GET" and request.path == "/health":  # the gateway's probes
+            return web.Response(status=200)
+        return await answer(request)
 
     async def main() -> None:
         runner = web.ServerRunner(web.Server(handle, access_log=None))
@@ -99,9 +109,17 @@ async def _measure(urls: dict[str, str], calls: int, warmup: int,
     return out
 
 
-def _start(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """``scepsy ARGV`` in its own process; it and the URL of its start-up line."""
-    proc = subprocess.Popen([sys.executable, "-m", "scepsy.cli", *argv],
+ON_ASYNCIO = ("import sys; import scepsy_serve.gateway as g; g.loop_factory = lambda: None; "
+              "from scepsy.cli import main; raise SystemExit(main(sys.argv[1:]))")
+"""``scepsy`` with the gateway on asyncio's own event loop instead of uvloop's."""
+
+
+def _start(argv: list[str], env: dict[str, str],
+           asyncio_loop: bool = False) -> tuple[subprocess.Popen, str]:
+    """``scepsy ARGV`` in its own process (``asyncio_loop``: the gateway on asyncio's loop,
+    not uvloop's); it and the URL of its start-up line."""
+    how = ["-c", ON_ASYNCIO] if asyncio_loop else ["-m", "scepsy.cli"]
+    proc = subprocess.Popen([sys.executable, *how, *argv],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stderr is not None
     line = proc.stderr.readline()
@@ -211,19 +229,26 @@ def main(argv: list[str] | None = None) -> int:
             gw, routed = _start(["gateway", "--listen", "127.0.0.1:0", "--routes", str(routes),
                                  "--priority", args.priority, "--out", str(trace)], env)
             procs.append(gw)
+            gw_asyncio, routed_asyncio = _start(
+                ["gateway", "--listen", "127.0.0.1:0", "--routes", str(routes), "--priority",
+                 args.priority, "--out", str(Path(tmp) / "asyncio.jsonl")], env,
+                asyncio_loop=True)
+            procs.append(gw_asyncio)
             rec, recorded_url = _start(["record", "--listen", "127.0.0.1:0", "--upstream",
                                         direct, "--out", str(Path(tmp) / "plain.jsonl")], env)
             procs.append(rec)
-            urls = {"direct": direct, "record": recorded_url, "routed": routed}
+            urls = {"direct": direct, "record": recorded_url, "routed": routed,
+                    "routed_asyncio": routed_asyncio}
+            gateways = (("record", rec), ("routed", gw), ("routed_asyncio", gw_asyncio))
             for stream in (False, True):
                 kind = "streaming" if stream else "non-streaming"
                 print(f"{kind}: {args.calls} calls each way after {args.warmup} warm-up",
                       file=sys.stderr, flush=True)
-                cpu0 = {"record": _cpu_s(rec.pid), "routed": _cpu_s(gw.pid)}
+                cpu0 = {k: _cpu_s(proc.pid) for k, proc in gateways}
                 res = asyncio.run(_measure(urls, args.calls, args.warmup, stream))
                 n = args.calls + args.warmup
                 cpu = {k: 1e3 * (_cpu_s(proc.pid) - cpu0[k]) / n
-                       for k, proc in (("record", rec), ("routed", gw))}
+                       for k, proc in gateways}
                 raw[kind] = res
                 d, r, p = res["direct"], res["record"], res["routed"]
                 med = {k: statistics.median(v) for k, v in res.items()}
@@ -232,13 +257,17 @@ def main(argv: list[str] | None = None) -> int:
                     "direct_p50_ms": round(1e3 * med["direct"], 3),
                     "routed_p50_ms": round(1e3 * med["routed"], 3),
                     "overhead_p50_ms": round(1e3 * (med["routed"] - med["direct"]), 3),
+                    "ratio_p50": round(med["routed"] / med["direct"], 3),
                     "overhead_p90_ms": round(1e3 * (_q(p, 0.9) - _q(d, 0.9)), 3),
                     "record_overhead_p50_ms": round(1e3 * (med["record"] - med["direct"]), 3),
                     "routing_over_record_p50_ms": round(1e3 * (med["routed"] - med["record"]),
                                                         3),
                     "record_overhead_p90_ms": round(1e3 * (_q(r, 0.9) - _q(d, 0.9)), 3),
                     "record_cpu_ms_per_call": round(cpu["record"], 3),
-                    "gateway_cpu_ms_per_call": round(cpu["routed"], 3)})
+                    "gateway_cpu_ms_per_call": round(cpu["routed"], 3),
+                    "asyncio_overhead_p50_ms": round(
+                        1e3 * (med["routed_asyncio"] - med["direct"]), 3),
+                    "asyncio_cpu_ms_per_call": round(cpu["routed_asyncio"], 3)})
             own = _gateway_overhead(routed)
         finally:
             for proc in procs:
@@ -264,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
         "gateway_route_mean_ms": own["mean_ms"], "routing_us_per_call": round(routing_us, 2), "recorded": recorded, "expected": expected,
         "calls": args.calls, "warmup": args.warmup, "chunks": args.chunks,
         "priority": args.priority, "block": BLOCK, "cores": os.cpu_count(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": "python benchmarks/gateway_overhead.py " + " ".join(argv or sys.argv[1:]),
         "load_average_1min": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "samples_ms": {k: {n: [round(1e3 * x, 4) for x in v] for n, v in r.items()}
                        for k, r in raw.items()}}, indent=1) + "\n")

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -28,8 +30,10 @@ def test_gateway_overhead_bench_runs_at_smoke_size(tmp_path):
     for row in res["rows"]:
         assert all(math.isfinite(v) for v in row.values() if isinstance(v, float))
         assert row["direct_p50_ms"] > 0 and row["routed_p50_ms"] > 0
+        assert row["ratio_p50"] == pytest.approx(row["routed_p50_ms"] / row["direct_p50_ms"],
+                                                 rel=0.01)
     for kind in ("non-streaming", "streaming"):
         assert {k: len(v) for k, v in res["samples_ms"][kind].items()} == {
-            "direct": 30, "record": 30, "routed": 30}
+            "direct": 30, "record": 30, "routed": 30, "routed_asyncio": 30}
     assert res["gateway_route_mean_ms"] > 0 and res["routing_us_per_call"] > 0
     assert "overhead_p50_ms" in run.stdout and f"wrote {out}" in run.stdout

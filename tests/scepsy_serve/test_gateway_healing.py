@@ -386,3 +386,14 @@ def test_cli_refuses_every_interface_and_bad_checks_in_one_line(tmp_path, argv, 
                            "--duration", "0.1")
     assert code == 2 and named in err and len(err.strip().splitlines()) == 1, err
     assert not out.exists()
+
+
+def test_the_cli_loop_is_uvloop_where_installed_else_asyncio(monkeypatch):
+    import sys
+
+    from scepsy_serve.gateway import loop_factory
+
+    uvloop = pytest.importorskip("uvloop")
+    assert loop_factory() is uvloop.new_event_loop
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
+    assert loop_factory() is None

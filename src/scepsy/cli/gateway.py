@@ -105,7 +105,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
     from scepsy.cli.trace_receive import startup_line
     from scepsy.cli.util import stop_event
     from scepsy_opt.ingest.record import serve
-    from scepsy_serve.gateway import Gateway
+    from scepsy_serve.gateway import Gateway, loop_factory
 
     config = _config(args)
     n = len({e.url for llms in config.routes.workflows.values()
@@ -126,6 +126,7 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
         return await serve(config.record, stop, started, proxy=gateway)
 
-    stats = asyncio.run(main())
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:  # uvloop where installed
+        stats = runner.run(main())
     record_summary(stats, config.record.out)
     return 0
