@@ -151,8 +151,8 @@ def choose(weights: Sequence[float], in_flight: Sequence[int],
 
 def choose_live(weights: Sequence[float], in_flight: Sequence[int], sent: Sequence[int],
                 tried: Sequence[bool], down: Sequence[bool]) -> int | None:
-    """:func:`choose` among the endpoints this call has not tried and that are not ejected
-    (``down``); without one, among those not tried; without one, among all (a connection lost
+    """:func:`choose` among the endpoints this call has not tried and that are not ``down``
+    (unhealthy or ejected); without one, among those not tried; without one, among all (a connection lost
     at the only endpoint is tried again there). Weight 0 is never chosen."""
     if not any(tried) and not any(down):  # the common case: plain choose, no masks
         return choose(weights, in_flight, sent)
@@ -283,7 +283,7 @@ def _key_values(text: str, source: str, keys: Mapping[str, str],
 def parse_health_check(text: str) -> HealthCheck | None:
     """``--health-check``: ``off`` (None: no active checks), ``on`` (the defaults) or
     ``KEY=VALUE,...`` over the defaults, keys ``path``, ``interval`` (s), ``timeout`` (s),
-    ``unhealthy`` and ``healthy`` (the thresholds), e.g. ``path=/health,interval=2``."""
+    ``unhealthy`` and ``healthy`` (the thresholds), as in ``path=/health,interval=2``."""
     if text.strip() in ("off", "on"):
         return None if text.strip() == "off" else HealthCheck()
     return HealthCheck(**_key_values(text, "--health-check", _HEALTH_KEYS, HealthCheck()))
@@ -308,7 +308,7 @@ class GatewayConfig:
     is checked for a change; the active health checks (None: none) and the outlier detection;
     ``all_interfaces``: the listen address may bind every interface (``0.0.0.0``, ``::``),
     otherwise refused: the gateway's admin API (``PUT /scepsy/routes``) has no authentication,
-    so it listens only on the address it was given, e.g. the node's address in the plan."""
+    so it listens only on the address it was given (the node's address in the plan, say)."""
 
     record: RecordConfig
     routes: Routes
