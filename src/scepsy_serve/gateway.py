@@ -491,6 +491,7 @@ class Gateway:
         self._children: dict[tuple[Any, ...], Any] = {}  # labels() once per label set
         self._probe_session: aiohttp.ClientSession | None = None
         self._probes: dict[str, asyncio.Task[None]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -505,7 +506,8 @@ class Gateway:
         """Listen (the proxy's :meth:`~scepsy_opt.ingest.record.RecordingProxy.start`) and
         start polling the routes file; the base URL."""
         url = await self.proxy.start()
-        self._poller = asyncio.get_running_loop().create_task(self._poll())
+        self._loop = asyncio.get_running_loop()
+        self._poller = self._loop.create_task(self._poll())
         if self.gateway.health is not None:
             self._probe_session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, force_close=True),
@@ -541,7 +543,8 @@ class Gateway:
         return self._table.version
 
     def set_routes(self, routes: Routes) -> int:
-        """Swap the table (calls already routed finish where they are); its version."""
+        """Swap the table (calls already routed finish where they are; the health checks follow
+        it); its version."""
         self._table = _compile(routes, self._table.version + 1, self._servers)
         self._sync_probes()
         return self._table.version
@@ -600,14 +603,22 @@ class Gateway:
 
     def _sync_probes(self) -> None:
         """One probe task per endpoint of the table (started for a new one, its health reset;
-        cancelled for one the table left out). Nothing before :meth:`start`."""
-        if self._probe_session is None:
+        cancelled for one the table left out). Nothing before :meth:`start`; called from
+        another thread, it runs on the gateway's loop."""
+        loop = self._loop
+        if self._probe_session is None or loop is None:
+            return
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is not loop:
+            loop.call_soon_threadsafe(self._sync_probes)
             return
         listed = {c.server.url: c.server for choices in self._table.by_key.values()
                   for c in choices}
         for url in [u for u in self._probes if u not in listed]:
             self._probes.pop(url).cancel()
-        loop = asyncio.get_running_loop()
         for url, srv in listed.items():
             if url not in self._probes:
                 srv.healthy, srv.probes_ok, srv.probes_failed, srv.last_probe = True, 0, 0, ""
@@ -626,7 +637,7 @@ class Gateway:
                 async with session.get(url, allow_redirects=False) as resp:
                     await resp.read()
                     why = "" if resp.status == 200 else f"answered {resp.status}"
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except Exception as exc:  # timeouts, refused, reset, a bad answer: all failures
                 why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             self.probed(srv, why)
             await asyncio.sleep(max(0.0, t0 + hc.interval_s - loop.time()))

@@ -255,6 +255,15 @@ def test_an_endpoint_added_by_a_new_table_is_probed_and_one_dropped_is_not(tmp_p
         assert rows(url)[b.v1]["healthy"] is True  # back in a table: health starts over
 
 
+def test_a_table_set_from_another_thread_is_probed_on_the_gateway_loop(tmp_path):
+    with (Replica() as a, Replica(health_status=503) as b,
+          gateway_in_thread(config(tmp_path, doc(a.v1), health=FAST_HC)) as url):
+        version = url._proxy.set_routes(parse_routes(doc(a.v1, b.v1), "routes"))
+        assert version == 2
+        wait_for(url, b.v1, "healthy", False)
+        assert calls(url, 6) == [200] * 6 and b.calls == 0
+
+
 # ------------------------------------------------------------------------------ outliers
 
 
