@@ -406,3 +406,17 @@ def test_the_cli_loop_is_uvloop_where_installed_else_asyncio(monkeypatch):
     assert loop_factory() is uvloop.new_event_loop
     monkeypatch.setitem(sys.modules, "uvloop", None)  # import uvloop raises ImportError
     assert loop_factory() is None
+
+
+def test_cli_runs_with_its_checks_set_and_on_every_interface_when_asked(tmp_path):
+    routes = tmp_path / "routes.json"
+    routes.write_text(json.dumps(doc("http://127.0.0.1:9/v1")))
+    for i, extra in enumerate([["--listen", "127.0.0.1:0", "--health-check", "off"],
+                               ["--listen", "127.0.0.1:0", "--health-check",
+                                "path=/health,interval=0.1,timeout=0.1,unhealthy=1,healthy=3",
+                                "--outlier-detection", "consecutive_5xx=2,max_ejection_percent=100"],
+                               ["--listen", "0.0.0.0:0", "--all-interfaces"]]):
+        code, _, err = run_cli("gateway", *extra, "--routes", str(routes), "--out",
+                               str(tmp_path / f"t{i}.jsonl"), "--duration", "0.3")
+        assert code == 0, err
+        assert "listening on http://" in err
