@@ -10,7 +10,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual mode
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())  # the bytes on disk before the name points at them
         os.replace(tmp, p)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
@@ -57,6 +59,43 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_files_into(folder: Path, fill: Callable[[Path], Iterable[Path]]) -> list[Path]:
+    """Write some files into ``folder`` all or none (``scepsy bench control --figures``):
+    ``fill`` writes them into a new temporary folder beside ``folder`` (on the same file system)
+    and returns their paths; only when it has written every one are they flushed to disk and
+    renamed into ``folder`` (made if need be), each replacing the file of its name whole. Other
+    files in ``folder`` stay. On any error in ``fill`` nothing is left behind and nothing in
+    ``folder`` has changed; a rename the system refuses is an :class:`InputError` naming
+    ``folder``. Returns the paths in ``folder``."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise InputError(str(folder), "", "a path for a folder (this is "
+                         f"{'a symbolic link' if folder.is_symlink() else 'a file'})")
+    anchor = folder.parent
+    while not anchor.exists() and anchor != anchor.parent:
+        anchor = anchor.parent
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=anchor, prefix=f".{folder.name}.", suffix=".tmp"))
+    except OSError as exc:
+        raise _unwritable(folder, exc) from None
+    try:
+        made = list(fill(tmp))
+        for f in made:
+            if f.parent != tmp:
+                raise ValueError(f"write_files_into: {f} is not a file of {tmp}")
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+        folder.mkdir(parents=True, exist_ok=True)
+        out = []
+        for f in made:
+            os.replace(f, folder / f.name)
+            out.append(folder / f.name)
+        return out
+    except OSError as exc:
+        raise _unwritable(folder, exc) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _unwritable(path: Path, exc: OSError) -> InputError:

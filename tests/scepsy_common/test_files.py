@@ -125,3 +125,61 @@ def test_replace_folder_swaps_whole_and_leaves_the_old_one_on_any_error(tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert [p.name for p in out.iterdir()] == ["new.txt"]
     assert out.stat().st_mode & 0o777 == 0o750
+
+
+def test_atomic_write_flushes_to_disk_before_the_rename(tmp_path, monkeypatch):
+    """fsync of the temporary file comes before the rename that publishes it: a crash between
+    them leaves the old file, never a name pointing at bytes not yet on disk."""
+    import scepsy_common.files as files
+
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(files.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd)))
+    monkeypatch.setattr(files.os, "replace",
+                        lambda a, b: (calls.append("replace"), real_replace(a, b)))
+    atomic_write_text(tmp_path / "out.txt", "x")
+    assert calls == ["fsync", "replace"]
+
+
+def _pngs(names: list[str], fail_at: int | None = None):
+    def fill(tmp):
+        out = []
+        for i, n in enumerate(names):
+            if i == fail_at:
+                raise RuntimeError("the renderer failed")
+            (tmp / n).write_text(f"new {n}")
+            out.append(tmp / n)
+        return out
+    return fill
+
+
+@pytest.mark.parametrize("exists", [True, False])
+def test_write_files_into_all_or_none(tmp_path, exists):
+    from scepsy_common.files import write_files_into
+
+    figs = tmp_path / "deep" / "figs"
+    if exists:
+        figs.mkdir(parents=True)
+        (figs / "a.png").write_text("old a")
+        (figs / "keep.txt").write_text("the user's")
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    with pytest.raises(RuntimeError):
+        write_files_into(figs, _pngs(["a.png", "b.png"], fail_at=1))
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # no temp folder, no new file
+    if exists:
+        assert (figs / "a.png").read_text() == "old a"
+    got = write_files_into(figs, _pngs(["a.png", "b.png"]))
+    assert got == [figs / "a.png", figs / "b.png"]
+    assert (figs / "a.png").read_text() == "new a.png"
+    assert sorted(p.name for p in figs.iterdir()) == (
+        ["a.png", "b.png", "keep.txt"] if exists else ["a.png", "b.png"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep"]  # nothing left beside
+
+
+def test_write_files_into_refuses_a_file(tmp_path):
+    from scepsy_common.files import write_files_into
+
+    (tmp_path / "figs").write_text("a file")
+    with pytest.raises(InputError, match="a path for a folder"):
+        write_files_into(tmp_path / "figs", _pngs(["a.png"]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["figs"]
