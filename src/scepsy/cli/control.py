@@ -130,7 +130,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
     from scepsy.cli.util import stop_event
     from scepsy_common.errors import InputError
-    from scepsy_common.net import parse_listen
+    from scepsy_common.net import check_url, parse_listen
     from scepsy_serve.control.actuate import apply_target
     from scepsy_serve.control.core import ControlConfig, Controller
     from scepsy_serve.control.live import ControlMetrics, JsonLog, control_loop
@@ -139,8 +139,9 @@ def cmd_control(args: argparse.Namespace) -> int:
     log_path = _log_path(args.log)
     listen = parse_listen(args.metrics_listen, "--metrics-listen") \
         if args.metrics_listen is not None else None
-    gateway = _gateway(args.gateway)
+    check_url(args.gateway, "--gateway")
     problem, topology, placed, launch = build(args)
+    gateway = _gateway(args.gateway)  # the network last: every file and flag is checked first
     config = ControlConfig(window_s=args.window, startup_s=args.startup_s)
     controller = Controller(problem, topology, placed, config)
     dry_run = args.dry_run or args.target == "none"
