@@ -6,12 +6,31 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from scepsy.cli.argtypes import COUNT, NAMES, POSITIVE, SEED
+from scepsy.cli.argtypes import POSITIVE, SEED, arg_type
 from scepsy.cli.util import UsageError, check_out
+
+GPUS = arg_type(int, lambda v: 16 <= v <= 64, "a number of GPUs in [16, 64]")
+"""``--gpus``: the range the bench is made for (docs/bench-control.md); the aggregate MILP it
+plans with is exact up to 64 GPUs."""
+WINDOWS = arg_type(int, lambda v: v >= 4, "a number of windows >= 4")
+
+
+def _profile_names(text: str) -> str:
+    """``--profiles``: one or more of the bench's rate profiles, comma-separated."""
+    from scepsy_serve.control.bench import PROFILES
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names or any(n not in PROFILES for n in names):
+        raise argparse.ArgumentTypeError(f"expected one or more of {','.join(PROFILES)}, "
+                                         f"comma-separated (got {text!r})")
+    return text
 
 
 def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -24,11 +43,11 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
     cmd.add_argument("--workflow", default=d.workflow,
                      help=f"a workflow of datasets/workflows (default {d.workflow})")
     cmd.add_argument("--gpu", default=d.gpu, help=f"GPU type (default {d.gpu})")
-    cmd.add_argument("--gpus", type=COUNT, default=d.gpus, help=f"GPUs (default {d.gpus})")
-    cmd.add_argument("--profiles", type=NAMES, default=None, metavar="NAMES",
+    cmd.add_argument("--gpus", type=GPUS, default=d.gpus, help=f"GPUs (default {d.gpus})")
+    cmd.add_argument("--profiles", type=_profile_names, default=None, metavar="NAMES",
                      help=f"comma-separated rate profiles among {','.join(PROFILES)} "
                           "(default all; --quick: daily)")
-    cmd.add_argument("--windows", type=COUNT, default=d.windows,
+    cmd.add_argument("--windows", type=WINDOWS, default=d.windows,
                      help=f"windows of the run (default {d.windows})")
     cmd.add_argument("--window", type=POSITIVE, default=d.window_s, metavar="S",
                      help=f"seconds per window (default {d.window_s:g})")
@@ -60,13 +79,14 @@ def run_cli(args: argparse.Namespace) -> int:
     """Run the comparison, print its tables, write --json and --figures; 0, or 2 for bad
     input."""
     from scepsy.tables import print_table
-    from scepsy_common.files import atomic_write_text
+    from scepsy_common.files import atomic_write_text, write_files_into
     from scepsy_serve.control import bench
 
     if args.json is not None:
         check_out(args.json, "--json")
-    if args.figures is not None and args.figures.exists() and not args.figures.is_dir():
-        raise UsageError(f"--figures: expected a folder (got {str(args.figures)!r})")
+    if args.figures is not None:
+        _check_figures(args.figures)
+    _check_gpu(args.gpu)
     opts = options(args)
     result = bench.run(opts, say=lambda s: print(s, file=sys.stderr, flush=True))
     cols = ["policy", "p90_latency_s", "slo_attainment", "gpu_hours", "moves", "lost_requests"]
@@ -86,14 +106,45 @@ def run_cli(args: argparse.Namespace) -> int:
                     cols)
     for note in result["notes"]:
         print(f"note: {note}")
-    if args.json is not None:
-        atomic_write_text(args.json, json.dumps(result, indent=1, sort_keys=False) + "\n")
-        print(f"wrote {args.json}")
-    if args.figures is not None:
-        args.figures.mkdir(parents=True, exist_ok=True)
-        for path in bench.figures(result, args.figures):
-            print(f"wrote {path}")
+    # every figure drawn before anything is written: a failed drawing leaves --json and
+    # --figures as they were; then the JSON (atomic), then the figures, each renamed into place
+    with tempfile.TemporaryDirectory(prefix="scepsy-figures-") as drawn:
+        figures = bench.figures(result, Path(drawn)) if args.figures is not None else []
+        if args.json is not None:
+            atomic_write_text(args.json, json.dumps(result, indent=1, sort_keys=False) + "\n")
+            print(f"wrote {args.json}")
+        if args.figures is not None:
+            for path in write_files_into(args.figures, lambda tmp: _moved(figures, tmp)):
+                print(f"wrote {path}")
     return 0
+
+
+def _check_figures(folder: Path) -> None:
+    """``--figures``: a folder, or a path where one can be made, that this user can write to;
+    refused before the run."""
+    if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+        raise UsageError(f"--figures: expected a folder (got {str(folder)!r})")
+    if folder.is_dir():
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"--figures: expected a folder this user can write to (got "
+                             f"{str(folder)!r})")
+    else:
+        check_out(folder, "--figures")
+
+
+def _check_gpu(gpu: str) -> None:
+    """``--gpu``: a GPU type of the catalog, refused before the run."""
+    from scepsy_common.errors import InputError
+    from scepsy_profile.catalog import default_catalog
+
+    try:
+        default_catalog().gpu(gpu)
+    except InputError as exc:
+        raise UsageError(f"--gpu: expected {exc.expected} (got {gpu!r})") from None
+
+
+def _moved(files: list[Path], into: Path) -> list[Path]:
+    return [Path(shutil.move(f, into / f.name)) for f in files]
 
 
 def _cell(v: object) -> object:
