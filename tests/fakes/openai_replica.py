@@ -92,7 +92,8 @@ class Replica(LoopThreadServer):
         return self.base_url + "/v1"
 
     async def _serve(self) -> None:
-        runner = web.ServerRunner(web.Server(handler(self), access_log=None))
+        runner = web.ServerRunner(web.Server(handler(self), access_log=None),
+                                  shutdown_timeout=0.5)  # a sleeping handler is cut
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -41,7 +41,9 @@ from scepsy_serve.gateway import (
 )
 from scepsy_serve.launch.routes import parse_routes
 
-FAST_HC = HealthCheck(interval_s=0.05, timeout_s=0.5, unhealthy_threshold=2, healthy_threshold=2)
+FAST_HC = HealthCheck(interval_s=0.05, timeout_s=5.0, unhealthy_threshold=2, healthy_threshold=2)
+"""Probes every 50 ms; a long timeout, so that a slow machine never fails a probe that the test
+means to pass (the failures the tests make are immediate: 503, a refused connection)."""
 LONG_EJECTION = 600.0
 """An ejection that outlasts any test: what is ejected stays ejected while the test looks."""
 
@@ -308,9 +310,9 @@ def test_a_success_between_errors_resets_the_count(tmp_path):
 
 def test_timeouts_are_gateway_failures(tmp_path):
     od = OutlierDetection(consecutive_gateway_failure=2, base_ejection_s=LONG_EJECTION)
-    with (Replica(delay_s=2.0) as slow, Replica() as fast,
+    with (Replica(delay_s=3.0) as slow, Replica() as fast,
           gateway_in_thread(config(tmp_path, doc(slow.v1, fast.v1), health=None,
-                                   outlier=od, timeout_s=0.2)) as url):
+                                   outlier=od, timeout_s=1.0)) as url):
         statuses = calls(url, 8)
         row = rows(url)[slow.v1]
     assert statuses.count(504) == 2 and statuses.count(200) == 6
