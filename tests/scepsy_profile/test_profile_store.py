@@ -280,7 +280,14 @@ def test_store_measurements_refuses_two_architectures_under_one_name() -> None:
         store_measurements(got)
 
 
-@pytest.mark.parametrize("text", ["not a store\n", "hello", "# notes\n{\"a\": 1}\n", "  x\n"])
+TRACE_LINE = ('{"call_id": "c0", "end_s": 0.2, "input_tokens": 217, "llm": "rewriter", '
+              '"output_tokens": 21, "parents": [], "request_id": "r0", "start_s": 0.0, '
+              '"workflow": "rag"}\n')
+
+
+@pytest.mark.parametrize("text", ["not a store\n", "hello", "# notes\n{\"a\": 1}\n", "  x\n",
+                                  # JSON lines, but of something else: a trace, a cut-off tail
+                                  TRACE_LINE * 3, '{"a": 1}\n{"b": 2', '[1, 2]\n'])
 def test_a_file_that_is_no_store_is_refused_as_it_is(tmp_path: Path, text: str) -> None:
     # `profile run --out` naming some other file: nothing appended, nothing cut off, no lock
     # file left beside it

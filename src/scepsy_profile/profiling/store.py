@@ -240,6 +240,13 @@ class ProfileStore:
                              "JSON object per line) or a new file; this file holds something "
                              "else and was left as it is: choose another --out")
         keep = data.rfind(b"\n") + 1
+        contents = _parse(data[:keep], str(self.path))
+        if contents.problems and not contents.records:  # JSON lines, but none a record
+            n, why = contents.problems[0]
+            raise InputError(str(self.path), f"line {n}", f"a {_EXPECTED} (profile records, "
+                             "one JSON object per line) or a new file; no line of this file is "
+                             f"a profile record ({why}), so it holds something else and was "
+                             "left as it is: choose another --out")
         warnings: list[str] = []
         if keep < len(data):
             os.ftruncate(self._fd, keep)
@@ -248,7 +255,6 @@ class ProfileStore:
             warnings.append(f"{self.path}: line {line}: cut off "
                             f"{len(data) - keep} bytes without a newline (a sweep stopped while "
                             "writing them; that point is measured again)")
-        contents = _parse(data[:keep], str(self.path))
         self.problems = contents.problems
         warnings.extend(f"{self.path}: line {n}: {msg} (line kept, not used)"
                         for n, msg in contents.problems)
