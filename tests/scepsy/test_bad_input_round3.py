@@ -363,6 +363,72 @@ case("launch-timeout-neg", "launch plan.json --target routes --out L2 --timeout-
 case("report-out-holds-other-files", "report plan.json --out L", "L")
 case("stop-a-routes-folder", "stop L --node nope", "L", "shell")
 
+# --- rate workloads (docs/rate-workloads.md) and profile run's flags (docs/profiling.md) ------
+
+RATES = _text(DATA / "workloads" / "chat-8b.yaml")
+RALLOC = "llms:\n  chat: {gpu: A100-80GB, tp: 1, share: 1.0, replicas: 2}\n"
+for name, old, new, field in [
+    ("rate-neg", "rate: 12.0", "rate: -1", "rate"), ("rate-nan", "rate: 12.0", "rate: .nan",
+                                                     "rate"),
+    ("rate-huge", "rate: 12.0", "rate: 2000000", "rate"),
+    ("rate-string", "rate: 12.0", "rate: fast", "rate"),
+    ("rate-all-zero", "rate: 12.0", "rate: 0", "rate"),
+    ("input-mean-neg", "mean: 300", "mean: -300", "input"),
+    ("output-kind", "kind: exponential", "kind: zipf", "output"),
+    ("input-min-over-max", "min: 4, max: 1536", "min: 2000, max: 1536", "input"),
+    ("model-unknown", "model: llama-3-8b", "model: llama-99b", "llama-99b"),
+    ("unknown-field", "rate: 12.0", "rate: 12.0\n    colour: blue", "colour"),
+]:
+    case(f"predict-rates-{name}", "predict --workflow rw.yaml --allocation ra.yaml "
+         "--trace-requests 20", "rw.yaml", field, rw__yaml=sub(RATES, old, new),
+         ra__yaml=RALLOC)
+PROFILE_RUN = ("profile run --backend torch --model llama-3-8b --scale 0.0625 --max-points 1 "
+               "--out store.jsonl --quiet")
+for flag, v in [("--scale", "0"), ("--scale", "1.5"), ("--tp", "0"), ("--shares", "1.5"),
+                ("--max-batch", "0"), ("--min-tokens", "0"), ("--target-error", "-1"),
+                ("--target-error", "nan"), ("--error-quantile", "0"),
+                ("--error-quantile", "1.5"), ("--max-points", "0"), ("--budget-s", "-1"),
+                ("--repeats", "0"), ("--warmup", "-1"), ("--threads", "0"), ("--kv-gib", "0"),
+                ("--engine-option", "junk"), ("--point-timeout-s", "0"),
+                ("--backend", "bogus"), ("--phases", "bogus"), ("--max-batch-tokens", "0"),
+                ("--model", "llama-99b")]:
+    case(f"profile-run{flag}-{v}", f"{PROFILE_RUN} {flag} {v}", flag.lstrip("-")
+         if flag in ("--model",) else flag)
+case("profile-run-min-over-max-tokens", f"{PROFILE_RUN} --min-tokens 100 --max-tokens 10",
+     "tokens")
+case("profile-run-store-is-a-trace", PROFILE_RUN.replace("store.jsonl", "trace.jsonl"),
+     "trace.jsonl")
+
+# --- profile serve-curve's flags and calibrate's serve-curve file (docs/profiling.md,
+# docs/overheads.md); refused before any engine is looked for -----------------------------------
+
+SERVE = ("profile serve-curve --model llama-3-8b --scale 0.0625 --out out.json --quiet "
+         "--engine-python /nonexistent/python")
+for flag, v in [("--scale", "0"), ("--share", "1.5"), ("--tp", "0"), ("--input", "exp:-5"),
+                ("--input", "lognormal:100:nan"), ("--output", "bogus"), ("--kv-gib", "-1"),
+                ("--max-num-seqs", "0"), ("--max-model-len", "0"), ("--start-rate", "0"),
+                ("--factor", "1"), ("--factor", "0.5"), ("--max-rates", "0"),
+                ("--calls-per-rate", "0"), ("--seed", "-1")]:
+    case(f"serve-curve{flag}-{v}", f"{SERVE} {flag} {v}", flag)
+SC = _text(DATA / "profiles" / "vllm-cpu-llama-3-8b-x0.0625.serve-curve.json")
+CALIBRATE = ("profile calibrate --serve-curve sc.json --curves "
+             f"{DATA}/profiles/vllm-cpu-llama-3-8b-x0.0625-curves.json --catalog "
+             f"{DATA}/catalogs/cpu-host.yaml --out out.json")
+for name, text, field in [
+    ("empty", "", ""), ("nonutf8", b"{\xff}", ""), ("list", "[]", ""),
+    ("rate-neg", sub(SC, '"achieved_rate": 2.2346288017103255', '"achieved_rate": -2'),
+     "achieved_rate"),
+    ("rate-nan", sub(SC, '"achieved_rate": 2.2346288017103255', '"achieved_rate": NaN'),
+     "achieved_rate"),
+    ("kind", sub(SC, '"kind": "scepsy serve-curve"', '"kind": "something"'), "kind"),
+    ("duplicate-key", sub(SC, '"device": "cpu",', '"device": "cpu", "device": "cpu",'),
+     "device"),
+]:
+    case(f"calibrate-serve-curve-{name}", CALIBRATE, "sc.json", *([field] if field else []),
+         sc__json=text)
+case("validate-arrivals-not-json", f"{VALIDATE} --arrivals w.json", "w.json", w__json="{oops")
+case("validate-arrivals-list", f"{VALIDATE} --arrivals w.json", "w.json", w__json="[]")
+
 # --- profiles, calibration, validation, openb --------------------------------------------------
 
 for flag, v in [("--batch", "0"), ("--seq", "-1"), ("--input", "0"), ("--output", "nan"),
