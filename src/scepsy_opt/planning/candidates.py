@@ -321,6 +321,16 @@ def shape_curves(problem: PlanningProblem, demand: LLMDemand, gpu: str, tp: int,
     return out
 
 
+def curve_key(problem: PlanningProblem, llm: str) -> tuple[Any, ...]:
+    """What ``llm``'s serving curves (:func:`fitting_curves`) depend on besides the problem's
+    cluster, options and latency model: its model and the token lengths of its demand, not its
+    rate. LLMs of equal keys have the same curves (computed once: a fleet of thousands of LLMs
+    has a few models)."""
+    dem = problem.demands[llm]
+    return (problem.models[llm], dem.input_mean, dem.output_mean, dem.group,
+            dem.output_sq_mean, dem.io_mean, dem.longest_tokens)
+
+
 def fitting_curves(problem: PlanningProblem, llm: str,
                    demand: LLMDemand) -> Iterator[tuple[str, int, Any]]:
     """(gpu, tp, serving curve) of every shape of ``llm`` whose instance fits in memory, in
@@ -335,14 +345,18 @@ def fitting_curves(problem: PlanningProblem, llm: str,
 def price(problem: PlanningProblem, allocation: Allocation) -> dict[str, Candidate]:
     """Each LLM's instance of ``allocation`` as a :class:`Candidate` (priced like the optimiser's)."""
     out = {}
+    curves: dict[tuple[Any, ...], Any] = {}  # LLMs of equal curves (curve_key) on one instance
     for m in problem.llms:
         if m not in allocation.llms:
             raise InputError("allocation", f"llms.{m}", "an instance for every LLM the workflows call")
         inst = allocation.llms[m]
         dem = problem.demands[m]
-        curve = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
-                               catalog=problem.catalog, policy=problem.policy,
-                               memory_share=inst.memory)
+        key = (curve_key(problem, m), inst.gpu, inst.tp, inst.share, inst.memory)
+        if key not in curves:
+            curves[key] = instance_curve(dem, problem.latency, inst.gpu, inst.tp, inst.share,
+                                         catalog=problem.catalog, policy=problem.policy,
+                                         memory_share=inst.memory)
+        curve = curves[key]
         r = np.array([float(inst.replicas)])
         mix, total, per_wf = _terms(problem, dem, curve, r)
         row = PricedRows(inst.gpu, inst.tp, inst.share, curve.mu, curve.memory.available_gib, r,

@@ -17,7 +17,6 @@ import numpy as np
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
 from scepsy_opt.planning.milp import capacity_shapes
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
-from scepsy_opt.prediction.pipeline import llm_demand
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
 from scepsy_profile.latency import LatencyModel
 
@@ -77,7 +76,7 @@ def random_problem(n_llms: int, gpus: int, latency: LatencyModel, *, seed: int =
     need = 0.0
     for m, shp in capacity_shapes(unit).items():
         if shp:
-            lam = llm_demand(unit.stats, unit.models, unit.targets, m).rate
+            lam = unit.demands[m].rate
             need += lam / unit.options.max_utilisation / max(mu / units for _, _, _, units, mu in shp)
     scale = load * cl.total_gpus * 1000 / need if need > 0 else 1.0
     return unit.scaled(scale)
@@ -168,7 +167,7 @@ def many_models_problem(n_llms: int, gpus: int, latency: LatencyModel, *, seed: 
     for m, shp in capacity_shapes(unit).items():
         ref = [s for s in shp if s[0] == "A100-80GB"] or list(shp)
         if ref:
-            lam = llm_demand(unit.stats, unit.models, unit.targets, m).rate
+            lam = unit.demands[m].rate
             need += lam / unit.options.max_utilisation / max(mu / units for _, _, _, units, mu in ref)
     scale = load * cl.total_gpus * 1000 / need if need > 0 else 1.0
     return unit.scaled(scale)

@@ -68,6 +68,7 @@ from scepsy_common.units import UNITS, gpu_units
 from scepsy_opt.planning.candidates import (
     Candidate,
     CandidateSet,
+    curve_key,
     fits_budget,
     fitting_curves,
     generate_candidates,
@@ -705,25 +706,32 @@ def capacity_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
     is kept unless another of the type has no more units, no more memory units and no less μ.
     """
     out: dict[str, list[Shape]] = {}
-    two = problem.options.memory_shares is not None
+    seen: dict[tuple[Any, ...], list[Shape]] = {}  # LLMs of equal curves share their shapes
     for m in problem.llms:
         if deadline is not None:  # the plan's time limit (TimeLimitReached)
             deadline.check()
-        dem = problem.demands[m]
-        if two:
-            out[m] = _pareto_shapes([
-                Shape(gpu, tp, curve.share, gpu_units(tp, curve.share), curve.mu,
-                      gpu_units(tp, curve.memory_share), curve.memory_share)
-                for gpu, tp, curve in fitting_curves(problem, m, dem)])
-            continue
-        best: dict[tuple[str, int], Shape] = {}
-        for gpu, tp, curve in fitting_curves(problem, m, dem):
-            per = gpu_units(tp, curve.share)
-            key = (gpu, per)
-            if key not in best or curve.mu > best[key][4]:
-                best[key] = Shape(gpu, tp, curve.share, per, curve.mu)
-        out[m] = [best[k] for k in sorted(best)]
+        key = curve_key(problem, m)
+        if key not in seen:
+            seen[key] = _llm_shapes(problem, m)
+        out[m] = list(seen[key])
     return out
+
+
+def _llm_shapes(problem: PlanningProblem, m: str) -> list[Shape]:
+    """:func:`capacity_shapes` of one LLM."""
+    dem = problem.demands[m]
+    if problem.options.memory_shares is not None:
+        return _pareto_shapes([
+            Shape(gpu, tp, curve.share, gpu_units(tp, curve.share), curve.mu,
+                  gpu_units(tp, curve.memory_share), curve.memory_share)
+            for gpu, tp, curve in fitting_curves(problem, m, dem)])
+    best: dict[tuple[str, int], Shape] = {}
+    for gpu, tp, curve in fitting_curves(problem, m, dem):
+        per = gpu_units(tp, curve.share)
+        key = (gpu, per)
+        if key not in best or curve.mu > best[key][4]:
+            best[key] = Shape(gpu, tp, curve.share, per, curve.mu)
+    return [best[k] for k in sorted(best)]
 
 
 def _pareto_shapes(shapes_: list[Shape]) -> list[Shape]:

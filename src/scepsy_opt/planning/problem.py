@@ -21,7 +21,7 @@ from scepsy_opt.allocation import Allocation
 from scepsy_opt.cluster import Cluster
 from scepsy_opt.planning.objectives import OBJECTIVES, ObjectiveKind, objective
 from scepsy_opt.planning.objectives import Name as Objective
-from scepsy_opt.prediction.pipeline import LLMDemand, llm_demand, llm_load
+from scepsy_opt.prediction.pipeline import LLMDemand, llm_demands, llm_load
 from scepsy_opt.prediction.slo import CallSLO
 from scepsy_opt.stats import WorkflowStats
 from scepsy_profile.catalog import Catalog, default_catalog
@@ -241,8 +241,7 @@ class PlanningProblem:
     def demands(self) -> Mapping[str, LLMDemand]:
         """Per LLM, what the targets ask of it (:func:`scepsy_opt.prediction.pipeline.llm_demand`), computed
         once per problem (the targets are fixed; :meth:`scaled` makes a new problem)."""
-        return MappingProxyType({m: llm_demand(self.stats, self.models, self.targets, m)
-                                 for m in self.llms})
+        return MappingProxyType(llm_demands(self.stats, self.models, self.targets, self.llms))
 
     @cached_property
     def loads(self) -> Mapping[str, float]:

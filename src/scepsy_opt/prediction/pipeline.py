@@ -65,7 +65,7 @@ mean in-service time plus an M/M/c wait at the call rate).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -201,7 +201,26 @@ def _moments(st: WorkflowStats, llm: str) -> list[tuple[float, float, float, flo
 def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
                rates: Mapping[str, float], llm: str) -> LLMDemand:
     """The load workflows at ``rates`` (req/s) put on ``llm`` (see :class:`LLMDemand`)."""
-    live = [(w, st) for w, st in stats.items() if rates.get(w, 0.0) > 0 and llm in st.llms]
+    return _demand([(w, st) for w, st in stats.items() if llm in st.llms], models, rates, llm)
+
+
+def llm_demands(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
+                rates: Mapping[str, float], llms: Iterable[str]) -> dict[str, LLMDemand]:
+    """:func:`llm_demand` of each of ``llms``, in one pass over the workflows (the same
+    figures, computed in the same order: linear in the workflows and LLMs, where one call per
+    LLM scans every workflow)."""
+    callers: dict[str, list[tuple[str, WorkflowStats]]] = {}
+    for w, st in stats.items():
+        for m in st.llms:
+            callers.setdefault(m, []).append((w, st))
+    return {m: _demand(callers.get(m, []), models, rates, m) for m in llms}
+
+
+def _demand(calling: Sequence[tuple[str, WorkflowStats]], models: Mapping[str, str],
+            rates: Mapping[str, float], llm: str) -> LLMDemand:
+    """:func:`llm_demand` from the workflows that call ``llm`` (``calling``, in ``stats``'
+    order)."""
+    live = [(w, st) for w, st in calling if rates.get(w, 0.0) > 0]
     parts = tuple((rates[w] * n, i, o) for w, st in live for n, _, i, o in _classes(st, llm))
     lam = sum(p[0] for p in parts)
     conc = [(rates[w] * st.llms[llm].n, st.llms[llm].p) for w, st in live]
@@ -213,8 +232,7 @@ def llm_demand(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
     mom = [(rates[w] * n, *m) for w, st in live for n, *m in _moments(st, llm)]
     sq_mix, io_mix, isq_mix = (
         sum(row[0] * row[j] for row in mom) / lam if lam > 0 else mom[0][j] for j in (1, 2, 3))
-    longest = max((st.llms[llm].longest_tokens for st in stats.values() if llm in st.llms),
-                  default=0.0)
+    longest = max((st.llms[llm].longest_tokens for _, st in calling), default=0.0)
     return LLMDemand(llm, models[llm], lam, i_mix, o_mix, group, parts, terms, crit,
                      sq_mix, io_mix, isq_mix, longest)
 
