@@ -101,6 +101,12 @@ class SolveFigures(BaseModel):
     fallback_parts: Count | None = None
     probes: Count | None = None
     reused: Count | None = None
+    probes_cut: Count | None = None
+    """feasibility probes cut short by their time (neither a solution nor a proof)"""
+    probes_infeasible: Count | None = None
+    """feasibility probes proven to have no solution"""
+    solved_parts: Count | None = None
+    """parts with a solution when the search ended without one for every part"""
     # the baselines
     profile_alpha: Num | None = None
     demand_order: list[Any] | None = None

@@ -1180,10 +1180,12 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
                                 deadline=_share(deadline, SLOT_SHARE) if small else deadline)
     res = replace(res, history=tuple({**h, "formulation": "slots"} for h in res.history))
     gap = res.plan.stats.scale_gap if res.placed else None
+    # above UNPRUNED_MAX_GPUS, slots cut short by the time limit end the run: the capacity
+    # optimum would not finish in what is left (and would overrun the limit)
     if ((res.placed and (not small or (gap is not None and gap <= CAPACITY_GAP)))
-            or deadline.remaining() <= 0):
+            or deadline.remaining() <= 0 or (not small and res.status == "time_limit")):
         return res if res.placed else timed_out(deadline, "milp", res.rounds, res.history,
-                                                "auto", False)
+                                                "auto", False, stats=res.plan.stats)
     try:
         plan = optimiser("milp").solve(problem, deadline=deadline)  # type: ignore[call-arg]
     except TimeLimitReached:
@@ -1210,8 +1212,8 @@ def _max_throughput_auto(problem: PlanningProblem, topology: Topology, **kw: Any
         res = replace(res, history=(*res.history, entry), rounds=res.rounds + 1)
     if res.placed:
         return res
-    return timed_out(deadline, "milp", res.rounds, res.history, "auto", False) \
-        if deadline.remaining() <= 0 else res
+    return timed_out(deadline, "milp", res.rounds, res.history, "auto", False,
+                     stats=res.plan.stats) if deadline.remaining() <= 0 else res
 
 
 def placed_scale(problem: PlanningProblem, plan: Plan) -> float:

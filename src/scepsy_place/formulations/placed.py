@@ -17,6 +17,7 @@ from scepsy_opt.planning.problem import (
     TimeLimitReached,
     time_limit_detail,
 )
+from scepsy_opt.planning.solvestats import SolveStats
 from scepsy_place.formulations.blocks import block_candidates, capacity_rows
 from scepsy_place.packing.placement import Placement, demands, place
 from scepsy_place.packing.quality import quality
@@ -137,9 +138,12 @@ class PlacedPlan:
 
 
 def timed_out(deadline: Deadline, name: str, rounds: int, history: tuple[Mapping[str, Any], ...],
-               formulation: str, exact: bool = True) -> PlacedPlan:
-    """No placed plan: the time limit ran out first (status ``time_limit``)."""
-    return PlacedPlan(plan=time_limit_plan(name), placement=None, rounds=rounds, history=history,
+               formulation: str, exact: bool = True,
+               stats: Mapping[str, Any] | SolveStats | None = None) -> PlacedPlan:
+    """No placed plan: the time limit ran out first (status ``time_limit``); ``stats``: what
+    the search found before (a proven bound on the scale, the parts solved, ...)."""
+    return PlacedPlan(plan=time_limit_plan(name, stats), placement=None, rounds=rounds,
+                      history=history,
                       quality=None,
                       reason=time_limit_detail(deadline.limit_s), exact=exact,
                       formulation=formulation,

@@ -49,6 +49,7 @@ docs/optimiser.md, "Max-throughput with many LLMs sharing GPUs: slot groups".
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import time
@@ -57,9 +58,17 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, cast
 
+import numpy as np
+
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planning.candidates import Candidate, fitting_curves, generate_candidates, price
+from scepsy_opt.planning.candidates import (
+    Candidate,
+    curve_key,
+    fitting_curves,
+    generate_candidates,
+    price,
+)
 from scepsy_opt.planning.milp import Shape, scale_upper_bound
 from scepsy_opt.planning.plans import Status, headroom, no_allocation_plan, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
@@ -74,6 +83,8 @@ from scepsy_place.packing.topology import Node, Topology
 MAX_CONFIGURATIONS = 3000  # per (GPU type, TP degree); above, a restricted set (module docstring)
 POLICY = "slots"  # the name a slot layout gives its placement
 RESERVE = 0.05  # of the time left, what layout and pricing keep after the parts' solves
+TAIL_S_PER_LLM = 0.003  # ... and at least this per LLM (measured on 2 loaded cores: layout,
+# pricing and quality of 4,096 LLMs on 65,536 GPUs take 10 s)
 PROVEN_SCALE_GAP = 1e-6  # a scale this close to the proven bound is called optimal
 
 
@@ -124,11 +135,9 @@ def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
     for m in problem.llms:
         if deadline is not None:
             deadline.check()
-        dem = problem.demands[m]
         # the serving curves depend on the model and the token lengths, not on the rate: LLMs
         # alike in those share their shapes
-        key = (problem.models[m], dem.input_mean, dem.output_mean, dem.group,
-               dem.output_sq_mean, dem.io_mean, dem.longest_tokens)
+        key = curve_key(problem, m)
         if key in seen:
             out[m] = seen[key]
             continue
@@ -215,6 +224,26 @@ def _free(topology: Topology, gpu: str) -> list[int]:
     return [len(free) for _, _, free in whole_free_gpus(topology, gpu)]
 
 
+class _FreeGPUs:
+    """The wholly free GPUs per NVLink domain of each GPU type of a topology (:func:`_free`)
+    and their :func:`_level` per TP degree, each scanned once (a model asks per LLM and shape)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._free: dict[str, list[int]] = {}
+        self._levels: dict[tuple[str, int], int] = {}
+
+    def free(self, gpu: str) -> list[int]:
+        if gpu not in self._free:
+            self._free[gpu] = _free(self.topology, gpu)
+        return self._free[gpu]
+
+    def level(self, gpu: str, tp: int) -> int:
+        if (gpu, tp) not in self._levels:
+            self._levels[(gpu, tp)] = _level(self.free(gpu), tp)
+        return self._levels[(gpu, tp)]
+
+
 def _level(free: Sequence[int], tp: int) -> int:
     return sum(tp * (f // tp) for f in free)
 
@@ -250,13 +279,14 @@ class _Frame:
         return groups, passed
 
 
-def _frame(model: _Model, kinds: Sequence[tuple[str, int, int]], topology: Topology,
+def _frame(model: _Model, kinds: Sequence[tuple[str, int, int]], topology: Topology | _FreeGPUs,
            gpu_cost: Mapping[str, float] | None = None) -> _Frame:
     """The slot-group rows and columns for replicas of the (gpu, tp, units) ``kinds``, on the
     wholly free GPUs of ``topology`` (``gpu_cost``: the objective's cost of each GPU a group
     takes, per type; none by default). Replica columns enter the rows it makes."""
     gpus = sorted({g for g, _, _ in kinds})
-    free = {g: _free(topology, g) for g in gpus}
+    have = topology if isinstance(topology, _FreeGPUs) else _FreeGPUs(topology)
+    free = {g: have.free(g) for g in gpus}
     zs = {g: sorted({z for gg, _, z in kinds if gg == g}) for g in gpus}
     lv = {g: sorted({t for gg, t, _ in kinds if gg == g}) for g in gpus}
     hall: dict[tuple[str, int, int], int] = {}
@@ -322,13 +352,12 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
     u = problem.options.max_utilisation
     loads = problem.loads
     model = _Model()
-    usable = {m: [sh for sh in shp[m] if _level(_free(topology, sh.gpu), sh.tp) > 0]
-              for m in sorted(shp)}
+    have = _FreeGPUs(topology)
+    usable = {m: [sh for sh in shp[m] if have.level(sh.gpu, sh.tp) > 0] for m in sorted(shp)}
     if any(not v for v in usable.values()):
         return _none("infeasible")
     frame = _frame(model, [(sh.gpu, sh.tp, sh.units) for v in usable.values() for sh in v],
-                   topology)
-    free = {g: _free(topology, g) for g in frame.zs}
+                   have)
     s_col_rows: list[int] = []
     s_col_vals: list[float] = []
     # the LLMs: one shape each, s·ℓ ≤ u·Σ μ·r
@@ -340,7 +369,7 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
         s_col_vals.append(loads[m])
         cols[m] = []
         for sh in options:
-            top = _level(free[sh.gpu], sh.tp) // sh.tp * (UNITS // sh.units)
+            top = have.level(sh.gpu, sh.tp) // sh.tp * (UNITS // sh.units)
             if scale_ub is not None and math.isfinite(scale_ub) and loads[m] > 0:
                 top = min(top, max(1, math.ceil(scale_ub * loads[m] / (u * sh.mu) - 1e-9)))
             link = model.row(-math.inf, 0.0)  # r − top·y ≤ 0
@@ -383,12 +412,12 @@ def solve_slot_latency(problem: PlanningProblem, topology: Topology,
     ``Σ coeff·x_c ≤ rhs`` over the candidates (latency bounds). The solution's ``dual_bound``
     is the solver's bound on that objective over these candidates in slot groups."""
     model = _Model()
-    usable = {m: [c for c in cands[m] if _level(_free(topology, c.gpu), c.tp) > 0]
-              for m in sorted(cands)}
+    have = _FreeGPUs(topology)
+    usable = {m: [c for c in cands[m] if have.level(c.gpu, c.tp) > 0] for m in sorted(cands)}
     if any(not v for v in usable.values()):
         return _none("infeasible")
     frame = _frame(model, sorted({(c.gpu, c.tp, share_units(c.share))
-                                  for v in usable.values() for c in v}), topology, gpu_cost)
+                                  for v in usable.values() for c in v}), have, gpu_cost)
     rows_extra = [(coeffs, model.row(-math.inf, rhs)) for coeffs, rhs in extra]
     cols: dict[str, list[tuple[Candidate, int]]] = {}
     for m, options in usable.items():
@@ -495,10 +524,12 @@ def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]
                         | {t for g, t, _ in solution.passed if g == gpu}, reverse=True)
         own: dict[int, list[tuple[int, str, tuple[int, ...]]]] = {t: [] for t in levels}
         for t in levels:
+            spot = 0  # the first domain with t GPUs left: it only moves on within a level
             for c, count in groups.get((gpu, t), ()):
                 for _ in range(count):
-                    spot = next((i for i, (_, f) in enumerate(domains) if len(f) >= t), None)
-                    if spot is None:
+                    while spot < len(domains) and len(domains[spot][1]) < t:
+                        spot += 1
+                    if spot == len(domains):
                         break
                     node, f = domains[spot]
                     ids = tuple(f[:t])
@@ -509,15 +540,20 @@ def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]
             pieces = sorted(own[t] + from_above, key=lambda p: (-p[0], p[1], p[2]))
             below = levels[j + 1] if j + 1 < len(levels) else None
             from_above = []
-            if below is not None:
-                for z in sorted({p[0] for p in pieces}):
+            if below is not None:  # per size, the last k pieces of the size go down
+                by_size: dict[int, list[tuple[int, str, tuple[int, ...]]]] = {}
+                for piece in pieces:
+                    by_size.setdefault(piece[0], []).append(piece)
+                kept: list[tuple[int, str, tuple[int, ...]]] = []
+                for z in sorted(by_size):
+                    mine = by_size[z]
                     k = solution.passed.get((gpu, t, z), 0)
-                    mine = [p for p in pieces if p[0] == z]
-                    give = mine[len(mine) - k:] if k else []
-                    for p in give:
-                        pieces.remove(p)
+                    cut = len(mine) - k if k else len(mine)
+                    for p in mine[cut:]:
                         from_above.extend((z, p[1], p[2][i:i + below])
                                           for i in range(0, t, below))
+                    kept.extend(mine[:cut])
+                pieces = sorted(kept, key=lambda p: (-p[0], p[1], p[2]))
             reps = sorted((d for d in by_gpu.get(gpu, ()) if d.tp == t),
                           key=lambda d: (-d.units, d.llm, d.replica))
             for i, d in enumerate(reps):
@@ -534,9 +570,19 @@ def layout(topology: Topology, solution: SlotSolution, demands: Sequence[Demand]
 
 PART_LLMS = 16  # LLMs per part of the decomposition (benchmarks/solvers/many_models_bench.py)
 LADDER_REL = 0.005  # the step of the parts' search, relative to the bound on the scale
-RETRY_BOOST = 2.0  # a later part's probe cut short is tried once more with this many shares
+RETRY_BOOST = 2.0  # a probe cut short is tried once more with this many shares
+PART_PROBES = 3  # a later distinct part's budget, in probes (its level, a retry, a step down)
+RESCUE_STEP = 0.05  # a part without a solution when its budget is spent: this far below the
+# scale last tried, then twice as far (at most half), each with its share of the time left
+SAFE_BELOW = 0.3  # the other parts' first probe: this far below what the first part carries
+PROBE_MIN_S = 0.3  # the least time a probe gets (HiGHS's presolve alone takes 0.1-0.2 s)
+PROBE_S_PER_SIZE = 0.008  # seconds per LLM and node a probe that finds a solution takes
+# (measured: 0.15-0.2 s for 11 LLMs on 5 nodes, 0.4-0.5 s for 57 on 26, 2-3 s for 250 on 128)
+PROBE_MARGIN = 1.5  # a probe gets at least this many times what such probes took
+PART_MIN_S = 1.0  # the parts are made larger until each distinct part gets this much time
 FIRST_STEP = 0.02  # the first part's first probe: this far below the bound (WIDE_GAP)
 FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
+FIRST_SHARE = 0.25  # ... and at most this share of the time when other parts follow
 LARGER_PARTS = 4  # the parts of the second try, in LLMs, as a multiple of the first's
 WIDE_GAP = 0.02  # a gap to the bound above which the second try runs (docs/optimiser.md)
 LARGER_FIRST_SHARE = 0.6  # of the time, what larger parts get when they go first
@@ -626,9 +672,10 @@ def partition(problem: PlanningProblem, topology: Topology, part_llms: int = PAR
                     len(nodes), len(llms))
         parts = _parts(llms, nodes, per, heavy, k)
         have = {n.name: n for n in nodes}
-        unfit = {m for q in parts if q.gpu is None for m in q.llms
-                 if not any(per[m][t] <= sum(have[x].gpus for x in q.nodes if have[x].gpu == t)
-                            * UNITS for t in types)} - forced
+        held = [{t: sum(have[x].gpus for x in q.nodes if have[x].gpu == t) * UNITS
+                 for t in types} for q in parts]  # per part and type, its units
+        unfit = {m for q, h in zip(parts, held, strict=True) if q.gpu is None for m in q.llms
+                 if not any(per[m][t] <= h[t] for t in types)} - forced
         if any(not q.nodes for q in parts):  # more heavy LLMs than their type has nodes
             return [Part(tuple(sorted(llms)), tuple(n.name for n in topology.nodes))]
         if not unfit or len(forced) + len(unfit) >= min(len(nodes), len(llms)):
@@ -655,8 +702,9 @@ def _parts(llms: Sequence[str], nodes: Sequence[Node], per: Mapping[str, Mapping
     members = _dealt(llms, per, kind, [1.0] * k, seed)
     # a heavy part: at least the nodes of its type its LLM needs (as many as there are)
     size = {t: max((n.gpus for n in nodes if n.gpu == t), default=1) * UNITS for t in types}
+    count = {t: sum(1 for n in nodes if n.gpu == t) for t in types}
     least = {i: max(1, min(math.ceil(per[m][kind[i]] / size[str(kind[i])] - 1e-9),
-                           sum(1 for n in nodes if n.gpu == kind[i])))
+                           count[str(kind[i])]))
              if kind[i] is not None else 1 for i, m in seed.items()}
     runs: list[list[Node]] = []
     for _ in range(PARTITION_ROUNDS):
@@ -679,15 +727,22 @@ def _dealt(llms: Sequence[str], per: Mapping[str, Mapping[str | None, float]],
     ``seed`` (part -> LLM) fixed to their parts."""
     k = len(capacity)
     got: list[list[str]] = [[] for _ in range(k)]
-    total = [0.0] * k
+    total = np.zeros(k)
     fixed = set(seed.values())
     for i, m in sorted(seed.items()):
         got[i].append(m)
         total[i] += per[m][kind[i]]
-    for m in llms:
+    # one vectorised pass per LLM (the same IEEE sums and quotients as one part at a time;
+    # argmin takes the first of equals)
+    cap = np.asarray(capacity, dtype=float)
+    kinds = list(dict.fromkeys(kind))
+    col = np.array([kinds.index(kind[j]) for j in range(k)], dtype=int)
+    needs = np.array([[per[m][t] for t in kinds] for m in llms], dtype=float).reshape(
+        len(llms), len(kinds))
+    for r, m in enumerate(llms):
         if m in fixed:
             continue
-        i = min(range(k), key=lambda j: ((total[j] + per[m][kind[j]]) / capacity[j], j))
+        i = int(((total + needs[r][col]) / cap).argmin())
         got[i].append(m)
         total[i] += per[m][kind[i]]
     return got
@@ -752,15 +807,22 @@ def _highest_averages(weights: Sequence[float], n: int, *, least: Sequence[int] 
         got[j] = want if cls[j] not in cap else max(0, min(want, cap[cls[j]] - used[cls[j]]))
         if cls[j] in cap:
             used[cls[j]] += got[j]
+    # a heap of (−weight per thing, part): the largest weight per thing first, the first of
+    # equals; a part whose class is full is dropped when it comes up (classes only fill)
+    heap = [(-(weights[j] / max(got[j], 1e-9)), j) for j in range(k)]
+    heapq.heapify(heap)
     for _ in range(max(0, n - sum(got))):
-        ok = [j for j in range(k) if cls[j] is None or used.get(cls[j], 0) < cap.get(cls[j], n)]
-        if not ok:
+        while heap and not (cls[heap[0][1]] is None
+                            or used.get(cls[heap[0][1]], 0) < cap.get(cls[heap[0][1]], n)):
+            heapq.heappop(heap)
+        if not heap:
             break
-        i = max(ok, key=lambda j: (weights[j] / max(got[j], 1e-9), -j))
+        i = heapq.heappop(heap)[1]
         got[i] += 1
         c = cls[i]
         if c is not None:
             used[c] = used.get(c, 0) + 1
+        heapq.heappush(heap, (-(weights[i] / max(got[i], 1e-9)), i))
     return got
 
 
@@ -798,6 +860,28 @@ def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotSh
     return out
 
 
+def part_size(problem: PlanningProblem, topology: Topology, part_llms: int,
+              need: Mapping[str, Mapping[str, float]], seconds: float,
+              made: dict[int, list[Part]] | None = None) -> int:
+    """The LLMs per part of the first try of :func:`plan_slot_scale`: ``part_llms``, times
+    :data:`LARGER_PARTS` as often as needed for each distinct part (:func:`_signature`) of
+    :func:`partition` to get :data:`PART_MIN_S` of ``seconds`` (a feasibility probe costs a
+    fixed tenth of a second or more whatever the part's size, so many small parts spend the
+    time on overhead: 87 parts of 16 LLMs in 25 s left most parts without a solution).
+    ``made``: the partitions by part size, filled in (each is made once)."""
+    made = {} if made is None else made
+    size = part_llms
+    while size < len(problem.llms):
+        if size not in made:
+            made[size] = partition(problem, topology, size, need)
+        parts = made[size]
+        distinct = len({_signature(problem, topology, q) for q in parts})
+        if len(parts) <= 1 or distinct * PART_MIN_S <= seconds:
+            break
+        size *= LARGER_PARTS
+    return size
+
+
 def on_nodes(problem: PlanningProblem, topology: Topology) -> PlanningProblem:
     """``problem`` with ``topology``'s nodes as its cluster (:meth:`Topology.to_cluster`: the
     GPU budgets of candidate generation), e.g. the nodes a min-cost plan may buy."""
@@ -809,12 +893,33 @@ def _sub(problem: PlanningProblem, topology: Topology, part: Part,
          ) -> tuple[PlanningProblem, Topology]:
     """``problem`` restricted to the part's LLMs (the workflows that call only them) and
     ``topology`` to its nodes."""
-    keep = set(part.nodes)
-    sub_top = Topology(f"{topology.name}/part",
-                       tuple(n for n in topology.nodes if n.name in keep))
-    mine = set(part.llms)
-    targets = {w: t for w, t in problem.targets.items() if set(problem.stats[w].llms) <= mine}
-    return replace(on_nodes(problem, sub_top), targets=MappingProxyType(targets)), sub_top
+    return _subs(problem, topology, [part])[0]
+
+
+def _subs(problem: PlanningProblem, topology: Topology, parts: Sequence[Part],
+          ) -> list[tuple[PlanningProblem, Topology]]:
+    """:func:`_sub` of every part, in one pass over the nodes and the workflows (linear in
+    them, where one part at a time scans them all)."""
+    where = {n.name: i for i, n in enumerate(topology.nodes)}
+    owner: dict[str, set[int]] = {}
+    for i, part in enumerate(parts):
+        for m in part.llms:
+            owner.setdefault(m, set()).add(i)
+    targets: list[dict[str, float]] = [{} for _ in parts]
+    for w, t in problem.targets.items():
+        common: set[int] | None = None
+        for m in problem.stats[w].llms:
+            common = owner.get(m, set()) if common is None else common & owner.get(m, set())
+        for i in range(len(parts)) if common is None else common:  # no LLM: every part's
+            targets[i][w] = t
+    out = []
+    for i, part in enumerate(parts):
+        sub_top = Topology(f"{topology.name}/part",
+                           tuple(topology.nodes[j] for j in sorted(where[x] for x in part.nodes)))
+        cluster = replace(sub_top.to_cluster(problem.catalog), name=problem.cluster.name)
+        out.append((replace(problem, cluster=cluster, targets=MappingProxyType(targets[i])),
+                    sub_top))
+    return out
 
 
 def separable(problem: PlanningProblem, parts: Sequence[Part]) -> bool:
@@ -834,9 +939,8 @@ def _signature(problem: PlanningProblem, topology: Topology, part: Part) -> tupl
 
 def _node_signature(topology: Topology, part: Part) -> tuple[Any, ...]:
     """A part's nodes without names: GPU type, size, NVLink domain and use of each."""
-    mine = set(part.nodes)
-    return tuple(sorted((n.gpu, n.gpus, n.nvlink_domain, n.used) for n in topology.nodes
-                        if n.name in mine))
+    return tuple(sorted((n.gpu, n.gpus, n.nvlink_domain, n.used)
+                        for n in map(topology.node, part.nodes)))
 
 
 def _ordered(problem: PlanningProblem, part: Part) -> list[str]:
@@ -851,13 +955,24 @@ def _renamed(sol: SlotSolution, names: Mapping[str, str]) -> SlotSolution:
 
 @dataclass(frozen=True)
 class PartsResult:
-    """The parts' solutions joined, the level every part reached, and how the search went."""
+    """The parts' solutions joined, the level every part reached, and how the search went:
+    ``probes`` (feasibility solves), ``reused`` (parts that took an equal part's solution),
+    ``timed_out`` (a probe was cut short by its time: the answer is not proven), ``solved``
+    (parts with a solution: all of them when ``solution`` is set), ``cut`` (probes cut short,
+    neither a solution nor a proof) and ``infeasible`` (probes proven to have no solution)."""
 
     solution: SlotSolution | None
     level: float
     probes: int
     reused: int
     timed_out: bool
+    solved: int = 0
+    cut: int = 0
+    infeasible: int = 0
+    pace: float = 0.0  # seconds per LLM and node of the probes that found a solution (median)
+
+
+Outcome = str  # a probe's: "found", "infeasible" (proven) or "time_limit" (cut short)
 
 
 def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Part], *,
@@ -865,95 +980,188 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
                 scale_ub: float, rel: float = LADDER_REL, floor: float = 0.0) -> PartsResult:
     """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
     solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
-    fixed scale: much faster than maximising the scale). The first part steps down from
-    ``scale_ub`` in doubling steps (:data:`FIRST_STEP`, twice that, ... of it: a solution
-    within the target gap comes fast, a proof that none exists near the bound does not) until
-    it has a solution, then
-    bisects the bracket (a solution at ``s`` moves it to the scale it carries); each next
-    part is asked for the level reached so far (a probe cut short by its time share once more
-    with :data:`RETRY_BOOST` shares) and, while it has no solution, steps down from it in
-    doubling steps (``rel``, ``2·rel``, ...) and bisects the bracket: the level falls to what
-    it carries. A part whose signature (:func:`_signature`) was solved at
-    the level reuses that solution, renamed. A solve cut short by its time share counts as no
-    solution (unproven). The parts' solutions at the final level are joined (their groups lie
-    on disjoint nodes). No solution when the level falls to ``floor`` (a scale already
-    carried)."""
-    solved: dict[tuple[Any, ...], tuple[float, _Solved]] = {}
-    found: list[tuple[Part, SlotSolution]] = []
-    probes = reused = 0
-    timed = False
-    level = scale_ub
-    subs = [_sub(problem, topology, p) if len(parts) > 1 else (problem, topology) for p in parts]
+    fixed scale: much faster than maximising the scale). A probe ends ``found``,
+    ``infeasible`` (proven) or ``time_limit`` (cut short: no proof either way); one cut short
+    is tried once more at the same scale with :data:`RETRY_BOOST` times its time before the
+    search moves on, and the steps down grow faster after a proof (doubling) than after a
+    timeout (by one step).
+
+    1. *Target*: the first part steps down from ``scale_ub`` (:data:`FIRST_STEP` below it,
+       then further) until it has a solution, then bisects the bracket (a solution at ``s``
+       moves it to the scale it carries); what it carries is the target of the others.
+    2. *Every part a solution*: each next distinct part (the first of its signature,
+       :func:`_signature`; an equal part reuses its solution, renamed) is asked for the
+       target; without a solution in its budget it steps down (``rel``, then further) and,
+       still without one, on from the scale last tried :data:`RESCUE_STEP` lower, then twice
+       as far, ... with its share of the time left (low scales are quick to find): such a part
+       is *behind*. The target does not fall for the parts after it.
+    3. *Catching up*: with the time left, the behind part of the least scale bisects between
+       its scale and the lowest scale it failed at (its bottleneck), again and again.
+
+    Time: each distinct part gets a budget in proportion to its size (LLMs + nodes) times the
+    probes it is expected to make (:data:`FIRST_PROBES` for the first, :data:`PART_PROBES`
+    for the others) of the time left (at least what its probes are seen to need, ``least``).
+    The parts' solutions are joined (their groups lie on disjoint nodes) at the least scale of
+    any part. No solution when a part has none above ``floor`` (a scale already carried);
+    ``solved`` then says how many parts had one."""
+    counts = {"probes": 0, "found": 0, "infeasible": 0, "time_limit": 0}
+    subs = _subs(problem, topology, parts) if len(parts) > 1 else [(problem, topology)]
     keys = [_signature(problem, topology, p) for p in parts]
-    # the time left is shared by the distinct parts still to solve (and the first part's search)
-    distinct_after = [len(set(keys[i:])) for i in range(len(parts))]
+    size = [len(p.llms) + len(p.nodes) for p in parts]
+    first_of: dict[tuple[Any, ...], int] = {}
+    for i, k in enumerate(keys):
+        first_of.setdefault(k, i)
+    distinct = sorted(set(first_of.values()))
+    # per part, the size of the distinct parts after it (those that will need probes)
+    after = [0] * (len(parts) + 1)
+    for i in range(len(parts) - 1, -1, -1):
+        after[i] = after[i + 1] + (size[i] if first_of[keys[i]] == i else 0)
+    paces: list[float] = []  # seconds per unit of size of the probes that found a solution
+    best: dict[int, SlotSolution] = {}  # per distinct part, its solution of the largest scale
+    ceiling: dict[int, float] = {}  # per behind part, the least scale it failed at
 
-    cut = False  # whether the last probe was cut short by its time share
+    def least(i: int) -> float:
+        """The least time a probe of part ``i`` gets: what probes that found a solution took
+        per unit of size so far (:data:`PROBE_S_PER_SIZE` before the first), times
+        :data:`PROBE_MARGIN` (at least :data:`PROBE_MIN_S`), never past the deadline."""
+        pace = median(paces) if paces else PROBE_S_PER_SIZE
+        return min(max(PROBE_MIN_S, PROBE_MARGIN * pace * size[i]), deadline.remaining())
 
-    def probe(i: int, at: float, boost: float = 1.0) -> SlotSolution | None:
-        """A solution of part ``i`` at scale ``at``, or None (a probe cut short by its time
-        share, ``boost`` times the even share, marks the search ``timed_out``: its answer is
-        not a proof)."""
-        nonlocal probes, timed, cut
+    def probe(i: int, at: float, share: float) -> tuple[SlotSolution | None, Outcome]:
+        """Part ``i`` at scale ``at`` within ``share`` seconds (at least :func:`least`): a
+        solution, or None and whether none exists (proven) or the probe was cut short."""
+        share = max(share, least(i))
+        if share <= 0 or deadline.remaining() <= 0:
+            counts["time_limit"] += 1
+            return None, "time_limit"
+        counts["probes"] += 1
         sub, sub_top = subs[i]
-        share = boost * deadline.remaining() / (distinct_after[i]
-                                                + (FIRST_PROBES if i == 0 else 1))
-        cut = False
-        if share <= 0:
-            timed = cut = True
-            return None
-        probes += 1
+        t = time.perf_counter()
         sol = solve_slot_scale(sub, sub_top, deadline=deadline, time_limit_s=share,
                                shapes={m: shapes[m] for m in parts[i].llms}, at_scale=at)
-        if sol.status == "time_limit" and not sol.choice:
-            timed = cut = True
-        return sol if sol.choice else None
+        outcome = "found" if sol.choice else (
+            "infeasible" if sol.status == "infeasible" else "time_limit")
+        if sol.choice:
+            paces.append((time.perf_counter() - t) / size[i])
+        counts[outcome] += 1
+        return (sol if sol.choice else None), outcome
 
-    for i, part in enumerate(parts):
-        key = keys[i]
-        hit = solved.get(key)
-        if hit is not None and hit[0] >= level * (1 - 1e-12):
-            names = dict(zip(_ordered(problem, parts[hit[1].parts]), _ordered(problem, part),
-                             strict=True))
-            found.append((part, _renamed(hit[1].solution, names)))
-            reused += 1
-            continue
-        best: SlotSolution | None = None
-        if i == 0:  # down from the bound in doubling steps, then bisect the bracket
+    def ask(i: int, at: float, share: float, within: Deadline,
+            ) -> tuple[SlotSolution | None, Outcome]:
+        """:func:`probe`; cut short, once more with :data:`RETRY_BOOST` times the time (at
+        most what is left of ``within``, at least :func:`least`)."""
+        sol, outcome = probe(i, at, share)
+        if outcome == "time_limit" and within.remaining() > 0:
+            sol, outcome = probe(i, at, min(RETRY_BOOST * max(share, least(i)),
+                                            within.remaining()))
+        return sol, outcome
+
+    def keep(i: int, sol: SlotSolution | None) -> None:
+        if sol is not None and (i not in best or sol.scale > best[i].scale):
+            best[i] = sol
+
+    target = scale_ub
+    for n, i in enumerate(distinct):
+        if n == 0:  # down from the bound, then bisect the bracket, within the first's budget
+            mine = deadline.within(deadline.remaining() * min(
+                FIRST_SHARE, FIRST_PROBES * size[i] / (FIRST_PROBES * size[i] + after[i + 1]))
+                    if after[i + 1] else deadline.remaining())
+            made = 0
             lo, hi, step = floor, scale_ub, FIRST_STEP
-            while hi - lo > rel * scale_ub and deadline.remaining() > 0:
-                at = scale_ub * (1 - step) if best is None and step < 1 else (lo + hi) / 2
-                sol = probe(i, at)
+            last = scale_ub
+            while hi - lo > rel * scale_ub and mine.remaining() > 0:
+                at = scale_ub * (1 - step) if i not in best and step < 1 else (lo + hi) / 2
+                sol, outcome = probe(i, at, mine.remaining() / max(2, FIRST_PROBES - made))
+                made, last = made + 1, at
+                keep(i, sol)
                 if sol is not None:
-                    best, lo = sol, max(at, min(sol.scale, hi))
-                else:
+                    lo = max(at, min(sol.scale, hi))
+                else:  # the bracket's top: proven, or (cut short) for now, until catching up
                     hi = at
-                step *= 2
-            level = lo
-        else:  # at the level, then down in doubling steps, then bisect the bracket
-            at, step, failed = level, rel, None
-            while at > floor and deadline.remaining() > 0:
-                best = probe(i, at)
-                if best is None and cut:  # not a proof: once more with twice the time
-                    best = probe(i, at, RETRY_BOOST)
-                if best is not None:
-                    break
-                failed, at, step = at, level - step * scale_ub, 2 * step
-            if best is not None and failed is not None:
-                lo, hi = max(at, min(best.scale, failed)), failed
-                while hi - lo > rel * scale_ub and deadline.remaining() > 0:
-                    sol = probe(i, (lo + hi) / 2)
-                    if sol is not None:
-                        best, lo = sol, max((lo + hi) / 2, min(sol.scale, hi))
-                    else:
-                        hi = (lo + hi) / 2
-        if best is None or best.scale <= floor:
-            return PartsResult(None, 0.0, probes, reused, timed)
-        level = min(level, best.scale)
-        found.append((part, best))
-        solved[key] = (best.scale, _Solved(i, best))
-    joined = _join(problem, [sol for _, sol in found], "time_limit" if timed else "optimal")
-    return PartsResult(joined, level, probes, reused, timed)
+                # twice the step after a proof that none exists; after a probe cut short (no
+                # proof) one FIRST_STEP more only
+                step = 2 * step if outcome == "infeasible" else step + FIRST_STEP
+            ceiling[i] = hi
+        else:  # a plan in hand: one probe a safe way below the first part's scale, with
+            # half the part's budget (its share of the time left, by size)
+            mine = deadline.within(deadline.remaining() * size[i] / after[i])
+            last = target * (1 - SAFE_BELOW)
+            sol, _ = probe(i, last, mine.remaining() / 2)
+            keep(i, sol)
+            ceiling[i] = target
+        drop = RESCUE_STEP
+        while i not in best and deadline.remaining() > 0 and last * (1 - drop) > floor:
+            # no solution yet: further down, each with half the budget left (at least least(i))
+            ceiling[i], last = last, last * (1 - drop)
+            drop = min(2 * drop, 0.5)
+            sol, _ = probe(i, last, mine.remaining() / 2)
+            keep(i, sol)
+        if i not in best or best[i].scale <= floor:
+            return _parts_result(problem, parts, keys, first_of, best, counts, floor,
+                                 median(paces))
+        if n == 0:  # the others' target: what the first carries
+            target = best[i].scale
+    # catching up, while time is left: the part of the least scale (the plan's), bisecting
+    # between its scale and the least scale it failed at (or the target); a bracket closed by
+    # a probe cut short (no proof) is tried once more at its top with half the time left
+    top = dict(ceiling)
+    proven: set[int] = set()
+    again: set[int] = set()
+    while ceiling and deadline.remaining() > 0:
+        i = min(ceiling, key=lambda j: (best[j].scale, j))
+        lo, hi = best[i].scale, ceiling[i]
+        if hi - lo <= rel * scale_ub:
+            if i in proven or i in again:
+                break  # the plan's bottleneck is as far as it goes
+            again.add(i)
+            sol, outcome = probe(i, hi, deadline.remaining() / 2)
+            keep(i, sol)
+            if sol is not None:
+                ceiling[i] = max(top[i], best[i].scale)
+            elif outcome == "infeasible":
+                proven.add(i)
+            continue
+        mid = (lo + hi) / 2
+        sol, outcome = ask(i, mid, deadline.remaining() / (1 + len(ceiling)), deadline)
+        keep(i, sol)
+        if sol is None:
+            ceiling[i] = mid
+            proven.discard(i)
+            if outcome == "infeasible":
+                proven.add(i)
+    return _parts_result(problem, parts, keys, first_of, best, counts, floor, median(paces))
+
+
+def median(xs: Sequence[float]) -> float:
+    """The middle value of ``xs`` (the upper of two; 0 for none)."""
+    return sorted(xs)[len(xs) // 2] if xs else 0.0
+
+
+def _parts_result(problem: PlanningProblem, parts: Sequence[Part], keys: Sequence[Any],
+                  first_of: Mapping[Any, int], best: Mapping[int, SlotSolution],
+                  counts: Mapping[str, int], floor: float, pace: float) -> PartsResult:
+    """The parts' solutions joined (an equal part's renamed), or none when a part has none
+    above ``floor``."""
+    found: list[SlotSolution] = []
+    reused = 0
+    for i, part in enumerate(parts):
+        j = first_of[keys[i]]
+        if j not in best:
+            continue
+        if i == j:
+            found.append(best[j])
+            continue
+        names = dict(zip(_ordered(problem, parts[j]), _ordered(problem, part), strict=True))
+        found.append(_renamed(best[j], names))
+        reused += 1
+    timed = counts["time_limit"] > 0
+    solved = len(found)
+    if solved < len(parts) or any(sol.scale <= floor for sol in found):
+        return PartsResult(None, 0.0, counts["probes"], reused, timed, solved,
+                           counts["time_limit"], counts["infeasible"], pace)
+    joined = _join(problem, found, "time_limit" if timed else "optimal")
+    return PartsResult(joined, joined.scale, counts["probes"], reused, timed, solved,
+                       counts["time_limit"], counts["infeasible"], pace)
 
 
 def _join(problem: PlanningProblem, solutions: Sequence[SlotSolution], status: str,
@@ -974,10 +1182,6 @@ def _join(problem: PlanningProblem, solutions: Sequence[SlotSolution], status: s
                         status, math.inf)
 
 
-@dataclass(frozen=True)
-class _Solved:
-    parts: int  # the index of the part solved
-    solution: SlotSolution
 
 
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
@@ -997,6 +1201,9 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     t0 = time.perf_counter()
     try:
         shp = slot_shapes(problem, deadline)
+    except TimeLimitReached:
+        return timed_out(deadline, "milp", 1, (), POLICY, False)
+    try:
         bound = scale_upper_bound(problem, as_capacity_shapes(shp), deadline=deadline)
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), POLICY, False)
@@ -1007,20 +1214,24 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
                           reason="no scale of the targets is carried", exact=False,
                           formulation=POLICY, status="unplaced")
     need = capacity_need(problem, shp, bound)
-    until = deadline.within((1 - RESERVE) * deadline.remaining())
+    until = deadline.within(deadline.remaining() - max(
+        RESERVE * deadline.remaining(), TAIL_S_PER_LLM * len(problem.llms)))
     found: PartsResult | None = None
     parts: list[Part] = []
     # parts of ``part_llms`` first (quick; copies of one problem stop there), then, while the
     # gap is wide and time is left, larger parts (more ways for LLMs to share GPUs); the larger
     # scale wins. With heavy LLMs (a skewed popularity) the larger parts go first when they
     # are few (each of their probes takes seconds).
-    tries = [partition(problem, topology, size, need)
-             for size in (part_llms, LARGER_PARTS * part_llms)]
+    made: dict[int, list[Part]] = {}
+    base = part_size(problem, topology, part_llms, need, until.remaining(), made)
+    tries = [made[size] if size in made else partition(problem, topology, size, need)
+             for size in (base, LARGER_PARTS * base)]
     tries = [t if len(t) == 1 or separable(problem, t) else
              partition(problem, topology, len(problem.llms)) for t in tries]
     if len(tries[1]) == len(tries[0]):
         tries = tries[:1]
-    elif any(q.gpu for q in tries[0]) and len(tries[1]) <= LARGER_FIRST_MAX_PARTS:
+    elif (base == part_llms and any(q.gpu for q in tries[0])
+          and len(tries[1]) <= LARGER_FIRST_MAX_PARTS):
         tries.reverse()
     first = (until.within(LARGER_FIRST_SHARE * until.remaining())
              if len(tries) > 1 and len(tries[0]) < len(tries[1]) else until)
@@ -1028,6 +1239,11 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
         if found is not None and (until.remaining() <= 0 or (
                 found.solution is not None and bound / found.solution.scale - 1 <= WIDE_GAP)):
             break
+        if found is not None and found.pace > 0 and FIRST_PROBES * found.pace * sum(
+                len(q.llms) + len(q.nodes)
+                for q in {_signature(problem, topology, q): q for q in these}.values()
+        ) > until.remaining():
+            break  # the larger parts' probes would not fit in the time left
         floor = found.solution.scale if found is not None and found.solution else 0.0
         got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
                           deadline=first if j == 0 else until, floor=floor)
@@ -1036,16 +1252,20 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
             found, parts = replace(got, timed_out=timed), these
         else:
             found = replace(found, probes=found.probes + got.probes,
-                            timed_out=found.timed_out or got.timed_out)
+                            timed_out=found.timed_out or got.timed_out,
+                            cut=found.cut + got.cut, infeasible=found.infeasible + got.infeasible)
     assert found is not None
     sol = found.solution
     if sol is None or not sol.choice or not sol.scale > 0:
-        if deadline.remaining() <= 0:
-            return timed_out(deadline, "milp", 1, (), POLICY, False)
+        searched = {"scale_bound": bound if math.isfinite(bound) else None, "parts": len(parts),
+                    "solved_parts": found.solved, "probes": found.probes,
+                    "probes_cut": found.cut, "probes_infeasible": found.infeasible,
+                    "total_s": time.perf_counter() - t0}
+        if deadline.remaining() <= 0 or found.timed_out:  # cut short: nothing is proven
+            return timed_out(deadline, "milp", 1, (), POLICY, False, stats=searched)
         why = "no slot groups of the free GPUs carry every LLM (not proven infeasible)"
         plan = no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
-                                  stats={"scale_bound": bound if math.isfinite(bound) else None,
-                                         "parts": len(parts)}, infeasible=None, scale=0.0)
+                                  stats=searched, infeasible=None, scale=0.0)
         return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None, reason=why,
                           exact=False, formulation=POLICY, status="unplaced")
     at = problem.scaled(sol.scale * (1 - 1e-9))
@@ -1056,7 +1276,8 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     status: Status = "optimal" if gap is not None and gap <= PROVEN_SCALE_GAP else (
         "time_limit" if found.timed_out else "heuristic")
     stats = {"scale_bound": bound, "scale_gap": gap, "parts": len(parts),
-             "probes": found.probes, "reused": found.reused, "total_s": time.perf_counter() - t0}
+             "probes": found.probes, "reused": found.reused, "probes_cut": found.cut,
+             "probes_infeasible": found.infeasible, "total_s": time.perf_counter() - t0}
     plan = plan_from_choice(at, "milp", status, price(at, alloc), stats, scale=sol.scale)
     entry = {"round": 1, "scale": sol.scale, "objective_s": plan.objective_s,
              "unplaced": len(placement.unplaced)}

@@ -20,8 +20,16 @@ def fragmentation(topology: Topology, mix: Sequence[tuple[int, int, float]]) -> 
     its free capacity as a fragment for it); None for an empty mix."""
     if not mix:
         return None
-    return math.fsum(domain_fragmentation([n.free_units(i) for i in range(n.gpus)], n.nvlink_domain, list(mix))
-                     for n in topology.canonical_nodes())
+    tasks = list(mix)
+    seen: dict[tuple[Any, ...], float] = {}  # nodes of equal free units: one computation
+    parts = []
+    for n in topology.canonical_nodes():
+        free = [n.free_units(i) for i in range(n.gpus)]
+        key = (tuple(free), n.nvlink_domain)
+        if key not in seen:
+            seen[key] = domain_fragmentation(free, n.nvlink_domain, tasks)
+        parts.append(seen[key])
+    return math.fsum(parts)
 
 
 def quality(topology: Topology, placement: Placement, demands: Sequence[Demand]) -> dict[str, Any]:

@@ -1,0 +1,241 @@
+"""Slot groups at the scale of thousands of LLMs (scepsy_place.formulations.slots): the fast
+partition, sub-problems and layout equal the one-at-a-time versions they replace
+(slots_reference.py, exactly); a model scans the free GPUs once per GPU type; a probe cut short
+by its time is reported as such, never as infeasible, and does not step the ladder down as a
+proof would; every part gets a solution before the time runs out, and the plan in hand is kept
+when it does."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from slots_reference import _dealt as dealt_before
+from slots_reference import _highest_averages as highest_averages_before
+from slots_reference import _sub as sub_before
+from slots_reference import layout as layout_before
+
+import scepsy_place.formulations.slots as slots
+from scepsy_opt.planning.instances import many_models_problem, random_problem
+from scepsy_opt.planning.milp import scale_upper_bound
+from scepsy_opt.planning.problem import Deadline, PlanOptions
+from scepsy_place.formulations.slots import (
+    _dealt,
+    _highest_averages,
+    _none,
+    _sub,
+    _subs,
+    as_capacity_shapes,
+    layout,
+    partition,
+    plan_slot_scale,
+    slot_shapes,
+    solve_parts,
+    solve_slot_scale,
+)
+from scepsy_place.packing.placement import apply, demands
+from scepsy_place.packing.quality import fragmentation
+from scepsy_place.packing.replicas import task_mix
+from scepsy_place.packing.topology import from_cluster
+from scepsy_profile.roofline import roofline_model
+
+ROOF = roofline_model()
+FAST = settings(derandomize=True, deadline=None, database=None, max_examples=60)
+MT = PlanOptions(objective="max-throughput")
+
+
+# --------------------------------------------------------------------------- equal to before
+
+@FAST
+@given(st.lists(st.tuples(st.floats(0.0, 50.0), st.floats(0.0, 50.0), st.floats(0.0, 50.0)),
+                min_size=1, max_size=25),
+       st.lists(st.sampled_from([None, "A", "B"]), min_size=1, max_size=6),
+       st.lists(st.floats(1.0, 40.0), min_size=6, max_size=6), st.data())
+def test_dealt_equals_the_one_part_at_a_time_deal(needs, kind, capacity, data):
+    llms = [f"m{i:02d}" for i in range(len(needs))]
+    per = {m: {None: a, "A": b, "B": c} for m, (a, b, c) in zip(llms, needs, strict=True)}
+    k = len(kind)
+    seeded = data.draw(st.lists(st.sampled_from(llms), unique=True, max_size=min(k, 3)))
+    seed = dict(enumerate(seeded))
+    args = (llms, per, kind, capacity[:k], seed)
+    assert _dealt(*args) == dealt_before(*args)
+
+
+@FAST
+@given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=8), st.integers(0, 30),
+       st.lists(st.sampled_from([None, "A", "B"]), min_size=8, max_size=8),
+       st.lists(st.integers(0, 3), min_size=8, max_size=8), st.integers(0, 6),
+       st.integers(0, 6))
+def test_highest_averages_equals_the_scan_over_parts(weights, n, classes, least, a, b):
+    k = len(weights)
+    kw = {"least": least[:k], "classes": classes[:k], "most": {"A": a, "B": b}}
+    assert _highest_averages(weights, n, **kw) == highest_averages_before(weights, n, **kw)
+    assert _highest_averages(weights, n) == highest_averages_before(weights, n)
+
+
+@pytest.mark.parametrize(("n", "gpus", "copies"), [(64, 128, False), (48, 96, True)])
+def test_sub_problems_in_one_pass_equal_one_part_at_a_time(n, gpus, copies):
+    p = many_models_problem(n, gpus, ROOF, copies=copies, options=MT)
+    topo = from_cluster(p.cluster)
+    parts = partition(p, topo, 8)
+    assert len(parts) > 2
+    for (got, got_top), part in zip(_subs(p, topo, parts), parts, strict=True):
+        want, want_top = sub_before(p, topo, part)
+        assert got_top == want_top
+        assert dict(got.targets) == dict(want.targets) and got.cluster == want.cluster
+        assert got == want
+    assert _sub(p, topo, parts[0])[0] == sub_before(p, topo, parts[0])[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_layout_equals_the_layout_scanning_every_domain(seed):
+    """Slot solutions with TP groups and pieces passed down (random problems on 2 to 4 nodes):
+    the one-pass layout places every replica where the scanning one did."""
+    opts = PlanOptions(objective="max-throughput", tps=(1, 2, 4, 8))
+    p = random_problem(6 + seed, 16 + 8 * seed, ROOF, seed=seed, options=opts, load=0.6)
+    topo = from_cluster(p.cluster)
+    sol = solve_slot_scale(p, topo, deadline=Deadline.after(60), time_limit_s=30)
+    assert sol.choice
+    from scepsy_opt.allocation import Allocation
+    alloc = Allocation({m: c.instance for m, c in sol.choice.items()})
+    dem = demands(alloc, p.catalog)
+    got = layout(topo, sol, dem)
+    assert got == layout_before(topo, sol, dem)
+    assert got.complete
+
+
+def test_fragmentation_computed_once_per_distinct_node_equals_the_sum_over_nodes():
+    from scepsy_place.packing.fgd import domain_fragmentation
+    p = many_models_problem(48, 96, ROOF, options=MT)
+    topo = from_cluster(p.cluster)
+    res = plan_slot_scale(p, topo, deadline=Deadline.after(60))
+    assert res.placed
+    after = apply(topo, res.placement)
+    dem = demands(res.plan.allocation, p.catalog)
+    mix = task_mix(dem)
+    want = math.fsum(domain_fragmentation([n.free_units(i) for i in range(n.gpus)],
+                                          n.nvlink_domain, list(mix))
+                     for n in after.canonical_nodes())
+    assert fragmentation(after, mix) == want
+
+
+def test_a_model_scans_the_free_gpus_once_per_gpu_type(monkeypatch):
+    p = many_models_problem(16, 32, ROOF, options=MT)
+    topo = from_cluster(p.cluster)
+    calls: list[str] = []
+    real = slots.whole_free_gpus
+    monkeypatch.setattr(slots, "whole_free_gpus",
+                        lambda top, gpu: calls.append(gpu) or real(top, gpu))
+    sol = solve_slot_scale(p, topo, deadline=Deadline.after(60), at_scale=0.5, time_limit_s=30)
+    assert sol.choice
+    assert sorted(calls) == sorted(set(calls)) == sorted({n.gpu for n in topo.nodes})
+
+
+# --------------------------------------------------------------------------- truthful time
+
+def test_probes_cut_short_are_reported_as_a_time_limit_with_the_bound(monkeypatch):
+    """No probe answers within its time: the plan is time_limit (not infeasible, not a
+    plan without a bound), its stats say every probe was cut short and carry the bound."""
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    monkeypatch.setattr(slots, "solve_slot_scale", lambda *a, **k: _none("time_limit"))
+    res = plan_slot_scale(p, topo, deadline=Deadline.after(5))
+    assert res.status == "time_limit" and res.plan.status == "time_limit_no_solution"
+    stats = res.plan.stats
+    bound = scale_upper_bound(p, as_capacity_shapes(slot_shapes(p)))
+    assert stats["scale_bound"] == bound
+    assert stats["probes_cut"] > 0 and stats["probes_infeasible"] == 0
+
+
+def test_probes_proven_infeasible_are_not_a_time_limit(monkeypatch):
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    monkeypatch.setattr(slots, "solve_slot_scale", lambda *a, **k: _none("infeasible"))
+    res = plan_slot_scale(p, topo, deadline=Deadline.after(30))
+    assert res.status == "unplaced" and res.plan.status == "infeasible"
+    assert res.plan.stats["probes_cut"] == 0 and res.plan.stats["probes_infeasible"] > 0
+
+
+def _fake_parts(monkeypatch, p, topo, parts, capacity, cut_above=True, slow=0.0, cost=0.0):
+    """solve_slot_scale replaced by an oracle: part ``i`` (by its first LLM) has a solution at
+    scales up to ``capacity[i]`` (a real one, solved once at a low scale, that claims the
+    scale asked), found in ``cost`` seconds (a probe given less is cut short, like HiGHS's
+    presolve); above it the probe is cut short (after ``slow`` seconds or its whole time,
+    whichever is less) or proven infeasible. Returns the scales asked, per part."""
+    shp = slot_shapes(p)
+    owner = {q.llms[0]: i for i, q in enumerate(parts)}
+    real = {}
+    for i, q in enumerate(parts):
+        sub, sub_top = _sub(p, topo, q)
+        real[i] = solve_slot_scale(sub, sub_top, deadline=Deadline.after(60), at_scale=0.05,
+                                   shapes={m: shp[m] for m in q.llms}, time_limit_s=30)
+        assert real[i].choice
+    asked: dict[int, list[float]] = {i: [] for i in range(len(parts))}
+
+    def fake(sub, sub_top, *, deadline, time_limit_s=None, shapes=None, at_scale=None, **kw):
+        i = owner[min(sub.llms)]
+        asked[i].append(at_scale)
+        if time_limit_s < cost:
+            time.sleep(time_limit_s)
+            return _none("time_limit")
+        if at_scale <= capacity[i]:
+            from dataclasses import replace
+            time.sleep(cost)
+            return replace(real[i], scale=at_scale * 1.0001)
+        if cut_above:
+            time.sleep(min(slow, time_limit_s))
+            return _none("time_limit")
+        return _none("infeasible")
+
+    monkeypatch.setattr(slots, "solve_slot_scale", fake)
+    return shp, asked
+
+
+def test_a_probe_cut_short_steps_the_ladder_down_less_than_a_proof(monkeypatch):
+    """The first part's probes above its capacity are cut short: the ladder steps down by
+    FIRST_STEP each time (1 - 0.02, 0.04, 0.06, ... of the bound), where proofs that none
+    exists double the step (0.02, 0.04, 0.08, ...); the result is time_limit, not a proof."""
+    p = many_models_problem(16, 32, ROOF, options=MT)
+    topo = from_cluster(p.cluster)
+    parts = partition(p, topo, 16)
+    ub = 1.0
+    for cut in (True, False):
+        _, asked = _fake_parts(monkeypatch, p, topo, parts, [0.9], cut_above=cut)
+        res = solve_parts(p, topo, parts, deadline=Deadline.after(20), shapes=slot_shapes(p),
+                          scale_ub=ub)
+        steps = [round(1 - a / ub, 6) for a in asked[0][:4]]
+        if cut:
+            assert steps == [0.02, 0.04, 0.06, 0.08]
+            assert res.timed_out and res.cut >= 4 and res.infeasible == 0
+        else:
+            assert steps[:3] == [0.02, 0.04, 0.08]
+            assert not res.timed_out and res.infeasible >= 2
+        # the bracket closes within a step of the capacity (the fake's solutions are real
+        # ones of a low scale, so the joined scale is theirs: the scales asked tell)
+        assert res.solution is not None
+        assert max(a for a in asked[0] if a <= 0.9) >= 0.9 - slots.LADDER_REL * ub
+
+
+def test_every_part_gets_a_solution_when_probes_cost_time_and_the_plan_is_kept(monkeypatch):
+    """8 parts; a probe needs 0.25 s to find a solution (less time: cut short) and one above
+    its part's capacity is cut short after up to 1 s; the first part carries 0.9 of the bound,
+    the others 0.6. Every part still gets a solution in 8 s (the first part's search keeps to
+    its budget, each probe gets at least PROBE_MIN_S, the others are asked a safe way below the
+    first), and when catching up runs out of time the plan in hand comes back (time_limit).
+    Before, the later parts' probes at the first part's level, cut short and retried, left the
+    last parts shares below what a probe needs: no plan."""
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    parts = partition(p, topo, 8)
+    assert len(parts) == 8
+    cap = [0.9] + [0.6] * (len(parts) - 1)
+    shp, asked = _fake_parts(monkeypatch, p, topo, parts, cap, slow=1.0, cost=0.25)
+    t0 = time.monotonic()
+    res = solve_parts(p, topo, parts, deadline=Deadline.after(8), shapes=shp, scale_ub=1.0)
+    assert time.monotonic() - t0 <= 8 + 0.5
+    assert res.solution is not None and res.solved == len(parts) and res.timed_out
+    assert set(res.solution.choice) == set(p.llms)
+    assert all(asked[i] for i in range(len(parts)))
