@@ -114,8 +114,28 @@ class CoRunner:
     step_ms: float = 0.0
 
 
-SHARING = ("mps", "turns")
-"""How the LLMs of a mesh share it: concurrently under MPS limits, or taking turns."""
+SHARING = ("mps", "turns", "jobs")
+"""How the LLMs of a mesh share it: concurrently under MPS limits, taking turns, or as
+MuxServe's scheduler runs them (``"jobs"``: concurrently where their steps' SM parts fit
+together, :func:`jobs_fit`, in turns where they do not)."""
+
+SM_PARTS = 10
+"""MuxServe's scheduler hands a mesh's SMs out in tenths (its ``SMResource``): a job (a prefill,
+or a decode step) of an LLM at MPS limit ``s`` holds :func:`job_parts` of them while it runs."""
+OVERLOAD_PARTS = 2
+"""The parts a mesh may be overloaded by (MuxServe's ``overload_threshold``, 2 in every shipped
+configuration): jobs start only while at most ``SM_PARTS + OVERLOAD_PARTS`` parts are held."""
+
+
+def job_parts(share: float, parts: int = SM_PARTS) -> int:
+    """The SM parts a job at MPS limit ``share`` holds: ``round(share · parts)``, at least one
+    and at most ``parts``."""
+    return min(parts, max(1, round(share * parts)))
+
+
+def jobs_fit(a: float, b: float, parts: int = SM_PARTS, overload: int = OVERLOAD_PARTS) -> bool:
+    """Whether a job at MPS limit ``a`` and one at ``b`` can run at once on one mesh."""
+    return job_parts(a, parts) + job_parts(b, parts) <= parts + overload
 
 
 def contended_shares(mesh: Mapping[str, CoRunner], sharing: str = "mps",
@@ -123,8 +143,9 @@ def contended_shares(mesh: Mapping[str, CoRunner], sharing: str = "mps",
     """The shares of the LLMs of one mesh (module docstring). ``"mps"``: limits scaled down
     where they and the busy co-runners' decode limits exceed the GPU, steps slowed by
     ``1 + α·Σ busy``; ``"turns"``: each step runs on the LLM's own limits, after one step of
-    every busy co-runner, ``slowdown = 1 + Σ_j busy_j·step_j / step_i``. An LLM alone keeps its
-    limits."""
+    every busy co-runner, ``slowdown = 1 + Σ_j busy_j·step_j / step_i``; ``"jobs"``: ``"mps"``
+    with the co-runners whose decode steps fit beside the LLM's (:func:`jobs_fit`), ``"turns"``
+    with the others, which wait for each other. An LLM alone keeps its limits."""
     if sharing not in SHARING:
         raise InputError("contention", "sharing", f"one of {list(SHARING)}", sharing)
     if not (math.isfinite(interference) and interference >= 0):
@@ -144,8 +165,12 @@ def contended_shares(mesh: Mapping[str, CoRunner], sharing: str = "mps",
             slow = 1.0 + (wait / c.step_ms if c.step_ms > 0 else 0.0)
             out[m] = Contended(c.prefill, c.decode, slow)
             continue
-        demand = sum(x.busy * x.decode for x in others)
+        beside = [x for x in others if sharing == "mps" or jobs_fit(c.decode, x.decode)]
+        turns = [x for x in others if x not in beside]
+        wait = sum(x.busy * x.step_ms for x in turns)
+        demand = sum(x.busy * x.decode for x in beside)
         out[m] = Contended(prefill=c.prefill / max(1.0, c.prefill + demand),
                            decode=c.decode / max(1.0, c.decode + demand),
-                           slowdown=1.0 + interference * sum(x.busy for x in others))
+                           slowdown=1.0 + interference * sum(x.busy for x in beside)
+                           + (wait / c.step_ms if c.step_ms > 0 else 0.0))
     return out

@@ -30,7 +30,13 @@ from scepsy_opt.validate.fit import fit_output_cv, fit_overheads, lognormal_rati
 from scepsy_opt.validate.muxserve import MeasuredLLM, load_muxserve_dir, load_muxserve_workload
 from scepsy_opt.validate.report import document, run_rows, validate_muxserve
 from scepsy_profile.latency import CompositeLatencyModel
-from scepsy_profile.mps import CoRunner, PhaseShareModel, contended_shares
+from scepsy_profile.mps import (
+    CoRunner,
+    PhaseShareModel,
+    contended_shares,
+    job_parts,
+    jobs_fit,
+)
 from scepsy_profile.overheads import (
     MUXSERVE_A100,
     EngineOverheads,
@@ -101,6 +107,15 @@ def toy_folder(root: Path, *, strategies=("spatial", "flexsm"), rates=(2.0, 1.0)
         (root / "merged" / f"merged_{STEM}_placement_{STEM}_GPUnum2_{s}.json").write_text(
             json.dumps(merged))
     return root
+
+
+def test_prefills_take_the_larger_limit_as_muxserves_engine_does(tmp_path):
+    """MuxServe's ``estimate_mps``: prefills at the larger percentage, decodes at the smaller,
+    whatever their order in the file (and in the results' recorded ``mps``)."""
+    runs = load_muxserve_dir(toy_folder(tmp_path, strategies=("flexsm",),
+                                        mps=((60, 80), (90, 70))))
+    assert [(x.prefill_pct, x.decode_pct) for x in runs[0].meshes[0].llms] == [
+        (80.0, 60.0), (90.0, 70.0)]
 
 
 def test_a_folder_is_read_into_runs(tmp_path):
@@ -314,8 +329,34 @@ def test_turns_slowdown_is_the_expected_round_robin_cycle(others, own):
     assert (got.prefill, got.decode) == (1.0, 1.0)
 
 
+@PROPERTY
+@given(st.tuples(limits, limits, st.floats(0.1, 100.0)),
+       st.lists(st.tuples(limits, limits, busy, st.floats(0.1, 100.0)), max_size=4))
+def test_jobs_sharing_is_mps_beside_the_co_runners_that_fit_and_turns_with_the_others(me,
+                                                                                     others):
+    """Oracle: split the co-runners by whether their decode steps fit beside the LLM's
+    (MuxServe's SM parts: round(limit * 10) each, at most 12 at once); the shares are the MPS
+    model's over those that fit, the slowdown adds the turns model's over the others."""
+    mesh = {"me": CoRunner(me[0], me[1], 1.0, me[2])} | {
+        f"o{i}": CoRunner(p, d, b, s) for i, (p, d, b, s) in enumerate(others)}
+    got = contended_shares(mesh, "jobs", interference=0.3)["me"]
+    fit = {k: c for k, c in mesh.items() if k != "me" and jobs_fit(me[1], c.decode)}
+    turns = {k: c for k, c in mesh.items() if k != "me" and k not in fit}
+    mps = contended_shares({"me": mesh["me"]} | fit, "mps", interference=0.3)["me"]
+    wait = contended_shares({"me": mesh["me"]} | turns, "turns")["me"]
+    assert (got.prefill, got.decode) == pytest.approx((mps.prefill, mps.decode), rel=1e-12)
+    assert got.slowdown == pytest.approx(mps.slowdown + wait.slowdown - 1.0, rel=1e-12)
+    # the part arithmetic itself, from its definition
+    assert jobs_fit(me[1], 0.3) == (max(1, min(10, round(me[1] * 10))) + 3 <= 12)
+
+
+def test_job_parts_are_tenths_of_the_sms():
+    assert [job_parts(s) for s in (0.01, 0.3, 0.54, 0.9, 1.0)] == [1, 3, 5, 9, 10]
+    assert jobs_fit(0.9, 0.3) and not jobs_fit(0.9, 0.4) and not jobs_fit(1.0, 0.9)
+
+
 def test_an_llm_alone_keeps_its_limits():
-    for sharing in ("mps", "turns"):
+    for sharing in ("mps", "turns", "jobs"):
         got = contended_shares({"a": CoRunner(0.8, 0.3, 1.0, 5.0)}, sharing, interference=2.0)
         assert (got["a"].prefill, got["a"].decode, got["a"].slowdown) == (0.8, 0.3, 1.0)
 
@@ -528,19 +569,29 @@ def test_each_source_reports_the_share_of_requests_within_the_slo(tmp_path, late
 
 
 def test_co_located_llms_slow_each_other(tmp_path, latency):
-    """The same two LLMs on one shared mesh under limits adding up to more than 100: each
-    gets less than its limit, and is slower than alone on the same mesh."""
-    both = load_muxserve_dir(toy_folder(tmp_path / "a", strategies=("flexsm",),
-                                        rates=(6.0, 6.0)))[0]
-    v = validate_run(both, latency, simulate_runs=False)
-    lims = {"llm-1": (0.8, 0.6), "llm-2": (0.9, 0.7)}
-    for m, c in v.shares.items():
-        assert c.decode < lims[m][1] and c.prefill < lims[m][0]
-    alone = load_muxserve_dir(toy_folder(tmp_path / "b", strategies=("flexsm",),
-                                         rates=(6.0, 0.02)))[0]
-    w = validate_run(alone, latency, simulate_runs=False)
-    assert w.shares["llm-1"].decode > v.shares["llm-1"].decode
-    assert v.llms["llm-1"]["predicted"].mean_tpot_s > w.llms["llm-1"]["predicted"].mean_tpot_s
+    """The same two LLMs on one shared mesh under limits adding up to more than 100: where
+    their decode steps fit together (6 + 5 SM parts of 12) each gets less than its limit;
+    where they do not (6 + 7) they take turns at their limits, each step slowed. Either way
+    each is slower than alone on the same mesh."""
+    for name, mps, turns in (("fit", ((80, 60), (90, 50)), False),
+                             ("turns", ((80, 60), (90, 70)), True)):
+        both = load_muxserve_dir(toy_folder(tmp_path / name / "a", strategies=("flexsm",),
+                                            rates=(6.0, 6.0), mps=mps))[0]
+        v = validate_run(both, latency, simulate_runs=False)
+        lims = {"llm-1": (mps[0][0] / 100, mps[0][1] / 100),
+                "llm-2": (mps[1][0] / 100, mps[1][1] / 100)}
+        for m, c in v.shares.items():
+            if turns:
+                assert (c.prefill, c.decode) == lims[m] and c.slowdown > 1.0
+            else:
+                assert c.decode < lims[m][1] and c.prefill < lims[m][0]
+        alone = load_muxserve_dir(toy_folder(tmp_path / name / "b", strategies=("flexsm",),
+                                             rates=(6.0, 0.02), mps=mps))[0]
+        w = validate_run(alone, latency, simulate_runs=False)
+        assert (w.shares["llm-1"].decode / w.shares["llm-1"].slowdown
+                > v.shares["llm-1"].decode / v.shares["llm-1"].slowdown)
+        assert (v.llms["llm-1"]["predicted"].mean_tpot_s
+                > w.llms["llm-1"]["predicted"].mean_tpot_s)
 
 
 def test_simulated_figures_are_defined_as_muxserve_measures_them(tmp_path, latency):

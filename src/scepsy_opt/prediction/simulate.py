@@ -121,6 +121,7 @@ from scepsy_opt.prediction.schedule import AllocationChange, ReplicaSpan
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
+from scepsy_profile.mps import OVERLOAD_PARTS, SM_PARTS, job_parts
 from scepsy_profile.overheads import call_delay_s
 from scepsy_profile.serving import MemoryPolicy, call_tokens, memory_fit
 
@@ -133,7 +134,7 @@ _DEFAULT_POLICY = MemoryPolicy()
 
 _GRID_STEP = 0.01  # log spacing of the step-time tables (1%)
 _ARRIVAL, _START, _TOOL_END, _WAKE, _SUBMIT = 0, 1, 2, 3, 4
-_IDLE, _PREFILL, _DECODE, _BOUNDARY = 0, 1, 2, 3
+_IDLE, _PREFILL, _DECODE, _BOUNDARY, _GATED = 0, 1, 2, 3, 4  # _GATED: waits for a mesh's SMs
 _las_key = operator.itemgetter(4, 5, 6)  # a call's (LAS level, ready time, routing order)
 
 
@@ -326,6 +327,125 @@ class _StepTable:
 
 
 # --------------------------------------------------------------------------- the engine
+@dataclass(frozen=True, slots=True)
+class MeshJobs:
+    """MuxServe's scheduling of the LLMs that share a mesh (its ``muxsched``): every prefill
+    and every decode step is a job that holds SM parts while it runs. A mesh has ``parts``
+    parts (tenths of its SMs) and may be overloaded by ``overload`` more (MuxServe's
+    ``overload_threshold``); a job of an LLM whose MPS limit is ``s`` holds ``round(s·parts)``
+    of them, and starts only when they are free. Prefills go first: while a prefill waits for
+    its parts and none runs, no decode step starts on the mesh, so the steps in progress end
+    and free theirs. An LLM runs one job at a time, a prefill at its prefill limit and a
+    decode step at its decode limit (:class:`~scepsy_opt.allocation.Instance` ``prefill_share``
+    and ``share``). ``meshes``: LLM -> the mesh it shares (one replica each); an LLM left out
+    runs on its own GPUs."""
+
+    meshes: Mapping[str, str]
+    parts: int = SM_PARTS
+    overload: int = OVERLOAD_PARTS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.meshes, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) and v for k, v in self.meshes.items()):
+            raise InputError("simulate", "mesh_jobs.meshes", "a mapping of LLM names to mesh "
+                             "names", self.meshes)
+        if not (isinstance(self.parts, int) and self.parts >= 1):
+            raise InputError("simulate", "mesh_jobs.parts", "an integer >= 1", self.parts)
+        if not (isinstance(self.overload, int) and self.overload >= 0):
+            raise InputError("simulate", "mesh_jobs.overload", "an integer >= 0", self.overload)
+
+    def job_parts(self, share: float) -> int:
+        """The parts a job at MPS limit ``share`` holds (:func:`scepsy_profile.mps.job_parts`)."""
+        return job_parts(share, self.parts)
+
+
+class _Mesh:
+    """The SM parts of one mesh (:class:`MeshJobs`): who holds how many, who waits."""
+
+    __slots__ = ("cap", "decoding", "eng", "prefilling", "used", "wait_decode", "wait_prefill")
+
+    def __init__(self, eng: _Engine, cap: int) -> None:
+        self.eng, self.cap, self.used = eng, cap, 0
+        self.prefilling = 0  # prefills running
+        self.decoding: list[_Replica] = []  # replicas in a decode jump
+        self.wait_prefill: list[_Replica] = []  # FIFO
+        self.wait_decode: list[_Replica] = []
+
+    def holds_decodes(self) -> bool:
+        """A prefill waits for its parts and none runs: no decode step starts."""
+        return bool(self.wait_prefill) and not self.prefilling
+
+    def take_prefill(self, rep: _Replica, t: float) -> bool:
+        """Start ``rep``'s prefill if its parts are free and no earlier prefill waits; else
+        it waits (and the decode jumps in progress end at their next step if that holds
+        decodes)."""
+        w = self.wait_prefill
+        if (not w or w[0] is rep) and self.used + rep.pre_parts <= self.cap:
+            if w:
+                w.pop(0)
+            self.used += rep.pre_parts
+            self.prefilling += 1
+            rep.held = rep.pre_parts
+            return True
+        if rep not in w:
+            w.append(rep)
+        if self.holds_decodes():
+            self.cut(t)
+        return False
+
+    def take_decode(self, rep: _Replica, t: float) -> bool:
+        """Start ``rep``'s decode step(s) if no prefill holds the decodes, its parts are free
+        and the first decode waiting before it could start beside it; else it waits, and the
+        decode steps in progress end at their next step, so that decodes that do not fit
+        together take turns step by step (MuxServe's round robin)."""
+        w = self.wait_decode
+        ahead = w[:w.index(rep)] if rep in w else w
+        if (not self.holds_decodes() and self.used + rep.dec_parts <= self.cap
+                and (not ahead or self.used + ahead[0].dec_parts + rep.dec_parts <= self.cap)):
+            if rep in w:
+                w.remove(rep)
+            self.used += rep.dec_parts
+            rep.held = rep.dec_parts
+            self.decoding.append(rep)
+            return True
+        if rep not in w:
+            w.append(rep)
+        self.cut(t)
+        return False
+
+    def turns(self, rep: _Replica) -> bool:
+        """A decode of another LLM waits that cannot start beside ``rep``'s (which holds its
+        parts): ``rep`` runs one step and lets it go."""
+        return any(w is not rep and self.used + w.dec_parts > self.cap for w in self.wait_decode)
+
+    def release(self, rep: _Replica, t: float) -> None:
+        """``rep``'s job ended: free its parts and wake the waiting replicas (prefills
+        first) to try again at ``t``."""
+        self.used -= rep.held
+        rep.held = 0
+        if rep.state == _PREFILL:
+            self.prefilling -= 1
+        else:
+            self.decoding.remove(rep)
+        if self.holds_decodes():
+            self.cut(t)
+        eng = self.eng
+        for r in self.wait_prefill + self.wait_decode:
+            if r is not rep and r.state == _GATED:
+                r.state = _BOUNDARY
+                r.version += 1
+                eng.push(t, _WAKE, r, r.version)
+
+    def cut(self, t: float) -> None:
+        """End every decode jump in progress at its next step."""
+        for r in self.decoding:
+            k = int((t - r.jump_t0) / r.jump_tau) + 1 if r.jump_tau > 0 else r.jump_n
+            if k < r.jump_n:
+                r.jump_n = k
+                r.version += 1
+                self.eng.push(r.jump_t0 + k * r.jump_tau, _WAKE, r, r.version)
+
+
 class _Replica:
     """One replica: FCFS queue, running heap, KV in tokens (reserve) or blocks (paged).
 
@@ -344,6 +464,7 @@ class _Replica:
         "busy",
         "calls",
         "ctx_base",
+        "dec_parts",
         "decode_batch",
         "decode_steps",
         "down",
@@ -351,6 +472,7 @@ class _Replica:
         "eng",
         "front_at",
         "front_free",
+        "held",
         "hist",
         "idx",
         "inflight",
@@ -361,8 +483,10 @@ class _Replica:
         "kv_used",
         "llm",
         "max_batch",
+        "mesh",
         "n_prefill",
         "paged",
+        "pre_parts",
         "preemptions",
         "prefill_calls",
         "queue",
@@ -398,6 +522,8 @@ class _Replica:
         self.up = 0.0  # when it came up (changes=), routed to from then on
         self.down: float | None = None  # when it was down after draining
         self.draining = False
+        self.mesh: _Mesh | None = None  # the mesh whose SM parts its jobs hold (MeshJobs)
+        self.pre_parts = self.dec_parts = self.held = 0
 
     def drain(self, t: float) -> None:
         """Take no new calls; down once the queue, the running set and the calls on their way
@@ -536,27 +662,38 @@ class _Replica:
         q = self.queue
         eng = self.eng
         running = self.running
-        if q:
+        mesh = self.mesh
+        if q or self.admitted:
             room = self.max_batch - len(running)
-            if room > 0:
+            if self.admitted:  # admitted before its mesh's SM parts were free
+                tot = sum(c[2] for c in self.admitted)
+            elif room > 0:
                 tot = (self.admit_paged if self.paged else self.admit_reserve)(
                     q, room, eng.prefill_budget)
-                if tot:
-                    adm = self.admitted
-                    k = len(adm)
-                    dt = eng.prefill[self.llm](k, tot / k) * 1e-3
-                    if eng.log is not None:
-                        for c in adm:
-                            rec = eng.log[(c[0], c[1])]
-                            if rec[2] is None:
-                                rec[2] = t
-                            rec[4].append(t)
-                    self.state = _PREFILL
-                    self.version += 1
-                    eng.account(self, t, t + dt, 0, 0.0, k)
-                    eng.push(t + dt, _WAKE, self, self.version)
+            else:
+                tot = 0
+            if tot:
+                if mesh is not None and not mesh.take_prefill(self, t):
+                    self.state = _GATED
                     return
+                adm = self.admitted
+                k = len(adm)
+                dt = eng.prefill[self.llm](k, tot / k) * 1e-3
+                if eng.log is not None:
+                    for c in adm:
+                        rec = eng.log[(c[0], c[1])]
+                        if rec[2] is None:
+                            rec[2] = t
+                        rec[4].append(t)
+                self.state = _PREFILL
+                self.version += 1
+                eng.account(self, t, t + dt, 0, 0.0, k)
+                eng.push(t + dt, _WAKE, self, self.version)
+                return
         if running:
+            if mesh is not None and not mesh.take_decode(self, t):
+                self.state = _GATED
+                return
             b = len(running)
             steps = self.steps
             n = running[0][0] - steps
@@ -569,6 +706,8 @@ class _Replica:
                     self.preempt(t)
                     n = running[0][0] - steps  # a lone sequence always fits (_prepare)
                 b = len(running)
+            if mesh is not None and n > 1 and mesh.turns(self):
+                n = 1
             ctx = (self.ctx_base + b * steps) / b + 0.5 * (n - 1)
             tau = eng.decode[self.llm](b, ctx) * 1e-3
             self.jump_t0, self.jump_tau, self.jump_n = t, tau, n
@@ -590,6 +729,8 @@ class _Replica:
         done = []
         running = self.running
         paged = self.paged
+        if self.mesh is not None:
+            self.mesh.release(self, t)
         if self.state == _PREFILL:
             steps = self.steps
             hist, bs = self.hist, self.bs
@@ -633,7 +774,9 @@ class _Engine:
                  routing: str, window: tuple[float, float], horizon: float,
                  prefill_budget: float, delay: float, record: bool, progress: bool,
                  routes: list[tuple[tuple[int, float], ...]] | None = None,
-                 changes: Sequence[_Change] = (), las: bool = False) -> None:
+                 changes: Sequence[_Change] = (), las: bool = False,
+                 gates: Mapping[int, tuple[str, int, int]] | None = None,
+                 mesh_parts: int = 0) -> None:
         self.templates = templates
         # per LLM the templates call: its deployments and weights (smooth weighted round
         # robin among them: deterministic, each gets its weight's share of every long run)
@@ -646,6 +789,11 @@ class _Engine:
         self.shapes = list(shapes)
         self.replicas = [[_Replica(self, m, r, sh.kv_cap, sh.max_batch, sh.block_size)
                           for r in range(sh.replicas)] for m, sh in enumerate(shapes)]
+        meshes: dict[str, _Mesh] = {}
+        for m, (mesh, pre, dec) in (gates or {}).items():  # MeshJobs: jobs hold SM parts
+            for rep in self.replicas[m]:
+                rep.mesh = meshes.setdefault(mesh, _Mesh(self, mesh_parts))
+                rep.pre_parts, rep.dec_parts = pre, dec
         self.active = [list(reps) for reps in self.replicas]  # routed to: up, not draining
         self.order = [rep for reps in self.replicas for rep in reps]  # in the order they came up
         self.rr = [0] * len(shapes)
@@ -1132,7 +1280,8 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
          warmup_fraction: float, drain_s: float | None, max_prefill_tokens: int | None,
          record: bool, progress: bool, latencies: Mapping[str, LatencyModel] | None = None,
          arrival_times_s: Sequence[float] | None = None,
-         changes: Sequence[AllocationChange] = (), priority: PriorityPolicy = "fcfs"):
+         changes: Sequence[AllocationChange] = (), priority: PriorityPolicy = "fcfs",
+         mesh_jobs: MeshJobs | None = None, batch_limits: Mapping[str, int] | None = None):
     if routing not in ROUTINGS:
         raise InputError("simulate", "routing", f"one of {', '.join(ROUTINGS)}", routing)
     if priority not in PRIORITY_POLICIES:
@@ -1198,13 +1347,53 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
     if w1 <= w0:  # a single measured arrival: measure until the run stops
         w1 = math.inf
     budget = math.inf if max_prefill_tokens is None else float(max_prefill_tokens)
+    gates = _mesh_gates(prep, allocation, mesh_jobs, bool(changes))
+    for name, limit in (batch_limits or {}).items():
+        if name not in prep.llm_names:
+            raise InputError("simulate", f"batch_limits.{name}", "an LLM the simulated "
+                             f"workflows call ({', '.join(prep.llm_names)})")
+        if not (isinstance(limit, int) and 1 <= limit <= policy.max_batch):
+            raise InputError("simulate", f"batch_limits.{name}", f"an integer in [1, "
+                             f"{policy.max_batch}] (the policy's max_batch)", limit)
+        for m, dep in enumerate(prep.llm_names):
+            if dep == name:
+                prep.shapes[m] = dataclasses.replace(prep.shapes[m], max_batch=limit)
     eng = _Engine(prep.templates, arrivals, prep.tables, prep.shapes, routing, (w0, w1),
                   horizon, budget, float(delay), record, progress, prep.routes, compiled,
-                  priority == "las")
+                  priority == "las", gates,
+                  0 if mesh_jobs is None else mesh_jobs.parts + mesh_jobs.overload)
     tic = time.perf_counter()
     eng.run()
     wall = time.perf_counter() - tic
     return prep, arrivals, warm, workflows, eng, wall
+
+
+def _mesh_gates(prep: _Prepared, allocation: Allocation, jobs: MeshJobs | None,
+                changes: bool) -> dict[int, tuple[str, int, int]]:
+    """Per deployment on a shared mesh: its mesh and the SM parts of its prefill and decode
+    jobs (:class:`MeshJobs`); none without ``jobs``."""
+    if jobs is None:
+        return {}
+    if not isinstance(jobs, MeshJobs):
+        raise InputError("simulate", "mesh_jobs", "a MeshJobs or None", type(jobs).__name__)
+    unknown = sorted(set(jobs.meshes) - set(prep.llm_names))
+    if unknown:
+        raise InputError("simulate", f"mesh_jobs.meshes.{unknown[0]}", "an LLM the simulated "
+                         f"workflows call ({', '.join(prep.llm_names)})")
+    out: dict[int, tuple[str, int, int]] = {}
+    for m, name in enumerate(prep.llm_names):
+        mesh = jobs.meshes.get(name)
+        if mesh is None:
+            continue
+        inst = allocation.llms[name]
+        if changes:
+            raise InputError("simulate", "mesh_jobs", "no changes= with LLMs on shared meshes")
+        if inst.replicas != 1:
+            raise InputError(allocation.source, f"llms.{name}.replicas", "one replica for an "
+                             "LLM on a shared mesh (mesh_jobs=)", inst.replicas)
+        pre = inst.share if inst.prefill_share is None else inst.prefill_share
+        out[m] = (mesh, jobs.job_parts(pre), jobs.job_parts(inst.share))
+    return out
 
 
 def _pct(x: np.ndarray, q: float) -> float:
@@ -1233,6 +1422,8 @@ def simulate(
     arrival_times_s: Sequence[float] | None = None,
     changes: Sequence[AllocationChange] = (),
     priority: PriorityPolicy = "fcfs",
+    mesh_jobs: MeshJobs | None = None,
+    batch_limits: Mapping[str, int] | None = None,
 ) -> SimulationResult:
     """Replay workflow requests on ``allocation`` and measure latency, throughput and use.
 
@@ -1262,12 +1453,16 @@ def simulate(
     :mod:`scepsy_opt.prediction.schedule`); ``replica_spans`` says when each replica was up.
     ``priority``: the order of each replica's waiting queue, ``"fcfs"`` or ``"las"``
     (:mod:`scepsy_opt.prediction.priority`).
+    ``mesh_jobs``: the LLMs of each shared mesh take turns on its SMs as MuxServe's scheduler
+    runs them (:class:`MeshJobs`); ``None``: LLMs sharing GPUs run at once, each at its
+    contended shares (``latencies=``). ``batch_limits``: per LLM a batch limit below the
+    policy's ``max_batch`` (an engine that limits each LLM on its own, as MuxServe's does).
     See the module docstring for the serving model and the statistics.
     """
     prep, arrivals, warm, workflows, eng, wall = _run(
         trace, models, allocation, latency, rates, requests, duration_s, seed, routing, policy,
         catalog, warmup_fraction, drain_s, max_prefill_tokens, record_events, progress,
-        latencies, arrival_times_s, changes, priority)
+        latencies, arrival_times_s, changes, priority, mesh_jobs, batch_limits)
     w0, w1 = eng.w0, eng.w1
     end_t = eng.now
     if w1 == math.inf:  # one measured arrival: measured until the run stopped

@@ -24,6 +24,7 @@ and p90 TTFT the request-weighted means (weights: the measured request counts).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import zlib
@@ -38,7 +39,12 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.prediction.colocation import contend, operating_point, phase_model
 from scepsy_opt.prediction.pipeline import instance_curve, llm_demand
-from scepsy_opt.prediction.simulate import RequestOutcome, SimulationResult, simulate
+from scepsy_opt.prediction.simulate import (
+    MeshJobs,
+    RequestOutcome,
+    SimulationResult,
+    simulate,
+)
 from scepsy_opt.prediction.slo import CallSLO, attained
 from scepsy_opt.ratework import RateLLM, RateWorkload, rate_stats, rate_trace
 from scepsy_opt.stats import WorkflowStats
@@ -77,9 +83,11 @@ ENFORCES_MAX_NUM_SEQS = frozenset({"spatial"})
 spatial decode batch is below it). MuxServe's own engine (``flexsm``, ``temporal``) limits each
 LLM to what its scheduler gives it instead (:func:`adbs_max_num_seqs`)."""
 STATS_REQUESTS = 2000  # one-call requests behind each LLM's length statistics
-SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "mps",
-                                               "temporal": "turns"})
-"""How each strategy's co-located LLMs share a mesh (:func:`scepsy_profile.mps.contended_shares`)."""
+SHARING: Mapping[str, str] = MappingProxyType({"spatial": "mps", "flexsm": "jobs",
+                                               "temporal": "jobs"})
+"""How each strategy's co-located LLMs share a mesh (:func:`scepsy_profile.mps.contended_shares`):
+``flexsm`` and ``temporal`` are both MuxServe's scheduler, with other MPS limits (temporal's
+100% and 90% leave no two jobs room to run together, so they take turns)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +184,8 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
     per: dict[str, dict[str, Figures]] = {}
     predicted: dict[str, Figures] = {}
     simulated: dict[str, Figures] = {}
+    curves: dict[str, ServingCurve] = {}
+    outputs: dict[str, float] = {}
     for m, x in llms.items():
         lat = phase_model(latency, shares[m])
         curve = _curve(x, demands[m], lat)
@@ -189,9 +199,17 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
         fin = (finite_run(curve, x.rate, x.requests, queued, delay) if own is None
                else finite_run_recorded(curve, own.times_s, queued, delay))
         predicted[m] = _of_finite(m, fin, slos.get(m))
-        if simulate_runs:
-            out = run.lengths(m)[1] if own is None else float(np.mean(own.outputs))
-            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m), out, own)
+        curves[m] = curve
+        outputs[m] = run.lengths(m)[1] if own is None else float(np.mean(own.outputs))
+        if simulate_runs and not _takes_turns(run, m):
+            simulated[m] = _simulated(workload, m, x, lat, curve, seed, slos.get(m),
+                                      outputs[m], own)
+    if simulate_runs:
+        for mesh in run.meshes:
+            if _takes_turns(run, mesh.llms[0].name):
+                simulated.update(_mesh_simulated(
+                    workload, {y.name: llms[y.name] for y in mesh.llms}, mesh.source, latency,
+                    curves, seed, slos, outputs, recorded))
     measured = {m: _of_measured(run, m, slos.get(m)) for m in llms}
     for m in llms:
         per[m] = {"measured": measured[m], "predicted": predicted[m]}
@@ -204,6 +222,16 @@ def validate_run(run: MuxRun, latency: LatencyModel, *, simulate_runs: bool = Tr
         MappingProxyType({m: MappingProxyType(v) for m, v in sorted(per.items())}),
         MappingProxyType(dict(sorted(shares.items()))),
         "poisson" if recorded is None else "recorded")
+
+
+MESH_JOBS = frozenset({"flexsm", "temporal"})
+"""Strategies whose shared meshes the simulator serves as MuxServe's scheduler does, the LLMs
+of a mesh together (:class:`~scepsy_opt.prediction.simulate.MeshJobs`); an LLM alone on its
+mesh, and every LLM of the other strategies, is simulated alone at its contended shares."""
+
+
+def _takes_turns(run: MuxRun, m: str) -> bool:
+    return run.strategy in MESH_JOBS and len(run.mesh_of(m).llms) > 1
 
 
 def combine(per: Mapping[str, Figures], weights: Mapping[str, float]) -> Figures:
@@ -382,23 +410,75 @@ def _of_measured(run: MuxRun, m: str, slo: CallSLO | None) -> Figures:
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
                curve: ServingCurve, seed: int, slo: CallSLO | None, output_mean: float,
                recorded: RecordedLLM | None = None) -> Figures:
-    """The simulated figures of ``x``, defined as MuxServe measures them (its scheduler's
-    statistics): TTFT to the end of the prefill, TPOT each request's decode time over its
-    output tokens (the mean of those ratios), mean latency as the measured one
-    (:meth:`MeasuredLLM.mean_latency_s`: mean TTFT plus mean TPOT times the mean output),
-    throughput the requests over the last completion since the run began."""
+    """The simulated figures of ``x`` served alone at its contended shares (``lat``), defined
+    as MuxServe measures them (:func:`_figures`)."""
+    trace, times = _llm_requests(workload, m, x, seed, recorded)
+    res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
+                   requests=x.requests, seed=llm_seed(seed, m), policy=x.policy,
+                   warmup_fraction=0.0, record_events=True, arrival_times_s=times.tolist())
+    return _figures(res, trace, m, x, lat, curve, slo, output_mean)
+
+
+def _llm_requests(workload: RateWorkload, m: str, x: _LLM, seed: int,
+                  recorded: RecordedLLM | None) -> tuple[Trace, np.ndarray]:
+    """The requests the simulator replays for ``x``: a trace of one-call requests to draw
+    from, and the arrival times (each LLM its own draws, :func:`llm_seed`)."""
     own = llm_seed(seed, m)
     if recorded is None:
         one = RateWorkload(workload.name, {m: workload.llms[m]}, reference_gpu=GPU)
-        trace = rate_trace(one, min(x.requests, STATS_REQUESTS), own)
-        times = run_arrivals(x.requests, x.rate, own)
-    else:  # the recorded times; each request's lengths drawn from the recorded ones
-        trace = _recorded_trace(m, x.model, recorded)
-        times = np.asarray(recorded.times_s, dtype=float)
-    res = simulate(trace, {m: x.model}, Allocation({m: x.instance}), lat, {m: x.rate},
-                   requests=x.requests, seed=own, policy=x.policy, warmup_fraction=0.0,
-                   record_events=True, arrival_times_s=times.tolist())
-    reqs = [r for r in res.requests if r.end_s is not None]
+        return (rate_trace(one, min(x.requests, STATS_REQUESTS), own),
+                run_arrivals(x.requests, x.rate, own))
+    # the recorded times; each request's lengths drawn from the recorded ones
+    return _recorded_trace(m, x.model, recorded), np.asarray(recorded.times_s, dtype=float)
+
+
+def _mesh_simulated(workload: RateWorkload, xs: Mapping[str, _LLM], mesh: str,
+                    latency: LatencyModel, curves: Mapping[str, ServingCurve], seed: int,
+                    slos: Mapping[str, CallSLO], outputs: Mapping[str, float],
+                    recorded: RecordedWorkload | None = None) -> dict[str, Figures]:
+    """The simulated figures of the LLMs of one shared mesh, served together as MuxServe's
+    scheduler runs them (:class:`~scepsy_opt.prediction.simulate.MeshJobs`: each prefill and
+    decode step holds SM parts at the LLM's own MPS limits; a waiting prefill holds the
+    decodes). Each LLM replays the same requests as when it is simulated alone
+    (:func:`_llm_requests`, drawn as :func:`simulate` draws them), at their arrival times."""
+    calls: list[CallRecord] = []
+    for m, x in xs.items():
+        pool, times = _llm_requests(workload, m, x, seed, None if recorded is None
+                                    else recorded.llms[m])
+        templates = [recs[0] for (w, _), recs in pool.requests.items() if w == m]
+        picks = np.random.default_rng(llm_seed(seed, m)).random(len(times))
+        for j, (t, u) in enumerate(zip(times.tolist(), picks.tolist(), strict=True)):
+            c = templates[min(int(u * len(templates)), len(templates) - 1)]
+            calls.append(CallRecord(m, f"a{j}", "c0", t, t + (c.end_s - c.start_s), llm=m,
+                                    input_tokens=c.input_tokens,
+                                    output_tokens=c.output_tokens))
+    trace = validate_calls(calls)
+    alloc = Allocation({m: Instance(x.instance.gpu, x.instance.tp, x.limits[1], 1,
+                                    x.instance.memory, x.limits[0]) for m, x in xs.items()})
+    lats = {m: phase_model(latency, Contended(*x.limits, 1.0)) for m, x in xs.items()}
+    policy = next(iter(xs.values())).policy
+    limits = {m: x.policy.max_batch for m, x in xs.items()}
+    if len(set(limits.values())) > 1:  # one policy per run: each LLM its own batch limit
+        policy = dataclasses.replace(policy, max_batch=max(limits.values()))
+    res = simulate(trace, {m: x.model for m, x in xs.items()}, alloc, latency, None,
+                   policy=policy, warmup_fraction=0.0, record_events=True, latencies=lats,
+                   mesh_jobs=MeshJobs({m: mesh for m in xs}), batch_limits=limits)
+    return {m: _figures(res, trace, m, x, lats[m], curves[m], slos.get(m), outputs[m],
+                        workflow=m)
+            for m, x in xs.items()}
+
+
+def _figures(res: SimulationResult, trace: Trace, m: str, x: _LLM, lat: LatencyModel,
+             curve: ServingCurve, slo: CallSLO | None, output_mean: float,
+             workflow: str | None = None) -> Figures:
+    """LLM ``m``'s figures in a simulated run, defined as MuxServe measures them (its
+    scheduler's statistics): TTFT to the end of the prefill, TPOT each request's decode time
+    over its output tokens (the mean of those ratios), mean latency as the measured one
+    (:meth:`MeasuredLLM.mean_latency_s`: mean TTFT plus mean TPOT times the mean output),
+    throughput the requests over the last completion since the run began. ``workflow``: only
+    the requests of this workflow (a run of several LLMs)."""
+    mine = [k for k, r in enumerate(res.requests) if workflow is None or r.workflow == workflow]
+    reqs = [res.requests[k] for k in mine if res.requests[k].end_s is not None]
     if not reqs:
         return Figures(0.0, math.inf, math.inf, math.inf, math.inf, (m,))
     last = max(r.end_s for r in reqs if r.end_s is not None)
@@ -413,16 +493,17 @@ def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
     done = []  # (TTFT, latency, output tokens) of each completed request
     for e in log:
         req = res.requests[e.arrival]
-        if e.start_s is not None and req.end_s is not None:
+        if e.llm == m and e.start_s is not None and req.end_s is not None:
             done.append((e.start_s - req.arrival_s + prefill, req.end_s - req.arrival_s,
                          _output_tokens(trace, req)))
     ttft = np.array([d[0] for d in done], dtype=float)
     tpot = np.array([max(d[1] - d[0], 0.0) / d[2] for d in done], dtype=float)
     thr = len(reqs) / last if last > 0 else 0.0
-    share = None if slo is None else _simulated_attainment(slo, res, trace, prefill)
+    share = None if slo is None else _simulated_attainment(slo, res, trace, prefill, m)
+    unfinished = len(mine) - len(reqs)
     return Figures(thr, float(ttft.mean() + tpot.mean() * output_mean),
                    float(np.percentile(ttft, 90)), float(ttft.mean()), float(tpot.mean()),
-                   (m,) if res.unfinished > 0 or grew(lat_s) else (), share, share)
+                   (m,) if unfinished > 0 or grew(lat_s) else (), share, share)
 
 
 def _recorded_trace(m: str, model: str, recorded: RecordedLLM) -> Trace:
@@ -476,21 +557,22 @@ def _output_tokens(trace: Trace, req: RequestOutcome) -> int:
 
 
 def _simulated_attainment(slo: CallSLO, res: SimulationResult, trace: Trace,
-                          prefill_s: float) -> float:
-    """The share of the simulated requests within ``slo``: each call's TTFT (its admission
-    less its arrival, plus its group's prefill) and TPOT (the rest of its latency over its
-    output tokens less one); unfinished requests miss it."""
+                          prefill_s: float, llm: str) -> float:
+    """The share of the simulated requests of ``llm`` within ``slo``: each call's TTFT (its
+    admission less its arrival, plus its group's prefill) and TPOT (the rest of its latency
+    over its output tokens less one); unfinished requests miss it."""
     ok = 0
     for e in res.call_log or ():
         req = res.requests[e.arrival]
-        if e.start_s is None or req.end_s is None:
+        if e.llm != llm or e.start_s is None or req.end_s is None:
             continue
         ttft = e.start_s - req.arrival_s + prefill_s
         out = trace.requests[(req.workflow, req.request_id)][0].output_tokens
         tpot = max(req.end_s - req.arrival_s - ttft, 0.0) / max(out - 1.0, 1.0)
         ok += ((slo.ttft_s is None or ttft <= slo.ttft_s)
                and (slo.tpot_s is None or tpot <= slo.tpot_s))
-    return ok / len(res.requests) if res.requests else 0.0
+    n = sum(1 for r in res.requests if r.workflow == llm)
+    return ok / n if n else 0.0
 
 
 GROWTH = 2.0

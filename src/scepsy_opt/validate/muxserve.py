@@ -9,7 +9,8 @@ A folder holds, for one or more loads (workloads) and strategies:
 * ``yamls/<strategy>/<workload>_GPUnum<G>_mesh_size<k>_idx<i>[_<strategy>].yaml``: one mesh of
   the placement: ``num_gpus``, ``gpu_memory_utilization`` (the mesh's fraction of each GPU's
   memory for KV caches, on top of the weights) and its LLMs with ``tensor_parallel_size``,
-  ``mps_percentage: [prefill, decode]`` and ``max_num_seqs``;
+  ``mps_percentage`` (its prefills run at the larger limit, its decodes at the smaller:
+  :func:`engine_limits`) and ``max_num_seqs``;
 * ``merged/merged_<workload>_placement_<workload>_GPUnum<G>_<strategy>.json``: what was
   measured per LLM (throughput, request count, mean TTFT and TPOT, p90/p95/p99 of TTFT, TPOT
   and request latency) and, where present, the counts behind each LLM's request lengths:
@@ -263,7 +264,7 @@ def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any],
                 raise InputError(src, f"{where}.mps_percentage", "percentages in (0, 100]", pct)
             seqs = _int(e.get("max_num_seqs", doc.get("max_num_seqs")), src,
                         f"{where}.max_num_seqs")
-            llms.append(MeshLLM(name, tp, pre, dec, seqs))
+            llms.append(MeshLLM(name, tp, *engine_limits(pre, dec), seqs))
         meshes.append(Mesh(src, gpus, util, _int(doc.get("max_num_seqs"), src, "max_num_seqs"),
                            tuple(llms)))
     missing = [m for m in w["rates"] if m not in placed]
@@ -276,6 +277,17 @@ def _meshes(folder: Path, stem: str, strategy: str, w: Mapping[str, Any],
 _Mps = tuple[float, float]  # a MeasuredLLM's mps where it is not None
 
 
+def engine_limits(first: float, second: float) -> tuple[float, float]:
+    """An LLM's (prefill, decode) MPS limits from its ``mps_percentage`` pair, as MuxServe's
+    engine uses them: its prefills run in the process with the larger limit and its decodes in
+    the one with the smaller (``MuxScheduler.estimate_mps``), whichever the file lists first."""
+    return max(first, second), min(first, second)
+
+
+def _with_limits(x: MeshLLM, limits: tuple[float, float]) -> MeshLLM:
+    return replace(x, prefill_pct=limits[0], decode_pct=limits[1])
+
+
 def _recorded_mps(meshes: tuple[Mesh, ...], measured: Mapping[str, MeasuredLLM]
                   ) -> tuple[Mesh, ...]:
     """The meshes with each LLM's MPS limits as the run recorded them (``mps`` of the results,
@@ -283,8 +295,7 @@ def _recorded_mps(meshes: tuple[Mesh, ...], measured: Mapping[str, MeasuredLLM]
     flexsm LLMs of the ChatLMSYS runs recorded other limits than their YAML's."""
     out = []
     for mesh in meshes:
-        llms = tuple(replace(x, prefill_pct=cast(_Mps, measured[x.name].mps)[0],
-                             decode_pct=cast(_Mps, measured[x.name].mps)[1])
+        llms = tuple(_with_limits(x, engine_limits(*cast(_Mps, measured[x.name].mps)))
                      if measured[x.name].mps is not None else x for x in mesh.llms)
         out.append(replace(mesh, llms=llms))
     return tuple(out)
