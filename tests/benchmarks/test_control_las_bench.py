@@ -1,5 +1,6 @@
 """benchmarks/las_vs_fcfs.py: the quick run prints its table, writes its JSON, and compares the
-two priorities on the same arrivals at the same load."""
+two priorities on the same arrivals at the same load; the sweep's summary is the rows' per-seed
+statistics averaged, and its ratios are paired per seed."""
 
 from __future__ import annotations
 
@@ -35,8 +36,47 @@ def test_quick_run_writes_both_priorities_at_every_load(tmp_path, capsys):
         assert 0 < r["mean_all_s"] <= r["p90_all_s"]
 
 
-def test_bad_loads_are_refused(capsys):
+def test_the_summary_averages_the_seeds_and_pairs_the_ratios(tmp_path, capsys):
+    out = tmp_path / "las.json"
+    assert las_vs_fcfs.main(["--quick", "--mix", "coding-chat", "--seeds", "0,3",
+                             "--max-batch", "8", "--loads", "0.9,1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert "las/fcfs mean" in capsys.readouterr().out
+    assert [h["mix"] for h in doc["mixes"]] == ["coding-chat"] and doc["max_batch"] == 8
+    runs = {(r["load"], r["seed"], r["priority"]): r for r in doc["rows"]}
+    assert len(runs) == 2 * 2 * 2 == len(doc["rows"])
+    for r in doc["rows"]:
+        assert r["unfinished"] == 0
+        # the simulator's own per-workflow p90 (same warm-up) is the benchmark's
+        for w, x in r["p90_latency_s"].items():
+            assert math.isclose(r["latency_s"][w]["p90"], x, rel_tol=1e-9)
+    summary = doc["summary"]
+    assert {(s["load"], s["workflow"]) for s in summary} == {
+        (ld, w) for ld in (0.9, 1.0) for w in ("chat", "coding_agent", "all")}
+    for s in summary:
+        assert s["seeds"] == [0, 3]
+        for stat in las_vs_fcfs.STATS:
+            f = [runs[(s["load"], k, "fcfs")]["latency_s"][s["workflow"]][stat] for k in (0, 3)]
+            g = [runs[(s["load"], k, "las")]["latency_s"][s["workflow"]][stat] for k in (0, 3)]
+            ratios = [b / a for a, b in zip(f, g, strict=True)]
+            x = s[stat]
+            assert math.isclose(x["fcfs"], sum(f) / 2, rel_tol=1e-12)
+            assert math.isclose(x["las"], sum(g) / 2, rel_tol=1e-12)
+            assert math.isclose(x["ratio"], sum(ratios) / 2, rel_tol=1e-12)
+            assert x["ratio_min"] == min(ratios) and x["ratio_max"] == max(ratios)
+
+
+@pytest.mark.parametrize("argv, flag", [(["--loads", "1,x"], "--loads"),
+                                        (["--loads", "0"], "--loads"),
+                                        (["--mix", "chat"], "--mix"),
+                                        (["--seeds", "1,1"], "--seeds"),
+                                        (["--seeds", "-1"], "--seeds"),
+                                        (["--max-batch", "8,y"], "--max-batch"),
+                                        (["--max-batch", "-8"], "--max-batch"),
+                                        (["--requests", "0"], "--requests"),
+                                        (["--workload", "/nonexistent.yaml"], "--workload")])
+def test_bad_options_are_refused(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:
-        las_vs_fcfs.main(["--quick", "--loads", "1,x"])
+        las_vs_fcfs.main(["--quick", *argv])
     assert e.value.code == 2
-    assert "--loads" in capsys.readouterr().err
+    assert flag in capsys.readouterr().err
