@@ -4,9 +4,11 @@
 A mean rate hides the bursts of a real load. A recorded trace of arrival times keeps them:
 
 * :func:`load_arrivals` reads one from a JSON-lines file of objects with a ``timestamp`` in
-  milliseconds (Mooncake's traces: ``{"timestamp": 0, "input_length": ..., ...}``; other fields
-  are ignored) or from a text file with one time in seconds per line (``#`` comments and blank
-  lines skipped). Times are shifted to start at 0 and sorted.
+  milliseconds (Mooncake's traces: ``{"timestamp": 0, "input_length": ..., ...}``), from a CSV
+  file with a header row and a timestamp column (seconds or ISO 8601 date-times) or from a
+  text file with one time in seconds per line (``#`` comments and blank lines skipped). Times
+  are shifted to start at 0 and sorted. :func:`load_recorded` also gives each arrival's token
+  lengths where the file has them (``scepsy bench control --arrivals``).
 * :meth:`Arrivals.scaled` condenses (or stretches) time by a factor, as MuxServe condenses a
   day of ChatLMSYS arrivals into minutes: ``time_scale = 2`` replays twice as fast.
 * :meth:`Arrivals.window_rates` is the rate profile: arrivals per consecutive window of
@@ -23,9 +25,13 @@ window's rate instead of the mean.
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import io
 import math
 import os
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -115,13 +121,52 @@ def _at_quantile(rates: NDArray[np.float64], quantile: float) -> float:
     return float(ordered[max(0, math.ceil(quantile * len(ordered)) - 1)])
 
 
+TIMESTAMP_COLUMNS = ("timestamp", "time", "time_s", "arrival_time", "arrival_s")
+"""Names of a CSV file's arrival-time column (case-insensitive, the first one present)."""
+INPUT_COLUMNS = ("input_length", "input_tokens", "prompt_tokens", "context_tokens",
+                 "contexttokens")
+"""Names of a CSV file's prompt-length column (tokens; optional)."""
+OUTPUT_COLUMNS = ("output_length", "output_tokens", "completion_tokens", "generated_tokens",
+                  "generatedtokens")
+"""Names of a CSV file's output-length column (tokens; optional)."""
+
+
+@dataclass(frozen=True, eq=False)
+class Recorded:
+    """A recorded trace: its :class:`Arrivals` and, where the file has them, every arrival's
+    prompt and output lengths in tokens (in the order of ``arrivals.times_s``; ``None``
+    without)."""
+
+    arrivals: Arrivals
+    input_tokens: NDArray[np.float64] | None = None
+    output_tokens: NDArray[np.float64] | None = None
+
+
 def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
-    """The arrival times in ``path`` (module docstring); an :class:`InputError` naming the file
-    and the line for anything else."""
+    """The arrival times in ``path`` (module docstring, :func:`load_recorded`); an
+    :class:`InputError` naming the file and the line for anything else."""
+    return load_recorded(path).arrivals
+
+
+def load_recorded(path: str | os.PathLike[str]) -> Recorded:
+    """The arrival times and token lengths in ``path``, by its suffix:
+
+    * ``.jsonl``/``.ndjson``: a ``timestamp`` in milliseconds on every line; ``input_length``
+      and ``output_length`` (tokens, whole numbers >= 1) are the lengths when every line has
+      them (Mooncake's traces);
+    * ``.csv``: a header row, an arrival-time column (:data:`TIMESTAMP_COLUMNS`) in seconds or
+      as ISO 8601 date-times (``2023-11-16 18:15:46.6805900``), optional length columns
+      (:data:`INPUT_COLUMNS`, :data:`OUTPUT_COLUMNS`);
+    * anything else: one time in seconds per line (``#`` comments, blank lines skipped).
+
+    An :class:`InputError` names the file, the line and the field of anything else."""
     p = Path(path)
     src = str(p)
     times: list[float] = []
-    if p.suffix.lower() in (".jsonl", ".ndjson"):
+    lengths: tuple[list[float], list[float]] = ([], [])
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        has: tuple[bool, bool] | None = None
         for lineno, obj in read_jsonl_objects(p, "arrival-times file (JSON lines with a "
                                               "timestamp in ms)", "arrival"):
             ts = obj.get("timestamp")
@@ -129,8 +174,19 @@ def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
                     math.isfinite(ts) and ts >= 0):
                 raise InputError(src, f"line {lineno}: timestamp",
                                  "a time >= 0 in milliseconds", ts)
+            here = ("input_length" in obj, "output_length" in obj)
+            has = here if has is None else has
+            for k, name in enumerate(("input_length", "output_length")):
+                if here[k] != has[k]:
+                    raise InputError(src, f"line {lineno}: {name}", f"{name} on every line "
+                                     "or on none", obj.get(name, "missing"))
+                if has[k]:
+                    lengths[k].append(_tokens(obj[name], src, f"line {lineno}: {name}"))
             times.append(float(ts) / 1e3)
             _check_count(times, src)
+    elif suffix == ".csv":
+        _read_csv(read_text(p, "arrival-times CSV file (a header row with a timestamp "
+                                "column)"), src, times, lengths)
     else:
         text = read_text(p, "arrival-times file (one time in seconds per line)")
         for lineno, line in enumerate(text.splitlines(), start=1):
@@ -147,7 +203,76 @@ def load_arrivals(path: str | os.PathLike[str]) -> Arrivals:
             _check_count(times, src)
     if not times:
         raise InputError(src, "", "one or more arrival times")
-    return Arrivals(np.array(times, dtype=float), src)
+    order = np.argsort(np.array(times, dtype=float), kind="stable")
+
+    def col(xs: list[float]) -> NDArray[np.float64] | None:
+        if not xs:
+            return None
+        a = np.array(xs, dtype=float)[order]
+        a.setflags(write=False)
+        return a
+
+    return Recorded(Arrivals(np.array(times, dtype=float), src), col(lengths[0]),
+                    col(lengths[1]))
+
+
+def _tokens(x: object, src: str, field: str) -> float:
+    """A token count: a whole number >= 1."""
+    if isinstance(x, str):
+        with contextlib.suppress(ValueError):
+            x = float(x.strip())
+    if isinstance(x, bool) or not isinstance(x, int | float) or not (
+            math.isfinite(x) and x >= 1 and float(x).is_integer()):
+        raise InputError(src, field, "a token count (a whole number >= 1)", x)
+    return float(x)
+
+
+def _csv_time(text: str, src: str, field: str) -> float:
+    """Seconds: a number, or an ISO 8601 date-time (seconds since the epoch; naive ones as
+    UTC)."""
+    s = text.strip()
+    try:
+        v = float(s)
+    except ValueError:
+        try:
+            d = datetime.fromisoformat(s)
+        except ValueError:
+            raise InputError(src, field, "a time >= 0 in seconds or an ISO 8601 date-time",
+                             text) from None
+        v = (d if d.tzinfo else d.replace(tzinfo=UTC)).timestamp()
+    if not (math.isfinite(v) and v >= 0):
+        raise InputError(src, field, "a time >= 0 in seconds or an ISO 8601 date-time", text)
+    return v
+
+
+def _read_csv(text: str, src: str, times: list[float],
+              lengths: tuple[list[float], list[float]]) -> None:
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, None)
+    if header is None:
+        raise InputError(src, "line 1", "a header row naming a timestamp column "
+                         f"({', '.join(TIMESTAMP_COLUMNS)})")
+    names = [h.strip().lower() for h in header]
+
+    def find(options: tuple[str, ...]) -> int | None:
+        return next((names.index(o) for o in options if o in names), None)
+
+    ts = find(TIMESTAMP_COLUMNS)
+    if ts is None:
+        raise InputError(src, "line 1", "a header row naming a timestamp column (one of "
+                         f"{', '.join(TIMESTAMP_COLUMNS)})", ",".join(header))
+    cols = (find(INPUT_COLUMNS), find(OUTPUT_COLUMNS))
+    for lineno, row in enumerate(rows, start=2):
+        if not row or not any(c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise InputError(src, f"line {lineno}", f"{len(header)} fields as in the header",
+                             len(row))
+        times.append(_csv_time(row[ts], src, f"line {lineno}: {header[ts].strip()}"))
+        for k, c in enumerate(cols):
+            if c is not None:
+                lengths[k].append(_tokens(row[c], src, f"line {lineno}: {header[c].strip()}"))
+        _check_count(times, src)
 
 
 def _check_count(times: list[float], src: str) -> None:
