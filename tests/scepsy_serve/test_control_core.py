@@ -5,6 +5,7 @@ the decision log line, and ``replan``'s objective."""
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -278,4 +279,38 @@ def test_a_scale_down_keeps_a_margin_below_the_bound():
         ds = _run(ctl, [{w: r / 4 for w, r in base.items()}] * 5)
         assert any(d.action == "scale-down" for d in ds) is want, [d.reason for d in ds]
         if not want:
-            assert any("above 1e-06 x the bound" in d.reason for d in ds)
+            assert any("within 1e-06 x the bound" in d.reason for d in ds)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(0.0, 50.0), min_size=1, max_size=12), st.integers(1, 6),
+       st.floats(1.0, 400.0))
+def test_the_demand_counts_the_requests_in_flight(series, startup_windows, in_flight):
+    """The demand of a workflow whose requests last one window is the forecast's peak over the
+    horizon; a longer one averages the arrivals in flight. With the last window's rate as the
+    forecast, a step from ``hi`` down to ``lo`` keeps the demand above ``lo`` while a ``hi``
+    window is among the ``D - 1`` before the next one (``D - 2`` windows after the first
+    ``lo`` one), falling window by window, and at ``lo`` from then on."""
+    ctl, problem = _controller(forecast="last", startup_s=30.0 * startup_windows)
+    wf = next(iter(problem.targets))
+    f, hist = ctl.forecasters[wf], ctl.history[wf]
+    for x in series:
+        f.update(x)
+        hist.append(x)
+    ctl.in_flight_s = {w: 1.0 for w in ctl.forecasters}
+    assert ctl.demand(30.0)[wf] == pytest.approx(f.peak(ctl.config.horizon))
+    hi, lo = max(series) + 1.0, min(series)
+    ctl.in_flight_s = {w: in_flight for w in ctl.forecasters}
+    d = math.ceil(in_flight / 30.0 - 1e-9)
+    for _ in range(d):
+        f.update(hi)
+        hist.append(hi)
+    seen = []
+    for _ in range(d + 2):
+        f.update(lo)
+        hist.append(lo)
+        seen.append(ctl.demand(30.0)[wf])
+    assert all(a >= b - 1e-9 for a, b in itertools.pairwise(seen)), seen
+    k = max(0, d - 2)
+    assert all(x > lo + 1e-9 for x in seen[:k]), seen
+    assert all(x == pytest.approx(lo) for x in seen[k:]), seen

@@ -53,6 +53,11 @@ def add_arguments(cmd: argparse.ArgumentParser) -> argparse.ArgumentParser:
                      help=f"seconds per window (default {d.window_s:g})")
     cmd.add_argument("--startup", type=POSITIVE, default=d.startup_s, metavar="S",
                      help=f"seconds a new replica takes to start (default {d.startup_s:g})")
+    cmd.add_argument("--arrivals", default=None, metavar="FILE", type=Path,
+                     help="a recorded arrival trace to compare the policies on: seconds per "
+                          "line, Mooncake JSON lines (.jsonl) or CSV with a timestamp column "
+                          "and optional token counts (docs/bench-control.md); with it the "
+                          "run covers only this trace unless --profiles names more")
     cmd.add_argument("--seed", type=SEED, default=0, help="seed (default 0)")
     cmd.add_argument("--json", default=None, metavar="PATH", type=Path,
                      help="write the results as JSON ({\"policies\": ...} and more)")
@@ -67,11 +72,11 @@ def options(args: argparse.Namespace):
 
     base = QUICK if args.quick else BenchOptions()
     profiles = (tuple(x.strip() for x in args.profiles.split(",") if x.strip())
-                if args.profiles else base.profiles)
-    shared = Path(__file__).resolve().parents[3] / "shared" / "data"
+                if args.profiles else () if args.arrivals is not None else base.profiles)
+    shared = Path(__file__).resolve().parents[4] / "shared" / "data"  # ../shared/data
     return replace(base, workflow=args.workflow, gpu=args.gpu, gpus=args.gpus,
                    profiles=profiles, windows=args.windows, window_s=args.window,
-                   startup_s=args.startup, seed=args.seed,
+                   startup_s=args.startup, seed=args.seed, arrivals=args.arrivals,
                    shared_data=shared if shared.is_dir() else None)
 
 

@@ -56,7 +56,7 @@ import numpy as np
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.arrivals import load_arrivals
+from scepsy_opt.arrivals import Arrivals, Recorded, load_arrivals, load_recorded
 from scepsy_opt.cluster import uniform_cluster
 from scepsy_opt.planning.objectives import objective as kind
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
@@ -64,6 +64,8 @@ from scepsy_opt.prediction.pipeline import predict
 from scepsy_opt.prediction.schedule import AllocationChange
 from scepsy_opt.prediction.simulate import simulate
 from scepsy_opt.stats import workflow_stats
+from scepsy_opt.traces import validate_calls
+from scepsy_opt.workflows import PROGRAMS, Distribution, Param, WorkflowSpec, generate_trace
 from scepsy_opt.workload import models_of, resolve_rates, specs_and_rates, workload_trace
 from scepsy_place.formulations.loop import Formulation, PlacedPlan, plan_and_place
 from scepsy_place.packing.topology import Topology, from_cluster
@@ -73,12 +75,14 @@ from scepsy_serve.control.core import ControlConfig, Controller, WindowStats
 from scepsy_serve.control.forecast import FORECASTS, forecast_error
 
 PROFILES = ("daily", "ramp", "bursts", "mooncake")
+ARRIVALS = "arrivals"  # the profile of --arrivals FILE
 POLICIES = ("static-mean", "static-peak", "per-llm-autoscale", "scepsy-control")
 HEADLINE = "daily"  # the profile of the top-level "policies" table
 PEAK_FRACTION = 0.8
 BOUND_FACTOR = 1.5
 PERCENTILE = 90.0  # the latency bound is on this percentile of a workflow's request latency
 DRAIN_WINDOWS = 5
+LOST_BOUNDS = 2.0  # the drain lasts at least this many times the largest latency bound
 GPUS_PER_NODE = 8
 TPS = (1, 2, 4, 8)
 FORMULATION: Formulation = "aggregate"  # every plan: the aggregate MILP placed (no time-limited search)
@@ -104,11 +108,12 @@ class BenchOptions:
     shared_data: Path | None = None  # the folder holding request-traces/ (../shared/data)
     workflows_dir: Path | None = None  # datasets/workflows of the checkout
     priority: bool = True  # scepsy-control once more under LAS
+    arrivals: Path | None = None  # a recorded trace (scepsy_opt.arrivals.load_recorded)
 
     def __post_init__(self) -> None:
         src = "bench control"
         bad = [p for p in self.profiles if p not in PROFILES]
-        if bad or not self.profiles:
+        if bad or not (self.profiles or self.arrivals is not None):
             raise InputError(src, "profiles", f"profiles among {', '.join(PROFILES)}",
                              ",".join(self.profiles))
         if not (isinstance(self.gpus, int) and self.gpus >= 1):
@@ -155,9 +160,10 @@ def workflows_dir(opts: BenchOptions) -> Path:
     return Path(__file__).resolve().parents[3] / "datasets" / "workflows"
 
 
-def setup(opts: BenchOptions) -> Setup:
+def setup(opts: BenchOptions, recorded: Recorded | None = None) -> Setup:
     """The problem (the bundled catalog, the roofline, the TP degrees the workflow's models
-    support, as ``scepsy bench paper``), the peak and the bounds."""
+    support, as ``scepsy bench paper``), the peak and the bounds; with a ``recorded`` trace
+    that has token lengths, the workflows' requests take them (:func:`token_source`)."""
     folder = workflows_dir(opts)
     names = sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
     if opts.workflow not in names:
@@ -170,7 +176,14 @@ def setup(opts: BenchOptions) -> Setup:
     models = models_of(specs)
     cat = default_catalog()
     tps = tuple(t for t in TPS if any(cat.model(m).supports_tp(t) for m in models.values()))
-    trace = workload_trace(specs, requests=opts.trace_requests, seed=opts.seed)
+    if recorded is not None and (recorded.input_tokens is not None
+                                 or recorded.output_tokens is not None):
+        trace = validate_calls(tuple(
+            c for i, sp in enumerate(specs)
+            for c in generate_trace(sp, opts.trace_requests, seed=opts.seed + i,
+                                    token_source=token_source(sp, recorded))))
+    else:
+        trace = workload_trace(specs, requests=opts.trace_requests, seed=opts.seed)
     cluster = uniform_cluster(opts.gpu, opts.gpus, min(GPUS_PER_NODE, opts.gpus),
                               f"{opts.gpu}x{opts.gpus}")
     topology = from_cluster(cluster)
@@ -191,6 +204,31 @@ def setup(opts: BenchOptions) -> Setup:
     problem = replace(problem, options=replace(problem.options, latency_bounds={
         w: (PERCENTILE, b) for w, b in bounds.items()}))
     return Setup(problem, topology, trace, models, peak, bounds)
+
+
+OUTPUT_PARAMS = ("answer_tokens", "output_tokens")
+"""A program's param that is its request's final answer (the first of these it requires)."""
+
+
+def token_source(spec: WorkflowSpec, recorded: Recorded) -> dict[str, Param]:
+    """The params a recorded trace's lengths replace in ``spec``: its prompt (the first param
+    its program requires) takes the recorded input lengths, its answer (:data:`OUTPUT_PARAMS`)
+    the output lengths, each resampled from the trace and scaled so that its mean stays the
+    workflow's (a chat prompt is not a RAG query: the trace gives the spread, the workflow the
+    scale), within the param's own ``min``/``max``."""
+    required = PROGRAMS[spec.program].required_params
+    out: dict[str, Param] = {}
+    picks = [(required[0] if required else None, recorded.input_tokens),
+             (next((p for p in OUTPUT_PARAMS if p in required), None), recorded.output_tokens)]
+    for name, values in picks:
+        if name is None or values is None or name in out:
+            continue
+        old = spec.params[name]
+        mean = old.mean() if isinstance(old, Distribution) else float(old)
+        lo, hi = (old.min, old.max) if isinstance(old, Distribution) else (None, None)
+        out[name] = Distribution.empirical(np.asarray(values) * (mean / float(np.mean(values))),
+                                           min=lo, max=hi)
+    return out
 
 
 def _with(problem: PlanningProblem, objective: str) -> PlanningProblem:
@@ -255,29 +293,43 @@ def multipliers(name: str, n: int) -> list[float]:
 
 def poisson_profile(name: str, peak: float, n: int, window_s: float, seed: int) -> Profile:
     """Seeded Poisson arrivals at :func:`multipliers` ``x peak``, constant within a window."""
-    rng = np.random.default_rng([seed, PROFILES.index(name)])
-    rates = [peak * f for f in multipliers(name, n)]
+    return rate_profile(name, [peak * f for f in multipliers(name, n)], window_s,
+                        [seed, PROFILES.index(name)])
+
+
+def rate_profile(name: str, rates: Sequence[float], window_s: float,
+                 seed: int | Sequence[int]) -> Profile:
+    """Seeded Poisson arrivals at ``rates[k]`` req/s within window ``k``."""
+    rng = np.random.default_rng(seed)
     times: list[float] = []
     for k, r in enumerate(rates):
         c = int(rng.poisson(r * window_s))
         times += sorted((k * window_s + rng.uniform(0.0, window_s, c)).tolist())
-    return Profile(name, tuple(times), tuple(rates))
+    return Profile(name, tuple(times), tuple(float(r) for r in rates))
 
 
 def mooncake_profile(path: Path, peak: float, n: int, window_s: float,
                      seed: int) -> Profile:
     """Mooncake's arrival times compressed onto ``n`` windows, thinned so that the busiest
     window's rate is ``peak``."""
-    arr = load_arrivals(path)
+    return recorded_profile("mooncake", load_arrivals(path), peak, n, window_s, seed)
+
+
+def recorded_profile(name: str, arr: Arrivals, peak: float, n: int, window_s: float,
+                     seed: int) -> Profile:
+    """Recorded arrival times compressed (or stretched) onto ``n`` windows, thinned (seeded)
+    so that the busiest window's rate is at most ``peak``."""
+    path = Path(arr.source or name)
     span = n * window_s
     t = np.asarray(arr.times_s) * (span / max(arr.span_s, 1e-9))
     t = t[t < span]
     counts = np.bincount(np.minimum((t // window_s).astype(int), n - 1), minlength=n)
     keep = min(1.0, peak * window_s / max(1, counts.max()))
-    rng = np.random.default_rng([seed, PROFILES.index("mooncake")])
+    named = (*PROFILES, ARRIVALS)
+    rng = np.random.default_rng([seed, named.index(name) if name in named else len(named)])
     t = t[rng.uniform(size=len(t)) < keep]
     counts = np.bincount(np.minimum((t // window_s).astype(int), n - 1), minlength=n)
-    return Profile("mooncake", tuple(float(x) for x in t),
+    return Profile(name, tuple(float(x) for x in t),
                    tuple(float(c) / window_s for c in counts),
                    note=f"{arr.count} arrivals of {path.name} over {arr.span_s:.0f} s, "
                         f"compressed {arr.span_s / span:.3g}x and thinned to {keep:.3g}")
@@ -329,8 +381,7 @@ def compile_schedule(s: Schedule, end_s: float) -> tuple[list[AllocationChange],
     starting = 0.0
     for st in steps:
         old = cur[st.llm]
-        same = (old.gpu, old.tp, old.share, old.memory_share) == (
-            st.instance.gpu, st.instance.tp, st.instance.share, st.instance.memory_share)
+        same = _shape(old) == _shape(st.instance)
         added = max(0, st.instance.replicas - old.replicas) if same else st.instance.replicas
         gpus = st.instance.tp * st.instance.share
         starting += added * gpus * max(0.0, min(st.at_s, end_s) - min(st.decided_s, end_s))
@@ -405,6 +456,29 @@ def _replicas(load: float, mu: float, setpoint: float) -> int:
     return max(1, math.ceil(load / (setpoint * mu) - 1e-9)) if mu > 0 else 1
 
 
+def resize_steps(before: Allocation, after: Allocation, at_s: float,
+                 startup_s: float) -> list[Step]:
+    """The steps of a re-plan decided at ``at_s``, LLM by LLM, resized in place: an LLM
+    whose shape is kept and whose count only falls drains its highest-index replicas at
+    ``at_s`` (the others keep serving); one that adds replicas of its shape adds them at
+    ``at_s + startup_s`` (the others keep serving meanwhile); one whose shape changes keeps
+    every old replica serving until its new ones are up at ``at_s + startup_s``, and only then
+    drains them (no replica drains before its replacement is healthy). An LLM the re-plan
+    leaves alone has no step."""
+    out = []
+    for m, inst in sorted(after.llms.items()):
+        old = before.llms.get(m)
+        if old == inst:
+            continue
+        shrink = old is not None and _shape(old) == _shape(inst) and inst.replicas < old.replicas
+        out.append(Step(at_s, at_s if shrink else at_s + startup_s, m, inst))
+    return out
+
+
+def _shape(i: Instance) -> tuple[Any, ...]:
+    return (i.gpu, i.tp, i.share, i.memory_share)
+
+
 def control_schedule(s: Setup, start: PlacedPlan, counts: Sequence[int], window_s: float,
                      cfg: ControlConfig) -> Schedule:
     """``scepsy-control``: the controller's decisions, one per window."""
@@ -420,10 +494,7 @@ def control_schedule(s: Setup, start: PlacedPlan, counts: Sequence[int], window_
         log.append(d.to_dict())
         alloc = d.allocation
         if alloc is not None and d.action in ("scale-up", "scale-down"):
-            before = ctl.allocation
-            for m, inst in sorted(alloc.llms.items()):
-                if before.llms.get(m) != inst:
-                    steps.append(Step(d.at_s, d.at_s + d.startup_s, m, inst))
+            steps += resize_steps(ctl.allocation, alloc, d.at_s, d.startup_s)
             moves += d.moves
         ctl.commit(d)
     return Schedule(start.plan.allocation, tuple(steps), moves, tuple(log))
@@ -442,7 +513,7 @@ def run_policy(s: Setup, prof: Profile, sched: Schedule, opts: BenchOptions,
     extra: dict[str, Any] = {} if p.policy is None else {"policy": p.policy}
     res = simulate(s.trace, s.models, sched.initial, p.latency, dict(p.targets),
                    seed=opts.seed, arrival_times_s=list(prof.times_s), warmup_fraction=0.0,
-                   drain_s=DRAIN_WINDOWS * ws, changes=changes,
+                   drain_s=drain_s(s, ws), changes=changes,
                    priority=priority, catalog=p.catalog, **extra)  # type: ignore[arg-type]
     stop = res.end_s
     lat, ok, lost = [], 0, 0
@@ -472,6 +543,14 @@ def run_policy(s: Setup, prof: Profile, sched: Schedule, opts: BenchOptions,
                        "p90_latency_s": [_q(v, 0.9) for v in per_window]}}
 
 
+def drain_s(s: Setup, window_s: float) -> float:
+    """How long a run goes on after its last arrival (no new arrivals, the last allocation
+    serving): :data:`DRAIN_WINDOWS` windows, and at least twice the largest latency bound, so
+    that a request that meets its bound always completes within the run. A request still not
+    complete then is lost."""
+    return max(DRAIN_WINDOWS * window_s, LOST_BOUNDS * max(s.bounds.values(), default=0.0))
+
+
 def _q(xs: Sequence[float], q: float) -> float:
     return float(np.quantile(np.asarray(xs, dtype=float), q)) if len(xs) else math.nan
 
@@ -484,7 +563,8 @@ def run(opts: BenchOptions, say: Say | None = None) -> dict[str, Any]:
     profile), ``profiles`` (every profile and policy), ``forecast`` (MAPE per profile),
     ``priority`` (FCFS against LAS), ``setup`` and ``notes``."""
     say = say or (lambda _s: None)
-    s = setup(opts)
+    recorded = None if opts.arrivals is None else load_recorded(opts.arrivals)
+    s = setup(opts, recorded)
     say(f"{opts.workflow} on {opts.gpus} {opts.gpu}: peak {s.peak:.3g} req/s, bounds "
         + ", ".join(f"{w} {b:.3g} s" for w, b in sorted(s.bounds.items())))
     cfg = ControlConfig(window_s=opts.window_s, startup_s=opts.startup_s)
@@ -501,8 +581,17 @@ def run(opts: BenchOptions, say: Say | None = None) -> dict[str, Any]:
             plans[key] = min_cost_plan(s, rate)
         return plans[key]
 
-    for name in opts.profiles:
-        if name == "mooncake":
+    names = opts.profiles + ((ARRIVALS,) if recorded is not None else ())
+    for name in names:
+        if name == ARRIVALS:
+            assert recorded is not None
+            prof = recorded_profile(ARRIVALS, recorded.arrivals, s.peak, n, ws, opts.seed)
+            lengths = [k for k, v in (("input", recorded.input_tokens),
+                                      ("output", recorded.output_tokens)) if v is not None]
+            prof = replace(prof, note=prof.note + "; " + (
+                f"{' and '.join(lengths)} lengths from the trace" if lengths
+                else "lengths from the workflows (the trace has none)"))
+        elif name == "mooncake":
             path = (opts.shared_data or Path()) / MOONCAKE
             if opts.shared_data is None or not path.is_file():
                 notes.append(f"mooncake skipped: {path} not found")
@@ -547,6 +636,8 @@ def run(opts: BenchOptions, say: Say | None = None) -> dict[str, Any]:
         "setup": {"workflow": opts.workflow, "gpu": opts.gpu, "gpus": opts.gpus,
                   "windows": n, "window_s": ws, "startup_s": opts.startup_s,
                   "seed": opts.seed, "peak_rate": _round(s.peak),
+                  "arrivals": None if opts.arrivals is None else str(opts.arrivals),
+                  "drain_s": _round(drain_s(s, ws)),
                   "latency_bounds_s": {w: _round(b) for w, b in sorted(s.bounds.items())},
                   "mix": {w: _round(f) for w, f in sorted(s.mix.items())},
                   "control": {"forecast": cfg.forecast, "alpha": cfg.alpha, "beta": cfg.beta,

@@ -3,40 +3,46 @@ I/O). The live controller and ``scepsy bench control`` share it (docs/bench-cont
 
 Each window (:meth:`Controller.observe`):
 
-1. **Forecast.** Every workflow's request rate is forecast (:mod:`scepsy_serve.control.forecast`,
-   by default ``auto``: Holt's double exponential smoothing or the last window's
-   rate, whichever has forecast this series better so far) over the next ``H = 1 + ceil(startup_s /
-   window_s)`` windows, and the largest of those forecasts is kept: a replica started now is
-   healthy ``startup_s`` later, so the capacity decided now must carry the load until the window
-   after it has started. The **target** is that forecast times ``1 + headroom`` (the forecast's
-   error margin).
+1. **Forecast and demand.** Every workflow's request rate is forecast
+   (:mod:`scepsy_serve.control.forecast`, by default ``auto``: Holt's double exponential
+   smoothing or the last window's rate, whichever has forecast this series better so far) over
+   the next ``H = 1 + ceil(startup_s / window_s)`` windows: a replica started now is healthy
+   ``startup_s`` later, so the capacity decided now must carry the load until the window after
+   it has started. A request keeps its LLMs busy for about its latency (``in_flight_s``: the
+   running plan's predicted mean latency at the observed rates, at most the bound), so the
+   load at a window is the arrival rate averaged over the last ``D = ceil(in_flight_s /
+   window_s)`` windows, observed and forecast; the **demand** (:meth:`Controller.demand`) is
+   the largest such average over the horizon (the forecast's peak when ``D = 1``). The
+   **target** is the demand times ``1 + headroom`` (the forecast's error margin).
 2. **Predict** the running plan at the target with the Aggregate LLM Pipeline
    (:func:`scepsy_opt.prediction.pipeline.predict`): each LLM's utilisation (its
    ``LLMLoad.utilisation``, ``load / (replicas·μ)``, the one the optimiser's ``max_utilisation``
-   bounds) and each workflow's mean latency.
-3. **Decide**, with a hysteresis band ``[down_utilisation, up_utilisation]``:
+   bounds) and each workflow's latency.
+3. **Decide**, with a band:
 
    * **scale-up** when some LLM's utilisation exceeds ``up_utilisation`` or some workflow's
      predicted latency exceeds its bound;
-   * **scale-down** when some LLM's utilisation has been below ``down_utilisation`` for
-     ``hold_windows`` consecutive windows (a window without one starts the count again: one
-     LLM of a workflow may be oversized while another is busy), the re-plan uses fewer GPUs,
-     and
-     the smaller plan keeps every workflow within ``down_latency`` (0.8) times its bound (a
-     plan at the bound's edge would be scaled up again at the next rise of the load);
+   * **scale-down** after ``hold_windows`` consecutive windows in each of which an LLM of more
+     than one replica was below ``down_utilisation``, or a plan of the running shapes with
+     fewer GPUs fits inside the band (a window with neither starts the count again);
    * **keep** otherwise.
 
    A change is an incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`,
-   fewest replicas started, stopped and moved) of the running plan to the target, first among
-   the instance shapes already running (GPU shares and TP degrees: only replica counts change,
-   no running replica restarts), then among all: by default the
-   ``min-cost`` objective (the cheapest GPUs that carry the target within the latency bounds, at
-   a utilisation of at most ``up_utilisation``, so the new plan sits inside the band). When no
-   plan meets the bounds the re-plan falls back to ``min-latency`` (no bounds) on the whole
-   cluster (again the running shapes first); without any plan the decision is ``replan-failed`` (the running plan stays). A
-   target beyond the cluster's **capacity** (the total rate of its max-throughput plan within
-   the bounds and the band, computed once) is scaled down to it, keeping its mix: the
-   controller then asks for the most the cluster carries instead of a plan that cannot exist. A scale-down whose plan uses no fewer GPUs is a keep.
+   fewest replicas started, stopped and moved) of the running plan to the target, by default
+   with the ``min-cost`` objective at a utilisation of at most ``up_utilisation``: a scale-up
+   within the bounds, a scale-down within ``down_latency`` (0.8) times them, inside the band,
+   so that the next small rise does not cross the bound again. Both first among the instance
+   shapes already running, and there a plan that **resizes in place** (every LLM keeps its
+   shape: added replicas start, removed ones drain, the others run on) wins over one that
+   changes an LLM's shape (its replicas restart). A scale-up that the running shapes do not
+   carry takes new shapes; one that no plan within the bounds carries falls back to
+   ``min-latency`` (no bounds) on the whole cluster, unless that plan adds no GPU (a keep: at
+   the cluster's limit, moving replicas around starts them for a plan that still misses the
+   bounds). Without any plan the decision is ``replan-failed`` (the
+   running plan stays). A target beyond the cluster's **capacity** (the total rate of its
+   max-throughput plan within the bounds and the band, computed once) is scaled down to it,
+   keeping its mix. A scale-down whose plan uses no fewer GPUs is a keep; a scale-down never
+   takes a new shape.
 4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
    counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
@@ -49,7 +55,7 @@ Each window (:meth:`Controller.observe`):
    the current :attr:`Controller.derate`, predicts below full utilisation ``u``, the LLM is
    saturated in reality and the model is not: ``derate`` becomes ``derate / u`` (at most
    ``max_derate``), so that the model predicts full utilisation at the observed load. Every
-   target is the forecast times ``(1 + headroom) * derate`` from then on: the re-plans add the
+   target is the demand times ``(1 + headroom) * derate`` from then on: the re-plans add the
    capacity the engine really needs, and the scale-down rule sees the derated load too. The
    derating only grows (it measures the engine, not the load) and is logged with every
    decision. Windows without queues (the simulator's) leave it at 1.
@@ -268,6 +274,7 @@ def _stat(q: float) -> float:
 class Controller:
     """The running plan, the forecasts and the hysteresis count (module docstring)."""
 
+
     def __init__(self, problem: PlanningProblem, topology: Topology, placed: PlacedPlan,
                  config: ControlConfig | None = None, *, capacity: float | None = None) -> None:
         """``capacity``: the cluster's capacity (:meth:`capacity_of`) when it is known already
@@ -310,6 +317,10 @@ class Controller:
         self.capacity = self._capacity() if capacity is None else capacity
         self.forecasters = {w: RateForecaster(cfg.forecast, cfg.alpha, cfg.beta)
                             for w in problem.targets}
+        self.history: dict[str, list[float]] = {w: [] for w in problem.targets}
+        # per workflow, how long a request stays in the system (its predicted mean latency
+        # under the running plan, at most its bound): the LLMs still serve what arrived then
+        self.in_flight_s: dict[str, float] = dict(self.bounds)
         self.below = 0  # consecutive windows with every LLM below down_utilisation
         self.derate = 1.0  # demand multiplier learned from measured overload (module docstring)
 
@@ -360,14 +371,20 @@ class Controller:
         observed = {wf: float(w.workflow_rates.get(wf, 0.0)) for wf in self.forecasters}
         for wf, f in self.forecasters.items():
             f.update(observed[wf])
+            self.history[wf].append(observed[wf])
         measured = self._learn_derate(w, observed)
         forecast = {wf: f.peak(cfg.horizon) for wf, f in self.forecasters.items()}
+        demand = self.demand(w.end_s - w.start_s)
         target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom) * self.derate)
-                  for wf, x in forecast.items()}
+                  for wf, x in demand.items()}
         total = sum(target.values())
         capped = total > self.capacity
         if capped:  # more than the cluster carries: plan for what it carries, at this mix
             target = {wf: max(MIN_RATE, x * self.capacity / total) for wf, x in target.items()}
+        seen = self._predict(self.problem, self.allocation,
+                             {wf: max(MIN_RATE, r) for wf, r in observed.items()})
+        self.in_flight_s = {wf: min(x, self.bounds[wf]) if math.isfinite(x) else self.bounds[wf]
+                            for wf, x in seen["mean_latency_s"].items()}
         now = self._predict(self.problem, self.allocation, target)
         util, lat = now["utilisation"], now["latency_s"]
         over = sorted(m for m, u in util.items() if u > cfg.up_utilisation)
@@ -379,7 +396,10 @@ class Controller:
             return Decision(w.end_s, action, reason, observed, forecast, now, after, rp,
                             cfg.startup_s if started else 0.0, self.derate)
 
-        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows)"
+        spread = sorted(wf for wf in demand if self._span(wf, w.end_s - w.start_s) > 1)
+        at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows"
+              + (f"; {', '.join(spread)} averaged over the requests in flight" if spread else "")
+              + ")"
               + (f" x the derating {self.derate:.3g}" if self.derate > 1 else "") + measured
               + (f", capped at the cluster's capacity {self.capacity:.4g} req/s" if capped
                  else ""))
@@ -390,19 +410,49 @@ class Controller:
                 + [f"{wf} latency {lat[wf]:.3g} s > bound {self.bounds[wf]:.3g} s"
                    for wf in late]) + f" {at}"
             return self._change("scale-up", why, target, decide)
-        idle = sorted(m for m, u in util.items() if u < cfg.down_utilisation)
-        if idle:
+        llms = self.allocation.llms
+        idle = sorted(m for m, u in util.items() if u < cfg.down_utilisation
+                      and (m not in llms or llms[m].replicas > 1))
+        smaller = None if idle else self._smaller(target)
+        if idle or smaller is not None:
             self.below += 1
-            names = ", ".join(idle) if len(idle) < len(util) else "every LLM"
+            names = (", ".join(idle) if len(idle) < len(util) else "every LLM") if idle \
+                else f"a plan of {smaller:g} GPUs inside the band"
             if self.below < cfg.hold_windows:
                 return decide("keep", f"{names} below {cfg.down_utilisation:g} {at} for "
-                              f"{self.below}/{cfg.hold_windows} windows")
-            why = (f"{names} below {cfg.down_utilisation:g} {at} for {self.below} windows "
-                   f"(least {min(util[m] for m in idle):.2f})")
+                              f"{self.below}/{cfg.hold_windows} windows" if idle else
+                              f"{names} {at} for {self.below}/{cfg.hold_windows} windows")
+            why = (f"{names} {'below ' + format(cfg.down_utilisation, 'g') + ' ' if idle else ''}"
+                   f"{at} for {self.below} windows "
+                   + (f"(least {min(util[m] for m in idle):.2f})" if idle else ""))
             return self._change("scale-down", why, target, decide)
         self.below = 0
         return decide("keep", f"within the band [{cfg.down_utilisation:g}, "
                       f"{cfg.up_utilisation:g}] and the latency bounds {at}")
+
+    def _span(self, wf: str, window_s: float) -> int:
+        """Windows a request of ``wf`` stays in the system: ``ceil(in_flight_s / window)``."""
+        return max(1, math.ceil(self.in_flight_s.get(wf, 0.0) / window_s - 1e-9))
+
+    def demand(self, window_s: float) -> dict[str, float]:
+        """Per workflow, the request rate the LLMs will carry over the forecast horizon. A
+        request keeps its LLMs busy for about its latency (``in_flight_s``: the running plan's
+        predicted mean latency at the observed rates, at most the bound), so the load at a
+        window is the arrival rate averaged over the last ``D = ceil(in_flight_s / window)``
+        windows, observed ones and forecast ones; the demand is the largest such average over
+        the next ``horizon`` windows. With ``D = 1`` it is the forecast's peak; with a longer
+        ``D`` the work that arrived before a fall is still counted (no scale-down under it)
+        and a rise is counted as fast as it loads the LLMs."""
+        h = self.config.horizon
+        out = {}
+        for wf, f in self.forecasters.items():
+            d = self._span(wf, window_s)
+            seq = self.history[wf][-(d - 1):] if d > 1 else []
+            ahead = [f.forecast(k) for k in range(1, h + 1)]
+            full = seq + ahead
+            out[wf] = max(math.fsum(full[max(0, i - d + 1):i + 1]) / min(d, i + 1)
+                          for i in range(len(seq), len(full)))
+        return out
 
     def _learn_derate(self, w: WindowStats, observed: Mapping[str, float]) -> str:
         """Raise :attr:`derate` when the window's measured queues say an LLM is overloaded
@@ -426,39 +476,95 @@ class Controller:
                 f"{cfg.queue_up:g} where the model predicts utilisation {u:.2f}: demand derated "
                 f"x{before:.3g} -> x{self.derate:.3g}")
 
+    def _inner(self, problem: PlanningProblem) -> PlanningProblem:
+        """``problem`` with every latency bound times ``down_latency``: the band's inner edge,
+        where a scale-down lands so that the next small rise does not cross the bound."""
+        f = self.config.down_latency
+        o = problem.options
+        return replace(problem, options=replace(
+            o, latency_bound_s={w: f * b for w, b in o.latency_bound_s.items()},
+            latency_bounds={w: (q, f * b) for w, (q, b) in o.latency_bounds.items()}))
+
+    def _smaller(self, target: Mapping[str, float]) -> float | None:
+        """The GPUs of the cheapest plan of the running shapes inside the band's inner edge
+        (``down_latency`` x every bound) at ``target``, when it uses fewer than the running
+        plan."""
+        run = self.allocation.llms.values()
+        p = self._inner(self.problem)
+        p = replace(p, options=replace(p.options, shares=tuple(sorted({i.share for i in run})),
+                                       tps=tuple(sorted({i.tp for i in run}))))
+        rp = replan(p, self.topology, self._placed,
+                    [LoadChanged(wf, target=t) for wf, t in sorted(target.items())],
+                    objective=self.config.objective, formulation=self.config.formulation)
+        new = rp.placed.plan.allocation if rp.ok else None
+        if new is None or new.gpus() >= self.allocation.gpus() - 1e-9:
+            return None
+        return round(new.gpus(), 6)
+
     def _change(self, action: Action, why: str, target: Mapping[str, float],
                 decide: Any) -> Decision:
-        """Re-plan the running plan to ``target`` (module docstring) for ``action``."""
+        """Re-plan the running plan to ``target`` (module docstring) for ``action``: first
+        among the running shapes, preferring a plan that resizes every LLM in place (replica
+        counts change, no running replica restarts); a scale-down within ``down_latency`` of
+        every bound (the band's inner edge), a scale-up within the bounds, then in new shapes
+        and, failing those, at the lowest latency on the cluster."""
         cfg = self.config
         events = [LoadChanged(wf, target=t) for wf, t in sorted(target.items())]
         form = cfg.formulation
-        # first within the running shapes (GPU shares and TP degrees): counts change, replicas
-        # keep running; a new shape restarts every replica of its LLM
         run = self.allocation.llms.values()
-        within = replace(self.problem, options=replace(
-            self.problem.options, shares=tuple(sorted({i.share for i in run})),
-            tps=tuple(sorted({i.tp for i in run}))))
-        rp = replan(within, self.topology, self._placed, events, objective=cfg.objective,
-                    formulation=form)
+
+        def within(p: PlanningProblem) -> PlanningProblem:
+            return replace(p, options=replace(
+                p.options, shares=tuple(sorted({i.share for i in run})),
+                tps=tuple(sorted({i.tp for i in run}))))
+
+        # groups of (problem, note), tried in order; within a group a plan that keeps every
+        # running LLM's shape (resized in place: counts change, no running replica restarts)
+        # wins over one that changes an LLM's shape (its replicas restart), else the first
+        # plan found. A scale-down lands inside the band (down_latency x every bound); a
+        # scale-up at the bounds, then (no plan meets them) at the lowest latency
+        if action == "scale-down":
+            groups = [[(within(self._inner(self.problem)), "")]]
+        else:
+            groups = [[(within(self.problem), ""), (self.problem, " (new shapes)")]]
+            if objective(cfg.objective).mean_bounds:
+                note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
+                groups.append([(replace(b, options=replace(b.options, latency_bound_s={},
+                                                           latency_bounds={})), note)
+                               for b in (within(self.problem), self.problem)])
+        rp: Replan | None = None
+        last: Replan | None = None
         note = ""
-        if not rp.ok:
-            rp = replan(self.problem, self.topology, self._placed, events,
-                        objective=cfg.objective, formulation=form)
-            note = " (new shapes: none of the running ones carries the target)"
-        if not rp.ok and action == "scale-up" and objective(cfg.objective).mean_bounds:
-            for base in (within, self.problem):  # the running shapes first, again
-                free = replace(base, options=replace(base.options, latency_bound_s={},
-                                                     latency_bounds={}))
-                rp = replan(free, self.topology, self._placed, events,
-                            objective=MinLatency.name, formulation=form)
-                if rp.ok:
-                    break
-            note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
-        if not rp.ok or rp.placed.plan.allocation is None:
+        for gi, group in enumerate(groups):
+            found: list[tuple[Replan, str]] = []
+            for p, why_note in group:
+                last = replan(p, self.topology, self._placed, events,
+                              objective=MinLatency.name if gi else cfg.objective,
+                              formulation=form)
+                if last.ok:
+                    found.append((last, why_note))
+                    if not self._reshaped(last):
+                        break
+            if found:
+                rp, note = next(((r, n) for r, n in found if not self._reshaped(r)), found[0])
+                if self._reshaped(rp):
+                    note += " (an LLM changes shape: its replicas restart)"
+                break
+        if rp is None:
+            assert last is not None
+            if action == "scale-down":
+                return decide("keep", f"{why}; no smaller plan within {cfg.down_latency:g} x "
+                              f"the bound ({last.status})", None)
+            return decide("replan-failed", f"{why}; re-plan {last.status}: "
+                          f"{last.placed.reason or 'no plan'}", last)
+        if rp.placed.plan.allocation is None:
             return decide("replan-failed", f"{why}; re-plan {rp.status}: "
                           f"{rp.placed.reason or 'no plan'}", rp)
         new = rp.placed.plan.allocation
         after = self._predict(self.problem, new, target)
+        if note.startswith(" (no plan meets") and new.gpus() <= self.allocation.gpus() + 1e-9:
+            return decide("keep", f"{why}; no plan meets the latency bounds and the lowest "
+                          "latency on the cluster adds no GPU: no replica starts for it", None)
         if not (rp.started or rp.stopped or rp.moved):
             return decide("keep", f"{why}; the re-plan keeps the running plan", None)
         if action == "scale-down" and new.gpus() >= self.allocation.gpus() - 1e-9:
@@ -466,7 +572,7 @@ class Controller:
                           f"GPUs ({new.gpus():g})", None)
         if action == "scale-down":  # hysteresis on latency too: no plan at the bound's edge
             tight = sorted(wf for wf, x in after["latency_s"].items()
-                           if x > cfg.down_latency * self.bounds[wf])
+                           if x > cfg.down_latency * self.bounds[wf] * (1 + 1e-6))
             if tight:
                 return decide("keep", f"{why}; the smaller plan would take "
                               + ", ".join(f"{wf} to {after['latency_s'][wf]:.3g} s" for wf in tight)
@@ -474,6 +580,17 @@ class Controller:
         return decide(action, f"{why}; re-plan: {len(rp.started)} started, {len(rp.stopped)} "
                       f"stopped, {len(rp.moved)} moved, {self.allocation.gpus():g} -> "
                       f"{new.gpus():g} GPUs{note}", rp, after)
+
+    def _reshaped(self, rp: Replan) -> bool:
+        """Whether ``rp`` changes the instance shape (GPU, TP, share, memory) of an LLM that
+        runs now: all its running replicas would restart."""
+        new = rp.placed.plan.allocation
+        if new is None:
+            return False
+        old = self.allocation.llms
+        return any(m in old and (i.gpu, i.tp, i.share, i.memory_share) != (
+            old[m].gpu, old[m].tp, old[m].share, old[m].memory_share)
+            for m, i in new.llms.items())
 
     def commit(self, d: Decision) -> None:
         """The change of ``d`` was applied: its plan becomes the running one (a decision
