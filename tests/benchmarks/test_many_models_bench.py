@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,3 +53,22 @@ def test_a_plan_below_its_floor_is_reported_as_a_problem(tmp_path, monkeypatch):
     out = json.loads((tmp_path / "results" / "floor.json").read_text())
     assert any("below its replication floor 1.0000" in p for p in out["problems"])
     assert out["rows"][0]["floor"] == 1.0 and out["rows"][0]["scale"] == 0.5
+
+
+def test_a_run_out_of_time_reports_its_bound_and_its_whole_wall_time(monkeypatch):
+    """Every probe is cut short after its whole time, so the deadline passes with no plan: the
+    row still carries the proven bound, and its wall time counts the problem's build too."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import many_models_bench as bench
+    import scepsy_place.formulations.slots as slots
+
+    def cut(*a, time_limit_s=None, **k):
+        time.sleep(min(time_limit_s or 0.0, 1.0))
+        return slots._none("time_limit")
+
+    monkeypatch.setattr(slots, "solve_slot_scale", cut)
+    row = bench.max_throughput(64, 128, 3.0, 0, copies=False)
+    assert row["status"] == "time_limit" and row["scale"] == 0.0 and row["gap"] is None
+    assert row["bound"] is not None and row["bound"] > 0
+    assert row["probes_cut"] > 0
+    assert 0 < row["build_s"] < row["wall_s"] <= 3.0 * 1.1 + 1

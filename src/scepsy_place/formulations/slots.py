@@ -576,8 +576,8 @@ RESCUE_STEP = 0.05  # a part without a solution when its budget is spent: this f
 # scale last tried, then twice as far (at most half), each with its share of the time left
 SAFE_BELOW = 0.3  # the other parts' first probe: this far below what the first part carries
 PROBE_MIN_S = 0.3  # the least time a probe gets (HiGHS's presolve alone takes 0.1-0.2 s)
-PROBE_S_PER_SIZE = 0.008  # seconds per LLM and node a probe that finds a solution takes
-# (measured: 0.15-0.2 s for 11 LLMs on 5 nodes, 0.4-0.5 s for 57 on 26, 2-3 s for 250 on 128)
+PROBE_S_PER_SIZE = 0.01  # seconds per LLM and GPU type a probe that finds a solution takes
+# (measured: 0.15-0.2 s for 11 LLMs on 5 nodes of 2 types, 0.4-0.5 s for 57 on 26)
 PROBE_MARGIN = 1.5  # a probe gets at least this many times what such probes took
 PART_MIN_S = 1.0  # the parts are made larger until each distinct part gets this much time
 FIRST_STEP = 0.02  # the first part's first probe: this far below the bound (WIDE_GAP)
@@ -969,7 +969,7 @@ class PartsResult:
     solved: int = 0
     cut: int = 0
     infeasible: int = 0
-    pace: float = 0.0  # seconds per LLM and node of the probes that found a solution (median)
+    pace: float = 0.0  # seconds per LLM and GPU type of the probes that found a solution (median)
 
 
 Outcome = str  # a probe's: "found", "infeasible" (proven) or "time_limit" (cut short)
@@ -981,33 +981,38 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
     solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
     fixed scale: much faster than maximising the scale). A probe ends ``found``,
-    ``infeasible`` (proven) or ``time_limit`` (cut short: no proof either way); one cut short
-    is tried once more at the same scale with :data:`RETRY_BOOST` times its time before the
-    search moves on, and the steps down grow faster after a proof (doubling) than after a
-    timeout (by one step).
+    ``infeasible`` (proven) or ``time_limit`` (cut short: no proof either way, counted in
+    ``cut``, and the result is then ``timed_out``).
 
-    1. *Target*: the first part steps down from ``scale_ub`` (:data:`FIRST_STEP` below it,
-       then further) until it has a solution, then bisects the bracket (a solution at ``s``
-       moves it to the scale it carries); what it carries is the target of the others.
-    2. *Every part a solution*: each next distinct part (the first of its signature,
-       :func:`_signature`; an equal part reuses its solution, renamed) is asked for the
-       target; without a solution in its budget it steps down (``rel``, then further) and,
-       still without one, on from the scale last tried :data:`RESCUE_STEP` lower, then twice
-       as far, ... with its share of the time left (low scales are quick to find): such a part
-       is *behind*. The target does not fall for the parts after it.
-    3. *Catching up*: with the time left, the behind part of the least scale bisects between
-       its scale and the lowest scale it failed at (its bottleneck), again and again.
+    1. *The first part* steps down from ``scale_ub`` (:data:`FIRST_STEP` below it, then twice
+       the step after a proof that none exists, one :data:`FIRST_STEP` more after a probe cut
+       short) until it has a solution, then bisects the bracket (a solution at ``s`` moves it
+       to the scale it carries), within its budget: its share of the time by size, with
+       :data:`FIRST_PROBES` shares, at most :data:`FIRST_SHARE` of it when others follow.
+    2. *A plan in hand*: each next distinct part (the first of its signature,
+       :func:`_signature`; an equal part reuses its solution, renamed) is asked once a safe
+       way (:data:`SAFE_BELOW`) below what the first part carries, with half its budget (its
+       share of the time left by size); without a solution, :data:`RESCUE_STEP` lower, then
+       twice as far, ..., each with half the budget left, and twice the least time after a
+       probe cut short. A part that had to go lower lowers where the next ones are asked.
+    3. *Catching up*: with the time left, the part of the least scale (the plan's) bisects
+       between its scale and the lowest scale it failed at (or the first part's scale); a
+       bracket closed by a probe cut short is tried once more at its top with half the time
+       left; a bracket closed by a proof ends the search.
 
-    Time: each distinct part gets a budget in proportion to its size (LLMs + nodes) times the
-    probes it is expected to make (:data:`FIRST_PROBES` for the first, :data:`PART_PROBES`
-    for the others) of the time left (at least what its probes are seen to need, ``least``).
-    The parts' solutions are joined (their groups lie on disjoint nodes) at the least scale of
-    any part. No solution when a part has none above ``floor`` (a scale already carried);
+    A part's size is its LLMs times its GPU types (what a probe's time grows with); a probe
+    gets at least what probes that found a solution took per unit of size (``least``). The
+    parts' solutions are joined (their groups lie on disjoint nodes) at the least scale of any
+    part. No solution when a part has none above ``floor`` (a scale already carried);
     ``solved`` then says how many parts had one."""
     counts = {"probes": 0, "found": 0, "infeasible": 0, "time_limit": 0}
     subs = _subs(problem, topology, parts) if len(parts) > 1 else [(problem, topology)]
     keys = [_signature(problem, topology, p) for p in parts]
-    size = [len(p.llms) + len(p.nodes) for p in parts]
+    # a part's work: its LLMs times its GPU types (each LLM has shapes on each type), what a
+    # probe's time grows with (measured: a part of 35 LLMs on 191 H100 nodes 0.15 s, of 51
+    # on 88 nodes of both types 0.5-1 s, of 167 on 512 H100 nodes 1.5-6 s)
+    gpu_of = {n.name: n.gpu for n in topology.nodes}
+    size = [len(p.llms) * max(1, len({gpu_of[x] for x in p.nodes})) for p in parts]
     first_of: dict[tuple[Any, ...], int] = {}
     for i, k in enumerate(keys):
         first_of.setdefault(k, i)
@@ -1024,7 +1029,7 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         """The least time a probe of part ``i`` gets: what probes that found a solution took
         per unit of size so far (:data:`PROBE_S_PER_SIZE` before the first), times
         :data:`PROBE_MARGIN` (at least :data:`PROBE_MIN_S`), never past the deadline."""
-        pace = median(paces) if paces else PROBE_S_PER_SIZE
+        pace = _median(paces) if paces else PROBE_S_PER_SIZE
         return min(max(PROBE_MIN_S, PROBE_MARGIN * pace * size[i]), deadline.remaining())
 
     def probe(i: int, at: float, share: float) -> tuple[SlotSolution | None, Outcome]:
@@ -1060,7 +1065,7 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         if sol is not None and (i not in best or sol.scale > best[i].scale):
             best[i] = sol
 
-    target = scale_ub
+    target = safe = scale_ub
     for n, i in enumerate(distinct):
         if n == 0:  # down from the bound, then bisect the bracket, within the first's budget
             mine = deadline.within(deadline.remaining() * min(
@@ -1085,22 +1090,27 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         else:  # a plan in hand: one probe a safe way below the first part's scale, with
             # half the part's budget (its share of the time left, by size)
             mine = deadline.within(deadline.remaining() * size[i] / after[i])
-            last = target * (1 - SAFE_BELOW)
+            last = safe
             sol, _ = probe(i, last, mine.remaining() / 2)
             keep(i, sol)
             ceiling[i] = target
-        drop = RESCUE_STEP
+        drop, more = RESCUE_STEP, 1.0
         while i not in best and deadline.remaining() > 0 and last * (1 - drop) > floor:
-            # no solution yet: further down, each with half the budget left (at least least(i))
+            # no solution yet: further down, each with half the budget left, at least least(i)
+            # and twice as much after each probe cut short (its time, not its scale, was short)
             ceiling[i], last = last, last * (1 - drop)
             drop = min(2 * drop, 0.5)
-            sol, _ = probe(i, last, mine.remaining() / 2)
+            sol, outcome = probe(i, last, max(mine.remaining() / 2, more * least(i)))
+            more = 2 * more if outcome == "time_limit" else more
             keep(i, sol)
         if i not in best or best[i].scale <= floor:
             return _parts_result(problem, parts, keys, first_of, best, counts, floor,
-                                 median(paces))
-        if n == 0:  # the others' target: what the first carries
+                                 _median(paces))
+        if n == 0:  # the others' target: what the first carries, asked a safe way below
             target = best[i].scale
+            safe = target * (1 - SAFE_BELOW)
+        else:  # a part that needed a lower scale lowers where the next ones are asked
+            safe = min(safe, last)
     # catching up, while time is left: the part of the least scale (the plan's), bisecting
     # between its scale and the least scale it failed at (or the target); a bracket closed by
     # a probe cut short (no proof) is tried once more at its top with half the time left
@@ -1129,10 +1139,10 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
             proven.discard(i)
             if outcome == "infeasible":
                 proven.add(i)
-    return _parts_result(problem, parts, keys, first_of, best, counts, floor, median(paces))
+    return _parts_result(problem, parts, keys, first_of, best, counts, floor, _median(paces))
 
 
-def median(xs: Sequence[float]) -> float:
+def _median(xs: Sequence[float]) -> float:
     """The middle value of ``xs`` (the upper of two; 0 for none)."""
     return sorted(xs)[len(xs) // 2] if xs else 0.0
 
@@ -1240,7 +1250,7 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
                 found.solution is not None and bound / found.solution.scale - 1 <= WIDE_GAP)):
             break
         if found is not None and found.pace > 0 and FIRST_PROBES * found.pace * sum(
-                len(q.llms) + len(q.nodes)
+                len(q.llms) * len({topology.node(x).gpu for x in q.nodes})
                 for q in {_signature(problem, topology, q): q for q in these}.values()
         ) > until.remaining():
             break  # the larger parts' probes would not fit in the time left
