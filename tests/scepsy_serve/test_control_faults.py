@@ -17,8 +17,6 @@ from hypothesis import strategies as st
 from fakes.control_gateway import FakeGateway
 from fakes.launch_plans import cpu_plan
 from scepsy_serve.control.faults import (
-    DOWN_WINDOWS,
-    STALE_WINDOWS,
     EndpointView,
     FaultState,
     GatewayView,
@@ -62,7 +60,7 @@ def test_replica_down_after_two_window_ends_once_per_episode(downs):
         for i, (d, v) in enumerate(zip(downs, verdicts, strict=True)):
             run_len = run_len + 1 if u in d else 0
             declared = [f for f in v.faults if f.kind == "replica_down" and f.subject == u]
-            assert len(declared) == (1 if run_len == DOWN_WINDOWS else 0), (u, i, downs)
+            assert len(declared) == (1 if run_len == 2 else 0), (u, i, downs)
             assert (u in v.replace) == bool(declared)
             if declared:
                 assert declared[0].since_s == pytest.approx((i + 1 - run_len + 1) * W)
@@ -143,10 +141,10 @@ def test_every_window_without_fresh_telemetry_is_held_and_stale_declared_at_the_
         assert verdict.hold == (not fresh), (i, kinds)  # never a decision on missing data
         assert not verdict.replace  # nothing is replaced on a held window (nor here at all)
         stale = [f for f in verdict.faults if f.kind == "telemetry_stale"]
-        assert len(stale) == (1 if stale_run == STALE_WINDOWS else 0), (i, kinds)
+        assert len(stale) == (1 if stale_run == 2 else 0), (i, kinds)
         if stale:
             assert stale[0].response == "hold"
-            assert stale[0].since_s == pytest.approx((i + 1 - STALE_WINDOWS + 1) * W)
+            assert stale[0].since_s == pytest.approx((i + 1 - 2 + 1) * W)
 
 
 @given(st.floats(0, 20 * W, allow_nan=False), st.booleans())
@@ -244,6 +242,14 @@ class Target:
         self.events.append(("stop", r.port))
 
 
+def test_a_replica_that_answers_the_target_is_left_running():
+    plan = cpu_plan()
+    target, rows = Target(0.0), []
+    got = replace_replica(plan, target, plan.replicas[0], "http://127.0.0.1:1", log=rows.append,
+                          deadline_s=5.0, poll_s=0.0, clock=lambda: target.t)
+    assert got == "alive" and target.events == [] and rows[0]["step"] == "alive"
+
+
 @pytest.mark.parametrize("healthy_after, ok", [(3.0, True), (math.inf, False)])
 def test_a_replacement_is_routed_once_healthy_or_stopped_as_hung(healthy_after, ok):
     plan = cpu_plan()
@@ -253,7 +259,7 @@ def test_a_replacement_is_routed_once_healthy_or_stopped_as_hung(healthy_after, 
         got = replace_replica(plan, target, r, gw.base_url, log=rows.append, deadline_s=5.0,
                               poll_s=0.0, clock=lambda: target.t)
         routes = gw.routes
-    assert got is ok
+    assert got == ("replaced" if ok else "hung")
     assert target.events[:2] == [("stop", r.port), ("start", r.port)]  # its leftovers first
     hung = [x for x in rows if x.get("fault") == "start_hung"]
     if ok:

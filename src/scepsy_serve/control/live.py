@@ -212,13 +212,13 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
                             log({"kind": "replace", "url": u, "step": "skipped",
                                  "reason": "no replica of the running plan has this URL"})
                             continue
-                        ok = await asyncio.to_thread(
+                        how = await asyncio.to_thread(
                             replace_replica, plan, target, r, gateway_url, log=log,
                             deadline_s=deadline_s, interrupted=stop.is_set, now=tel.now)
-                        if ok:
+                        if how == "replaced":
                             res.replaced += 1
                             tel.set_replicas(replica_urls(plan, target))
-                        else:
+                        elif how == "hung":
                             res.faults["start_hung"] = res.faults.get("start_hung", 0) + 1
                             if metrics is not None:
                                 metrics.faults.labels(fault="start_hung").inc()
@@ -327,17 +327,23 @@ def replace_replica(plan: LaunchPlan, target: ApplyTarget, replica: ReplicaLaunc
                     deadline_s: float, poll_s: float = 0.1,
                     interrupted: Callable[[], bool] = lambda: False,
                     clock: Callable[[], float] = time.monotonic,
-                    now: Callable[[], float] | None = None) -> bool:
+                    now: Callable[[], float] | None = None) -> str:
     """Replace a replica that is down (docs/control.md, "Faults"): stop what is left of it
     (it serves nothing), start the same launch again, wait until it is healthy, hand the
     gateway the routes (its URL may have changed). Not healthy within ``deadline_s``: a
     ``start_hung`` fault is logged and the new start is stopped (the routes keep the dead
-    replica, which the gateway's health checks keep out of use). Whether it was replaced.
+    replica, which the gateway's health checks keep out of use). A replica that still answers
+    the target's own health check is left running (the gateway may see it down because it is
+    overloaded: stopping it would fail its calls). ``replaced``, ``alive`` or ``hung``.
     ``now``: the loop's clock, for the fault's time (default ``clock``)."""
     name = f"{replica.llm}/{replica.replica}"
 
     def step(s: str, **kw: Any) -> None:
         log({"kind": "replace", "replica": name, "step": s, **kw})
+
+    if _healthy(target, plan, replica):
+        step("alive", reason="it answers the target's health check: left running")
+        return "alive"
 
     with contextlib.suppress(Exception):  # a dead server: nothing, or its leftovers, to stop
         target.stop(plan, replica)
@@ -363,9 +369,10 @@ def replace_replica(plan: LaunchPlan, target: ApplyTarget, replica: ReplicaLaunc
         log(f.to_dict())
         with contextlib.suppress(Exception):
             target.stop(plan, replica)
-        return False
+        return "hung"
     step("healthy", after_s=round(clock() - t0, 3))
-    return hand_routes(plan, target, gateway_url, log)
+    hand_routes(plan, target, gateway_url, log)  # refused: the gateway's checks take it in
+    return "replaced"
 
 
 def _healthy(target: ApplyTarget, plan: LaunchPlan, r: ReplicaLaunch) -> bool:
