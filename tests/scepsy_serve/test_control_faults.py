@@ -270,3 +270,70 @@ def test_a_replacement_is_routed_once_healthy_or_stopped_as_hung(healthy_after, 
     else:
         assert len(hung) == 1 and hung[0]["response"] == "kill" and routes is None
         assert target.events[-1] == ("stop", r.port) and target.t >= 5.0
+
+
+# -- the live loop over a scripted gateway (httpx.MockTransport) ---------------------------------
+
+def test_the_loop_resyncs_after_a_gateway_restart_without_a_spurious_reading():
+    """A scripted gateway whose request counter rises by one per read; after 12 reads a new
+    gateway process counts from 0 again (table version 1 below 2). The loop logs
+    ``gateway_restarted`` once, holds that window, and every window it judges sees the same
+    rate: none is computed across the restart (which would read as a fall, a spurious
+    scale-down signal)."""
+    import asyncio
+
+    import httpx
+
+    from scepsy_serve.control.core import ControlConfig
+    from scepsy_serve.control.live import control_loop
+
+    reads = {"n": 0}
+
+    def counters() -> tuple[int, int]:
+        n = reads["n"]
+        return (n, 2) if n < 12 else (n - 12, 1)  # requests, table version
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics" and request.url.port == 9:
+            reads["n"] += 1
+            n, _ = counters()
+            return httpx.Response(200, text="# TYPE scepsy_gateway_requests_total counter\n"
+                                  f'scepsy_gateway_requests_total{{workflow="rag"}} {n}\n')
+        if request.url.path == "/scepsy/state":
+            n, version = counters()
+            return httpx.Response(200, json={"version": version, "endpoints": [],
+                                             "workflows": {"rag": {"requests": n, "calls": n}}})
+        return httpx.Response(404)
+
+    decisions: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+
+    class Ctl:  # stands in for the Controller: records the windows it is asked to judge
+        config = ControlConfig(window_s=0.25, startup_s=0.0)
+        problem = type("P", (), {"targets": {"rag": 1.0}})()
+
+        def observe(self, w):
+            from scepsy_serve.control.core import Decision
+
+            decisions.append(dict(w.workflow_rates))
+            return Decision(w.end_s, "keep", "scripted", w.workflow_rates, {}, {})
+
+    async def main() -> Any:
+        stop = asyncio.Event()
+
+        def faulted(f) -> None:
+            asyncio.get_running_loop().call_later(0.8, stop.set)
+
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            return await control_loop(Ctl(), cpu_plan(), None, "http://gw:9", window_s=0.25,
+                                      log=rows.append, stop=stop, client=http,
+                                      on_fault=faulted)
+
+    res = asyncio.run(asyncio.wait_for(main(), 30))
+    faults = [r for r in rows if r["kind"] == "fault"]
+    assert [r["fault"] for r in faults] == ["gateway_restarted"], rows
+    assert "went down" in faults[0]["reason"] and faults[0]["response"] == "resync"
+    holds = [r for r in rows if r["kind"] == "hold"]
+    assert len(holds) == 1 and "restarted" in holds[0]["reason"] and res.held == 1
+    rates = [d["rag"] for d in decisions]
+    assert len(rates) >= 4 and max(rates) < 1.1 * min(rates), rates  # none across the restart
