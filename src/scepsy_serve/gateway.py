@@ -51,6 +51,7 @@ import json
 import math
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -457,6 +458,7 @@ class Gateway:
         self.gateway = config
         self.proxy = RecordingProxy(config.record, router=self)
         self._servers: dict[str, _Server] = {}
+        self.instance = uuid.uuid4().hex  # this process's gateway: a restart gets a new one
         self._table = _compile(config.routes, 1, self._servers)
         # per workflow request: [attained tokens, last seen (monotonic), calls in flight]
         self._active: dict[tuple[str, str], list[float]] = {}
@@ -867,10 +869,11 @@ class Gateway:
                 "last_probe": s.last_probe or None}
 
     def state(self) -> dict[str, Any]:
-        """``GET /scepsy/state``: the table's version, every endpoint of the table (and any
-        URL left out of it that still has calls in flight, weight 0) with its URL's calls in
-        flight, attempts, failed calls, attempts lost before an answer and whether it is ejected
-        now; per workflow, new requests and calls."""
+        """``GET /scepsy/state``: the gateway's ``instance`` (an id of this process: another
+        after a restart), the table's version, every endpoint of the table (and any URL left
+        out of it that still has calls in flight, weight 0) with its URL's calls in flight,
+        attempts, failed calls, attempts lost before an answer and whether it is ejected now;
+        per workflow, new requests and calls."""
         table = self._table
         now = time.monotonic()
         rows: list[dict[str, Any]] = []
@@ -888,7 +891,7 @@ class Gateway:
                              "model": None, "weight": 0.0, "in_flight": s.in_flight,
                              "calls": s.calls, "failed": s.failed, "lost": s.lost,
                              **self._health_row(s, now)})
-        return {"version": table.version, "endpoints": rows,
+        return {"instance": self.instance, "version": table.version, "endpoints": rows,
                 "workflows": {wf: {"requests": c[0], "calls": c[1]}
                               for wf, c in sorted(self._wf_counts.items())}}
 

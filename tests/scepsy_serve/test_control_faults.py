@@ -8,6 +8,7 @@ does is routed."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -196,6 +197,30 @@ def test_a_restart_is_resynced_at_once_without_a_spurious_fault(at, after, steps
         assert not any(f.kind in ("telemetry_stale", "replica_down") for f in v.faults)
         if restarted:
             assert restarted[0].response == "resync" and "went down" in restarted[0].reason
+
+
+@given(st.integers(1, 15), st.lists(st.integers(0, 5), min_size=20, max_size=20))
+@settings(max_examples=100, deadline=None)
+def test_a_gateway_that_names_its_instance_is_seen_restarting_even_before_it_counted(at, steps):
+    """A new ``instance`` id is a restart whatever the counters say, a restart before the old
+    gateway counted anything included (counters never go down there); the same id with
+    counters that go down is no restart."""
+    views, total = [], 0
+    for i, s in enumerate(steps):
+        total += s
+        views.append(replace(view(requests=total, calls=total),
+                             instance="new" if i >= at else "old"))
+    verdicts = run(views)
+    for i, v in enumerate(verdicts):
+        restarted = [f for f in v.faults if f.kind == "gateway_restarted"]
+        assert bool(restarted) == (i == at) == v.resync, (i, at)
+        if restarted:
+            assert "instance changed" in restarted[0].reason
+    same = [replace(view(requests=n, calls=n), instance="one") for n in (5, 9, 2, 4)]
+    assert not any(f.kind == "gateway_restarted" for v in run(same) for f in v.faults)
+    doc = {"instance": "abc", "version": 1, "endpoints": [], "workflows": {}}
+    assert GatewayView.from_state(doc).instance == "abc"
+    assert GatewayView.from_state({**doc, "instance": 7}).instance is None
 
 
 # -- the gateway's state -------------------------------------------------------------------------

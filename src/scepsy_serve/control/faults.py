@@ -74,6 +74,7 @@ class GatewayView:
     endpoints: Mapping[str, EndpointView]
     requests: int
     calls: int
+    instance: str | None = None  # the gateway process's id (None: a gateway that gives none)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "endpoints", MappingProxyType(dict(self.endpoints)))
@@ -104,7 +105,9 @@ class GatewayView:
                                    ejected=e.ejected or ejected)
         requests = sum(_count(c.get("requests")) for c in wfs.values() if isinstance(c, Mapping))
         calls = sum(_count(c.get("calls")) for c in wfs.values() if isinstance(c, Mapping))
-        return cls(version, eps, requests, calls)
+        instance = doc.get("instance")
+        return cls(version, eps, requests, calls,
+                   instance if isinstance(instance, str) and instance else None)
 
     def in_flight(self) -> int:
         return sum(e.in_flight for e in self.endpoints.values())
@@ -118,8 +121,13 @@ class GatewayView:
                 == {u: (e.in_flight, e.calls) for u, e in before.endpoints.items()})
 
     def restarted_since(self, before: GatewayView) -> str | None:
-        """Why this read comes from a new gateway process (None: the same one, as far as its
-        counters say): a version or counter below ``before``'s."""
+        """Why this read comes from a new gateway process (None: the same one): another
+        ``instance`` id, or, from a gateway that gives none, a version or counter below
+        ``before``'s."""
+        if self.instance is not None and before.instance is not None:
+            if self.instance != before.instance:
+                return f"its instance changed from {before.instance} to {self.instance}"
+            return None
         for name in ("version", "requests", "calls"):
             a, b = getattr(before, name), getattr(self, name)
             if b < a:
