@@ -25,8 +25,18 @@ paired ratio las/fcfs of the mean and the p90 per seed: its average and its rang
 Priorities only act on calls that wait: with continuous batching a call waits only when the
 batch limit or the KV cache is full.
 
+``--cpu-engine`` measures instead of simulating: one vLLM CPU server (the CPU kit's random-weight
+model, :data:`CPU_MODEL`, on core 1, ``--scheduling-policy priority``, ``--max-num-seqs`` the
+first ``--max-batch``, default 4) serves every LLM of a CPU-scale workload (default
+``datasets/workflows/cpu-rag-beam.yaml``) behind two gateways, one per policy; the same drives
+(``--requests`` at ``--rate`` req/s) go through them in the order fcfs, las (seed 0), las, fcfs
+(seed 1), so that a drift of the machine's load falls on both. It needs vLLM's environment
+(``scepsy profile install-vllm``) and takes a few minutes.
+
     python benchmarks/las_vs_fcfs.py [--quick] [--mix rag-beam,coding-chat|all]
         [--loads 0.5,0.9,0.98] [--max-batch 8,32] [--seeds 0,1,2] [--requests N] [--out F]
+    python benchmarks/las_vs_fcfs.py --cpu-engine --rate R [--requests N] [--max-batch B]
+        [--workload CPU.yaml] [--out F]
 """
 
 from __future__ import annotations
@@ -56,12 +66,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Mix:
-    """A workload on an allocation; ``short`` and ``long`` name its two kinds of workflow."""
+    """A workload on an allocation; ``short`` and ``long`` name its two kinds of workflow;
+    ``catalog`` and ``curves``: a catalog file in force and a latency-curves file (None: the
+    bundled catalog and the roofline model)."""
 
     workload: Path
     allocation: Path
     short: str
     long: str
+    catalog: Path | None = None
+    curves: Path | None = None
 
 
 MIXES = {
@@ -70,7 +84,13 @@ MIXES = {
     "coding-chat": Mix(REPO / "datasets/workflows/coding-chat.yaml",
                        REPO / "datasets/allocations/coding-chat-3gpu.yaml", "chat",
                        "coding_agent"),
+    "cpu-rag-beam": Mix(REPO / "datasets/workflows/cpu-rag-beam.yaml",
+                        REPO / "datasets/allocations/cpu-rag-beam-2core.yaml", "cpu_rag",
+                        "cpu_beam_search", REPO / "datasets/catalogs/cpu-host.yaml",
+                        REPO / "datasets/profiles/vllm-cpu-llama-3-8b-x0.0625-curves.json"),
 }
+"""The mixes ``--mix all`` runs: the first two at GPU scale; ``cpu-rag-beam`` is the CPU kit's
+workload with the CPU's measured curves (``--cpu-engine`` runs it on a real server)."""
 WORKLOAD = MIXES["rag-beam"].workload
 ALLOCATION = MIXES["rag-beam"].allocation
 STATS = ("mean", "p50", "p90", "p99")
@@ -106,13 +126,30 @@ def _rel(path: Path) -> str:
 
 def run_mix(workload: Path, allocation: Path, *, loads: Sequence[float], seeds: Sequence[int],
             max_batch: int | None, requests: int, trace_requests: int,
-            saturation_requests: int, name: str = "custom") -> tuple[dict[str, Any], list[dict]]:
+            saturation_requests: int, name: str = "custom", catalog: Path | None = None,
+            curves: Path | None = None) -> tuple[dict[str, Any], list[dict]]:
     """One mix at one batch limit: its header (saturation) and one row per load, seed and
-    policy."""
+    policy (``catalog`` in force throughout, when given)."""
+    from scepsy_profile.catalog import catalog_in_force, load_catalog
+
+    cat = load_catalog(catalog) if catalog is not None else None
+    with catalog_in_force(cat):
+        return _run_mix(workload, allocation, loads=loads, seeds=seeds, max_batch=max_batch,
+                        requests=requests, trace_requests=trace_requests,
+                        saturation_requests=saturation_requests, name=name, curves=curves)
+
+
+def _run_mix(workload: Path, allocation: Path, *, loads: Sequence[float], seeds: Sequence[int],
+             max_batch: int | None, requests: int, trace_requests: int,
+             saturation_requests: int, name: str, curves: Path | None
+             ) -> tuple[dict[str, Any], list[dict]]:
+    from scepsy_profile.catalog import default_catalog
+    from scepsy_profile.fitted import load_curves
+
     specs = load_specs(workload)
     models = models_of(specs)
-    alloc = load_allocation(allocation)
-    lat = roofline_model()
+    alloc = load_allocation(allocation, default_catalog())
+    lat = roofline_model() if curves is None else load_curves(curves)
     policy = MemoryPolicy() if max_batch is None else MemoryPolicy(max_batch=max_batch)
     rel = {s.name: float(s.weight) for s in specs}
     total_rel = sum(rel.values())
@@ -204,7 +241,8 @@ def run(*, workload: Path | None = None, allocation: Path | None = None,
                                  seeds=cfg["seeds"], max_batch=mb,
                                  requests=int(cfg["requests"]),
                                  trace_requests=int(cfg["trace_requests"]),
-                                 saturation_requests=int(cfg["saturation_requests"]), name=name)
+                                 saturation_requests=int(cfg["saturation_requests"]), name=name,
+                                 catalog=mix.catalog, curves=mix.curves)
             heads.append(head)
             rows.extend(more)
     doc: dict[str, Any] = {"mixes": heads, "seeds": list(cfg["seeds"]),
@@ -215,6 +253,126 @@ def run(*, workload: Path | None = None, allocation: Path | None = None,
                                              "saturation_rate")})
         doc["seed"] = cfg["seeds"][0]
     return doc
+
+
+CPU_WORKLOAD = REPO / "datasets/workflows/cpu-rag-beam.yaml"
+CPU_CATALOG = REPO / "datasets/catalogs/cpu-host.yaml"
+CPU_MODEL = "llama-3-8b:x0.0625"
+ENGINE_ORDER = (("fcfs", 0), ("las", 0), ("las", 1), ("fcfs", 1))
+
+
+def _engine_routes(specs: Sequence[Any], url: str, model: str | None) -> Any:
+    """Every LLM of every workflow to ``url`` (one server), under the server's ``model`` name
+    (None: the LLM's own name, as a gateway takes it)."""
+    from scepsy_serve.launch.routes import parse_routes
+
+    return parse_routes({"version": 1, "workflows": {s.name: {
+        llm: [{"url": url.rstrip("/") + "/v1", "model": model or llm, "weight": 1.0,
+               "replica": 0}] for llm in s.llms} for s in specs}}, "routes")
+
+
+def engine_run(workload: Path, *, rate: float, requests: int, max_num_seqs: int,
+               work: Path, health_timeout_s: float = 600.0) -> dict[str, Any]:
+    """The real-engine comparison (module docstring): ``{"workload", "rate", "requests",
+    "max_num_seqs", "startup_s", "port" (the server's), "runs": [{"priority", "seed", "wall_s", "failed",
+    "latency_s": {wf|"all": {"n", "mean", "p50", "p90", "p99"}}}]}``. The server is stopped
+    (its whole process group) however the run ends."""
+    import os
+    import signal
+    import subprocess
+
+    import httpx
+
+    from scepsy_opt.ingest.record import RecordConfig
+    from scepsy_profile.catalog import catalog_in_force, load_catalog
+    from scepsy_profile.profiling.engine_env import (
+        engine_environment,
+        vllm_python,
+        write_model_dir,
+    )
+    from scepsy_profile.profiling.models import engine_model, parse_scaled
+    from scepsy_profile.profiling.server import free_port
+    from scepsy_serve.gateway import GatewayConfig, gateway_in_thread
+    from scepsy_serve.launch.drive import drive
+
+    work.mkdir(parents=True, exist_ok=True)
+    name, scale = parse_scaled(CPU_MODEL)
+    model_dir = write_model_dir(engine_model(name, scale), work / "model")
+    catalog = load_catalog(CPU_CATALOG)
+    with catalog_in_force(catalog):
+        specs = load_specs(workload)
+    port = free_port()
+    env = {**os.environ, **engine_environment(1, 1.0, "cpu", None, work / "tmp", cores=[1])}
+    cmd = ["taskset", "-c", "1", str(vllm_python().path), "-m",
+           "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+           "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
+           "--dtype", "bfloat16", "--max-model-len", "1040", "--max-num-seqs",
+           str(max_num_seqs), "--disable-uvicorn-access-log", "--scheduling-policy", "priority",
+           "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "m"]
+    tic = time.monotonic()
+    with open(work / "server.log", "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if proc.poll() is not None:
+                raise RuntimeError(f"the vLLM server exited at start-up: {work / 'server.log'}")
+            if time.monotonic() - tic > health_timeout_s:
+                raise RuntimeError(f"the vLLM server was not healthy in {health_timeout_s:g} s")
+            time.sleep(2)
+        startup_s = time.monotonic() - tic
+        routes = _engine_routes(specs, f"http://127.0.0.1:{port}", "m")
+        runs = []
+        with catalog_in_force(catalog), \
+                gateway_in_thread(GatewayConfig(
+                    record=RecordConfig(out=work / "fcfs.jsonl", routed=True, client_time=False),
+                    routes=routes, priority="fcfs")) as g_fcfs, \
+                gateway_in_thread(GatewayConfig(
+                    record=RecordConfig(out=work / "las.jsonl", routed=True, client_time=False),
+                    routes=routes, priority="las")) as g_las:
+            gates = {"fcfs": _engine_routes(specs, g_fcfs, None),
+                     "las": _engine_routes(specs, g_las, None)}
+            drive(list(specs), gates["fcfs"], rate=rate, requests=5, seed=99, vocab=100)  # warm
+            for priority, seed in ENGINE_ORDER:
+                t = time.perf_counter()
+                res = drive(list(specs), gates[priority], rate=rate, requests=requests,
+                            seed=seed, vocab=100)
+                ok = [o for o in res.requests if o.latency_s is not None]
+                lat = {w: latency_stats([o.latency_s for o in ok if o.workflow == w])
+                       for w in sorted({s.name for s in specs})}
+                lat["all"] = latency_stats([o.latency_s for o in ok])
+                for w in lat:
+                    lat[w]["n"] = sum(1 for o in ok if w in ("all", o.workflow))
+                runs.append({"priority": priority, "seed": seed,
+                             "wall_s": time.perf_counter() - t,
+                             "failed": len(res.requests) - len(ok), "latency_s": lat})
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return {"workload": _rel(workload), "rate": rate, "requests": requests,
+            "max_num_seqs": max_num_seqs, "startup_s": startup_s, "port": port, "runs": runs}
+
+
+def engine_table(doc: dict[str, Any]) -> str:
+    """One line per drive and workflow (``all`` too): completed requests and latency."""
+    lines = [{"priority": r["priority"], "seed": r["seed"], "workflow": w, "n": x["n"],
+              "mean (s)": _f2(x["mean"]), "p50 (s)": _f2(x["p50"]), "p90 (s)": _f2(x["p90"]),
+              "p99 (s)": _f2(x["p99"]), "failed": r["failed"], "wall (s)": f"{r['wall_s']:.0f}"}
+             for r in doc["runs"] for w, x in r["latency_s"].items()]
+    return format_table(lines, list(lines[0])) if lines else ""
+
+
+def _f2(x: float) -> str:
+    return f"{x:.2f}" if math.isfinite(x) else "-"
 
 
 def _f(x: float) -> str:
@@ -257,6 +415,29 @@ def _numbers(text: str, flag: str, kind: type, ap: argparse.ArgumentParser) -> t
                  f"got {text!r}")
 
 
+def _engine_main(args: argparse.Namespace, ap: argparse.ArgumentParser,
+                 max_batches: tuple[int | None, ...]) -> int:
+    if args.rate is None or not (math.isfinite(args.rate) and args.rate > 0):
+        ap.error(f"--rate: a rate > 0 req/s (needed with --cpu-engine), got {args.rate}")
+    if len(max_batches) != 1:
+        ap.error("--max-batch: one value with --cpu-engine")
+    import tempfile
+
+    workload = args.workload.resolve() if args.workload else CPU_WORKLOAD
+    with tempfile.TemporaryDirectory(prefix="las-engine-") as tmp:
+        doc = engine_run(workload, rate=args.rate, requests=args.requests or 40,
+                         max_num_seqs=max_batches[0] or 4, work=Path(tmp))
+    print(f"{doc['workload']} on one vLLM CPU server, {doc['max_num_seqs']} sequences, "
+          f"{doc['rate']:g} req/s, {doc['requests']} requests per drive; healthy after "
+          f"{doc['startup_s']:.0f} s")
+    print(engine_table(doc))
+    if args.out is not None:
+        from scepsy_common.files import atomic_write_text
+
+        atomic_write_text(args.out, json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mix", default="rag-beam",
@@ -276,6 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=None, help="one seed (as --seeds SEED)")
     ap.add_argument("--quick", action="store_true", help="a small run (seconds)")
     ap.add_argument("--out", type=Path, default=None, help="write the runs as JSON here")
+    ap.add_argument("--cpu-engine", action="store_true",
+                    help="measure on one real vLLM CPU server instead (a few minutes)")
+    ap.add_argument("--rate", type=float, default=None,
+                    help="with --cpu-engine: the total arrival rate, req/s")
     args = ap.parse_args(argv)
     loads = None
     if args.loads:
@@ -305,6 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     for flag, path in (("--workload", args.workload), ("--allocation", args.allocation)):
         if path is not None and not path.is_file():
             ap.error(f"{flag}: an existing file, got {str(path)!r}")
+    if args.cpu_engine:
+        return _engine_main(args, ap, max_batches)
+    if args.rate is not None:
+        ap.error("--rate: only with --cpu-engine (the simulator's loads are --loads)")
     doc = run(workload=args.workload.resolve() if args.workload else None,
               allocation=args.allocation.resolve() if args.allocation else None,
               mixes=mixes, quick=args.quick, loads=loads, max_batches=max_batches,

@@ -80,3 +80,42 @@ def test_bad_options_are_refused(argv, flag, capsys):
         las_vs_fcfs.main(["--quick", *argv])
     assert e.value.code == 2
     assert flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [(["--cpu-engine"], "--rate"),
+                                        (["--cpu-engine", "--rate", "0"], "--rate"),
+                                        (["--cpu-engine", "--rate", "1", "--max-batch", "4,8"],
+                                         "--max-batch"),
+                                        (["--rate", "1"], "--rate")])
+def test_engine_options_are_checked_before_anything_starts(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        las_vs_fcfs.main(argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_engine_run_drives_both_gateways_and_stops_its_server(tmp_path):
+    """One real vLLM CPU server behind a FCFS and a LAS gateway: four drives in the ABBA
+    order, every request completed, latencies in order, and the server's port free again."""
+    import socket
+
+    from scepsy_profile.profiling.backend import BackendUnavailable
+    from scepsy_profile.profiling.engine_env import vllm_python
+
+    try:
+        vllm_python()
+    except BackendUnavailable as exc:
+        pytest.skip(f"no vLLM environment: {exc}")
+    doc = las_vs_fcfs.engine_run(las_vs_fcfs.CPU_WORKLOAD, rate=1.0, requests=6,
+                                 max_num_seqs=2, work=tmp_path)
+    assert [(r["priority"], r["seed"]) for r in doc["runs"]] == list(las_vs_fcfs.ENGINE_ORDER)
+    for r in doc["runs"]:
+        assert r["failed"] == 0 and r["latency_s"]["all"]["n"] == 6
+        x = r["latency_s"]["all"]
+        assert 0 < x["p50"] <= x["p90"] <= x["p99"]
+    with socket.socket() as s:  # nobody listens on the server's port any more
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # its closed connections may
+        s.bind(("127.0.0.1", doc["port"]))  # linger in TIME_WAIT; a listener would refuse this
+        s.listen()
