@@ -277,9 +277,12 @@ def engine_run(workload: Path, *, rate: float, requests: int, max_num_seqs: int,
     "max_num_seqs", "startup_s", "port" (the server's), "runs": [{"priority", "seed", "wall_s", "failed",
     "latency_s": {wf|"all": {"n", "mean", "p50", "p90", "p99"}}}]}``. The server is stopped
     (its whole process group) however the run ends."""
+    import contextlib
     import os
+    import shutil
     import signal
     import subprocess
+    import tempfile
 
     import httpx
 
@@ -302,7 +305,10 @@ def engine_run(workload: Path, *, rate: float, requests: int, max_num_seqs: int,
     with catalog_in_force(catalog):
         specs = load_specs(workload)
     port = free_port()
-    env = {**os.environ, **engine_environment(1, 1.0, "cpu", None, work / "tmp", cores=[1])}
+    # the engine's scratch folder: short, for the IPC socket paths vLLM puts there (at most
+    # 107 bytes; a test's tmp_path under pytest-xdist is longer than that allows)
+    scratch = Path(tempfile.mkdtemp(prefix="scepsy-las-"))
+    env = {**os.environ, **engine_environment(1, 1.0, "cpu", None, scratch, cores=[1])}
     cmd = ["taskset", "-c", "1", str(vllm_python().path), "-m",
            "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--load-format", "dummy", "--skip-tokenizer-init", "--enforce-eager",
@@ -352,12 +358,15 @@ def engine_run(workload: Path, *, rate: float, requests: int, max_num_seqs: int,
                              "wall_s": time.perf_counter() - t,
                              "failed": len(res.requests) - len(ok), "latency_s": lat})
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # gone already (it exited at start-up)
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
     return {"workload": _rel(workload), "rate": rate, "requests": requests,
             "max_num_seqs": max_num_seqs, "startup_s": startup_s, "port": port, "runs": runs}
 
