@@ -141,6 +141,15 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
     decision; ``on_plan`` every launch plan a change made the running one; ``on_fault`` every
     fault noticed (:mod:`scepsy_serve.control.faults`)."""
     res = LoopResult()
+
+    def record(f: Fault) -> None:
+        """Count a fault, log it and hand it on (metrics, ``on_fault``)."""
+        res.faults[f.kind] = res.faults.get(f.kind, 0) + 1
+        log(f.to_dict())
+        if metrics is not None:
+            metrics.faults.labels(fault=f.kind).inc()
+        if on_fault is not None:
+            on_fault(f)
     own = client is None
     http = client if client is not None else httpx.AsyncClient(trust_env=False)
     poll_s = min(MAX_POLL_S, window_s / POLLS_PER_WINDOW)
@@ -179,12 +188,7 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
             verdict = detect(faults, last.at_s, view, deadline_s=deadline_s)
             faults = verdict.state
             for f in verdict.faults:
-                res.faults[f.kind] = res.faults.get(f.kind, 0) + 1
-                log(f.to_dict())
-                if metrics is not None:
-                    metrics.faults.labels(fault=f.kind).inc()
-                if on_fault is not None:
-                    on_fault(f)
+                record(f)
             if verdict.resync:  # a new gateway: this read is the baseline, it gets the routes
                 first = last
                 if acting:
@@ -271,12 +275,7 @@ async def control_loop(controller: Controller, plan: LaunchPlan, target: ApplyTa
                     if "not healthy after" in out.reason:  # a start hung: rolled back
                         f = Fault("start_hung", tel.now(), "change", d.at_s, out.reason + ": the "
                                   "change is rolled back, the running plan stays")
-                        res.faults[f.kind] = res.faults.get(f.kind, 0) + 1
-                        log(f.to_dict())
-                        if metrics is not None:
-                            metrics.faults.labels(fault=f.kind).inc()
-                        if on_fault is not None:
-                            on_fault(f)
+                        record(f)
                 if out.interrupted:
                     res.interrupted = True
                     return res
