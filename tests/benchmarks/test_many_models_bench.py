@@ -33,6 +33,8 @@ def test_two_copies_are_planned_at_or_above_their_replication_floor(tmp_path):
         assert 0 < row["scale"] <= row["bound"]
         assert row["gap"] == row["bound"] / row["scale"] - 1
         assert row["wall_s"] <= 15 * 1.1 + 1
+        # every LLM on one GPU type: between the plan (which is so) and the LP over types
+        assert row["scale"] <= row["bound_one_type"] <= row["bound"] * (1 + 1e-12)
 
 
 def test_a_plan_below_its_floor_is_reported_as_a_problem(tmp_path, monkeypatch):

@@ -166,6 +166,28 @@ def test_scale_bound_is_never_below_the_aggregate_optimum(seed):
     assert status == "optimal"
     assert bound >= exact * (1 - 1e-12)
     assert bound <= exact * 1.25  # much tighter than nothing: a regression guard
+    # every LLM on one GPU type (as every max-scale allocation is): still a bound, and no
+    # looser than the LP over types (both bisect to the same relative step)
+    one = scale_upper_bound(p, one_type=True)
+    assert exact * (1 - 1e-12) <= one <= bound * (1 + 1e-12)
+
+
+def test_one_type_bound_is_tighter_where_an_llm_must_split():
+    """Small two-type instances (2 LLMs, 2 + 2 GPUs), where whole replicas often fit only with
+    one LLM across both types: the one-type bound stays at or above the exact max scale (every
+    allocation runs an LLM on one type) and at or below the LP over types, and is strictly
+    below it on some of them."""
+    cl = Cluster("mix", (GPUPool("A100-80GB", 1, 2), GPUPool("H100-80GB", 1, 2)))
+    hits = 0
+    for seed in range(12):
+        p = random_problem(2, 3, ROOF, seed=seed, load=0.9, cluster=cl,
+                           options=PlanOptions(objective="max-throughput"))
+        exact, _, status = max_scale(p)
+        assert status == "optimal"
+        lp, one = scale_upper_bound(p), scale_upper_bound(p, one_type=True)
+        assert exact * (1 - 1e-12) <= one <= lp * (1 + 1e-12)
+        hits += one < lp * (1 - 1e-3)
+    assert hits > 0  # the one-type bound is tighter on at least one of these instances
 
 
 def test_scale_bound_from_slot_shapes_equals_the_bound_from_all_shapes():

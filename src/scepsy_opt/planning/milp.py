@@ -59,7 +59,7 @@ from typing import Any, TypeVar
 import highspy
 import numpy as np
 import pulp
-from scipy.optimize import linprog
+from scipy.optimize import Bounds, LinearConstraint, linprog, milp
 from scipy.sparse import coo_matrix
 
 from scepsy_common.bisection import Probe, largest_accepted
@@ -824,7 +824,7 @@ SCALE_BOUND_REL = 1e-4  # the relative precision of :func:`scale_upper_bound`'s 
 
 
 def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *,
-                      deadline: Deadline | None = None) -> float:
+                      deadline: Deadline | None = None, one_type: bool = False) -> float:
     """An upper bound on the scale of every allocation (placed or not), much tighter than the
     LP relaxation of :func:`max_scale` when LLMs need few replicas each.
 
@@ -834,7 +834,13 @@ def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *
     ``Σ_t y_mt = 1, Σ_m f_mt(s)·y_mt ≤ budget_t, y ≥ 0`` is feasible (every allocation gives an
     integer ``y``); ``f`` grows with ``s``, so bisection finds the largest feasible ``s`` (to
     :data:`SCALE_BOUND_REL`, rounded up). With memory shares (two resources) the memory
-    budgets are left out (a relaxation, still a bound). ``inf`` when the time runs out first."""
+    budgets are left out (a relaxation, still a bound). ``inf`` when the time runs out first.
+
+    ``one_type``: ``y`` binary, every LLM on one GPU type (a MILP per probe): the bound over the
+    allocations that do not split an LLM across GPU types, which max-throughput's plans never
+    do; the difference between the two bounds is the part of a gap that comes from letting an
+    LLM split. A probe the MILP does not settle in the time left counts as feasible (the bound
+    stays valid, only looser)."""
     left = Deadline.of(problem, deadline)
     shp = shapes_ if shapes_ is not None else capacity_shapes(problem, left)
     if any(not v for v in shp.values()):
@@ -870,7 +876,14 @@ def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *
         n = len(ii)
         rows_eq = coo_matrix((np.ones(n), (ii, np.arange(n))), shape=(len(llms), n))
         rows_ub = coo_matrix((f[ii, jj], (jj, np.arange(n))), shape=(len(types), n))
-        res = linprog(np.zeros(n), A_ub=rows_ub, b_ub=[budgets[t] * UNITS for t in types],
+        b_ub = [budgets[t] * UNITS for t in types]
+        if one_type:
+            out = milp(np.zeros(n), integrality=np.ones(n), bounds=Bounds(0, 1),
+                       constraints=[LinearConstraint(rows_ub, -np.inf, b_ub),
+                                    LinearConstraint(rows_eq, 1.0, 1.0)],
+                       options={"time_limit": max(left.remaining(), 1e-3)})
+            return Probe(out.status != 2)  # 2: proven infeasible; a time limit proves nothing
+        res = linprog(np.zeros(n), A_ub=rows_ub, b_ub=b_ub,
                       A_eq=rows_eq, b_eq=np.ones(len(llms)), bounds=(0, 1), method="highs")
         return Probe(res.status == 0)
 
