@@ -23,26 +23,31 @@ Each window (:meth:`Controller.observe`):
    * **scale-up** when some LLM's utilisation exceeds ``up_utilisation`` or some workflow's
      predicted latency exceeds its bound;
    * **scale-down** after ``hold_windows`` consecutive windows in each of which an LLM of more
-     than one replica was below ``down_utilisation``, or a plan of the running shapes with
-     fewer GPUs fits inside the band (a window with neither starts the count again);
+     than one replica was below ``down_utilisation``, or the running plan with fewer replicas
+     fits inside the band (a window with neither starts the count again);
    * **keep** otherwise.
 
-   A change is an incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`,
-   fewest replicas started, stopped and moved) of the running plan to the target, by default
-   with the ``min-cost`` objective at a utilisation of at most ``up_utilisation``: a scale-up
-   within the bounds, a scale-down within ``down_latency`` (0.8) times them, inside the band,
-   so that the next small rise does not cross the bound again. Both first among the instance
-   shapes already running, and there a plan that **resizes in place** (every LLM keeps its
-   shape: added replicas start, removed ones drain, the others run on) wins over one that
-   changes an LLM's shape (its replicas restart). A scale-up that the running shapes do not
-   carry takes new shapes; one that no plan within the bounds carries falls back to
-   ``min-latency`` (no bounds) on the whole cluster, unless that plan adds no GPU (a keep: at
-   the cluster's limit, moving replicas around starts them for a plan that still misses the
-   bounds). Without any plan the decision is ``replan-failed`` (the
-   running plan stays). A target beyond the cluster's **capacity** (the total rate of its
-   max-throughput plan within the bounds and the band, computed once) is scaled down to it,
-   keeping its mix. A scale-down whose plan uses no fewer GPUs is a keep; a scale-down never
-   takes a new shape.
+   A change **resizes in place** where it can (every LLM keeps its shape: added replicas
+   start, removed ones drain, the others run on), since a change of shape restarts an LLM's
+   replicas and its old ones serve beside the new for a start-up
+   (:mod:`scepsy_serve.control.inplace`). A **scale-down only removes replicas**: one at a
+   time, the one that frees the most GPUs first, while every LLM stays at or below
+   ``up_utilisation`` and every workflow within ``down_latency`` (0.8) times its bound at the
+   target (inside the band, so that the next small rise does not cross the bound again);
+   nothing starts, and without a replica to remove it is a keep. A **scale-up** is an
+   incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`, fewest replicas
+   started, stopped and moved) of the running plan to the target, by default with the
+   ``min-cost`` objective at a utilisation of at most ``up_utilisation``, within the bounds,
+   first among the instance shapes already running; when that plan changes an LLM's shape,
+   replicas of the running shapes are added instead (one at a time, the one that leaves the
+   least excess utilisation and latency) when that meets the bounds within the cluster and
+   they fit around the running replicas. A scale-up that the running shapes do not carry takes
+   new shapes; one that no plan within the bounds carries falls back to ``min-latency`` (no
+   bounds) on the whole cluster, unless that plan adds no GPU (a keep: at the cluster's limit,
+   moving replicas around starts them for a plan that still misses the bounds). Without any
+   plan the decision is ``replan-failed`` (the running plan stays). A target beyond the
+   cluster's **capacity** (the total rate of its max-throughput plan within the bounds and the
+   band, computed once) is scaled down to it, keeping its mix.
 4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
    counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
@@ -97,6 +102,7 @@ from scepsy_serve.control.forecast import (
     RateForecaster,
     check_smoothing,
 )
+from scepsy_serve.control.inplace import grow, in_place, shrink
 
 Action = Literal["keep", "scale-up", "scale-down", "replan-failed"]
 MIN_RATE = 1e-3
@@ -476,38 +482,56 @@ class Controller:
                 f"{cfg.queue_up:g} where the model predicts utilisation {u:.2f}: demand derated "
                 f"x{before:.3g} -> x{self.derate:.3g}")
 
-    def _inner(self, problem: PlanningProblem) -> PlanningProblem:
-        """``problem`` with every latency bound times ``down_latency``: the band's inner edge,
-        where a scale-down lands so that the next small rise does not cross the bound."""
-        f = self.config.down_latency
-        o = problem.options
-        return replace(problem, options=replace(
-            o, latency_bound_s={w: f * b for w, b in o.latency_bound_s.items()},
-            latency_bounds={w: (q, f * b) for w, (q, b) in o.latency_bounds.items()}))
-
     def _smaller(self, target: Mapping[str, float]) -> float | None:
-        """The GPUs of the cheapest plan of the running shapes inside the band's inner edge
-        (``down_latency`` x every bound) at ``target``, when it uses fewer than the running
-        plan."""
-        run = self.allocation.llms.values()
-        p = self._inner(self.problem)
-        p = replace(p, options=replace(p.options, shares=tuple(sorted({i.share for i in run})),
-                                       tps=tuple(sorted({i.tp for i in run}))))
-        rp = replan(p, self.topology, self._placed,
-                    [LoadChanged(wf, target=t) for wf, t in sorted(target.items())],
-                    objective=self.config.objective, formulation=self.config.formulation)
-        new = rp.placed.plan.allocation if rp.ok else None
-        if new is None or new.gpus() >= self.allocation.gpus() - 1e-9:
+        """The GPUs of the running plan shrunk in place (:meth:`_shrunk`) at ``target``, when
+        that uses fewer than the running plan."""
+        new = self._shrunk(target)
+        return None if new is None else round(new.gpus(), 6)
+
+    def _shrunk(self, target: Mapping[str, float]) -> Allocation | None:
+        """The running plan with replicas removed while every LLM stays at or below
+        ``up_utilisation`` and every workflow within ``down_latency`` x its bound at
+        ``target`` (:func:`scepsy_serve.control.shrink.shrink`: the shapes kept, nothing
+        started), when that frees a GPU share; None otherwise."""
+        cfg = self.config
+
+        def fits(a: Allocation) -> bool:
+            p = self._predict(self.problem, a, target)
+            return (all(u <= cfg.up_utilisation for u in p["utilisation"].values())
+                    and all(x <= cfg.down_latency * self.bounds[wf]
+                            for wf, x in p["latency_s"].items()))
+
+        new = shrink(self.allocation, fits)
+        return new if new.gpus() < self.allocation.gpus() - 1e-9 else None
+
+    def _grown(self, target: Mapping[str, float]) -> Replan | None:
+        """The running plan with replicas of its shapes added (:func:`~scepsy_serve.control.
+        inplace.grow`: the LLM whose replica leaves the least excess utilisation and latency
+        first) until every LLM is at or below ``up_utilisation`` and every workflow within its
+        bound at ``target``, within the cluster's GPUs, placed around the running replicas;
+        None when the running shapes do not get there."""
+        cfg = self.config
+
+        def excess(a: Allocation) -> tuple[float, bool]:
+            p = self._predict(self.problem, a, target)
+            over = math.fsum(max(0.0, u - cfg.up_utilisation) for u in p["utilisation"].values())
+            late = math.fsum(min(1e3, max(0.0, x / self.bounds[wf] - 1.0)) if x == x else 1e3
+                             for wf, x in p["latency_s"].items())
+            return over + late, over <= 0 and late <= 0
+
+        new = grow(self.allocation, lambda a: excess(a)[1], lambda a: excess(a)[0],
+                   float(self.topology.total_gpus))
+        if new is None:
             return None
-        return round(new.gpus(), 6)
+        return in_place(self.problem, self.topology, self._placed, new, target)
 
     def _change(self, action: Action, why: str, target: Mapping[str, float],
                 decide: Any) -> Decision:
-        """Re-plan the running plan to ``target`` (module docstring) for ``action``: first
-        among the running shapes, preferring a plan that resizes every LLM in place (replica
-        counts change, no running replica restarts); a scale-down within ``down_latency`` of
-        every bound (the band's inner edge), a scale-up within the bounds, then in new shapes
-        and, failing those, at the lowest latency on the cluster."""
+        """The change for ``action`` at ``target`` (module docstring): a scale-down removes
+        replicas in place (:meth:`_shrunk`); a scale-up re-plans first among the running
+        shapes, preferring a plan that resizes every LLM in place (replica counts change, no
+        running replica restarts; :meth:`_grown` where the re-plan changes a shape), within the
+        bounds, then in new shapes and, failing those, at the lowest latency on the cluster."""
         cfg = self.config
         events = [LoadChanged(wf, target=t) for wf, t in sorted(target.items())]
         form = cfg.formulation
@@ -518,20 +542,26 @@ class Controller:
                 p.options, shares=tuple(sorted({i.share for i in run})),
                 tps=tuple(sorted({i.tp for i in run}))))
 
+        if action == "scale-down":  # in place: fewer replicas of the running shapes
+            small = self._shrunk(target)
+            down = None if small is None else in_place(self.problem, self.topology,
+                                                       self._placed, small, target)
+            if small is None or down is None:
+                return decide("keep", f"{why}; no smaller plan of the running shapes within "
+                              f"{cfg.down_latency:g} x the bound", None)
+            return decide(action, f"{why}; resized in place: 0 started, {len(down.stopped)} "
+                          f"stopped, {self.allocation.gpus():g} -> {small.gpus():g} GPUs", down,
+                          self._predict(self.problem, small, target))
         # groups of (problem, note), tried in order; within a group a plan that keeps every
         # running LLM's shape (resized in place: counts change, no running replica restarts)
         # wins over one that changes an LLM's shape (its replicas restart), else the first
-        # plan found. A scale-down lands inside the band (down_latency x every bound); a
-        # scale-up at the bounds, then (no plan meets them) at the lowest latency
-        if action == "scale-down":
-            groups = [[(within(self._inner(self.problem)), "")]]
-        else:
-            groups = [[(within(self.problem), ""), (self.problem, " (new shapes)")]]
-            if objective(cfg.objective).mean_bounds:
-                note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
-                groups.append([(replace(b, options=replace(b.options, latency_bound_s={},
-                                                           latency_bounds={})), note)
-                               for b in (within(self.problem), self.problem)])
+        # plan found: at the bounds, then (no plan meets them) at the lowest latency
+        groups = [[(within(self.problem), ""), (self.problem, " (new shapes)")]]
+        if objective(cfg.objective).mean_bounds:
+            note = " (no plan meets the latency bounds: the lowest latency on the cluster)"
+            groups.append([(replace(b, options=replace(b.options, latency_bound_s={},
+                                                       latency_bounds={})), note)
+                           for b in (within(self.problem), self.problem)])
         rp: Replan | None = None
         last: Replan | None = None
         note = ""
@@ -548,13 +578,14 @@ class Controller:
             if found:
                 rp, note = next(((r, n) for r, n in found if not self._reshaped(r)), found[0])
                 if self._reshaped(rp):
-                    note += " (an LLM changes shape: its replicas restart)"
+                    up = self._grown(target) if gi == 0 else None
+                    if up is not None:  # the running shapes carry it: no replica restarts
+                        rp, note = up, " (resized in place: the re-plan changed a shape)"
+                    else:
+                        note += " (an LLM changes shape: its replicas restart)"
                 break
         if rp is None:
             assert last is not None
-            if action == "scale-down":
-                return decide("keep", f"{why}; no smaller plan within {cfg.down_latency:g} x "
-                              f"the bound ({last.status})", None)
             return decide("replan-failed", f"{why}; re-plan {last.status}: "
                           f"{last.placed.reason or 'no plan'}", last)
         if rp.placed.plan.allocation is None:
@@ -567,16 +598,6 @@ class Controller:
                           "latency on the cluster adds no GPU: no replica starts for it", None)
         if not (rp.started or rp.stopped or rp.moved):
             return decide("keep", f"{why}; the re-plan keeps the running plan", None)
-        if action == "scale-down" and new.gpus() >= self.allocation.gpus() - 1e-9:
-            return decide("keep", f"{why}; the cheapest plan within the bounds uses no fewer "
-                          f"GPUs ({new.gpus():g})", None)
-        if action == "scale-down":  # hysteresis on latency too: no plan at the bound's edge
-            tight = sorted(wf for wf, x in after["latency_s"].items()
-                           if x > cfg.down_latency * self.bounds[wf] * (1 + 1e-6))
-            if tight:
-                return decide("keep", f"{why}; the smaller plan would take "
-                              + ", ".join(f"{wf} to {after['latency_s'][wf]:.3g} s" for wf in tight)
-                              + f", above {cfg.down_latency:g} x the bound", None)
         return decide(action, f"{why}; re-plan: {len(rp.started)} started, {len(rp.stopped)} "
                       f"stopped, {len(rp.moved)} moved, {self.allocation.gpus():g} -> "
                       f"{new.gpus():g} GPUs{note}", rp, after)
