@@ -2,7 +2,9 @@
 forwards becomes one :class:`~scepsy_opt.traces.CallRecord` of a trace (docs/record.md).
 
 The proxy listens on a loopback port, forwards each call to the upstream server of the body's
-``model`` (``upstream_for``, else ``upstream``) over one pooled :class:`aiohttp.ClientSession`,
+``model`` (``upstream_for``, else ``upstream``) over pooled connections (recorded calls to an
+``http://`` upstream: :class:`~scepsy_opt.ingest.upstream_http.LeanPool`; the rest: one
+:class:`aiohttp.ClientSession`),
 passes the answer back as it arrives (streams chunk by chunk) and, when the call has finished,
 appends its record to the trace file as one JSON line and flushes it, so the file is a valid trace
 after every call. Which workflow request a call belongs to comes from the ``X-Scepsy-Request``
@@ -58,7 +60,15 @@ from scepsy_common.httpguard import (
 )
 from scepsy_common.net import CLIENT_KEEPALIVE_S, check_url
 from scepsy_opt.ingest.tracemap import TraceMap
-from scepsy_opt.traces import MAX_TOKENS, CallRecord, CompletedCalls, with_client_time
+from scepsy_opt.ingest.upstream_http import LeanPool, LeanResponse, UpstreamRefused
+from scepsy_opt.traces import (
+    CLIENT_MIN_GAP_S,
+    CLIENT_TOOL,
+    MAX_TOKENS,
+    TIME_TOLERANCE_S,
+    CallRecord,
+    CompletedCalls,
+)
 
 RECORDED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 """The POST paths whose calls are recorded; every other request is only forwarded."""
@@ -468,7 +478,7 @@ class UpstreamLost(Exception):
 
     def __init__(self, error: aiohttp.ClientError) -> None:
         super().__init__(str(error))
-        self.refused = isinstance(error, aiohttp.ClientConnectorError)
+        self.refused = isinstance(error, aiohttp.ClientConnectorError | UpstreamRefused)
 
 
 def _lost(exc: aiohttp.ClientError) -> bool:
@@ -508,6 +518,7 @@ class RecordingProxy:
         self._origin = time.monotonic()
         self._file: IO[str] | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._lean: LeanPool | None = None  # recorded calls to http:// upstreams
         self._runner: web.ServerRunner | None = None
         self._timeout = aiohttp.ClientTimeout(total=None, connect=config.timeout_s,
                                               sock_read=config.timeout_s)
@@ -557,6 +568,7 @@ class RecordingProxy:
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300,
                                            keepalive_timeout=CLIENT_KEEPALIVE_S),
             auto_decompress=False, timeout=self._timeout)
+        self._lean = LeanPool(cfg.timeout_s) if LeanPool.available() else None
         self._origin = time.monotonic()
         host = f"[{cfg.host}]" if ":" in cfg.host else cfg.host
         return f"http://{host}:{self.port}"
@@ -578,6 +590,9 @@ class RecordingProxy:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._lean is not None:
+            self._lean.close()
+            self._lean = None
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -621,7 +636,17 @@ class RecordingProxy:
                 self._inflight.discard(task)
 
     async def _body(self, request: web.BaseRequest) -> bytes:
-        return await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
+        limit = self.config.max_body_bytes
+        content = request.content
+        announced = request.content_length
+        if content.is_eof() and content.exception() is None and (
+                announced is None or announced <= limit):
+            # the whole body came with the headers (a small call): take it without a timer
+            data = content.read_nowait()
+            if len(data) > limit:
+                raise BodyRefused(413, f"the body is over the limit of {limit} bytes")
+            return data
+        return await read_body(request, limit, self.config.read_timeout_s)
 
     async def _forward(self, request: web.BaseRequest) -> web.StreamResponse:
         """Any request that is not recorded: forwarded unchanged, the answer streamed back."""
@@ -770,8 +795,15 @@ class RecordingProxy:
         the answer's last bytes go out (a call the client sends next starts after this one
         ended); :class:`UpstreamLost` when the connection was lost before an answer started."""
         assert self._session is not None
+        target = self._lean.target(url) if self._lean is not None else None
+        up_cm: Any
+        up: aiohttp.ClientResponse | LeanResponse
         try:
-            up_cm = self._session.post(url, data=raw, headers=headers, allow_redirects=False)
+            if target is not None and self._lean is not None:
+                up_cm = self._lean.post(target, raw, headers)
+            else:
+                up_cm = self._session.post(url, data=raw, headers=headers,
+                                           allow_redirects=False)
             up = await up_cm.__aenter__()
         except (TimeoutError, aiohttp.ServerTimeoutError):
             self._end(call, None, "upstream_timeout")
@@ -809,7 +841,7 @@ class RecordingProxy:
             await up_cm.__aexit__(None, None, None)
 
     async def _relay(self, request: web.BaseRequest, call: Call | None,
-                     up: aiohttp.ClientResponse, headers: CIMultiDict[str],
+                     up: aiohttp.ClientResponse | LeanResponse, headers: CIMultiDict[str],
                      inject: bool) -> web.StreamResponse:
         """Pass a stream on event by event; record it with its usage (or the estimate)."""
         scan = StreamScan(drop_usage_chunk=inject)
@@ -862,24 +894,46 @@ class RecordingProxy:
         call.ended = True
         missing = error is None and (usage is None or estimated)
         u = usage or Usage(0, 0, 0)
-        rec = CallRecord(workflow=call.workflow, request_id=call.request_id,
-                         call_id=call.call_id, start_s=call.start_s,
-                         end_s=max(self._now(), call.start_s), llm=call.llm, role=call.role,
-                         input_tokens=u.input_tokens, output_tokens=u.output_tokens,
-                         prefix_tokens=u.prefix_tokens, error=error)
-        done = self._requests.setdefault((call.workflow, call.request_id), CompletedCalls())
-        rec = replace(rec, parents=done.parents_of(rec))
+        key = (call.workflow, call.request_id)
+        done = self._requests.get(key)
+        if done is None:
+            done = self._requests[key] = CompletedCalls()
+        args = (call.workflow, call.request_id, call.call_id, call.start_s,
+                max(self._now(), call.start_s), call.llm, None, call.role)
+        counts = (u.input_tokens, u.output_tokens, u.prefix_tokens, error)
+        rec = CallRecord(*args, (), *counts)
+        parents = done.parents_of(rec)
+        if parents:
+            rec = CallRecord(*args, parents, *counts)
         done.add(rec)
         self._counters.add_call(rec, call.unattributed, missing)
-        # the client's time before the call, as a 'client' tool call it waited on: the parents
-        # go first, without their own parents, so that only the call and its gap are new
-        parents = [replace(done.by_id[p], parents=()) for p in rec.parents]
-        lines = with_client_time([*parents, rec])[len(parents):] \
-            if self.config.client_time else (rec,)
+        lines = client_gap(rec, done.by_id) if self.config.client_time else (rec,)
         if self._file is not None:
-            self._file.write("".join(r.to_json() + "\n" for r in lines))
+            self._file.write(lines[0].to_json() + "\n" if len(lines) == 1
+                             else "".join(r.to_json() + "\n" for r in lines))
             self._file.flush()
         self.router.ended(call, usage, error)
+
+
+def client_gap(rec: CallRecord, done: Mapping[str, CallRecord]) -> tuple[CallRecord, ...]:
+    """``rec`` as :func:`~scepsy_opt.traces.with_client_time` writes it after its parents
+    (``done``: its request's completed calls by id, which hold them): the client's time before
+    it, when long enough, as a ``client`` tool call it waited on and that waited on its parents
+    (the gap first), else ``rec`` alone. The same records as ``with_client_time([*parents,
+    rec])`` without the parents, at a fraction of its cost (one call per proxied call)."""
+    if rec.error is not None or not rec.parents:
+        return (rec,)
+    last_end = max(done[p].end_s for p in rec.parents)
+    gap_s = rec.start_s - last_end
+    if gap_s <= 0 or gap_s < CLIENT_MIN_GAP_S - TIME_TOLERANCE_S:
+        return (rec,)
+    taken = {*rec.parents, rec.call_id}
+    cid = f"{rec.call_id}.client"
+    while cid in taken:
+        cid += "_"
+    gap = CallRecord(rec.workflow, rec.request_id, cid, last_end, rec.start_s, tool=CLIENT_TOOL,
+                     parents=rec.parents)
+    return (gap, replace(rec, parents=(cid,)))
 
 
 def _body_usage(data: bytes) -> Usage | None:
