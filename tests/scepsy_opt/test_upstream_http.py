@@ -211,3 +211,25 @@ def test_the_request_head_keeps_the_callers_headers_and_adds_aiohttps_defaults(
     assert ("Content-Type" in got) == ("Content-Type" in headers or length > 0)
     with pytest.raises(ValueError):
         request_head(t, {"X-Bad": "a\r\nInjected: 1"}, 0)
+
+
+def test_an_answer_cut_right_after_its_headers_fails_on_reading_the_body() -> None:
+    """As aiohttp's: the response (status, headers) comes; reading its body raises."""
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
+        await writer.drain()
+
+    async def main() -> None:
+        server, port, _ = await _serve(answer)
+        pool = LeanPool(5.0)
+        t = lean_target(f"http://127.0.0.1:{port}/v1/completions")
+        assert t is not None
+        async with pool.post(t, b"{}", {}) as r:
+            assert r.status == 200 and r.headers["Content-Length"] == "50"
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await r.read()
+        pool.close()
+        server.close()
+
+    asyncio.run(main())

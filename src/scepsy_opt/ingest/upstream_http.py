@@ -169,8 +169,7 @@ class LeanResponse:
                 self._conn.close()
                 raise aiohttp.ServerTimeoutError(
                     f"Timeout on reading data from socket ({self._timeout_s:g} s)") from None
-        if self._error is not None and not self._chunks and not self._eof:
-            raise self._error
+        # a body cut short after the headers is the reader's error (as aiohttp's)
 
     def _take(self) -> bytes:
         data = self._chunks.popleft() if len(self._chunks) == 1 else b"".join(self._chunks)
