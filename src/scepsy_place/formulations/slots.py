@@ -53,7 +53,7 @@ import heapq
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, cast
@@ -860,20 +860,113 @@ def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotSh
     return out
 
 
+def tied(problem: PlanningProblem) -> list[tuple[str, ...]]:
+    """``problem``'s LLMs in groups that its workflows tie together (an LLM with every LLM a
+    workflow calls beside it, transitively), each sorted, the groups in order of their first
+    LLM: what must share a part for the parts' plans to add up (:func:`separable`)."""
+    root = {m: m for m in problem.llms}
+
+    def find(m: str) -> str:
+        while root[m] != m:
+            root[m] = root[root[m]]
+            m = root[m]
+        return m
+    for w in problem.targets:
+        called = sorted(problem.stats[w].llms)
+        for m in called[1:]:
+            a, b = find(called[0]), find(m)
+            if a != b:
+                root[max(a, b)] = min(a, b)
+    groups: dict[str, list[str]] = {}
+    for m in problem.llms:
+        groups.setdefault(find(m), []).append(m)
+    return [tuple(sorted(g)) for _, g in sorted(groups.items())]
+
+
+def type_assignment(topology: Topology, groups: Sequence[tuple[str, ...]],
+                    need: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
+    """Every LLM of ``groups`` (:func:`tied`) to one GPU type of ``topology``, a group's LLMs
+    to the same one, so that the most filled type is as little filled as a greedy rule makes it
+    (longest processing time first): each group's *fill* on a type is its need there
+    (``need``, :func:`capacity_need`) over the type's GPU units; the groups go largest least
+    fill first (then by name), each to the type that keeps the largest fill over all types
+    least (then its own fill on that type, then the type's name). Deterministic. Empty when
+    a group fits no type (its need is infinite on every type)."""
+    types = sorted({n.gpu for n in topology.nodes})
+    units = {t: sum(n.gpus for n in topology.nodes if n.gpu == t) * UNITS for t in types}
+    fill = dict.fromkeys(types, 0.0)
+
+    def share(g: tuple[str, ...], t: str) -> float:
+        return sum(need[m].get(t, math.inf) for m in g) / units[t]
+
+    out: dict[str, str] = {}
+    for g in sorted(groups, key=lambda g: (-min(share(g, t) for t in types), g)):
+        fits = [t for t in types if math.isfinite(share(g, t))]
+        if not fits:
+            return {}
+        t = min(fits, key=lambda t: (max([fill[t] + share(g, t)]
+                                          + [fill[x] for x in types if x != t]),
+                                     fill[t] + share(g, t), t))
+        fill[t] += share(g, t)
+        out.update(dict.fromkeys(g, t))
+    return out
+
+
+def typed_partition(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS,
+                    need: Mapping[str, Mapping[str, float]] | None = None) -> list[Part]:
+    """:func:`partition` with every part of one GPU type: the LLMs first to types
+    (:func:`type_assignment` of their tied groups, the need at the bound's scale), then each
+    type's LLMs and nodes in parts of about ``part_llms`` LLMs (:func:`partition` of that type
+    alone). A part's feasibility MILP then never chooses a GPU type per LLM, and it settles in
+    a fraction of a mixed part's time; the bound over such plans is the bound over every plan
+    on the measured instances (``scale_upper_bound(..., one_type=True)``, docs/benchmarks.md).
+    :func:`partition` itself where the cluster has one GPU type, without ``need``, or when a
+    group fits no type. A type no LLM is given keeps its nodes out of every part."""
+    types = sorted({n.gpu for n in topology.nodes})
+    assign = type_assignment(topology, tied(problem), need) if need is not None else {}
+    if len(types) < 2 or not assign or need is None:
+        return partition(problem, topology, part_llms, need)
+    parts: list[Part] = []
+    for t in types:
+        llms = tuple(sorted(m for m, x in assign.items() if x == t))
+        if not llms:
+            continue
+        nodes = tuple(n.name for n in topology.nodes if n.gpu == t)
+        sub, sub_top = _sub(problem, topology, Part(llms, nodes, t))
+        parts += [Part(q.llms, q.nodes, t) for q in partition(
+            sub, sub_top, part_llms, {m: {t: need[m][t]} for m in llms})]
+    return parts
+
+
+def skewed(problem: PlanningProblem, topology: Topology, part_llms: int,
+           need: Mapping[str, Mapping[str, float]]) -> bool:
+    """Whether :func:`plan_slot_scale` cuts the problem in parts of one GPU type
+    (:func:`typed_partition`): the cluster has two GPU types or more and the parts of
+    :func:`partition` are not all equal (equal parts are solved once and copied, which typed
+    parts, whose types the assignment chooses LLM by LLM, would undo)."""
+    if len({n.gpu for n in topology.nodes}) < 2:
+        return False
+    plain = partition(problem, topology, part_llms, need)
+    return len(plain) > 1 and len({_signature(problem, topology, q) for q in plain}) > 1
+
+
 def part_size(problem: PlanningProblem, topology: Topology, part_llms: int,
               need: Mapping[str, Mapping[str, float]], seconds: float,
-              made: dict[int, list[Part]] | None = None) -> int:
+              made: dict[int, list[Part]] | None = None,
+              cut: Callable[..., list[Part]] | None = None) -> int:
     """The LLMs per part of the first try of :func:`plan_slot_scale`: ``part_llms``, times
     :data:`LARGER_PARTS` as often as needed for each distinct part (:func:`_signature`) of
     :func:`partition` to get :data:`PART_MIN_S` of ``seconds`` (a feasibility probe costs a
     fixed tenth of a second or more whatever the part's size, so many small parts spend the
     time on overhead: 87 parts of 16 LLMs in 25 s left most parts without a solution).
-    ``made``: the partitions by part size, filled in (each is made once)."""
+    ``made``: the partitions by part size, filled in (each is made once); ``cut``: the
+    partition (default :func:`partition`)."""
     made = {} if made is None else made
+    cut = partition if cut is None else cut
     size = part_llms
     while size < len(problem.llms):
         if size not in made:
-            made[size] = partition(problem, topology, size, need)
+            made[size] = cut(problem, topology, size, need)
         parts = made[size]
         distinct = len({_signature(problem, topology, q) for q in parts})
         if len(parts) <= 1 or distinct * PART_MIN_S <= seconds:
@@ -1194,11 +1287,35 @@ def _join(problem: PlanningProblem, solutions: Sequence[SlotSolution], status: s
 
 
 
+def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
+           need: Mapping[str, Mapping[str, float]], until: Deadline, typed: bool,
+           ) -> list[list[Part]]:
+    """:func:`plan_slot_scale`'s partitions, in the order they are searched: parts of
+    :func:`part_size` LLMs, then of :data:`LARGER_PARTS` times that (one try when both make
+    as many parts), the larger first when heavy LLMs (parts of one GPU type) make them
+    few; ``typed``: :func:`typed_partition`, otherwise :func:`partition`. A partition that a
+    workflow spans is the whole problem in one part."""
+    cut = typed_partition if typed else partition
+    made: dict[int, list[Part]] = {}
+    base = part_size(problem, topology, part_llms, need, until.remaining(), made, cut)
+    tries = [made[size] if size in made else cut(problem, topology, size, need)
+             for size in (base, LARGER_PARTS * base)]
+    tries = [t if len(t) == 1 or separable(problem, t) else
+             partition(problem, topology, len(problem.llms)) for t in tries]
+    if len(tries[1]) == len(tries[0]):
+        return tries[:1]
+    if (base == part_llms and any(q.gpu for q in tries[0])
+            and len(tries[1]) <= LARGER_FIRST_MAX_PARTS):
+        tries.reverse()
+    return tries
+
+
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
                     part_llms: int = PART_LLMS) -> PlacedPlan:
     """Max-throughput placed by construction: the largest scale of the targets that slot groups
     carry (:func:`solve_slot_scale`; in parts of about ``part_llms`` LLMs when the workflows
-    allow it, :func:`partition`, then of :data:`LARGER_PARTS` times that while the gap is over
+    allow it, :func:`partition`, each part of one GPU type, :func:`typed_partition`, where the
+    parts differ (:func:`skewed`), then of :data:`LARGER_PARTS` times that while the gap is over
     :data:`WIDE_GAP`, the larger first when a heavy LLM skews the load), laid out
     (:func:`layout`) and priced at that scale. ``plan.stats`` carries ``scale_bound`` (a proven
     upper bound on the scale of every allocation, :func:`scepsy_opt.planning.milp.scale_upper_bound`),
@@ -1232,28 +1349,25 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     # gap is wide and time is left, larger parts (more ways for LLMs to share GPUs); the larger
     # scale wins. With heavy LLMs (a skewed popularity) the larger parts go first when they
     # are few (each of their probes takes seconds).
-    made: dict[int, list[Part]] = {}
-    base = part_size(problem, topology, part_llms, need, until.remaining(), made)
-    tries = [made[size] if size in made else partition(problem, topology, size, need)
-             for size in (base, LARGER_PARTS * base)]
-    tries = [t if len(t) == 1 or separable(problem, t) else
-             partition(problem, topology, len(problem.llms)) for t in tries]
-    if len(tries[1]) == len(tries[0]):
-        tries = tries[:1]
-    elif (base == part_llms and any(q.gpu for q in tries[0])
-          and len(tries[1]) <= LARGER_FIRST_MAX_PARTS):
-        tries.reverse()
+    # parts of one GPU type where the parts differ anyway (a skewed popularity): their
+    # feasibility MILPs settle far sooner than those of parts of both types; then, with the
+    # time left and a wide gap, the mixed parts' tries, never paced out by the typed ones
+    typed = skewed(problem, topology, part_llms, need)
+    tries = _tries(problem, topology, part_llms, need, until, typed)
+    last = len(tries)
+    if typed:
+        tries += _tries(problem, topology, part_llms, need, until, False)
     first = (until.within(LARGER_FIRST_SHARE * until.remaining())
-             if len(tries) > 1 and len(tries[0]) < len(tries[1]) else until)
+             if last > 1 and len(tries[0]) < len(tries[1]) else until)
     for j, these in enumerate(tries):
         if found is not None and (until.remaining() <= 0 or (
                 found.solution is not None and bound / found.solution.scale - 1 <= WIDE_GAP)):
             break
-        if found is not None and found.pace > 0 and FIRST_PROBES * found.pace * sum(
+        if j < last and found is not None and found.pace > 0 and FIRST_PROBES * found.pace * sum(
                 len(q.llms) * len({topology.node(x).gpu for x in q.nodes})
                 for q in {_signature(problem, topology, q): q for q in these}.values()
         ) > until.remaining():
-            break  # the larger parts' probes would not fit in the time left
+            continue  # this try's probes would not fit in the time left (a later one's may)
         floor = found.solution.scale if found is not None and found.solution else 0.0
         got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
                           deadline=first if j == 0 else until, floor=floor)
