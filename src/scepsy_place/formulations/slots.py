@@ -1486,7 +1486,9 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
         return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
                           reason=f"{', '.join(unfit)} fit no GPU of the "
                           "cluster", exact=True, formulation=POLICY, status="infeasible")
-    parts = partition(problem, topology, part_llms, capacity_need(problem, shp, 1.0))
+    need = capacity_need(problem, shp, 1.0)
+    parts = (typed_partition if skewed(problem, topology, part_llms, need) else partition)(
+        problem, topology, part_llms, need)
     if len(parts) > 1 and not separable(problem, parts):
         parts = partition(problem, topology, len(problem.llms))
     keys = [_demand_signature(problem, topology, p) for p in parts]
