@@ -4,17 +4,13 @@ greedy shrink and grow against a closed-form oracle."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import replace
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_control_core import _setup  # the controller's starting plan, shared
 
 from scepsy_opt.allocation import Allocation, Instance
-from scepsy_opt.planning.instances import random_problem
-from scepsy_place.formulations.loop import plan_and_place
-from scepsy_place.packing.topology import Node, Topology
-from scepsy_profile import roofline_model
 from scepsy_serve.control.core import ControlConfig, Controller, WindowStats
 from scepsy_serve.control.inplace import grow, in_place, shrink
 
@@ -85,19 +81,6 @@ def test_grow_adds_replicas_of_the_running_shapes_within_the_gpus(shapes, needs,
 
 
 # ----------------------------------------------------------------------------- controller
-
-
-@functools.cache
-def _setup():
-    top = Topology("one", (Node("n0", "r0", "A100-80GB", 8, 8, 80.0),
-                           Node("n1", "r0", "A100-80GB", 8, 8, 80.0)))
-    problem = random_problem(3, 16, roofline_model(), seed=1, cluster=top.to_cluster(),
-                             load=0.2)
-    problem = replace(problem, options=replace(problem.options, time_limit_s=10.0))
-    start = plan_and_place(replace(problem, options=replace(problem.options,
-                                                            objective="min-cost")), top)
-    assert start.placed
-    return problem, top, start
 
 
 def _shape(i):

@@ -163,12 +163,7 @@ class LeanResponse:
         while not self._head:
             if self._error is not None:
                 raise self._error
-            try:
-                await self._wait()
-            except TimeoutError:
-                self._conn.close()
-                raise aiohttp.ServerTimeoutError(
-                    f"Timeout on reading data from socket ({self._timeout_s:g} s)") from None
+            await self._wait_or_fail()
         # a body cut short after the headers is the reader's error (as aiohttp's)
 
     def _take(self) -> bytes:
@@ -188,12 +183,17 @@ class LeanResponse:
                 return b""
             if self._error is not None:
                 raise self._error
-            try:
-                await self._wait()
-            except TimeoutError:
-                self._conn.close()
-                raise aiohttp.ServerTimeoutError(
-                    f"Timeout on reading data from socket ({self._timeout_s:g} s)") from None
+            await self._wait_or_fail()
+
+    async def _wait_or_fail(self) -> None:
+        """:meth:`_wait`; past the read timeout, the connection closed and aiohttp's own
+        timeout error raised (what the proxy's retry and error handling expect)."""
+        try:
+            await self._wait()
+        except TimeoutError:
+            self._conn.close()
+            raise aiohttp.ServerTimeoutError(
+                f"Timeout on reading data from socket ({self._timeout_s:g} s)") from None
 
     async def read(self) -> bytes:
         """The whole body."""
