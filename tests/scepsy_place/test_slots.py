@@ -347,6 +347,35 @@ def test_min_latency_parts_without_an_incumbent_keep_a_plan_that_carries_them(mo
     assert math.isfinite(res.plan.objective_s)
 
 
+def test_min_latency_part_cut_short_in_the_first_round_tries_again(monkeypatch):
+    """A part whose first plan in hand is cut short by its share of the first round (as on a
+    loaded machine with many parts) tries again with what the other parts left, so the plan is
+    still placed when the latency MILPs find nothing; the retried part is asked twice."""
+    from scepsy_place.formulations import slots as mod
+    from scepsy_place.formulations.slots import _none, plan_slot_latency
+
+    real = mod._carrying
+    calls: dict[tuple[str, ...], int] = {}
+
+    def first_cut(sub, *a, **k):
+        key = tuple(sub.llms)
+        calls[key] = calls.get(key, 0) + 1
+        if calls[key] == 1 and len(calls) == 1:  # the first part's first try: cut short
+            return _none("time_limit")
+        return real(sub, *a, **k)
+
+    monkeypatch.setattr(mod, "_carrying", first_cut)
+    monkeypatch.setattr(mod, "solve_slot_latency", lambda *a, **k: _none("time_limit"))
+    p = many_models_problem(32, 64, ROOF, copies=False, options=PlanOptions(time_limit_s=30))
+    p = p.scaled(0.7)
+    topo = from_cluster(p.cluster)
+    res = plan_slot_latency(p, topo, deadline=Deadline.after(30))
+    assert res.placed and res.plan.status == "time_limit"
+    assert violations(topo, demands(res.plan.allocation), res.placement) == []
+    assert max(calls.values()) == 2 and sorted(calls.values())[:-1] == [1] * (len(calls) - 1)
+    assert min(headroom(p, res.plan.candidates).values()) >= 1 - 1e-9
+
+
 @FAST
 @given(st.lists(st.tuples(st.sampled_from([None, "A100-80GB", "H100-80GB"]),
                           st.floats(0.1, 50.0), st.booleans()), min_size=1, max_size=5),

@@ -441,6 +441,7 @@ def solve_slot_latency(problem: PlanningProblem, topology: Topology,
 
 
 FALLBACK_SHARE = 0.3  # min-latency in several parts: the time for a plan in hand first
+CARRY_ROUNDS = 3  # ... in rounds: a part cut short by its share tries again with what is left
 PART_GAP_REL = 0.005  # min-latency in parts: each part's MILP stops this close to its bound
 FEWEST_REPLICAS = 3  # per shape, the replica counts min-latency slot groups keep beyond dominance
 
@@ -1463,7 +1464,8 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     optima add up to the optimum over partitioned plans), each within its share of the time;
     an equal part reuses a solved part's answer. With several distinct parts, each first gets
     any slot solution that carries its targets (:func:`_carrying`, :data:`FALLBACK_SHARE` of
-    the time: a plan in hand), which its latency MILP then replaces where it finds a plan;
+    the time, in up to :data:`CARRY_ROUNDS` rounds: a part cut short by its share of a round
+    tries again with what the others left; a plan in hand), which its latency MILP then replaces where it finds a plan;
     ``plan.stats['fallback_parts']`` counts the parts left with the first (the plan is then
     ``time_limit``). No bound over the whole grid (``bound_s`` None): slot groups restrict the
     packings."""
@@ -1504,13 +1506,20 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     carrying: set[int] = set()
     if len(distinct) > 1:  # a plan in hand first: any slot solution that carries each part
         quick = deadline.within(FALLBACK_SHARE * deadline.remaining())
-        for n, i in enumerate(distinct):
-            sub, sub_top = sub_of(i)
-            sol = _carrying(sub, sub_top, {m: shp[m] for m in parts[i].llms}, quick,
-                            quick.remaining() / (len(distinct) - n))
-            if sol.choice:
-                best[i] = sol
-                carrying.add(i)
+        proven: set[int] = set()  # parts no slot solution carries (proven)
+        for _ in range(CARRY_ROUNDS):  # the parts still without one get what the others left
+            lacking = [i for i in distinct if i not in best and i not in proven]
+            if not lacking or quick.remaining() <= 0:
+                break
+            for n, i in enumerate(lacking):
+                sub, sub_top = sub_of(i)
+                sol = _carrying(sub, sub_top, {m: shp[m] for m in parts[i].llms}, quick,
+                                quick.remaining() / (len(lacking) - n))
+                if sol.choice:
+                    best[i] = sol
+                    carrying.add(i)
+                elif sol.status == "infeasible":
+                    proven.add(i)
     generated = kept = 0
     proven_none = False
     # then each part's least latency in its share of the time, those without a plan first
