@@ -916,7 +916,7 @@ def type_assignment(topology: Topology, groups: Sequence[tuple[str, ...]],
 def typed_partition(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS,
                     need: Mapping[str, Mapping[str, float]] | None = None) -> list[Part]:
     """:func:`partition` with every part of one GPU type: the LLMs first to types
-    (:func:`type_assignment` of their tied groups, the need at the bound's scale), then each
+    (:func:`type_assignment` of their tied groups and ``need``), then each
     type's LLMs and nodes in parts of about ``part_llms`` LLMs (:func:`partition` of that type
     alone). A part's feasibility MILP then never chooses a GPU type per LLM, and it settles in
     a fraction of a mixed part's time; the bound over such plans is the bound over every plan
@@ -940,14 +940,19 @@ def typed_partition(problem: PlanningProblem, topology: Topology, part_llms: int
 
 
 def skewed(problem: PlanningProblem, topology: Topology, part_llms: int,
-           need: Mapping[str, Mapping[str, float]]) -> bool:
+           need: Mapping[str, Mapping[str, float]],
+           made: dict[int, list[Part]] | None = None) -> bool:
     """Whether :func:`plan_slot_scale` cuts the problem in parts of one GPU type
     (:func:`typed_partition`): the cluster has two GPU types or more and the parts of
     :func:`partition` are not all equal (equal parts are solved once and copied, which typed
-    parts, whose types the assignment chooses LLM by LLM, would undo)."""
+    parts, whose types the assignment chooses LLM by LLM, would undo). ``made``: the
+    partitions by part size (:func:`part_size`), the one of ``part_llms`` filled in."""
     if len({n.gpu for n in topology.nodes}) < 2:
         return False
-    plain = partition(problem, topology, part_llms, need)
+    made = {} if made is None else made
+    if part_llms not in made:
+        made[part_llms] = partition(problem, topology, part_llms, need)
+    plain = made[part_llms]
     return len(plain) > 1 and len({_signature(problem, topology, q) for q in plain}) > 1
 
 
@@ -1290,14 +1295,14 @@ def _join(problem: PlanningProblem, solutions: Sequence[SlotSolution], status: s
 
 def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
            need: Mapping[str, Mapping[str, float]], until: Deadline, typed: bool,
-           ) -> list[list[Part]]:
+           made: dict[int, list[Part]]) -> list[list[Part]]:
     """:func:`plan_slot_scale`'s partitions, in the order they are searched: parts of
     :func:`part_size` LLMs, then of :data:`LARGER_PARTS` times that (one try when both make
     as many parts), the larger first when heavy LLMs (parts of one GPU type) make them
     few; ``typed``: :func:`typed_partition`, otherwise :func:`partition`. A partition that a
-    workflow spans is the whole problem in one part."""
+    workflow spans is the whole problem in one part. ``made``: that cut's partitions by part
+    size, filled in."""
     cut = typed_partition if typed else partition
-    made: dict[int, list[Part]] = {}
     base = part_size(problem, topology, part_llms, need, until.remaining(), made, cut)
     tries = [made[size] if size in made else cut(problem, topology, size, need)
              for size in (base, LARGER_PARTS * base)]
@@ -1353,11 +1358,12 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     # parts of one GPU type where the parts differ anyway (a skewed popularity): their
     # feasibility MILPs settle far sooner than those of parts of both types; then, with the
     # time left and a wide gap, the mixed parts' tries, never paced out by the typed ones
-    typed = skewed(problem, topology, part_llms, need)
-    tries = _tries(problem, topology, part_llms, need, until, typed)
+    plain: dict[int, list[Part]] = {}  # the mixed partitions by part size, each made once
+    typed = skewed(problem, topology, part_llms, need, plain)
+    tries = _tries(problem, topology, part_llms, need, until, typed, {} if typed else plain)
     last = len(tries)
     if typed:
-        tries += _tries(problem, topology, part_llms, need, until, False)
+        tries += _tries(problem, topology, part_llms, need, until, False, plain)
     first = (until.within(LARGER_FIRST_SHARE * until.remaining())
              if last > 1 and len(tries[0]) < len(tries[1]) else until)
     for j, these in enumerate(tries):
@@ -1489,8 +1495,10 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
                           reason=f"{', '.join(unfit)} fit no GPU of the "
                           "cluster", exact=True, formulation=POLICY, status="infeasible")
     need = capacity_need(problem, shp, 1.0)
-    parts = (typed_partition if skewed(problem, topology, part_llms, need) else partition)(
-        problem, topology, part_llms, need)
+    plain: dict[int, list[Part]] = {}
+    parts = (typed_partition(problem, topology, part_llms, need)
+             if skewed(problem, topology, part_llms, need, plain) else
+             plain.get(part_llms) or partition(problem, topology, part_llms, need))
     if len(parts) > 1 and not separable(problem, parts):
         parts = partition(problem, topology, len(problem.llms))
     keys = [_demand_signature(problem, topology, p) for p in parts]
