@@ -158,6 +158,10 @@ class WorkflowStats:
     # per-request critical paths (tails); left out: one request with the mean path (mean_paths)
     paths: RequestPaths = field(default_factory=lambda: NO_PATHS)
     failed_calls: int = 0  # calls of the workflow that failed: left out of every statistic
+    # the workflow's calls these statistics were computed from (those that did not fail):
+    # length routing recomputes an LLM's statistics per range of input lengths from them
+    # (:func:`length_split`); empty for statistics built without a trace
+    calls: tuple[CallRecord, ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
@@ -388,6 +392,7 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
         tool_critical_s=float(np.mean([q.tool_critical_s for q in per])),
         llm_overlap=float(np.mean(overlaps)) if overlaps else 0.0,
         paths=paths, failed_calls=failed,
+        calls=tuple(c for calls in reqs for c in calls),
     )
 
 
@@ -427,7 +432,7 @@ def _workflow_dict(ws: WorkflowStats) -> dict:
         return d
 
     d = {k: getattr(ws, k) for k in WorkflowStats.__dataclass_fields__
-         if k not in ("llms", "paths")}  # paths: per request, not part of the summary
+         if k not in ("llms", "paths", "calls")}  # paths: per request, not part of the summary
     d["llms"] = {m: llm(s) for m, s in ws.llms.items()}
     return d
 
@@ -449,13 +454,100 @@ def _split_llm(s: LLMStats, name: str, f: float) -> LLMStats:
         classes=tuple(replace(c, llm=name, n=c.n * f) for c in s.classes))
 
 
-def split_stats(st: WorkflowStats, splits: Mapping[str, Mapping[str, float]]) -> WorkflowStats:
+Range = tuple[int, int | None]  # input tokens [lo, hi); hi None: no upper end
+
+
+def length_key(input_tokens: int) -> int:
+    """What a length-routed call is routed by: its prompt (input) tokens, at least 1."""
+    return max(int(input_tokens), 1)
+
+
+def in_range(input_tokens: int, rng: Range) -> bool:
+    """Whether a call of ``input_tokens`` prompt tokens belongs to ``rng`` (``lo <= key < hi``,
+    :func:`length_key`)."""
+    k = length_key(input_tokens)
+    return rng[0] <= k and (rng[1] is None or k < rng[1])
+
+
+def length_edges(stats: Mapping[str, WorkflowStats], llm: str, buckets: int) -> tuple[int, ...]:
+    """The edges of up to ``buckets`` length buckets of ``llm``'s calls over the workflows of
+    ``stats``: bucket ``i`` is ``[edges[i-1], edges[i])`` (from 0, the last without an upper
+    end). Edge ``k`` is the :func:`length_key` of the call at position ``⌈k·N/buckets⌉`` of the
+    N calls sorted by it, so each bucket holds about ``1/buckets`` of the calls; equal edges
+    merge, and every bucket holds at least one call. Empty without calls (statistics built
+    without a trace)."""
+    if not isinstance(buckets, int) or buckets < 1:
+        raise InputError("length buckets", "buckets", "an integer >= 1", buckets)
+    keys = sorted(length_key(c.input_tokens) for st in stats.values() for c in st.calls
+                  if c.llm == llm)
+    edges: list[int] = []
+    for k in range(1, buckets):
+        e = keys[-(-k * len(keys) // buckets)] if keys else 0
+        if e > keys[0] and (not edges or e > edges[-1]):
+            edges.append(e)
+    return tuple(edges)
+
+
+def check_ranges(ranges: Mapping[str, Range], source: str, where: str) -> list[tuple[str, Range]]:
+    """``ranges`` (group -> input-token range) sorted by their lower ends, checked to cover
+    every length exactly once: the first from 0, each from where the previous ends, the last
+    without an upper end."""
+    order = sorted(ranges.items(), key=lambda kv: kv[1][0])
+    at: int | None = 0
+    for g, (lo, hi) in order:
+        if at is None or lo != at or (hi is not None and hi <= lo):
+            raise InputError(source, f"{where}.{g}", f"an input-token range [lo, hi) starting "
+                             f"at {at if at is not None else 'nothing (the previous range has no end)'}"
+                             ", the ranges covering every length once", [lo, hi])
+        at = hi
+    if at is not None:
+        raise InputError(source, where, "ranges whose last one has no upper end (null)", at)
+    return order
+
+
+def length_split(st: WorkflowStats, llm: str, ranges: Mapping[str, Range],
+                 ) -> tuple[dict[str, LLMStats], dict[str, np.ndarray]]:
+    """``llm``'s statistics in ``st`` per group of ``ranges`` (group -> input-token range):
+    :func:`workflow_stats` of the workflow's calls with each of ``llm``'s calls renamed to the
+    group whose range holds it (:func:`in_range`), so every figure (calls per request,
+    concurrency, critical-path calls and time, token lengths, mean call time, longest call) is
+    that of the group's own calls. Returns the groups' statistics (a group none of whose calls
+    this workflow makes is left out) and their critical-path columns per request
+    (:class:`RequestPaths`). ``time_share_cv_halves`` of a group is 0 (no bootstrap)."""
+    if not st.calls:
+        raise InputError("statistics", f"{st.workflow}.llms.{llm}", "statistics computed from "
+                         "a trace (length routing recomputes them per range of input lengths)")
+    order = check_ranges(ranges, "length routing", llm)
+    calls = []
+    for c in st.calls:
+        if c.llm == llm:
+            g = next(g for g, r in order if in_range(c.input_tokens, r))
+            c = replace(c, llm=g)
+        calls.append(c)
+    ws = workflow_stats(Trace(tuple(calls)), st.workflow, bootstrap=0)
+    idx = {m: i for i, m in enumerate(ws.paths.llms)}
+    got = {g: ws.llms[g] for g, _ in order if g in ws.llms}
+    return got, {g: ws.paths.weights[:, idx[g]] for g in got}
+
+
+def split_stats(st: WorkflowStats, splits: Mapping[str, Mapping[str, float]],
+                lengths: Mapping[str, Mapping[str, Range]] | None = None) -> WorkflowStats:
     """``st`` with every LLM of ``splits`` replaced by its replica groups, each seeing its
     fraction of the LLM's calls: the predictor's mean latency of the workflow is then
     ``Σ_g f_g·(the LLM's contribution at the group's rate)``, as :mod:`scepsy_opt.planning.mixing`
-    prices it. Each request's critical path keeps its weight, shared by the groups."""
+    prices it. Each request's critical path keeps its weight, shared by the groups.
+
+    An LLM of ``lengths`` (group -> input-token range) is routed by length instead: each group
+    gets the LLM's calls in its range, with the statistics of those calls
+    (:func:`length_split`); the fractions of ``splits`` are then not used."""
+    lengths = lengths or {}
     llms: dict[str, LLMStats] = {}
+    by_length: dict[str, tuple[dict[str, LLMStats], dict[str, np.ndarray]]] = {
+        m: length_split(st, m, lengths[m]) for m in lengths if m in st.llms}
     for m, s in st.llms.items():
+        if m in by_length:
+            llms.update(by_length[m][0])
+            continue
         parts = splits.get(m)
         if not parts:
             llms[m] = s
@@ -464,6 +556,9 @@ def split_stats(st: WorkflowStats, splits: Mapping[str, Mapping[str, float]]) ->
             llms[name] = _split_llm(s, name, f)
     cols: dict[str, np.ndarray] = {}
     for i, m in enumerate(st.paths.llms):
+        if m in by_length:
+            cols.update(by_length[m][1])
+            continue
         parts = splits.get(m)
         for name, f in (parts.items() if parts else [(m, 1.0)]):
             cols[name] = st.paths.weights[:, i] * f
