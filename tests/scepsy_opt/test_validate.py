@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 from conftest import BUNDLED_CURVES, REPO, SHARED_DATA, run_cli
 from scepsy_common.errors import InputError
 from scepsy_opt.prediction.slo import CallSLO
-from scepsy_opt.validate.evaluate import OUTPUT_CV, Figures, combine, grew, validate_run
+from scepsy_opt.validate.evaluate import (
+    OUTPUT_CV,
+    Figures,
+    combine,
+    decoding_ratio,
+    grew,
+    validate_run,
+)
 from scepsy_opt.validate.finite import (
     _admission_wait,
     backlog_waits,
@@ -938,3 +945,44 @@ def test_validate_with_arrivals_refuses_a_file_of_no_load_or_missing_llms(tmp_pa
     code, out, _ = run_cli("validate", "muxserve", str(root), "--no-simulate",
                            "--arrivals", str(good), "--llms")
     assert code == 0 and "predicted (recorded)" in out and "(recorded arrivals)" in out
+
+
+# ------------------------------------------------------------------ decode batches
+
+
+def test_the_measured_decode_batch_is_the_schedulers_mean(tmp_path, latency):
+    """``decoding_avg_batches`` is read into the measured figures; the simulated figures carry
+    the simulator's mean decode batch, which a step never exceeds the limit of."""
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
+    assert run.measured["llm-1"].decode_batch == pytest.approx(200.0 * 120 / 100, rel=1e-12)
+    v = validate_run(run, latency)
+    for m in ("llm-1", "llm-2"):
+        assert v.llms[m]["measured"].decode_batch == run.measured[m].decode_batch
+        sim = v.llms[m]["simulated"].decode_batch
+        assert sim is not None and 1.0 <= sim <= 64  # the mesh's max_num_seqs
+        assert v.llms[m]["predicted"].decode_batch is None
+    assert v.measured.decode_batch is None  # a run's combined figures carry none
+
+
+@given(st.floats(0.1, 50), st.floats(1, 2000), st.floats(0.005, 1.0), st.floats(0.5, 500))
+@settings(max_examples=60, deadline=None, derandomize=True)
+def test_decoding_ratio_is_littles_count_over_the_step_batch(rate, output, tpot, batch):
+    """Little's law: ``rate x output x TPOT`` requests decode on average. A steady engine that
+    puts every one of them in every step has exactly that batch: the ratio is 1 (to 1e-12)."""
+    f = Figures(rate, 1.0, 1.0, 1.0, tpot, decode_batch=batch)
+    assert decoding_ratio(f, output) == pytest.approx(rate * output * tpot / batch, rel=1e-12)
+    steady = replace(f, decode_batch=rate * output * tpot)
+    assert decoding_ratio(steady, output) == pytest.approx(1.0, rel=1e-12)
+    assert decoding_ratio(replace(f, decode_batch=None), output) is None
+    assert decoding_ratio(replace(f, decode_batch=0.0), output) is None
+
+
+def test_the_simulator_keeps_every_decoding_request_in_every_step(tmp_path, latency):
+    """Poisson arrivals below saturation and no batch limit in the way: the count decoding
+    holds steady, so the simulated ratio is near 1 (within 25%: the mean TPOT and the mean
+    output are taken apart, and a finite run's tail thins the last steps)."""
+    run = load_muxserve_dir(toy_folder(tmp_path, strategies=("spatial",)))[0]
+    v = validate_run(run, latency)
+    for m in ("llm-1", "llm-2"):
+        ratio = decoding_ratio(v.llms[m]["simulated"], run.lengths(m)[1])
+        assert ratio is not None and 0.75 <= ratio <= 1.25, (m, ratio)

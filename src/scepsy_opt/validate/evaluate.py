@@ -105,6 +105,10 @@ class Figures:
     overloaded: tuple[str, ...] = ()
     attainment: float | None = None  # share of requests within the LLM's SLO (None: no SLO)
     attainment_high: float | None = None  # measured: what the percentiles allow at most
+    decode_batch: float | None = None
+    """Sequences per decode step, the mean over steps (measured: the scheduler's
+    ``decoding_avg_batches``; simulated: :attr:`SimulatedLLM.mean_batch`; None where not
+    known, and for a run's combined figures)."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +257,18 @@ def combine(per: Mapping[str, Figures], weights: Mapping[str, float]) -> Figures
                    overloaded=tuple(sorted((m for m, f in per.items() if f.overloaded),
                                            key=_natural)),
                    attainment=share("attainment"), attainment_high=share("attainment_high"))
+
+
+def decoding_ratio(f: Figures, output_mean: float) -> float | None:
+    """The requests decoding on average over the mean decode batch of one LLM's figures
+    ``f``: Little's law, throughput x ``output_mean`` (tokens) x mean TPOT, over
+    :attr:`Figures.decode_batch`. 1 where every decoding request is in every decode step and
+    the count decoding holds steady; above 1 where that count swings over the run (a mean
+    over steps weighs the many short steps of small batches) or requests wait between steps
+    (docs/validate.md, "Results on the shared loads"). None without a decode batch."""
+    if f.decode_batch is None or not f.decode_batch > 0:
+        return None
+    return f.throughput * output_mean * f.mean_tpot_s / f.decode_batch
 
 
 def _natural(name: str) -> tuple[str, int]:
@@ -404,7 +420,7 @@ def _of_measured(run: MuxRun, m: str, slo: CallSLO | None) -> Figures:
                                                              + x.p90_latency_s)
     queued = x.ttft_mean_s > MEASURED_QUEUE * latency
     return Figures(x.throughput, latency, x.p90_ttft_s, x.ttft_mean_s, x.tpot_mean_s,
-                   (m,) if short or queued else (), lo, hi)
+                   (m,) if short or queued else (), lo, hi, x.decode_batch)
 
 
 def _simulated(workload: RateWorkload, m: str, x: _LLM, lat: LatencyModel,
@@ -503,7 +519,8 @@ def _figures(res: SimulationResult, trace: Trace, m: str, x: _LLM, lat: LatencyM
     unfinished = len(mine) - len(reqs)
     return Figures(thr, float(ttft.mean() + tpot.mean() * output_mean),
                    float(np.percentile(ttft, 90)), float(ttft.mean()), float(tpot.mean()),
-                   (m,) if unfinished > 0 or grew(lat_s) else (), share, share)
+                   (m,) if unfinished > 0 or grew(lat_s) else (), share, share,
+                   float(res.llms[m].mean_batch))
 
 
 def _recorded_trace(m: str, model: str, recorded: RecordedLLM) -> Trace:

@@ -97,6 +97,7 @@ class MeasuredLLM:
     mps: tuple[float, float] | None = None  # [prefill %, decode %] the run recorded
     tokens_per_request: float | None = None  # prompt + output (tokens_throughput/throughput)
     output_tokens: float | None = None  # mean output (decode batches x steps / requests)
+    decode_batch: float | None = None  # sequences per decode step (decoding_avg_batches)
 
     def mean_latency_s(self, output_mean: float) -> float:
         """The mean request latency: TTFT plus ``output_mean`` mean TPOTs (MuxServe's TPOT is
@@ -322,7 +323,8 @@ def _measured(path: Path, rates: Mapping[str, float]) -> dict[str, MeasuredLLM]:
             p90_ttft_s=f("p90[TTFT]"), p99_ttft_s=f("p99[TTFT]"),
             p90_latency_s=f("p90[avg_latency]"), p99_latency_s=f("p99[avg_latency]"),
             p90_tpot_s=f("p90[TPOT]"), mps=_mps(e.get("mps"), src, f"{name}.mps"),
-            tokens_per_request=tokens, output_tokens=output)
+            tokens_per_request=tokens, output_tokens=output,
+            decode_batch=None if output is None else f("decoding_avg_batches"))
     return out
 
 
