@@ -89,8 +89,9 @@ def document(report: ValidationReport) -> dict[str, Any]:
     "shares"}]}`` (``arrivals``: ``"poisson"``, or ``"recorded"`` for the second entry of a
     run whose load's requests were given); figures
     ``{"throughput", "mean_latency_s", "p90_ttft_s", "mean_ttft_s", "mean_tpot_s",
-    "overloaded", "attainment", "attainment_high"}`` (the attainments null without SLOs;
-    measured: the range its percentiles allow), errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
+    "overloaded", "attainment", "attainment_high", "decode_batch"}`` (the attainments null
+    without SLOs; measured: the range its percentiles allow; ``decode_batch`` the mean
+    sequences per decode step, measured and simulated per LLM, null elsewhere), errors ``predicted/measured − 1`` (and ``simulated/measured − 1``)."""
     runs = []
     for v in report.runs:
         errs = {src: {k: _finite(error(getattr(getattr(v, src), k), getattr(v.measured, k)))
