@@ -19,6 +19,14 @@ model) and the fraction of its calls each gets::
     splits:
       chat: {chat-a10: 0.75, chat-l4: 0.25}
 
+A split LLM may be routed by prompt length instead (``lengths``): per group, the range of input
+tokens ``[lo, hi)`` whose calls it serves (``null``: no upper end; the ranges cover every length
+once, :func:`scepsy_opt.stats.check_ranges`); its ``splits`` fractions are then the fractions of
+the calls the ranges held in the trace it was planned on::
+
+    lengths:
+      chat: {chat-a10: [0, 512], chat-l4: [512, null]}
+
 LLMs may share GPUs as MuxServe's ``flexsm`` does (docs/validate.md, "Co-location"): the LLMs
 of one ``mesh`` run on the same ``tp`` GPUs, each under NVIDIA MPS limits that may add up to
 more than 1 (MPS limits SMs, it does not reserve them): ``share`` is its decode limit,
@@ -45,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scepsy_common.errors import InputError, Name, UnknownEntryError, validated
 from scepsy_common.files import atomic_write_text, dump_yaml, read_yaml
 from scepsy_opt.cluster import MAX_GPUS_PER_NODE
+from scepsy_opt.stats import check_ranges
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.serving import MemoryPolicy, memory_fit
 
@@ -109,9 +118,12 @@ class Allocation:
     source: str = field(default="allocation", compare=False, repr=False)
     # an LLM the workflows call -> its replica groups (LLMs of ``llms``) -> fraction of its calls
     splits: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # a split LLM routed by prompt length -> its groups -> input tokens [lo, hi) (hi None: no end)
+    lengths: Mapping[str, Mapping[str, tuple[int, int | None]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
+        self._check_lengths()
         seen: dict[str, str] = {}
         for m, parts in self.splits.items():
             where = f"splits.{m}"
@@ -138,6 +150,28 @@ class Allocation:
         object.__setattr__(self, "splits", MappingProxyType(
             {m: MappingProxyType(dict(sorted(v.items()))) for m, v in sorted(self.splits.items())}))
         self._check_meshes()
+
+    def _check_lengths(self) -> None:
+        out = {}
+        for m, ranges in self.lengths.items():
+            where = f"lengths.{m}"
+            if m not in self.splits:
+                raise InputError(self.source, where, "an LLM of `splits` (length routing "
+                                 "chooses among its groups)", m)
+            if set(ranges) != set(self.splits[m]):
+                raise InputError(self.source, where, f"a range for each of its groups "
+                                 f"({', '.join(sorted(self.splits[m]))})", sorted(ranges))
+            clean: dict[str, tuple[int, int | None]] = {}
+            for g, r in ranges.items():
+                lo, hi = tuple(r) if isinstance(r, list | tuple) and len(r) == 2 else (-1, 0)
+                if not (isinstance(lo, int) and _tokens(lo) and lo >= 0
+                        and (hi is None or _tokens(hi))):
+                    raise InputError(self.source, f"{where}.{g}", "[lo, hi]: input tokens, "
+                                     "integers lo >= 0 and hi > lo, or hi null", r)
+                clean[g] = (lo, hi)
+            check_ranges(clean, self.source, where)
+            out[m] = MappingProxyType(dict(sorted(clean.items())))
+        object.__setattr__(self, "lengths", MappingProxyType(dict(sorted(out.items()))))
 
     def _check_meshes(self) -> None:
         """The LLMs of a mesh run on the same GPUs: one GPU type and TP degree, one replica
@@ -207,7 +241,14 @@ class Allocation:
         out: dict = {"llms": {name: _instance_dict(i) for name, i in self.llms.items()}}
         if self.splits:
             out["splits"] = {m: dict(v) for m, v in self.splits.items()}
+        if self.lengths:
+            out["lengths"] = {m: {g: list(r) for g, r in v.items()}
+                              for m, v in self.lengths.items()}
         return out
+
+
+def _tokens(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _instance_dict(i: Instance) -> dict:
@@ -243,6 +284,7 @@ class _AllocationRec(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     llms: dict[Name, _InstanceRec] = Field(min_length=1)
     splits: dict[Name, dict[Name, float]] | None = None
+    lengths: dict[Name, dict[Name, list[int | None]]] | None = None
 
 
 def is_plan_document(raw: object) -> bool:
@@ -276,7 +318,8 @@ def parse_allocation(raw: object, source: str, catalog: Catalog | None = None) -
         llms[name] = Instance(gpu.name, r.tp, r.share, r.replicas, r.memory, r.prefill_share,
                               r.mesh)
     try:
-        return Allocation(llms, source, rec.splits or {})
+        return Allocation(llms, source, rec.splits or {},
+                          rec.lengths or {})  # type: ignore[arg-type]  # checked there
     except InputError as exc:  # name the field where it sits in the document
         raise InputError(source, prefix + exc.field, exc.expected, exc.got) from None
 

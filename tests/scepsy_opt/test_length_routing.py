@@ -7,6 +7,7 @@ against the LLM's own statistics. Floats compared with a relative tolerance of 1
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -116,7 +117,7 @@ def test_length_edges_make_nonempty_buckets_of_about_equal_size(buckets, seed):
     keys = sorted(length_key(c.input_tokens) for c in st.calls if c.llm == "a")
     assert list(edges) == sorted(set(edges)) and len(edges) <= buckets - 1
     bounds = [0, *edges, None]
-    counts = [sum(in_range(k, (lo, hi)) for k in keys) for lo, hi in zip(bounds, bounds[1:])]
+    counts = [sum(in_range(k, (lo, hi)) for k in keys) for lo, hi in itertools.pairwise(bounds)]
     assert all(c > 0 for c in counts) and sum(counts) == len(keys)
     # every edge is a recorded length at its quantile: below it, at least k/B of the calls
     # when no two edges merged (distinct lengths are few here, so they often do)
@@ -133,3 +134,141 @@ def test_ranges_must_cover_every_length_once_and_need_a_trace():
     from dataclasses import replace
     with pytest.raises(InputError, match="computed from a trace"):
         length_split(replace(st, calls=()), "a", RANGES)
+
+
+# -- planning: min-cost mixed plans routed by length ---------------------------------------------
+
+from scepsy_opt.cluster import Cluster, GPUPool  # noqa: E402
+from scepsy_opt.planning.mincost import gpu_prices  # noqa: E402
+from scepsy_opt.planning.mixing import (  # noqa: E402
+    length_portions,
+    mixed_latencies,
+    mixed_plan,
+    portion_candidates,
+    solve_mixed,
+)
+from scepsy_opt.planning.plans import workflow_latencies  # noqa: E402
+from scepsy_opt.planning.problem import PlanningProblem, PlanOptions  # noqa: E402
+from scepsy_opt.prediction.pipeline import predict  # noqa: E402
+from scepsy_opt.ratework import models as rate_models  # noqa: E402
+from scepsy_opt.ratework import parse_rate_workload, rate_stats, rate_trace, rates  # noqa: E402
+from scepsy_profile.roofline import roofline_model  # noqa: E402
+
+ROOF = roofline_model()
+
+
+def _workload(rate: float, inp: float = 300, cv: float = 1.0, most: int = 1536):
+    return parse_rate_workload({"kind": "rates", "name": "one", "llms": {"chat": {
+        "model": "llama-3-8b", "rate": rate,
+        "input": {"kind": "lognormal", "mean": inp, "cv": cv, "min": 4, "max": most},
+        "output": {"kind": "exponential", "mean": 180, "min": 1, "max": 512}}}})
+
+
+def _problem(rate: float, gpus=("L4", "A10"), bound: float | None = None, buckets: int = 4,
+             per_type: int = 8, routing: bool = True, **kw) -> PlanningProblem:
+    wl = _workload(rate, **kw)
+    cl = Cluster("two", tuple(GPUPool(g, per_type, 1) for g in gpus))
+    options = PlanOptions(objective="min-cost", time_limit_s=60, length_routing=routing,
+                          length_buckets=buckets,
+                          latency_bound_s={"chat": bound} if bound else {})
+    return PlanningProblem(rate_stats(wl, 200, seed=0), rate_models(wl), rates(wl), cl, ROOF,
+                           options)
+
+
+def _brute_length(p: PlanningProblem, slices: int) -> tuple[float, float]:
+    """(least price by weight, least price with length routing too): every set of weight
+    portions (fractions summing to 1), and every cut of the length buckets into consecutive
+    ranges each on its own GPU type with any of its candidates; within the GPUs and the mean
+    bound."""
+    prices, caps = gpu_prices(p), p.cluster.budgets()
+    bound = p.options.latency_bound_s.get("chat")
+
+    def price(picked) -> float:
+        if any(q.gpus > caps[q.candidate.gpu] for q in picked):
+            return math.inf
+        by_type = {}
+        for q in picked:
+            if q.candidate.gpu in by_type:
+                return math.inf
+            by_type[q.candidate.gpu] = q
+        lat = mixed_latencies(p, {"chat": tuple(picked)})["chat"]
+        if bound is not None and lat > bound + 1e-9:
+            return math.inf
+        return math.fsum(prices[q.candidate.gpu] * q.gpus for q in picked)
+
+    weighted = portion_candidates(p, slices)["chat"]
+    by_type = {}
+    for q in weighted:
+        by_type.setdefault(q.candidate.gpu, []).append(q)
+    best_w = math.inf
+    for combo in itertools.product(*([None, *v] for v in by_type.values())):
+        picked = [q for q in combo if q is not None]
+        if sum(q.slices for q in picked) == slices:
+            best_w = min(best_w, price(picked))
+    routed = length_portions(p)["chat"]
+    nb = max(q.buckets[1] for q in routed)
+    best_l = best_w
+    for cuts in itertools.chain.from_iterable(
+            itertools.combinations(range(1, nb), k) for k in range(1, nb)):
+        spans = list(zip((0, *cuts), (*cuts, nb), strict=True))
+        options = [[q for q in routed if q.buckets == s] for s in spans]
+        for combo in itertools.product(*options):
+            best_l = min(best_l, price(list(combo)))
+    return best_w, best_l
+
+
+@pytest.mark.parametrize(("rate", "bound", "kw"), [
+    (10.0, None, {}), (4.0, None, {"inp": 600, "cv": 2.0, "most": 7000}),
+    (12.0, None, {}), (10.0, 30.0, {}), (4.0, 8.0, {})])
+def test_length_routing_price_is_the_brute_force_least(rate, bound, kw):
+    p = _problem(rate, bound=bound, buckets=3, **kw)
+    mx = solve_mixed(p, slices=4)
+    by_weight, with_length = _brute_length(p, 4)
+    rep = mx.stats["length_routing"]
+    assert rep["by_weight_cost_per_hour"] == pytest.approx(by_weight, rel=REL)
+    assert rep["with_length_cost_per_hour"] == pytest.approx(with_length, rel=REL)
+    assert mx.cost_per_hour == pytest.approx(min(by_weight, with_length), rel=REL)
+    assert rep["used"] == (with_length < by_weight - 1e-9)
+    routed = any(q.tokens is not None for q in mx.portions["chat"])
+    assert routed == rep["used"]
+    assert mx.cost_bound_per_hour <= mx.cost_per_hour * (1 + REL)
+    if bound:
+        assert mx.latency_s["chat"] <= bound * (1 + 1e-9)
+
+
+def test_length_routing_off_or_not_cheaper_keeps_the_weight_split():
+    on = solve_mixed(_problem(12.0), slices=8)  # by weight 2.52 USD/h: length is no cheaper
+    off = solve_mixed(_problem(12.0, routing=False), slices=8)
+    assert not on.stats["length_routing"]["used"]
+    assert "length_routing" not in off.stats
+    assert on.portions == off.portions and on.cost_per_hour == off.cost_per_hour
+
+
+def test_a_length_routed_plan_is_predicted_with_each_ranges_own_calls():
+    """10 req/s of 8B on L4 and A10: the short three quarters of the calls on two L4 and the
+    long quarter on one A10 (2.46 USD/h) beat every weight split in quarters (2.52). The
+    plan's groups,
+    priced again on their ranges' statistics, and the predictor reading the plan against the
+    LLM's own statistics give the latency the MILP summed (relative 1e-9)."""
+    p = _problem(10.0)
+    mx = solve_mixed(p, slices=4)
+    assert mx.stats["length_routing"]["used"]
+    assert mx.cost_per_hour == pytest.approx(2.46, rel=REL)
+    groups, plan = mixed_plan(p, mx)
+    alloc = plan.allocation
+    assert set(alloc.lengths) == {"chat"} and set(alloc.lengths["chat"]) == set(alloc.splits["chat"])
+    got = workflow_latencies(groups, plan)["chat"]
+    assert got == pytest.approx(mx.latency_s["chat"], rel=1e-9)
+    pred = predict(p.stats, p.models, alloc, ROOF, dict(p.targets))
+    assert pred.workflows["chat"].mean_latency_s == pytest.approx(got, rel=1e-9)
+    # each group's load is its range's calls; the fractions are theirs
+    calls = [c for st in p.stats.values() for c in st.calls if c.llm == "chat"]
+    for g, rng in alloc.lengths["chat"].items():
+        share = sum(in_range(c.input_tokens, rng) for c in calls) / len(calls)
+        assert alloc.splits["chat"][g] == pytest.approx(share, rel=1e-9)
+        assert pred.llms[g].rate == pytest.approx(share * p.loads["chat"], rel=1e-9)
+    # plan files keep the ranges
+    from scepsy_opt.allocation import parse_allocation
+    again = parse_allocation(alloc.to_dict(), "plan")
+    assert again.lengths == alloc.lengths and again.splits == alloc.splits
+

@@ -71,6 +71,7 @@ from scepsy_opt.prediction.pipeline import (
     min_replicas,
 )
 from scepsy_opt.prediction.slo import CallSLO, SLOCheck, check, fewest_replicas
+from scepsy_opt.stats import split_stats
 from scepsy_profile.catalog import default_catalog
 from scepsy_profile.overheads import call_delay_s
 
@@ -401,8 +402,14 @@ def _split_check(problem: PlanningProblem, allocation: Allocation, m: str,
     for g, f in sorted(allocation.splits[m].items()):
         if g not in allocation.llms:
             raise InputError("allocation", f"llms.{g}", f"an instance for every group of {m}")
-        dem = llm_demand(problem.stats, problem.models,  # m's demand at fraction f only
-                         {w: f * t for w, t in problem.targets.items()}, m)
+        if m in allocation.lengths:  # its range's calls, with their own statistics
+            dem = llm_demand(
+                {w: split_stats(st, allocation.splits, allocation.lengths)
+                 for w, st in problem.stats.items()},
+                allocation.models(problem.models), dict(problem.targets), g)
+        else:
+            dem = llm_demand(problem.stats, problem.models,  # m's demand at fraction f only
+                             {w: f * t for w, t in problem.targets.items()}, m)
         parts.append((f, _one_check(problem, allocation.llms[g], dem, slo)))
     if any(not math.isfinite(c.ttft_s) for _, c in parts):
         return SLOCheck(slo, math.inf, math.inf, 0.0)

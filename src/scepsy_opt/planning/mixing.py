@@ -93,7 +93,7 @@ from scepsy_opt.planning.plans import Plan, Status, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.planning.solver import SOLVER, pulp_highs
 from scepsy_opt.prediction.tails import floor_cut, latency_quantiles, linearise
-from scepsy_opt.stats import split_stats
+from scepsy_opt.stats import RequestPaths, length_edges, length_split, split_stats
 
 SLICES = 8  # fractions of an LLM's load are multiples of 1/SLICES
 COST_REL = 1e-9  # the tie-break solve: price within this (relative) of the optimum
@@ -185,10 +185,24 @@ class Portion:
     total: int  # S
     candidate: Candidate
     gpus: int  # the whole GPUs its replicas take alone (:func:`group_gpus`)
+    # routed by length: the input tokens [lo, hi) of the calls it serves (``candidate`` is
+    # priced on those calls' statistics), the LLM's length buckets [a, b) they span and the
+    # fraction of the LLM's calls they are; None: routed by weight
+    tokens: tuple[int, int | None] | None = None
+    buckets: tuple[int, int] = (0, 0)
+    calls: float = 0.0
 
     @property
     def fraction(self) -> float:
-        return self.slices / self.total
+        """The fraction of the LLM's calls the group gets."""
+        return self.calls if self.tokens is not None else self.slices / self.total
+
+    @property
+    def weight(self) -> float:
+        """What its candidate's latencies count for in the LLM's: its fraction of the calls
+        when routed by weight (the candidate is the LLM's at that rate), 1 when routed by
+        length (the candidate is priced on the range's own calls)."""
+        return 1.0 if self.tokens is not None else self.slices / self.total
 
 
 @dataclass(frozen=True)
@@ -249,8 +263,82 @@ def _portions(problem: PlanningProblem, slices: int, deadline: Deadline | None,
 
 
 def _contrib(p: Portion) -> dict[str, float]:
-    """Per workflow, the portion's contribution to its mean latency: ``(j/S)·ℓ_wc``."""
-    return {w: p.fraction * v for w, v in p.candidate.workflow_latency_s}
+    """Per workflow, the portion's contribution to its mean latency: ``(j/S)·ℓ_wc`` (routed
+    by length: ``ℓ_wc`` of its range's calls)."""
+    return {w: p.weight * v for w, v in p.candidate.workflow_latency_s}
+
+
+# -- length routing -----------------------------------------------------------------------------
+
+_BELOW, _ABOVE = "\x00below", "\x00above"  # the rest of an LLM's calls, around one range
+
+
+def length_problem(problem: PlanningProblem, llm: str, rng: tuple[int, int | None],
+                   ) -> PlanningProblem | None:
+    """``problem`` reduced to the calls of ``llm`` whose prompt length is in ``rng``: every
+    targeted workflow that makes such calls, with ``llm`` alone at the statistics of those
+    calls (:func:`scepsy_opt.stats.length_split`), its targets, SLO and mean bounds. Its
+    candidates carry the range's load at the range's latency. None when no call is in range."""
+    lo, hi = rng
+    ranges: dict[str, tuple[int, int | None]] = {llm: rng}
+    if lo > 0:
+        ranges[_BELOW] = (0, lo)
+    if hi is not None:
+        ranges[_ABOVE] = (hi, None)
+    stats = {}
+    for w in problem.targets:
+        st = problem.stats[w]
+        if llm not in st.llms:
+            continue
+        got, cols = length_split(st, llm, ranges)
+        if llm in got:
+            stats[w] = dataclasses.replace(
+                st, llms={llm: got[llm]},
+                paths=RequestPaths((llm,), cols[llm].reshape(-1, 1), st.paths.tool_s))
+    if not stats:
+        return None
+    opts = problem.options
+    options = dataclasses.replace(
+        opts, current=None, latency_bounds={},
+        weights={w: x for w, x in opts.weights.items() if w in stats},
+        latency_bound_s={w: x for w, x in opts.latency_bound_s.items() if w in stats},
+        slos={m: x for m, x in opts.slos.items() if m == llm})
+    return dataclasses.replace(problem, stats=stats, options=options,
+                               targets={w: t for w, t in problem.targets.items() if w in stats})
+
+
+def length_portions(problem: PlanningProblem, *, deadline: Deadline | None = None,
+                    ) -> dict[str, list[Portion]]:
+    """Per LLM, a :class:`Portion` routed by length for every candidate (pruned as
+    :func:`portion_candidates` prunes) of every range of its length buckets
+    (:func:`scepsy_opt.stats.length_edges` with ``PlanOptions.length_buckets``) that spans
+    consecutive buckets but not all of them; none for an LLM with one bucket or statistics
+    built without a trace."""
+    dom = domains(problem)
+
+    def whole(c: Candidate) -> int:
+        return group_gpus(c, dom[c.gpu])
+
+    targeted = {w: problem.stats[w] for w in problem.targets}
+    out: dict[str, list[Portion]] = {m: [] for m in problem.llms}
+    load = problem.loads
+    for m in problem.llms:
+        edges = length_edges(targeted, m, problem.options.length_buckets)
+        bounds: list[int | None] = [0, *edges, None]
+        nb = len(bounds) - 1
+        for a in range(nb):
+            for b in range(a + 1, nb + 1):
+                if (a, b) == (0, nb):
+                    continue
+                rng = (int(bounds[a]), bounds[b])  # type: ignore[arg-type]
+                sub = length_problem(problem, m, rng)
+                if sub is None:
+                    continue
+                frac = sub.loads[m] / load[m] if load[m] > 0 else 0.0
+                cs = generate_candidates(sub, prune=False, deadline=deadline)
+                for c in prune_for_cost(sub, cs.by_llm, deadline=deadline, whole=whole)[m]:
+                    out[m].append(Portion(1, 1, c, whole(c), rng, (a, b), frac))
+    return out
 
 
 Vars = dict[str, list[tuple[Portion, Any]]]
@@ -273,11 +361,20 @@ def _model(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]],
     else:
         cost = pulp.LpAffineExpression([(v, prices[p.candidate.gpu] * p.gpus)
                                         for m in ys for p, v in ys[m] if prices[p.candidate.gpu]])
-    latency = pulp.LpAffineExpression([(v, p.fraction * p.candidate.cost)
+    latency = pulp.LpAffineExpression([(v, p.weight * p.candidate.cost)
                                        for m in ys for p, v in ys[m]])
     prob += cost if objective == "cost" else latency
     for i, m in enumerate(ys):
-        prob += pulp.LpAffineExpression([(v, p.slices) for p, v in ys[m]]) == s, f"load_{i}"
+        by_weight = [(v, p.slices) for p, v in ys[m] if p.tokens is None]
+        by_length = [(p, v) for p, v in ys[m] if p.tokens is not None]
+        if not by_length:
+            prob += pulp.LpAffineExpression(by_weight) == s, f"load_{i}"
+        else:  # z = 1: routed by length, every bucket in exactly one chosen range
+            z = prob.add_variable(f"len_{i}", 0, 1, pulp.LpBinary)
+            prob += pulp.LpAffineExpression([*by_weight, (z, s)]) == s, f"load_{i}"
+            for b in range(max(p.buckets[1] for p, _ in by_length)):
+                on = [(v, 1) for p, v in by_length if p.buckets[0] <= b < p.buckets[1]]
+                prob += pulp.LpAffineExpression([*on, (z, -1)]) == 0, f"bucket_{i}_{b}"
         for t, g in enumerate(types):
             on = [(v, 1) for p, v in ys[m] if p.candidate.gpu == g]
             if len(on) > 1:
@@ -400,7 +497,7 @@ def _bound_report(problem: PlanningProblem, portions: Mapping[str, Sequence[Port
 
 def _picked(ys: Vars) -> dict[str, tuple[Portion, ...]]:
     return {m: tuple(sorted((p for p, v in pairs if (v.value() or 0) > 0.5),
-                            key=lambda p: (p.candidate.gpu, p.slices)))
+                            key=lambda p: (p.buckets, p.candidate.gpu, p.slices)))
             for m, pairs in ys.items()}
 
 
@@ -550,9 +647,39 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     cluster's budgets, open pools at ``max_nodes``); prices per GPU-hour default to
     :func:`scepsy_opt.planning.mincost.gpu_prices`. Statuses as for min-cost: ``time_limit`` with an
     answer not proven cheapest, ``time_limit_no_solution``, ``infeasible`` (no portions meet
-    the targets and mean bounds within the GPUs)."""
+    the targets and mean bounds within the GPUs).
+
+    With ``PlanOptions.length_routing`` (and no percentile bounds) it solves twice: by weight
+    alone, and with :func:`length_portions` offered too (each LLM routed by weight or by
+    length, whichever the MILP finds cheaper); the second answer is taken only when it costs
+    less than the first (by ``CHEAPER_REL``, relative), so ties keep the weight split.
+    ``stats["length_routing"]`` reports both prices and which was taken."""
     if not isinstance(slices, int) or slices < 1:
         raise InputError("mixed plan", "slices", "an integer >= 1", slices)
+    opts = problem.options
+    if not opts.length_routing or opts.latency_bounds:
+        return _solve_mixed(problem, slices, caps, deadline, prices, by_length=False)
+    left = Deadline.of(problem, deadline)
+    base = _solve_mixed(problem, slices, caps, left, prices, by_length=False)
+    both = _solve_mixed(problem, slices, caps, left, prices, by_length=True)
+    routed = both.feasible and any(p.tokens is not None for ps in both.portions.values()
+                                   for p in ps)
+    used = routed and (not base.feasible or both.cost_per_hour
+                       < base.cost_per_hour - CHEAPER_REL * max(1.0, base.cost_per_hour))
+    pick = both if used else base
+    bound = pick.cost_bound_per_hour
+    if both.feasible and base.feasible:  # both answers' bounds hold for the other's plans too
+        bound = min(bound, both.cost_bound_per_hour)
+    report = {"by_weight_cost_per_hour": base.cost_per_hour,
+              "with_length_cost_per_hour": both.cost_per_hour, "used": used,
+              "status": both.status, "buckets": opts.length_buckets}
+    return dataclasses.replace(pick, cost_bound_per_hour=bound,
+                               stats={**pick.stats, "length_routing": report})
+
+
+def _solve_mixed(problem: PlanningProblem, slices: int, caps: Mapping[str, int] | None,
+                 deadline: Deadline | None, prices: Mapping[str, float] | None, *,
+                 by_length: bool) -> MixedPlan:
     t0 = time.perf_counter()
     left = Deadline.of(problem, deadline)
     prices = dict(gpu_prices(problem) if prices is None else prices)
@@ -561,6 +688,9 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     empty: Mapping[str, Any] = MappingProxyType({})
     try:
         options, generated = _portions(problem, slices, left)
+        if by_length:
+            for m, ps in length_portions(problem, deadline=left).items():
+                options[m].extend(ps)
         stats.update(candidates_generated=generated,
                      candidates_kept=sum(len(v) for v in options.values()),
                      candidates_s=time.perf_counter() - t0)
@@ -645,9 +775,12 @@ def group_name(llm: str, gpu: str, taken: set[str]) -> str:
     return name
 
 
-def split_problem(problem: PlanningProblem, splits: Splits) -> PlanningProblem:
+def split_problem(problem: PlanningProblem, splits: Splits,
+                  lengths: Mapping[str, Mapping[str, tuple[int, int | None]]] | None = None,
+                  ) -> PlanningProblem:
     """``problem`` with every LLM of ``splits`` replaced by its replica groups (each running
-    the LLM's model, :func:`scepsy_opt.stats.split_stats`)."""
+    the LLM's model, :func:`scepsy_opt.stats.split_stats`); an LLM of ``lengths`` routed by
+    prompt length (each group the statistics of its range's calls)."""
     models = dict(problem.models)
     slos = dict(problem.options.slos)
     for m, parts in splits.items():
@@ -659,7 +792,8 @@ def split_problem(problem: PlanningProblem, splits: Splits) -> PlanningProblem:
     options = (dataclasses.replace(problem.options, slos=slos) if problem.options.slos
                else problem.options)
     return dataclasses.replace(problem, models=models, options=options,
-                               stats={w: split_stats(st, splits) for w, st in problem.stats.items()})
+                               stats={w: split_stats(st, splits, lengths)
+                                      for w, st in problem.stats.items()})
 
 
 def splits_of(mx: MixedPlan) -> dict[str, dict[str, float]]:
@@ -678,13 +812,28 @@ def splits_of(mx: MixedPlan) -> dict[str, dict[str, float]]:
     return out
 
 
+def lengths_of(mx: MixedPlan) -> dict[str, dict[str, tuple[int, int | None]]]:
+    """The LLMs ``mx`` routes by prompt length, their groups' names (as :func:`splits_of`)
+    and input-token ranges."""
+    splits = splits_of(mx)
+    out: dict[str, dict[str, tuple[int, int | None]]] = {}
+    for m, names in splits.items():
+        ps = mx.portions[m]
+        if ps[0].tokens is not None:
+            out[m] = {g: p.tokens for g, p in zip(names, ps, strict=True)
+                      if p.tokens is not None}
+    return out
+
+
 def mixed_plan(problem: PlanningProblem, mx: MixedPlan, name: str = "milp",
                status: Status | None = None) -> tuple[PlanningProblem, Plan]:
     """``mx`` as a plan of the problem split into its replica groups (:func:`split_problem`):
     the split problem and its plan (candidates priced again there; the allocation's
-    ``splits`` say which groups serve which LLM)."""
+    ``splits`` say which groups serve which LLM, its ``lengths`` the input-token range of
+    each group of an LLM routed by length)."""
     splits = splits_of(mx)
-    groups = split_problem(problem, splits) if splits else problem
+    lengths = lengths_of(mx)
+    groups = split_problem(problem, splits, lengths) if splits else problem
     inst = {}
     for m, ps in mx.portions.items():
         names = list(splits[m]) if m in splits else [m]
@@ -694,9 +843,11 @@ def mixed_plan(problem: PlanningProblem, mx: MixedPlan, name: str = "milp",
     stats = {**mx.stats, "cost_per_hour": mx.cost_per_hour,
              "cost_bound_per_hour": mx.cost_bound_per_hour,
              "gpus_used": dict(mx.gpus_used), "splits": {m: dict(v) for m, v in splits.items()}}
+    if lengths:
+        stats["lengths"] = {m: {g: list(r) for g, r in v.items()} for m, v in lengths.items()}
     plan = plan_from_choice(groups, name, status or mx.status, choice,  # type: ignore[arg-type]
                             stats)
     if plan.allocation is not None and splits:
         plan = dataclasses.replace(plan, allocation=Allocation(plan.allocation.llms,
-                                                               splits=splits))
+                                                               splits=splits, lengths=lengths))
     return groups, plan

@@ -66,9 +66,20 @@ class PlanOptions:
     # Lagrangian reduced-cost fixing before the MILP (exact); None: on from 64 GPUs, where the
     # candidate sets grow large, off below, where one generation pass is cheaper than two
     reduce: bool | None = None
+    # min-cost, LLMs split over GPU types: also offer routing each split LLM's calls by prompt
+    # length (each group a range of input tokens, cut at quantiles into ``length_buckets``
+    # buckets), taken only where it lowers the price (docs/min-cost.md)
+    length_routing: bool = False
+    length_buckets: int = 4
 
     def __post_init__(self) -> None:
         src = "plan options"
+        if not isinstance(self.length_routing, bool):
+            raise InputError(src, "length_routing", "true or false", self.length_routing)
+        if (not isinstance(self.length_buckets, int) or isinstance(self.length_buckets, bool)
+                or not 2 <= self.length_buckets <= 16):
+            raise InputError(src, "length_buckets", "an integer from 2 to 16",
+                             self.length_buckets)
         if not self.shares or any(not (0 < s <= 1) or abs(s * UNITS - round(s * UNITS)) > 1e-9
                                   for s in self.shares):
             raise InputError(src, "shares", "GPU shares in (0, 1], multiples of 0.001", self.shares)

@@ -71,6 +71,8 @@ class SolveFigures(BaseModel):
     whole_gpus_bound_per_hour: Num | None = None
     slices: Count | None = None
     splits: dict[str, Any] | None = None
+    lengths: dict[str, Any] | None = None  # length-routed LLMs: their groups' token ranges
+    length_routing: dict[str, Any] | None = None  # prices by weight and with length routing
     reason: Stat = None
     gpus_used: Stat = None
     # the pattern formulation (docs/patterns.md)

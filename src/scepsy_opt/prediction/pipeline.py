@@ -622,11 +622,13 @@ def served(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
            allocation: Allocation) -> tuple[Mapping[str, WorkflowStats], Mapping[str, str]]:
     """``stats`` and ``models`` as the allocation serves them: an LLM it splits over replica
     groups (``Allocation.splits``) becomes its groups, each with its fraction of the calls
-    (:func:`scepsy_opt.stats.split_stats`) and the LLM's model."""
+    (:func:`scepsy_opt.stats.split_stats`) and the LLM's model; one routed by prompt length
+    (``Allocation.lengths``) becomes its groups each with the statistics of its range's calls
+    (the statistics must then come from a trace)."""
     if not allocation.splits:
         return stats, models
-    return ({w: split_stats(st, allocation.splits) for w, st in stats.items()},
-            allocation.models(models))
+    return ({w: split_stats(st, allocation.splits, allocation.lengths)
+             for w, st in stats.items()}, allocation.models(models))
 
 
 def phase_latencies(stats: Mapping[str, WorkflowStats], models: Mapping[str, str],
@@ -678,7 +680,8 @@ def predict(
     bursts build at every LLM on its critical path (:func:`recorded_quantiles`; ``seed``: the
     draw of each arrival's workflow and request).
     An LLM the allocation splits over replica groups (``Allocation.splits``) is predicted as
-    its groups, each with its fraction of the calls (:func:`scepsy_opt.stats.split_stats`);
+    its groups, each with its fraction of the calls (:func:`scepsy_opt.stats.split_stats`), or
+    with its range's calls when routed by length (``Allocation.lengths``);
     the loads are the groups'. LLMs that share a mesh under MPS limits are predicted at the
     shares they get from each other (:func:`phase_latencies`)."""
     stats, models = served(stats, models, allocation)
