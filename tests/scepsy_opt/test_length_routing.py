@@ -272,3 +272,35 @@ def test_a_length_routed_plan_is_predicted_with_each_ranges_own_calls():
     again = parse_allocation(alloc.to_dict(), "plan")
     assert again.lengths == alloc.lengths and again.splits == alloc.splits
 
+
+# -- the simulator routes each call by its prompt length ------------------------------------------
+
+
+def test_the_simulator_routes_each_call_to_the_group_of_its_length():
+    """Every replayed call of the length-routed LLM reaches the group whose range holds its
+    prompt (checked call by call against the trace), each group its range's calls, and the
+    mean latency is near the prediction's (the predictor's own accuracy, within 30%, at this
+    load)."""
+    from scepsy_opt.prediction.simulate import simulate
+
+    p = _problem(10.0)
+    mx = solve_mixed(p, slices=4)
+    _, plan = mixed_plan(p, mx)
+    alloc = plan.allocation
+    assert alloc.lengths
+    trace = rate_trace(_workload(10.0), 200, seed=0)
+    tokens = {(c.workflow, c.request_id, c.call_id): c.input_tokens for c in trace.calls}
+    sim = simulate(trace, rate_models(_workload(10.0)), alloc, ROOF, {"chat": 6.0},
+                   requests=600, seed=1, record_events=True)
+    seen = dict.fromkeys(alloc.lengths["chat"], 0)
+    for ev in sim.call_log:
+        if ev.llm is None:
+            continue
+        req = sim.requests[ev.arrival]
+        x = tokens[(req.workflow, req.request_id, ev.call_id)]
+        assert in_range(x, alloc.lengths["chat"][ev.llm]), (x, ev.llm)
+        seen[ev.llm] += 1
+    assert all(n > 0 for n in seen.values())
+    pred = predict(p.stats, p.models, alloc, ROOF, {"chat": 6.0})
+    assert sim.workflows["chat"].mean_latency_s == pytest.approx(
+        pred.workflows["chat"].mean_latency_s, rel=0.3)

@@ -118,6 +118,7 @@ from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation, Instance, check_allocation
 from scepsy_opt.prediction.priority import PRIORITY_POLICIES, PriorityPolicy, las_level
 from scepsy_opt.prediction.schedule import AllocationChange, ReplicaSpan
+from scepsy_opt.stats import in_range
 from scepsy_opt.traces import CallRecord, Trace, validate_calls
 from scepsy_profile.catalog import Catalog, default_catalog
 from scepsy_profile.latency import LatencyModel
@@ -776,13 +777,16 @@ class _Engine:
                  routes: list[tuple[tuple[int, float], ...]] | None = None,
                  changes: Sequence[_Change] = (), las: bool = False,
                  gates: Mapping[int, tuple[str, int, int]] | None = None,
-                 mesh_parts: int = 0) -> None:
+                 mesh_parts: int = 0,
+                 cuts: Sequence[tuple[int | None, ...] | None] | None = None) -> None:
         self.templates = templates
         # per LLM the templates call: its deployments and weights (smooth weighted round
         # robin among them: deterministic, each gets its weight's share of every long run)
         self.routes = list(routes) if routes is not None else [((m, 1.0),)
                                                                for m in range(len(shapes))]
         self.credit = [[0.0] * len(r) for r in self.routes]
+        # routed by prompt length: the first deployment whose range's upper end is above it
+        self.cuts = list(cuts) if cuts is not None else [None] * len(self.routes)
         self.arrivals = arrivals
         self.prefill = [p for p, _ in tables]
         self.decode = [d for _, d in tables]
@@ -856,8 +860,12 @@ class _Engine:
             self.push(t + tm.dur[i], _TOOL_END, aid, i)
             return
         route = self.routes[m]
+        cuts = self.cuts[m]
         if len(route) == 1:
             m = route[0][0]
+        elif cuts is not None:  # by length: tm.inp is the prompt's tokens, at least 1
+            x = tm.inp[i]
+            m = route[next(k for k, hi in enumerate(cuts) if hi is None or x < hi)][0]
         else:  # smooth weighted round robin (nginx's): the most credit goes, pays the total
             credit = self.credit[m]
             for k, (_, w) in enumerate(route):
@@ -901,6 +909,7 @@ class _Engine:
                 self.active[cur] = []
                 self.routes[c] = ((m, 1.0),)
                 self.credit[c] = [0.0]
+                self.cuts[c] = None
             reps = self.active[m]
             if n < len(reps):  # the highest-index ones drain
                 for rep in reps[n:]:
@@ -1029,6 +1038,9 @@ class _Prepared:
     # per LLM the trace calls (the templates' index): its deployments and their weights
     routes: list[tuple[tuple[int, float], ...]] = field(default_factory=list)
     instances: list[Instance] = field(default_factory=list)  # per deployment, replicas=1
+    # per LLM the trace calls: None (by weight), or routed by prompt length, the upper ends
+    # of its deployments' input-token ranges in route order (None: no end)
+    cuts: list[tuple[int | None, ...] | None] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1128,11 +1140,18 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
     bs = _kv_block_size(policy)
     llm_names: list[str] = []
     routes: list[tuple[tuple[int, float], ...]] = []
+    cuts: list[tuple[int | None, ...] | None] = []
     for called_name in called:
         if called_name not in models:
             raise InputError("simulate", f"models.{called_name}",
                              "the catalog model this LLM runs")
         serving = allocation.serving(called_name)
+        ranges = allocation.lengths.get(called_name)
+        if ranges is not None:  # by length: its groups in the order of their ranges
+            serving = tuple(sorted(serving, key=lambda gf: ranges[gf[0]][0]))
+            cuts.append(tuple(ranges[g][1] for g, _ in serving))
+        else:
+            cuts.append(None)
         routes.append(tuple((len(llm_names) + k, f) for k, (_, f) in enumerate(serving)))
         for name, _ in serving:
             inst = allocation.llms.get(name)
@@ -1143,25 +1162,31 @@ def _prepare(trace: Trace, workflows: list[str], models: Mapping[str, str],
                                  "phase_latencies; scepsy.simulate passes them)")
             llm_names.append(name)
             table, shape = _deployment(name, called_name, calls, models, allocation,
-                                       latencies.get(name, latency), policy, catalog, bs)
+                                       latencies.get(name, latency), policy, catalog, bs,
+                                       ranges[name] if ranges is not None else None)
             tables.append(table)
             shapes.append(shape)
     instances = [dataclasses.replace(allocation.llms[n], replicas=1) for n in llm_names]
-    return _Prepared(templates, by_workflow, llm_names, tables, shapes, routes, instances)
+    return _Prepared(templates, by_workflow, llm_names, tables, shapes, routes, instances,
+                     cuts)
 
 
 def _deployment(name: str, called: str, calls: list[CallRecord], models: Mapping[str, str],
                 allocation: Allocation, latency: LatencyModel, policy: MemoryPolicy,
-                catalog: Catalog, bs: int,
+                catalog: Catalog, bs: int, rng: tuple[int, int | None] | None = None,
                 ) -> tuple[tuple[_StepTable, _StepTable], _Shape]:
     """The step tables and replica shape of deployment ``name`` (an entry of the allocation)
-    serving the calls of LLM ``called``."""
+    serving the calls of LLM ``called`` (routed by length: those whose prompt is in ``rng``,
+    the only calls it must hold)."""
     if name not in allocation.llms:
         raise InputError("allocation", f"llms.{name}", "an instance for every LLM the "
                          "simulated workflows call")
     inst = allocation.llms[name]
     model = models[called]
-    mine = [c for c in calls if c.llm == called]
+    mine = [c for c in calls if c.llm == called
+            and (rng is None or in_range(c.input_tokens, rng))]
+    if not mine:  # a range none of the simulated calls falls in: sized for the LLM's calls
+        mine = [c for c in calls if c.llm == called]
     longest = max(max(c.input_tokens, 1) + max(c.output_tokens, 1) for c in mine)
     max_in = max(max(c.input_tokens, 1) for c in mine)
     # the KV cache comes from the memory share, the speed from the compute share
@@ -1361,7 +1386,8 @@ def _run(trace: Trace | Sequence[CallRecord], models: Mapping[str, str], allocat
     eng = _Engine(prep.templates, arrivals, prep.tables, prep.shapes, routing, (w0, w1),
                   horizon, budget, float(delay), record, progress, prep.routes, compiled,
                   priority == "las", gates,
-                  0 if mesh_jobs is None else mesh_jobs.parts + mesh_jobs.overload)
+                  0 if mesh_jobs is None else mesh_jobs.parts + mesh_jobs.overload,
+                  prep.cuts)
     tic = time.perf_counter()
     eng.run()
     wall = time.perf_counter() - tic
