@@ -498,7 +498,7 @@ def plan(workflows: Any, cluster: PathLike | Topology | Cluster, targets: Option
 
 _INPUTS = ("trace", "trace_requests", "seed", "curves", "latency", "overheads", "current")
 _SEARCH = ("tps", "shares", "shares_within_profile", "memory_shares", "max_utilisation",
-           "time_limit_s", "gap_rel", "change_penalty_s")
+           "time_limit_s", "gap_rel", "change_penalty_s", "length_routing", "length_buckets")
 _API_SEARCH = ("weights", "prune_rel", "max_replicas", "reduce")
 _ARGUMENTS = tuple(sorted({*_INPUTS, *_SEARCH, *_API_SEARCH, "optimiser", "formulation",
                            "max_rounds", "objective", "latency_bound_s", "prices",

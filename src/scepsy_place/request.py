@@ -215,6 +215,13 @@ class Search(_Model):
     change_penalty_s: Annotated[float, Flag("--change-penalty", "nonnegative")] = (
         _D.change_penalty_s)
     """objective seconds per replica started or stopped (needs --current)"""
+    length_routing: Annotated[bool, Flag("--length-routing", "switch")] = _D.length_routing
+    """min-cost: an LLM split over GPU types may route its calls by prompt length (each group a
+    range of input tokens) where that is cheaper than splitting them by weight"""
+    length_buckets: Annotated[int, Flag("--length-buckets", "count"), Field(ge=2, le=16)] = (
+        _D.length_buckets)
+    """with --length-routing: the length buckets (quantiles of the prompt lengths) whose
+    consecutive runs are the ranges a group may take"""
     max_rounds: Annotated[int, Flag("--max-rounds", "count"), Field(ge=1)] = MAX_ROUNDS
     """the aggregate loop's round cap, a safety net: it stops when a plan places, is proven
     infeasible or at --time-limit"""
@@ -363,7 +370,8 @@ class PlanRequest(_Model):
             shares_within_profile=s.shares_within_profile, memory_shares=s.memory_shares,
             max_utilisation=s.max_utilisation, time_limit_s=s.time_limit_s, gap_rel=s.gap_rel,
             change_penalty_s=s.change_penalty_s, weights=dict(s.weights),
-            prune_rel=s.prune_rel, max_replicas=s.max_replicas, reduce=s.reduce, **resolved)
+            prune_rel=s.prune_rel, max_replicas=s.max_replicas, reduce=s.reduce,
+            length_routing=s.length_routing, length_buckets=s.length_buckets, **resolved)
 
     def placer_options(self) -> dict[str, Any]:
         """The options the placer is built with (only those that differ from its defaults)."""

@@ -16,6 +16,12 @@ fewest calls so far relative to its weight, then to the first in table order
 (:func:`choose`). The body's ``model`` becomes the endpoint's ``model`` when they differ; the
 body is serialised again only when something in it changed.
 
+Routing by prompt length. When the candidates carry input-token ranges (``tokens`` in the table:
+an LLM split over GPU types and routed by length), the call's prompt tokens are estimated
+(:func:`prompt_tokens`) and only the candidates whose range ``[lo, hi)`` holds it are chosen
+from, as above. When none of those has weight > 0 and is routable, the call goes to any
+candidate (healing before length).
+
 Priorities (``priority="las"``): a request's attained service is the prompt plus output tokens
 of its finished calls (usage as recorded); each call's body gets ``"priority"`` =
 :func:`~scepsy_opt.prediction.priority.las_level` of its request's attained service (vLLM
@@ -80,6 +86,7 @@ from scepsy_opt.ingest.record import (
     serve,
 )
 from scepsy_opt.prediction.priority import PRIORITY_POLICIES, PriorityPolicy, las_level
+from scepsy_opt.stats import in_range, length_key
 from scepsy_serve.launch.routes import Routes, load_routes, parse_routes
 
 __all__ = [
@@ -96,6 +103,7 @@ __all__ = [
     "outcome_of",
     "parse_health_check",
     "parse_outlier_detection",
+    "prompt_tokens",
     "serve_gateway",
 ]
 
@@ -114,7 +122,36 @@ ALL_INTERFACES = frozenset({"0.0.0.0", "::", ""})
 """Listen addresses that bind every interface of the host: refused unless
 :attr:`GatewayConfig.all_interfaces` (``--all-interfaces``)."""
 MAX_ROUTES_BYTES = 16 * 1024 * 1024
+CHARS_PER_TOKEN = 4
+"""Characters of prompt text per token, for :func:`prompt_tokens` (no tokenizer is loaded)."""
 _LOG = one_line_logger("scepsy gateway")
+
+
+def prompt_tokens(body: Mapping[str, Any]) -> int:
+    """The prompt tokens of a call, as length routing estimates them before the call is sent:
+    a token-id prompt (``"prompt": [ids]``, or a list of such) counts its ids; text (a
+    completion's ``prompt`` string or strings, a chat's ``messages`` contents, plain or as
+    ``{"type": "text", "text": ...}`` parts) counts ``ceil(characters / CHARS_PER_TOKEN)``;
+    at least 1 (:func:`scepsy_opt.stats.length_key`). Anything else counts nothing."""
+    chars = ids = 0
+
+    def walk(x: Any) -> None:
+        nonlocal chars, ids
+        if isinstance(x, str):
+            chars += len(x)
+        elif isinstance(x, list):
+            if x and all(isinstance(t, int) and not isinstance(t, bool) for t in x):
+                ids += len(x)
+            else:
+                for y in x:
+                    walk(y)
+        elif isinstance(x, dict):
+            for k in ("content", "text"):
+                if k in x:
+                    walk(x[k])
+
+    walk(body.get("messages") if "messages" in body else body.get("prompt"))
+    return length_key(ids + math.ceil(chars / CHARS_PER_TOKEN))
 
 
 def outcome_of(error: str | None) -> str | None:
@@ -395,6 +432,7 @@ class _Choice:
     server: _Server
     weight: float
     model: str
+    tokens: tuple[int, int | None] | None = None  # routed by prompt length: [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -428,13 +466,13 @@ def _compile(routes: Routes, version: int, servers: dict[str, _Server]) -> _Tabl
                 srv = servers.get(e.url)
                 if srv is None:
                     srv = servers[e.url] = _Server(e.url, normalize_upstream(e.url, "routes"))
-                row.append(_Choice(srv, e.weight, e.model))
-                u = union.setdefault(llm, {}).setdefault(e.url, [srv, [], e.model])
+                row.append(_Choice(srv, e.weight, e.model, e.tokens))
+                u = union.setdefault(llm, {}).setdefault(e.url, [srv, [], e.model, e.tokens])
                 u[1].append(e.weight)
                 if not default and e.weight > 0:
                     default = srv.base
             by_key[(wf, llm)] = tuple(row)
-    by_llm = {llm: tuple(_Choice(s, sum(ws) / len(ws), m) for s, ws, m in urls.values())
+    by_llm = {llm: tuple(_Choice(s, sum(ws) / len(ws), m, t) for s, ws, m, t in urls.values())
               for llm, urls in union.items()}
     pools: dict[str, list[tuple[_Server, ...]]] = {}
     for choices in by_llm.values():
@@ -730,8 +768,15 @@ class Gateway:
         if choices is None:
             choices = table.by_llm.get(llm)
         now = time.monotonic()
+        weights = [] if choices is None else [c.weight for c in choices]
+        if choices is not None and any(c.tokens is not None for c in choices):
+            x = prompt_tokens(body)
+            inside = [c.tokens is None or in_range(x, c.tokens) for c in choices]
+            if any(ok and c.weight > 0 and c.server.routable(now) and c.server.base not in tried
+                   for ok, c in zip(inside, choices, strict=True)):
+                weights = [w if ok else 0.0 for w, ok in zip(weights, inside, strict=True)]
         i = None if choices is None else choose_live(
-            [c.weight for c in choices], [c.server.in_flight for c in choices],
+            weights, [c.server.in_flight for c in choices],
             [c.server.calls for c in choices], [c.server.base in tried for c in choices],
             [not c.server.routable(now) for c in choices])
         if i is None or choices is None:

@@ -179,7 +179,16 @@ def plan_summary(res: Any, out: str, slos: dict[str, Any] | None = None) -> list
             g for g in got if g) + f"; attainment {c['attainment']:.1%}"
             + ("" if c["met"] else " (missed)"))
     splits = plan.allocation.splits if plan.allocation is not None else {}
+    lengths = plan.allocation.lengths if plan.allocation is not None else {}
     for m, parts in splits.items():
+        if m in lengths:
+            ranges = lengths[m]
+            lines.append(f"{m} runs on several GPU types, routed by prompt length: " + ", ".join(
+                f"{g} prompts of {ranges[g][0]} to "
+                f"{'any' if ranges[g][1] is None else ranges[g][1] - 1} tokens "
+                f"({parts[g]:.4g} of its calls)"
+                for g in sorted(parts, key=lambda g: ranges[g][0])))
+            continue
         lines.append(f"{m} runs on several GPU types: " + ", ".join(
             f"{g} {f:.4g} of its calls" for g, f in parts.items()))
     targets = ", ".join(f"{w} {t:g}" for w, t in problem.targets.items())

@@ -195,12 +195,17 @@ class LaunchPlan:
     # an LLM the workflows call that runs as replica groups on several GPU types (plan.json's
     # ``splits``): its groups (LLMs of ``models``) and the fraction of its calls each gets
     splits: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # a split LLM routed by prompt length (plan.json's ``lengths``): per group, its input tokens
+    # [lo, hi) (hi None: no upper end)
+    lengths: Mapping[str, Mapping[str, tuple[int, int | None]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("devices", "nodes", "addresses", "models", "workflows"):
             object.__setattr__(self, name, _frozen(getattr(self, name)))
         object.__setattr__(self, "splits", MappingProxyType(
             {m: MappingProxyType(dict(sorted(v.items()))) for m, v in sorted(self.splits.items())}))
+        object.__setattr__(self, "lengths", MappingProxyType(
+            {m: MappingProxyType(dict(sorted(v.items()))) for m, v in sorted(self.lengths.items())}))
         object.__setattr__(self, "replicas",
                            tuple(sorted(self.replicas, key=lambda r: (r.llm, r.replica))))
 
@@ -213,6 +218,13 @@ class LaunchPlan:
             m = group_of.get(g, g)
             out[m] = tuple(self.splits[m].items()) if m in self.splits else ((g, 1.0),)
         return dict(sorted(out.items()))
+
+    def tokens(self, group: str) -> tuple[int, int | None] | None:
+        """The input-token range of a group of an LLM routed by prompt length, else None."""
+        for ranges in self.lengths.values():
+            if group in ranges:
+                return ranges[group]
+        return None
 
     def node_names(self) -> tuple[str, ...]:
         """Nodes that run at least one replica, sorted."""

@@ -158,6 +158,9 @@ class AllocationSection(BaseModel):
     # an LLM the workflows call, run as replica groups on several GPU types: its groups
     # (entries of `llms`) and the fraction of its calls each gets (docs/min-cost.md)
     splits: dict[Name, dict[Name, Annotated[float, Field(gt=0, le=1)]]] | None = None
+    # a split LLM routed by prompt length: per group, the input tokens [lo, hi) of the calls it
+    # serves (hi null: no upper end); the ranges cover every length once (docs/min-cost.md)
+    lengths: dict[Name, dict[Name, list[int | None]]] | None = None
 
 
 class CurvePoint(BaseModel):
@@ -620,11 +623,12 @@ def _check_splits(doc: PlanDoc, source: str) -> None:
     """The allocation's ``splits``, checked as :class:`~scepsy_opt.allocation.Allocation`
     checks them (groups are entries of ``llms``, each in one split, fractions summing to 1)."""
     alloc = doc.allocation
-    if alloc is None or not alloc.splits:
+    if alloc is None or not (alloc.splits or alloc.lengths):
         return
     try:
         Allocation({m: Instance(i.gpu, i.tp, i.share, i.replicas, i.memory)
-                    for m, i in alloc.llms.items()}, source, alloc.splits)
+                    for m, i in alloc.llms.items()}, source, alloc.splits or {},
+                   alloc.lengths or {})  # type: ignore[arg-type]  # checked there
     except InputError as exc:
         raise InputError(source, f"allocation.{exc.field}", exc.expected, exc.got) from None
 
@@ -725,6 +729,9 @@ def launch_plan(doc: PlanDoc, source: str) -> LaunchPlan:
         models=models, replicas=replicas,
         workflows={w: tuple(sorted(wf.llms)) for w, wf in (doc.workflows or {}).items()},
         splits=(doc.allocation.splits if doc.allocation is not None else None) or {},
+        lengths={m: {g: (int(r[0]), r[1]) for g, r in v.items()}  # type: ignore[arg-type]
+                 for m, v in ((doc.allocation.lengths if doc.allocation is not None else None)
+                              or {}).items()},
         engine=EngineLaunch(tuple(launch.command), tuple(launch.args), dict(launch.env),
                             launch.base_port, launch.health_timeout_s))
     for node in plan.node_names():  # every server reachable at a URL, before anything renders

@@ -13,7 +13,11 @@ File format (JSON, ``version`` 1)::
 the server answers to; weights of one LLM sum to 1 (replicas of one LLM have one shape, so each
 carries an equal part; an LLM split over GPU types, plan.json's ``splits``, routes to every
 replica of its groups, each group's fraction shared equally by its replicas). ``replica`` is None where the target routes to a service rather than to
-one replica. An endpoint of weight 0 gets no new calls (the gateway drains a
+one replica. ``tokens`` (``[lo, hi]``, ``hi`` null for no upper end), on every endpoint of an
+LLM routed by prompt length (plan.json's ``lengths``): the endpoint serves the calls whose
+prompt has ``lo <= tokens < hi`` (the gateway's estimate, docs/gateway.md); the ranges of one
+LLM's endpoints cover every length once, and its weights still sum to 1 (each range's group
+its fraction, shared by its replicas). An endpoint of weight 0 gets no new calls (the gateway drains a
 replica that way, docs/gateway.md); the weights of every LLM still sum to 1.
 """
 
@@ -32,6 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scepsy_common.errors import InputError, Name, described, validated
 from scepsy_common.files import read_json
 from scepsy_common.net import URL_EXPECTED, check_url
+from scepsy_opt.stats import check_ranges
 from scepsy_serve.launch.launchplan import LaunchPlan, ReplicaLaunch
 
 ROUTES_VERSION = 1
@@ -46,6 +51,7 @@ class Endpoint:
     model: str
     weight: float
     replica: int | None = None
+    tokens: tuple[int, int | None] | None = None  # routed by prompt length: [lo, hi)
 
 
 @dataclass(frozen=True)
@@ -68,12 +74,19 @@ class Routes:
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": ROUTES_VERSION, "workflows": {
-            w: {m: [{"url": e.url, "model": e.model, "weight": e.weight, "replica": e.replica}
-                    for e in eps] for m, eps in llms.items()}
+            w: {m: [_endpoint_dict(e) for e in eps] for m, eps in llms.items()}
             for w, llms in self.workflows.items()}}
 
     def dumps(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
+
+
+def _endpoint_dict(e: Endpoint) -> dict[str, Any]:
+    out: dict[str, Any] = {"url": e.url, "model": e.model, "weight": e.weight,
+                           "replica": e.replica}
+    if e.tokens is not None:
+        out["tokens"] = list(e.tokens)
+    return out
 
 
 def plan_routes(plan: LaunchPlan,
@@ -90,7 +103,8 @@ def plan_routes(plan: LaunchPlan,
             eps: list[Endpoint] = []
             for g, f in groups:
                 reps = plan.replicas_of(g)
-                eps.extend(Endpoint(url(r), g, f / len(reps), r.replica) for r in reps)
+                eps.extend(Endpoint(url(r), g, f / len(reps), r.replica, plan.tokens(g))
+                           for r in reps)
             out[w][m] = tuple(eps)
     return Routes(out)
 
@@ -98,7 +112,7 @@ def plan_routes(plan: LaunchPlan,
 def service_routes(plan: LaunchPlan, url: Callable[[str], str]) -> Routes:
     """Routes to one service per LLM (``url(llm)``), weight 1 (an LLM split over GPU types:
     one per replica group, weighted by its fraction): the target balances replicas."""
-    return Routes({w: {m: tuple(Endpoint(url(g), g, f, None) for g, f in groups)
+    return Routes({w: {m: tuple(Endpoint(url(g), g, f, None, plan.tokens(g)) for g, f in groups)
                        for m, groups in plan.called(w).items()}
                    for w in plan.workflows})
 
@@ -109,6 +123,7 @@ class _EndpointRec(BaseModel):
     model: Name
     weight: float = Field(ge=0, le=1)
     replica: int | None = Field(default=None, ge=0)
+    tokens: list[int | None] | None = None
 
 
 class _RoutesRec(BaseModel):
@@ -131,8 +146,32 @@ def parse_routes(raw: object, source: str) -> Routes:
             total = sum(e.weight for e in eps)
             if not math.isclose(total, 1.0, abs_tol=WEIGHT_TOL):
                 raise InputError(source, f"workflows.{w}.{m}", "weights that sum to 1", total)
-    return Routes({w: {m: tuple(Endpoint(e.url, e.model, e.weight, e.replica) for e in eps)
+            _check_tokens(eps, source, f"workflows.{w}.{m}")
+    return Routes({w: {m: tuple(Endpoint(e.url, e.model, e.weight, e.replica,
+                                         _range(e.tokens)) for e in eps)
                        for m, eps in llms.items()} for w, llms in rec.workflows.items()})
+
+
+def _range(r: list[int | None] | None) -> tuple[int, int | None] | None:
+    return None if r is None else (int(r[0] or 0), r[1])
+
+
+def _check_tokens(eps: list[_EndpointRec], source: str, where: str) -> None:
+    """An LLM routed by prompt length: every endpoint has a range ``[lo, hi]`` (integers,
+    ``hi`` null or above ``lo``), and the distinct ranges cover every length once."""
+    given = [e.tokens is not None for e in eps]
+    if not any(given):
+        return
+    ranges: dict[str, tuple[int, int | None]] = {}
+    for i, e in enumerate(eps):
+        r = e.tokens
+        if (r is None or len(r) != 2 or not isinstance(r[0], int) or r[0] < 0
+                or not (r[1] is None or isinstance(r[1], int))):
+            raise InputError(source, f"{where}[{i}].tokens", "[lo, hi]: input tokens, lo >= 0, "
+                             "hi above it or null (every endpoint of an LLM routed by length "
+                             "has one)", r)
+        ranges[str(tuple(r))] = (r[0], r[1])
+    check_ranges(ranges, source, f"{where}.tokens")
 
 
 def load_routes(path: str | Path) -> Routes:
