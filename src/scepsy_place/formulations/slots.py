@@ -887,30 +887,130 @@ def tied(problem: PlanningProblem) -> list[tuple[str, ...]]:
 def type_assignment(topology: Topology, groups: Sequence[tuple[str, ...]],
                     need: Mapping[str, Mapping[str, float]]) -> dict[str, str]:
     """Every LLM of ``groups`` (:func:`tied`) to one GPU type of ``topology``, a group's LLMs
-    to the same one, so that the most filled type is as little filled as a greedy rule makes it
-    (longest processing time first): each group's *fill* on a type is its need there
-    (``need``, :func:`capacity_need`) over the type's GPU units; the groups go largest least
-    fill first (then by name), each to the type that keeps the largest fill over all types
-    least (then its own fill on that type, then the type's name). Deterministic. Empty when
-    a group fits no type (its need is infinite on every type)."""
+    to the same one, so that the most filled type is as little filled as it can be made: a
+    group's *fill* on a type is its need there (``need``, :func:`capacity_need`) over the
+    type's GPU units. Of two rules, the one whose largest fill is least (the first on a tie):
+
+    1. *the relaxation, rounded* (:func:`_relaxed_assignment`): the LP that splits groups
+       across types freely at the least largest fill (a lower bound on every assignment's),
+       each group then whole on the type the LP gives most of it, and the groups the LP split
+       (a vertex splits at most one fewer than the types) dealt largest first as rule 2 deals;
+       then single moves off the most filled type while one lowers the largest fill.
+       It gives each group the type it is relatively cheapest on where the types differ
+       (their comparative advantage), which the greedy rule does not see;
+    2. *longest processing time first*: the groups largest least fill first (then by name),
+       each to the type that keeps the largest fill over all types least (then its own fill
+       on that type, then the type's name).
+
+    Deterministic. Empty when a group fits no type (its need is infinite on every type)."""
     types = sorted({n.gpu for n in topology.nodes})
     units = {t: sum(n.gpus for n in topology.nodes if n.gpu == t) * UNITS for t in types}
+    share = {g: {t: sum(need[m].get(t, math.inf) for m in g) / units[t] for t in types}
+             for g in groups}
+    if any(not any(math.isfinite(v) for v in share[g].values()) for g in groups):
+        return {}
+    greedy = _greedy_types(types, groups, share, dict.fromkeys(types, 0.0))
+    relaxed = _relaxed_assignment(types, groups, share)
+    best = min((x for x in (relaxed, greedy) if x is not None),
+               key=lambda x: max(_fill(types, share, x).values()))
+    return {m: best[g] for g in groups for m in g}
+
+
+def _fill(types: Sequence[str], share: Mapping[tuple[str, ...], Mapping[str, float]],
+          assign: Mapping[tuple[str, ...], str]) -> dict[str, float]:
     fill = dict.fromkeys(types, 0.0)
+    for g, t in assign.items():
+        fill[t] += share[g][t]
+    return fill
 
-    def share(g: tuple[str, ...], t: str) -> float:
-        return sum(need[m].get(t, math.inf) for m in g) / units[t]
 
-    out: dict[str, str] = {}
-    for g in sorted(groups, key=lambda g: (-min(share(g, t) for t in types), g)):
-        fits = [t for t in types if math.isfinite(share(g, t))]
-        if not fits:
-            return {}
-        t = min(fits, key=lambda t: (max([fill[t] + share(g, t)]
+def _greedy_types(types: Sequence[str], groups: Sequence[tuple[str, ...]],
+                  share: Mapping[tuple[str, ...], Mapping[str, float]],
+                  fill: dict[str, float]) -> dict[tuple[str, ...], str]:
+    """Longest processing time first (:func:`type_assignment`'s rule 2) from ``fill``."""
+    out: dict[tuple[str, ...], str] = {}
+    for g in sorted(groups, key=lambda g: (-min(share[g].values()), g)):
+        fits = [t for t in types if math.isfinite(share[g][t])]
+        t = min(fits, key=lambda t: (max([fill[t] + share[g][t]]
                                           + [fill[x] for x in types if x != t]),
-                                     fill[t] + share(g, t), t))
-        fill[t] += share(g, t)
-        out.update(dict.fromkeys(g, t))
+                                     fill[t] + share[g][t], t))
+        fill[t] += share[g][t]
+        out[g] = t
     return out
+
+
+def _relaxed_assignment(types: Sequence[str], groups: Sequence[tuple[str, ...]],
+                        share: Mapping[tuple[str, ...], Mapping[str, float]],
+                        ) -> dict[tuple[str, ...], str] | None:
+    """:func:`type_assignment`'s rule 1: ``min z`` s.t. ``Σ_g share_gt·y_gt ≤ z`` per type,
+    ``Σ_t y_gt = 1``, ``y ≥ 0`` (HiGHS' dual simplex, which ends at a vertex), rounded. None
+    when the LP does not solve."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    cols = [(i, j) for i, g in enumerate(groups) for j, t in enumerate(types)
+            if math.isfinite(share[g][t])]
+    n = len(cols)
+    if n == 0:
+        return None
+    ii = np.array([c[0] for c in cols], dtype=np.int64)
+    jj = np.array([c[1] for c in cols], dtype=np.int64)
+    vals = np.array([share[groups[i]][types[j]] for i, j in cols], dtype=float)
+    # variables: y (n), then z; rows: per type Σ share·y - z <= 0
+    a_ub = coo_matrix((np.concatenate([vals, -np.ones(len(types))]),
+                       (np.concatenate([jj, np.arange(len(types))]),
+                        np.concatenate([np.arange(n), np.full(len(types), n)]))),
+                      shape=(len(types), n + 1))
+    a_eq = coo_matrix((np.ones(n), (ii, np.arange(n))), shape=(len(groups), n + 1))
+    cost = np.zeros(n + 1)
+    cost[n] = 1.0
+    res = linprog(cost, A_ub=a_ub, b_ub=np.zeros(len(types)), A_eq=a_eq,
+                  b_eq=np.ones(len(groups)), bounds=(0, None), method="highs-ds")
+    if res.status != 0:
+        return None
+    y = res.x[:n]
+    whole: dict[tuple[str, ...], str] = {}
+    split: list[tuple[str, ...]] = []
+    top: dict[int, tuple[float, int]] = {}
+    for k, (i, j) in enumerate(cols):
+        if i not in top or y[k] > top[i][0]:
+            top[i] = (y[k], j)
+    for i, g in enumerate(groups):
+        frac, j = top[i]
+        if frac >= 1 - 1e-9:
+            whole[g] = types[j]
+        else:
+            split.append(g)
+    return _improved(types, share, {**whole, **_greedy_types(types, split, share,
+                                                            _fill(types, share, whole))})
+
+
+def _improved(types: Sequence[str], share: Mapping[tuple[str, ...], Mapping[str, float]],
+              assign: dict[tuple[str, ...], str]) -> dict[tuple[str, ...], str]:
+    """``assign`` after single moves, each of the group of the most filled type whose move
+    to another type lowers the largest fill most (ties: the group, then the type by name),
+    while one does (each move lowers it, so this ends)."""
+    fill = _fill(types, share, assign)
+    while True:
+        worst = max(types, key=lambda t: (fill[t], t))
+        now = fill[worst]
+        best: tuple[float, tuple[str, ...], str] | None = None
+        for g, t in sorted(assign.items()):
+            if t != worst:
+                continue
+            for x in types:
+                if x == worst or not math.isfinite(share[g][x]):
+                    continue
+                after = max([fill[worst] - share[g][worst], fill[x] + share[g][x]]
+                            + [fill[y] for y in types if y not in (worst, x)])
+                if after < now * (1 - 1e-12) and (best is None or after < best[0]):
+                    best = (after, g, x)
+        if best is None:
+            return assign
+        _, g, x = best
+        fill[worst] -= share[g][worst]
+        fill[x] += share[g][x]
+        assign[g] = x
 
 
 def typed_partition(problem: PlanningProblem, topology: Topology, part_llms: int = PART_LLMS,
