@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -595,6 +596,177 @@ def test_stream_scan_passes_every_split_byte_for_byte(n: int, usage: bool, drop:
     assert (scan.usage is not None) == usage
     if usage:
         assert scan.usage is not None and scan.usage.output_tokens == n
+
+
+class _ReferenceScan:
+    """The plain reading of a stream the proxy's :class:`StreamScan` must agree with: split
+    at every blank line, join each event's ``data:`` lines, ``json.loads`` every payload."""
+
+    def __init__(self, drop_usage_chunk: bool) -> None:
+        self.drop_usage_chunk = drop_usage_chunk
+        self.usage: Any = None
+        self.content_chunks = 0
+        self.done = False
+        self._buf = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf, out, pos = self._buf + data, [], 0
+        for m in re.finditer(rb"\r?\n\r?\n", buf):
+            if self._keep(buf[pos:m.start()]):
+                out.append(buf[pos:m.end()])
+            pos = m.end()
+        self._buf = buf[pos:]
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        rest, self._buf = self._buf, b""
+        return rest if rest and self._keep(rest) else b""
+
+    def _keep(self, event: bytes) -> bool:
+        data = b"".join(line[5:].strip() for line in event.splitlines()
+                        if line.startswith(b"data:"))
+        if not data:
+            return True
+        if data == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = json.loads(data)
+        except (ValueError, RecursionError):
+            return True
+        if not isinstance(obj, dict):
+            return True
+        choices = obj.get("choices")
+        if isinstance(choices, list) and any(
+                isinstance(ch, dict) and ((isinstance(ch.get("delta"), dict)
+                                           and ch["delta"].get("content")) or ch.get("text"))
+                for ch in choices):
+            self.content_chunks += 1
+        usage = parse_usage(obj.get("usage")) if obj.get("usage") is not None else None
+        if usage is not None:
+            self.usage = usage
+            return not (self.drop_usage_chunk and choices == [])
+        return True
+
+
+_USAGE = {"prompt_tokens": 3, "completion_tokens": 2}
+_TEXTS = st.one_of(st.text(max_size=12), st.sampled_from([
+    "", "usage", '"usage": {"prompt_tokens": 9, "completion_tokens": 9}', "data: [DONE]",
+    '{"choices": [], "usage": {"prompt_tokens": 1}}', "\n\ndata: x\n\n", "é\u2028😀"]))
+_VALUES = st.recursive(st.none() | st.booleans() | st.integers(-2, 10**7) | _TEXTS,
+                       lambda v: st.lists(v, max_size=3)
+                       | st.dictionaries(st.sampled_from(["content", "text", "usage", "x"]), v,
+                                         max_size=3), max_leaves=6)
+_CHOICE = st.fixed_dictionaries({}, optional={
+    "index": st.integers(0, 2), "text": _VALUES, "finish_reason": st.sampled_from([None, "stop"]),
+    "delta": st.fixed_dictionaries({}, optional={"role": st.just("assistant"),
+                                                 "content": _VALUES})})
+_USAGES = st.one_of(st.just(_USAGE), st.builds(
+    lambda p, c, d: {"prompt_tokens": p, "completion_tokens": c, **d},
+    st.integers(-1, 20) | st.just(True), st.integers(0, 20),
+    st.sampled_from([{}, {"prompt_tokens_details": {"cached_tokens": 2}},
+                     {"prompt_tokens_details": None}])), _VALUES)
+_CHUNKS = st.fixed_dictionaries({}, optional={
+    "id": st.just("c1"), "choices": st.lists(_CHOICE, max_size=2) | _VALUES,
+    "usage": _USAGES})
+
+
+@st.composite
+def _payloads(draw: st.DrawFn) -> bytes:
+    """One event's payload: a completion chunk as servers write it (compact or spaced,
+    escaped or raw UTF-8), or one of the ways a payload goes wrong."""
+    obj = draw(_CHUNKS)
+    text = json.dumps(obj, ensure_ascii=draw(st.booleans()),
+                      separators=draw(st.sampled_from([(",", ":"), (", ", ": ")])))
+    raw = text.encode()
+    kind = draw(st.sampled_from(["json"] * 6 + ["cut", "extra", "escaped", "utf16", "bom",
+                                                "surrogate", "latin1", "scalar", "done",
+                                                "bytes"]))
+    if kind == "cut":  # cut short: not JSON
+        return raw[:draw(st.integers(0, max(0, len(raw) - 1)))]
+    if kind == "extra":
+        return raw + draw(st.sampled_from([b"x", b" {}", b"}", b"\x0b"]))
+    if kind == "escaped":  # keys spelled with \u escapes
+        return raw.replace(b'"usage"', b'"\\u0075sage"').replace(b'"content"',
+                                                                  b'"c\\u006fntent"')
+    if kind == "utf16":
+        return text.encode(draw(st.sampled_from(["utf-16-le", "utf-16-be", "utf-32-le"])))
+    if kind == "bom":
+        return b"\xef\xbb\xbf" + raw
+    if kind == "surrogate":  # a lone surrogate in UTF-8 (json.loads lets it pass)
+        return raw.replace(b'"c1"', b'"\xed\xa0\x80"')
+    if kind == "latin1":
+        return raw.replace(b'"c1"', b'"\xe9"')
+    if kind == "scalar":
+        return draw(st.sampled_from([b"[]", b"3", b'"usage"', b"null", b"[{\"usage\": 1}]"]))
+    if kind == "done":
+        return draw(st.sampled_from([b"[DONE]", b"[DONE] ", b"[done]"]))
+    if kind == "bytes":
+        return draw(st.binary(max_size=20))
+    return raw
+
+
+@st.composite
+def _any_events(draw: st.DrawFn) -> bytes:
+    """One SSE event without its blank line: one or more ``data:`` lines (a payload may be
+    split across lines), other fields, comments."""
+    payload = draw(_payloads())
+    if payload and draw(st.integers(0, 4)) == 0:  # split across two data lines
+        at = draw(st.integers(0, len(payload)))
+        lines = [b"data: " + payload[:at], b"data:" + payload[at:]]
+    else:
+        lines = [draw(st.sampled_from([b"data: ", b"data:", b"data:  "])) + payload
+                 + draw(st.sampled_from([b"", b"", b" ", b"\t"]))]
+    if draw(st.integers(0, 5)) == 0:
+        lines.insert(0, draw(st.sampled_from([b"event: chunk", b": ping", b"id: 7"])))
+    if draw(st.integers(0, 8)) == 0:
+        lines = [draw(st.sampled_from([b": comment", b"", b"retry: 10"]))]
+    eol = draw(st.sampled_from([b"\n", b"\n", b"\r\n", b"\r"]))
+    return eol.join(lines)
+
+
+@settings(max_examples=400, deadline=None)
+@given(events=st.lists(_any_events(), max_size=8), drop=st.booleans(),
+       seps=st.lists(st.sampled_from([b"\n\n", b"\n\n", b"\r\n\r\n", b"\r\n\n", b"\n\r\n"]),
+                     min_size=1), tail=st.booleans(), cuts=st.lists(st.integers(0, 3000)))
+def test_stream_scan_reads_any_stream_as_a_full_json_read_does(
+        events: list[bytes], drop: bool, seps: list[bytes], tail: bool, cuts: list[int]):
+    """However a stream of any events is split into reads, the scan passes on the same bytes
+    after each read, and finds the same usage, content chunks and [DONE] (after each read), as
+    a reading that parses every event's payload with ``json.loads``: a usage split across
+    reads, "usage" inside a content string, keys spelled with escapes, payloads in UTF-16,
+    broken JSON and CRLF line ends included."""
+    whole = b"".join(e + (b"" if tail and i == len(events) - 1 else seps[i % len(seps)])
+                     for i, e in enumerate(events))
+    bounds = sorted({min(c, len(whole)) for c in cuts} | {0, len(whole)})
+    scan, ref = StreamScan(drop_usage_chunk=drop), _ReferenceScan(drop_usage_chunk=drop)
+    for a, b in itertools.pairwise(bounds):
+        assert scan.feed(whole[a:b]) == ref.feed(whole[a:b])
+        assert (scan.done, scan.usage, scan.content_chunks) == \
+            (ref.done, ref.usage, ref.content_chunks)
+    assert scan.flush() == ref.flush()
+    assert (scan.done, scan.usage, scan.content_chunks) == \
+        (ref.done, ref.usage, ref.content_chunks)
+
+
+def test_stream_scan_finds_a_usage_cut_at_any_byte_and_not_one_inside_a_string():
+    """The usage chunk cut into two reads at every byte is still found and held back; a
+    content chunk whose text spells a usage chunk is content, passed on, and not the usage."""
+    fake = json.dumps({"choices": [{"index": 0, "delta": {"content": 'x"usage": {"prompt_'
+                       'tokens": 50, "completion_tokens": 50}, "choices": []'}}]})
+    content = b"data: " + fake.encode() + b"\n\n"
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    whole = content + usage + b"data: [DONE]\n\n"
+    for at in range(len(whole) + 1):
+        scan = StreamScan(drop_usage_chunk=True)
+        out = scan.feed(whole[:at]) + scan.feed(whole[at:]) + scan.flush()
+        assert out == content + b"data: [DONE]\n\n", at
+        assert scan.usage is not None and (scan.usage.input_tokens,
+                                           scan.usage.output_tokens) == (3, 1), at
+        assert scan.content_chunks == 1 and scan.done, at
+    scan = StreamScan(drop_usage_chunk=True)
+    assert scan.feed(content + b"data: [DONE]\n\n") == content + b"data: [DONE]\n\n"
+    assert scan.usage is None and scan.content_chunks == 1
 
 
 # ---------------------------------------------------------------------------- command line

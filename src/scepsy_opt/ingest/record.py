@@ -96,6 +96,8 @@ NO_MODEL = "<none>"
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 _LOG = one_line_logger("scepsy record")
 _DONE = b"[DONE]"
+_JSON_DOCUMENT = json.JSONDecoder().raw_decode
+"""One JSON value at the start of a text and where it ends (``json.loads`` less its checks)."""
 
 
 # --------------------------------------------------------------------------- configuration
@@ -330,7 +332,14 @@ def _has_content(choices: object) -> bool:
 class StreamScan:
     """Reads an SSE stream of completion chunks as it passes: the usage (last seen), chunks with
     content, whether ``data: [DONE]`` came, and which events to hold back from the client (the
-    usage-only chunk the proxy asked for when ``drop_usage_chunk``)."""
+    usage-only chunk the proxy asked for when ``drop_usage_chunk``).
+
+    What passes is sliced from the bytes that came, never encoded again; an event of one
+    ``data:`` line whose payload starts with ``{`` is decoded by the JSON scanner directly (what
+    ``json.loads`` does for it, less its checks of the text's encoding); anything else takes
+    the general path."""
+
+    __slots__ = ("_buf", "content_chunks", "done", "drop_usage_chunk", "usage")
 
     def __init__(self, drop_usage_chunk: bool) -> None:
         self.drop_usage_chunk = drop_usage_chunk
@@ -343,12 +352,38 @@ class StreamScan:
         """The bytes of ``data`` (with what was held back before) to pass on now: complete
         events, byte for byte, minus a dropped usage chunk; an incomplete event waits."""
         buf = self._buf + data if self._buf else data
+        if b"\r" in buf:  # CRLF (or mixed) line ends: the general split
+            return self._feed_any(buf)
+        events = buf.split(b"\n\n")
+        rest = self._buf = events.pop()
+        if not events:
+            return b""
+        keep = self._keep
+        dropped: list[int] | None = None
+        pos = 0
+        for event in events:
+            if event.startswith(b"data:") and b"\n" not in event:
+                payload = event[5:].strip()
+            else:
+                payload = _sse_data(event)
+            if not keep(payload):
+                if dropped is None:
+                    dropped = []
+                dropped.append(pos)
+                dropped.append(pos + len(event) + 2)
+            pos += len(event) + 2
+        if dropped is None:
+            return buf[:pos] if rest else buf
+        dropped.append(pos)
+        return b"".join(buf[dropped[i - 1] if i else 0:dropped[i]]
+                        for i in range(0, len(dropped), 2))
+
+    def _feed_any(self, buf: bytes) -> bytes:
         out: list[bytes] = []
         pos = 0
         for m in _EVENT_END.finditer(buf):
-            event = buf[pos:m.end()]
-            if self._keep(buf[pos:m.start()]):
-                out.append(event)
+            if self._keep(_sse_data(buf[pos:m.start()])):
+                out.append(buf[pos:m.end()])
             pos = m.end()
         self._buf = buf[pos:]
         return b"".join(out) if len(out) != 1 else out[0]
@@ -356,30 +391,45 @@ class StreamScan:
     def flush(self) -> bytes:
         """What is left at the end of the stream (an event without its blank line)."""
         rest, self._buf = self._buf, b""
-        return rest if rest and self._keep(rest) else b""
+        return rest if rest and self._keep(_sse_data(rest)) else b""
 
-    def _keep(self, event: bytes) -> bool:
-        data = b"".join(line[5:].strip() for line in event.splitlines()
-                        if line.startswith(b"data:"))
+    def _keep(self, data: bytes) -> bool:
+        """Reads the payload ``data`` of one event: whether the event passes."""
         if not data:
             return True
         if data == _DONE:
             self.done = True
             return True
-        try:
-            obj = json.loads(data)
-        except (ValueError, RecursionError):
-            return True
-        if not isinstance(obj, dict):
-            return True
+        obj: Any
+        if data[:1] == b"{" and data[1:2] != b"\x00":  # UTF-8 (json.loads' own test)
+            try:
+                text = data.decode("utf-8", "surrogatepass")
+                obj, end = _JSON_DOCUMENT(text)
+            except (ValueError, RecursionError):
+                return True
+            if end != len(text):  # more after the object (the payload ends without space)
+                return True
+        else:
+            try:
+                obj = json.loads(data)
+            except (ValueError, RecursionError):
+                return True
+            if not isinstance(obj, dict):
+                return True
         choices = obj.get("choices")
         if _has_content(choices):
             self.content_chunks += 1
-        usage = parse_usage(obj.get("usage")) if obj.get("usage") is not None else None
-        if usage is not None:
+        usage = obj.get("usage")
+        if usage is not None and (usage := parse_usage(usage)) is not None:
             self.usage = usage
             return not (self.drop_usage_chunk and choices == [])
         return True
+
+
+def _sse_data(event: bytes) -> bytes:
+    """The payload of one SSE event: its ``data:`` lines' values, joined."""
+    return b"".join(line[5:].strip() for line in event.splitlines()
+                    if line.startswith(b"data:"))
 
 
 # ------------------------------------------------------------------------------- the proxy
