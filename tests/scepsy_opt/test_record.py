@@ -23,10 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes.dropping_upstream import DroppingUpstream
+from fakes.loop_thread import LoopThreadServer
 from fakes.openai_chat import FakeChatServer
 from scepsy.cli import main
 from scepsy_common.errors import InputError
@@ -479,6 +481,72 @@ def test_a_client_that_closes_after_done_has_a_complete_call(rec: Rec,
     (c,) = rec.wait_calls(1)
     assert c.error is None and _tokens(c) == _usage_of(body, chat=True)
     assert not any('"usage"' in ln for ln in lines)
+
+
+class _WholeStreamUpstream(LoopThreadServer):
+    """Answers every request with a whole SSE stream (content, usage-only chunk, [DONE]) in one
+    write, with its length: the proxy reads the answer and its end at once."""
+
+    EVENTS = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
+              b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n',
+              b"data: [DONE]\n\n")
+
+    async def _serve(self) -> None:
+        async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+                    length = next(int(v) for k, _, v in (ln.partition(":") for ln in
+                                                         head.split("\r\n")[1:])
+                                  if k.strip().lower() == "content-length")
+                    await reader.readexactly(length)
+                    body = b"".join(self.EVENTS)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            finally:
+                writer.close()
+
+        server = await asyncio.start_server(connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        server.close()
+
+
+def test_a_stream_read_whole_goes_out_with_its_end_in_one_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """When ``[DONE]`` and the end of the upstream's answer come in one read, the proxy sends
+    the events and the end of its answer in one write (no write before it), recorded with the
+    usage, the usage-only chunk it asked for held back."""
+    writes: list[tuple[str, bytes]] = []
+    write, write_eof = web.StreamResponse.write, web.StreamResponse.write_eof
+
+    async def logged_write(self: web.StreamResponse, data: bytes) -> None:
+        writes.append(("write", bytes(data)))
+        await write(self, data)
+
+    async def logged_eof(self: web.StreamResponse, data: bytes = b"") -> None:
+        writes.append(("write_eof", bytes(data)))
+        await write_eof(self, data)
+
+    monkeypatch.setattr(web.StreamResponse, "write", logged_write)
+    monkeypatch.setattr(web.StreamResponse, "write_eof", logged_eof)
+    ev = _WholeStreamUpstream.EVENTS
+    out = tmp_path / "t.jsonl"
+    with _WholeStreamUpstream() as up, \
+            recording_proxy(RecordConfig(out=out, upstream=up.base_url,
+                                         client_time=False)) as url:
+        r = httpx.post(url + CHAT, json=_chat(stream=True), headers=_req("r"), timeout=10)
+        assert r.status_code == 200 and r.content == ev[0] + ev[2]
+        # (aiohttp ends every answer again once the handler returned: nothing is sent then)
+        assert writes[0] == ("write_eof", ev[0] + ev[2])
+        assert set(writes[1:]) <= {("write_eof", b"")}
+    (c,) = read_trace(out).calls
+    assert c.error is None and (c.input_tokens, c.output_tokens) == (4, 1)
 
 
 def test_a_client_leaving_while_waiting_for_an_answer(rec: Rec, upstream: FakeChatServer):

@@ -893,16 +893,23 @@ class RecordingProxy:
     async def _relay(self, request: web.BaseRequest, call: Call | None,
                      up: aiohttp.ClientResponse | LeanResponse, headers: CIMultiDict[str],
                      inject: bool) -> web.StreamResponse:
-        """Pass a stream on event by event; record it with its usage (or the estimate)."""
+        """Pass a stream on event by event; record it with its usage (or the estimate). When
+        ``[DONE]`` came with the rest of the answer in one read, those last bytes and the end of
+        the answer go out in one write (with the headers too when nothing was written yet)."""
         scan = StreamScan(drop_usage_chunk=inject)
         resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
         await resp.prepare(request)
         error: str | None = None
+        last: bytes | None = None  # the answer's last bytes, when they go out with its end
+        content = up.content
         try:
-            async for data in up.content.iter_any():
+            async for data in content.iter_any():
                 out = scan.feed(data)
                 if scan.done:  # the call is complete for the client (which may close now)
                     self._end_stream(call, scan, None)
+                    if content.at_eof():  # nothing more will come: the loop ends
+                        last = out
+                        continue
                 if out:
                     await resp.write(out)
         except (TimeoutError, aiohttp.ServerTimeoutError):
@@ -915,6 +922,9 @@ class RecordingProxy:
             error = "upstream_stream_cut"
         try:
             rest = scan.flush()
+            if last is not None:  # ended well, recorded: the last bytes with the end
+                await resp.write_eof(last + rest if rest else last)
+                return resp
             if rest:
                 await resp.write(rest)
             if error is None and not scan.done:

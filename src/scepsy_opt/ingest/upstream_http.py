@@ -202,6 +202,10 @@ class LeanResponse:
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def at_eof(self) -> bool:
+        """Whether the whole body came and was taken (as aiohttp's ``StreamReader.at_eof``)."""
+        return self._eof and not self._chunks
+
     async def iter_any(self) -> AsyncIterator[bytes]:
         """The body in the pieces it arrives in."""
         while data := await self._next():
