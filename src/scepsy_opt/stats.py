@@ -158,15 +158,76 @@ class WorkflowStats:
     # per-request critical paths (tails); left out: one request with the mean path (mean_paths)
     paths: RequestPaths = field(default_factory=lambda: NO_PATHS)
     failed_calls: int = 0  # calls of the workflow that failed: left out of every statistic
-    # the workflow's calls these statistics were computed from (those that did not fail):
-    # length routing recomputes an LLM's statistics per range of input lengths from them
-    # (:func:`length_split`); empty for statistics built without a trace
-    calls: tuple[CallRecord, ...] = field(default=(), compare=False, repr=False)
+    # the workflow's calls these statistics were computed from (those that did not fail), in
+    # arrays (:class:`CallTable`): length routing recomputes an LLM's statistics per range of
+    # input lengths from them (:func:`length_split`); None for statistics built without a trace
+    call_table: CallTable | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "llms", MappingProxyType(dict(sorted(self.llms.items()))))
         if self.paths.requests == 0:
             object.__setattr__(self, "paths", mean_paths(self.llms, self.tool_critical_s))
+
+    @property
+    def calls(self) -> tuple[CallRecord, ...]:
+        """The calls these statistics were computed from (empty without a trace)."""
+        return () if self.call_table is None else self.call_table.records()
+
+
+@dataclass(frozen=True, eq=False)
+class CallTable:
+    """One workflow's calls in arrays, a fraction of the memory of their records: every name
+    (request and call ids, LLMs, tools, roles) once in ``names``, each call's fields as
+    indices into it (-1: none) or numbers, and its parents as a run of ``parents``
+    (``offsets[i]:offsets[i+1]``). :meth:`records` gives the records back, equal to those
+    stored."""
+
+    workflow: str
+    names: np.ndarray  # every name once (a fixed-width string array)
+    ids: np.ndarray  # (N, 5) int32: request id, call id, llm, tool, role
+    times: np.ndarray  # (N, 2) float64: start, end
+    tokens: np.ndarray  # (N, 3) int64: input, output, prefix
+    parents: np.ndarray  # int32, names of the parents of every call, call after call
+    offsets: np.ndarray  # (N + 1) int64
+
+    @classmethod
+    def of(cls, workflow: str, calls: Sequence[CallRecord]) -> CallTable:
+        index: dict[str, int] = {}
+
+        def at(x: str | None) -> int:
+            return -1 if x is None else index.setdefault(x, len(index))
+
+        ids = [(at(c.request_id), at(c.call_id), at(c.llm), at(c.tool), at(c.role))
+               for c in calls]
+        parents = [at(p) for c in calls for p in c.parents]
+        offsets = np.cumsum([0, *(len(c.parents) for c in calls)])
+        return cls(workflow, np.array(list(index), dtype=str), np.array(ids, dtype=np.int32).reshape(-1, 5),
+                   np.array([(c.start_s, c.end_s) for c in calls], dtype=float).reshape(-1, 2),
+                   np.array([(c.input_tokens, c.output_tokens, c.prefix_tokens) for c in calls],
+                            dtype=np.int64).reshape(-1, 3),
+                   np.array(parents, dtype=np.int32), offsets.astype(np.int64))
+
+    def records(self) -> tuple[CallRecord, ...]:
+        names, par, off = self.names.tolist(), self.parents.tolist(), self.offsets.tolist()
+
+        def name(i: int) -> str | None:
+            return None if i < 0 else names[i]
+
+        out = []
+        for k, ((r, c, m, t, role), (a, b), (i, o, p)) in enumerate(zip(
+                self.ids.tolist(), self.times.tolist(), self.tokens.tolist(), strict=True)):
+            out.append(CallRecord(self.workflow, names[r], names[c], a, b, llm=name(m),
+                                  tool=name(t), role=name(role),
+                                  parents=tuple(names[x] for x in par[off[k]:off[k + 1]]),
+                                  input_tokens=i, output_tokens=o, prefix_tokens=p))
+        return tuple(out)
+
+    def input_tokens(self, llm: str) -> np.ndarray:
+        """The input tokens of ``llm``'s calls."""
+        at = np.flatnonzero(self.names == llm)
+        if at.size == 0:
+            return np.zeros(0, dtype=np.int64)
+        return self.tokens[self.ids[:, 2] == at[0], 0]
 
 
 # --------------------------------------------------------------------------- helpers
@@ -392,7 +453,7 @@ def workflow_stats(trace: Trace, workflow: str, *, seed: int = 0,
         tool_critical_s=float(np.mean([q.tool_critical_s for q in per])),
         llm_overlap=float(np.mean(overlaps)) if overlaps else 0.0,
         paths=paths, failed_calls=failed,
-        calls=tuple(c for calls in reqs for c in calls),
+        call_table=CallTable.of(workflow, [c for calls in reqs for c in calls]),
     )
 
 
@@ -432,7 +493,7 @@ def _workflow_dict(ws: WorkflowStats) -> dict:
         return d
 
     d = {k: getattr(ws, k) for k in WorkflowStats.__dataclass_fields__
-         if k not in ("llms", "paths", "calls")}  # paths: per request, not part of the summary
+         if k not in ("llms", "paths", "call_table")}  # paths: per request, not part of the summary
     d["llms"] = {m: llm(s) for m, s in ws.llms.items()}
     return d
 
@@ -478,8 +539,8 @@ def length_edges(stats: Mapping[str, WorkflowStats], llm: str, buckets: int) -> 
     without a trace)."""
     if not isinstance(buckets, int) or buckets < 1:
         raise InputError("length buckets", "buckets", "an integer >= 1", buckets)
-    keys = sorted(length_key(c.input_tokens) for st in stats.values() for c in st.calls
-                  if c.llm == llm)
+    keys = sorted(length_key(int(x)) for st in stats.values() if st.call_table is not None
+                  for x in st.call_table.input_tokens(llm))
     edges: list[int] = []
     for k in range(1, buckets):
         e = keys[-(-k * len(keys) // buckets)] if keys else 0
@@ -514,7 +575,7 @@ def length_split(st: WorkflowStats, llm: str, ranges: Mapping[str, Range],
     that of the group's own calls. Returns the groups' statistics (a group none of whose calls
     this workflow makes is left out) and their critical-path columns per request
     (:class:`RequestPaths`). ``time_share_cv_halves`` of a group is 0 (no bootstrap)."""
-    if not st.calls:
+    if st.call_table is None:
         raise InputError("statistics", f"{st.workflow}.llms.{llm}", "statistics computed from "
                          "a trace (length routing recomputes them per range of input lengths)")
     order = check_ranges(ranges, "length routing", llm)

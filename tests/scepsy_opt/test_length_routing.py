@@ -133,7 +133,20 @@ def test_ranges_must_cover_every_length_once_and_need_a_trace():
             length_split(st, "a", bad)
     from dataclasses import replace
     with pytest.raises(InputError, match="computed from a trace"):
-        length_split(replace(st, calls=()), "a", RANGES)
+        length_split(replace(st, call_table=None), "a", RANGES)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_call_table_gives_the_calls_back(seed):
+    tr = _trace(seed)
+    st = workflow_stats(tr, "w")
+    assert st.calls == tuple(c for k in sorted(tr.requests) for c in sorted(
+        tr.requests[k], key=lambda c: c.call_id))
+    roles = [CallRecord("w", "r", "x", 0.0, 1.0, llm="a", role="judge", parents=("y", "y"),
+                        input_tokens=3, output_tokens=2, prefix_tokens=1),
+             CallRecord("w", "r", "y", 0.0, 0.5, tool="r")]
+    st = workflow_stats(Trace(tuple(roles)), "w")
+    assert sorted(st.calls, key=lambda c: c.call_id) == roles
 
 
 # -- planning: min-cost mixed plans routed by length ---------------------------------------------
@@ -304,3 +317,29 @@ def test_the_simulator_routes_each_call_to_the_group_of_its_length():
     pred = predict(p.stats, p.models, alloc, ROOF, {"chat": 6.0})
     assert sim.workflows["chat"].mean_latency_s == pytest.approx(
         pred.workflows["chat"].mean_latency_s, rel=0.3)
+
+
+def test_an_slo_holds_on_each_range_and_percentile_bounds_keep_weights():
+    """A TPOT SLO on a length-routed plan: every group meets it at its range's own calls, and
+    the check of the LLM is the fraction-weighted mean of its groups' (relative 1e-9); with a
+    percentile bound length routing is not offered, and the report says why."""
+    from scepsy_opt.planning.candidates import slo_checks
+    from scepsy_opt.prediction.slo import CallSLO
+
+    wl = _workload(10.0)
+    cl = Cluster("two", (GPUPool("L4", 8, 1), GPUPool("A10", 8, 1)))
+    p = PlanningProblem(rate_stats(wl, 200, seed=0), rate_models(wl), rates(wl), cl, ROOF,
+                        PlanOptions(objective="min-cost", length_routing=True,
+                                    slos={"chat": CallSLO(tpot_s=0.2)}))
+    mx = solve_mixed(p, slices=4)
+    assert mx.stats["length_routing"]["used"]
+    groups, plan = mixed_plan(p, mx)
+    each = slo_checks(groups, plan.allocation)
+    assert set(each) == set(plan.allocation.lengths["chat"]) and all(c.met for c in each.values())
+    whole = slo_checks(p, plan.allocation)["chat"]
+    fr = plan.allocation.splits["chat"]
+    assert whole.tpot_s == pytest.approx(math.fsum(fr[g] * each[g].tpot_s for g in fr), rel=1e-9)
+    q = PlanningProblem(p.stats, p.models, p.targets, cl, ROOF, PlanOptions(
+        objective="min-cost", length_routing=True, latency_bounds={"chat": (90.0, 1000.0)}))
+    rep = solve_mixed(q, slices=4).stats["length_routing"]
+    assert not rep["used"] and "percentile" in rep["reason"]

@@ -658,7 +658,12 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
         raise InputError("mixed plan", "slices", "an integer >= 1", slices)
     opts = problem.options
     if not opts.length_routing or opts.latency_bounds:
-        return _solve_mixed(problem, slices, caps, deadline, prices, by_length=False)
+        mx = _solve_mixed(problem, slices, caps, deadline, prices, by_length=False)
+        if opts.length_routing:  # asked for, but not offered with percentile bounds
+            mx = dataclasses.replace(mx, stats={**mx.stats, "length_routing": {
+                "used": False, "reason": "percentile bounds (latency_bounds) are planned for "
+                "splits by weight only"}})
+        return mx
     left = Deadline.of(problem, deadline)
     base = _solve_mixed(problem, slices, caps, left, prices, by_length=False)
     both = _solve_mixed(problem, slices, caps, left, prices, by_length=True)
