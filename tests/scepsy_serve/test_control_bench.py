@@ -157,3 +157,31 @@ def test_the_controller_loses_nothing_and_starts_before_it_drains(fractions):
         cur[st_.llm] = st_.instance
     row = B.run_policy(s, prof, sched, SMOKE)
     assert row["lost_requests"] == 0, row
+
+
+def test_the_controllers_capacity_is_a_rate_a_placed_plan_carries():
+    """The rate a target is capped at must be one the cluster carries within the bounds and
+    the band, placed: a min-cost plan of the controller's own problem places at it, and (below
+    the max-throughput plan's rate, an upper bound) none does a little above it."""
+    from scepsy_place.formulations.loop import plan_and_place
+    from scepsy_serve.control.core import CAPACITY_TOLERANCE, Controller
+
+    s = _setup()
+    ctl = Controller(s.problem, s.topology, _start(), ControlConfig(window_s=30.0,
+                                                                   startup_s=STARTUP))
+    p = ctl.problem
+    base = sum(p.targets.values())
+    cost = _replace(p, options=_replace(p.options, objective="min-cost", current=None))
+
+    def places(rate):
+        r = plan_and_place(cost.scaled(rate / base), s.topology, formulation="aggregate")
+        return r.placed and r.plan.allocation is not None
+
+    mt = plan_and_place(_replace(p, options=_replace(p.options, objective="max-throughput",
+                                                     current=None)), s.topology,
+                        formulation="aggregate")
+    assert ctl.capacity <= mt.plan.scale * base + 1e-9
+    assert places(ctl.capacity)
+    above = ctl.capacity * (1 + 2 * CAPACITY_TOLERANCE)
+    if above < mt.plan.scale * base:
+        assert not places(above)

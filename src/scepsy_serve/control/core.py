@@ -82,7 +82,13 @@ from typing import Any, Literal
 
 from scepsy_common.errors import InputError
 from scepsy_opt.allocation import Allocation
-from scepsy_opt.planning.objectives import OBJECTIVES, MaxThroughput, MinLatency, objective
+from scepsy_opt.planning.objectives import (
+    OBJECTIVES,
+    MaxThroughput,
+    MinCost,
+    MinLatency,
+    objective,
+)
 from scepsy_opt.planning.problem import Objective, PlanningProblem
 from scepsy_opt.prediction.pipeline import predict
 from scepsy_opt.prediction.tails import QUANTILES
@@ -109,6 +115,8 @@ MIN_RATE = 1e-3
 """The smallest target (req/s) a re-plan is given: a workflow forecast at 0 keeps a minimal
 deployment (every LLM keeps at least one replica)."""
 SOURCE = "control config"
+CAPACITY_TOLERANCE = 0.02
+"""The relative precision of the cluster's capacity (:meth:`Controller._capacity`)."""
 
 
 @dataclass(frozen=True)
@@ -316,6 +324,7 @@ class Controller:
         self.percentiles = MappingProxyType(dict(sorted(qs.items())))
         self.bounds: Mapping[str, float] = MappingProxyType(dict(sorted(bounds.items())))
         cap = min(problem.options.max_utilisation, cfg.up_utilisation)
+        self.cap = cap
         self.problem = replace(problem, options=replace(
             problem.options, max_utilisation=cap,
             latency_bound_s={w: b for w, b in self.bounds.items() if qs[w] is None},
@@ -332,14 +341,36 @@ class Controller:
 
     def _capacity(self) -> float:
         """The largest total rate (req/s, at the problem's mix) a plan on the whole cluster
-        carries within the bounds and the band (its max-throughput plan); inf without one."""
+        carries within the bounds and the band, placed: its max-throughput plan's rate when a
+        min-cost plan places at it, else the largest rate at which one does, to
+        :data:`CAPACITY_TOLERANCE` (bisection; the aggregate max-throughput plan is an upper
+        bound that need not place at the bounds' percentiles); inf without any plan."""
         p = self.problem
+        form = self.config.formulation
         res = plan_and_place(replace(p, options=replace(p.options, objective=MaxThroughput.name,
                                                         current=None)), self.topology,
-                             formulation=self.config.formulation)
+                             formulation=form)
         if not res.placed or res.plan.allocation is None:
             return math.inf
-        return res.plan.scale * sum(p.targets.values())
+        base = sum(p.targets.values())
+        cost = replace(p, options=replace(p.options, objective=MinCost.name, current=None))
+
+        def places(rate: float) -> bool:
+            r = plan_and_place(cost.scaled(rate / base), self.topology, formulation=form)
+            return r.placed and r.plan.allocation is not None
+
+        hi = res.plan.scale * base
+        if places(hi):
+            return hi
+        lo = 0.8 * hi  # bracketed from above: the capacity is usually near the upper bound
+        while lo > 1e-3 * hi and not places(lo):
+            lo, hi = 0.8 * lo, lo
+        if lo <= 1e-3 * hi:
+            return math.inf
+        while hi - lo > CAPACITY_TOLERANCE * hi:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if places(mid) else (lo, mid)
+        return lo
 
     @property
     def placed(self) -> PlacedPlan:
@@ -393,7 +424,7 @@ class Controller:
                             for wf, x in seen["mean_latency_s"].items()}
         now = self._predict(self.problem, self.allocation, target)
         util, lat = now["utilisation"], now["latency_s"]
-        over = sorted(m for m, u in util.items() if u > cfg.up_utilisation)
+        over = sorted(m for m, u in util.items() if u > self.cap)
         late = sorted(wf for wf, x in lat.items() if x > self.bounds[wf])
 
         def decide(action: Action, reason: str, rp: Replan | None = None,
@@ -412,7 +443,7 @@ class Controller:
         if over or late:
             self.below = 0
             why = "; ".join(
-                [f"{m} utilisation {util[m]:.2f} > {cfg.up_utilisation:g}" for m in over]
+                [f"{m} utilisation {util[m]:.2f} > {self.cap:.3g}" for m in over]
                 + [f"{wf} latency {lat[wf]:.3g} s > bound {self.bounds[wf]:.3g} s"
                    for wf in late]) + f" {at}"
             return self._change("scale-up", why, target, decide)
@@ -497,7 +528,7 @@ class Controller:
 
         def fits(a: Allocation) -> bool:
             p = self._predict(self.problem, a, target)
-            return (all(u <= cfg.up_utilisation for u in p["utilisation"].values())
+            return (all(u <= self.cap for u in p["utilisation"].values())
                     and all(x <= cfg.down_latency * self.bounds[wf]
                             for wf, x in p["latency_s"].items()))
 
@@ -514,7 +545,7 @@ class Controller:
 
         def excess(a: Allocation) -> tuple[float, bool]:
             p = self._predict(self.problem, a, target)
-            over = math.fsum(max(0.0, u - cfg.up_utilisation) for u in p["utilisation"].values())
+            over = math.fsum(max(0.0, u - self.cap) for u in p["utilisation"].values())
             late = math.fsum(min(1e3, max(0.0, x / self.bounds[wf] - 1.0)) if x == x else 1e3
                              for wf, x in p["latency_s"].items())
             return over + late, over <= 0 and late <= 0
