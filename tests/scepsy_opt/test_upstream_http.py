@@ -7,15 +7,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import aiohttp
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scepsy_opt.ingest.upstream_http import LeanPool, UpstreamRefused, lean_target, request_head
+from scepsy_opt.ingest.upstream_http import (
+    LeanPool,
+    LeanResponse,
+    UpstreamRefused,
+    lean_target,
+    request_head,
+)
 
 Answer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+T = TypeVar("T")
 
 
 async def _read_request(reader: asyncio.StreamReader) -> tuple[str, bytes]:
@@ -46,6 +54,21 @@ async def _serve(answer: Answer) -> tuple[asyncio.AbstractServer, int, list[int]
 def _ok(body: bytes) -> bytes:
     return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
             + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+async def _one_answer(answer: Answer, read: Callable[[LeanResponse], Awaitable[T]]) -> T:
+    """``read`` on the answer to one POST to a server that answers with ``answer``, its
+    headers in (the server and the pool closed after)."""
+    server, port, _ = await _serve(answer)
+    pool = LeanPool(5.0)
+    t = lean_target(f"http://127.0.0.1:{port}/v1/completions")
+    assert t is not None
+    try:
+        async with pool.post(t, b"{}", {}) as r:
+            return await read(r)
+    finally:
+        pool.close()
+        server.close()
 
 
 async def _post(pool: LeanPool, port: int, data: bytes = b"{}") -> tuple[int, bytes]:
@@ -110,18 +133,13 @@ def test_chunked_and_until_close_answers_come_whole(framing: str) -> None:
         await writer.drain()
         await asyncio.sleep(0.05)
 
-    async def main() -> bytes:
-        server, port, _ = await _serve(answer)
-        pool = LeanPool(5.0)
-        t = lean_target(f"http://127.0.0.1:{port}/v1/completions")
-        assert t is not None
-        async with pool.post(t, b"{}", {}) as r:
-            got = b"".join([d async for d in r.content.iter_any()])
-        pool.close()
-        server.close()
+    async def read(r: LeanResponse) -> bytes:
+        assert not r.content.at_eof()
+        got = b"".join([d async for d in r.content.iter_any()])
+        assert r.content.at_eof()
         return got
 
-    assert asyncio.run(main()) == b"".join(parts)
+    assert asyncio.run(_one_answer(answer, read)) == b"".join(parts)
 
 
 async def _failure(answer: Answer, timeout_s: float = 5.0) -> BaseException:
@@ -220,16 +238,10 @@ def test_an_answer_cut_right_after_its_headers_fails_on_reading_the_body() -> No
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n")
         await writer.drain()
 
-    async def main() -> None:
-        server, port, _ = await _serve(answer)
-        pool = LeanPool(5.0)
-        t = lean_target(f"http://127.0.0.1:{port}/v1/completions")
-        assert t is not None
-        async with pool.post(t, b"{}", {}) as r:
-            assert r.status == 200 and r.headers["Content-Length"] == "50"
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await r.read()
-        pool.close()
-        server.close()
+    async def read(r: LeanResponse) -> None:
+        assert r.status == 200 and r.headers["Content-Length"] == "50"
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await r.read()
+        assert not r.content.at_eof()
 
-    asyncio.run(main())
+    asyncio.run(_one_answer(answer, read))
