@@ -145,3 +145,27 @@ def test_a_length_routed_plan_reaches_every_targets_routes(tmp_path):
         for g, f in alloc.splits["chat"].items():
             assert math.isclose(sum(e.weight for e in eps if e.model == g), f,
                                 rel_tol=1e-9), name
+
+
+def test_the_driver_sends_each_call_to_the_range_of_its_prompt():
+    """The workflow driver, without a gateway, draws each call's endpoint among those whose
+    range holds its input tokens (the token ids it sends); an LLM without ranges keeps its
+    weights."""
+    from scepsy_opt.workflows import load_workflow
+    from scepsy_serve.launch.drive import plan_drive
+    from scepsy_serve.launch.routes import Endpoint, Routes
+
+    spec = load_workflow("datasets/workflows/rag.yaml")
+    llm = sorted(spec.llms)[-1]
+    cut = 200
+    eps = {m: (Endpoint("http://a:8000/v1", m, 1.0, 0),) for m in spec.llms}
+    eps[llm] = (Endpoint("http://s:8000/v1", llm, 0.9, 0, (0, cut)),
+                Endpoint("http://l:8000/v1", llm, 0.1, 0, (cut, None)))
+    plan = plan_drive([spec], Routes({spec.name: eps}), rate=2.0, requests=40, seed=3)
+    seen = {"s": 0, "l": 0}
+    for req in plan.requests:
+        for c, e in zip(req.calls, req.endpoints, strict=True):
+            if c.llm == llm:
+                assert e.tokens is not None and in_range(c.input_tokens, e.tokens)
+                seen[e.url[7]] += 1
+    assert seen["s"] and seen["l"]

@@ -8,7 +8,8 @@ its tools' durations. The driver executes that call graph for real:
 
 * a call starts when all its parents have ended; LLM calls go to one of the LLM's endpoints in
   the routing table (:class:`~scepsy_serve.launch.routes.Routes`), chosen by weight when the
-  plan is drawn; the body is a token-id prompt of the call's input length (the first
+  plan is drawn (an LLM routed by prompt length: among the endpoints whose ``tokens`` range
+  holds the call's input tokens); the body is a token-id prompt of the call's input length (the first
   ``prefix_tokens`` ids are the same for every call of the same workflow and LLM, so a prefix
   cache sees the sharing the trace describes) and ``max_tokens = min_tokens = output tokens``
   with ``ignore_eos`` (:func:`scepsy_profile.profiling.replay.completion_body`: servers run with
@@ -52,6 +53,7 @@ from scipy import stats as _scipy_stats
 
 from scepsy_common.errors import InputError
 from scepsy_opt.ingest.record import HEADER_REQUEST, HEADER_WORKFLOW
+from scepsy_opt.stats import in_range
 from scepsy_opt.traces import CallRecord, Trace, validate_calls, write_trace
 from scepsy_opt.workflows import MAX_REQUESTS, WorkflowSpec, generate_trace
 from scepsy_opt.workload import as_specs
@@ -130,6 +132,17 @@ def choose_endpoints(endpoints: Sequence[Endpoint], n: int,
     if len(w) == 1:
         return np.zeros(n, dtype=np.int64)
     return rng.choice(len(w), size=n, p=w / w.sum()).astype(np.int64)
+
+
+def _by_length(endpoints: Sequence[Endpoint], input_tokens: int,
+               rng: np.random.Generator) -> Endpoint:
+    """A call of an LLM routed by prompt length: one of the endpoints whose range holds its
+    prompt (the token ids sent, :func:`scepsy_opt.stats.in_range`), drawn by weight (all of
+    them when those have no weight)."""
+    mine = [e for e in endpoints if e.weight > 0
+            and (e.tokens is None or in_range(input_tokens, e.tokens))]
+    mine = mine or [e for e in endpoints if e.weight > 0]
+    return mine[int(choose_endpoints(mine, 1, rng)[0])] if mine else endpoints[0]
 
 
 def _check(ok: bool, name: str, expected: str, got: object) -> None:
@@ -229,6 +242,10 @@ def plan_drive(workflows: Sequence[WorkflowSpec], routes: Routes, *, rate: float
         for llm in sorted({c.llm for c in calls if c.llm is not None}):
             eps = routes.endpoints(spec.name, llm)
             idx = [j for j, c in enumerate(calls) if c.llm == llm]
+            if any(e.tokens is not None for e in eps):  # routed by prompt length
+                for j in idx:
+                    endpoints[j] = _by_length(eps, calls[j].input_tokens, rng)
+                continue
             for j, e in zip(idx, choose_endpoints(eps, len(idx), rng), strict=True):
                 endpoints[j] = eps[int(e)]
         for c in calls:
