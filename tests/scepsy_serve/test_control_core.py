@@ -149,7 +149,8 @@ def test_scale_up_when_the_load_doubles_and_down_only_after_the_hold():
     assert up[0].action == "scale-up", up[0].reason
     assert up[0].startup_s == 60.0 and up[0].replan is not None and up[0].replan.started
     assert up[0].predicted_after is not None
-    assert max(up[0].predicted_after["utilisation"].values()) <= 0.85 + 1e-9
+    # at the target (the demand x 1.15) the band is 0.85 x 1.15: 0.85 at the demand itself
+    assert max(up[0].predicted_after["utilisation"].values()) <= ctl.cap + 1e-9
     assert ctl.allocation.gpus() > gpus0
     low = {w: r / 4 for w, r in base.items()}
     down = _run(ctl, [low] * 6)
@@ -314,3 +315,30 @@ def test_the_demand_counts_the_requests_in_flight(series, startup_windows, in_fl
     k = max(0, d - 2)
     assert all(x > lo + 1e-9 for x in seen[:k]), seen
     assert all(x == pytest.approx(lo) for x in seen[k:]), seen
+
+
+# ------------------------------------------------------- the headroom, counted once
+
+def test_the_band_applies_to_the_demand_and_the_headroom_to_the_latency():
+    """The target is the demand x 1.15 (the headroom). A load at
+    which the running plan's busiest LLM is above 0.85 at the target but at most 0.85 at the
+    demand (0.85 x 1.15 at the target), with every workflow within its bound at the target,
+    is kept: the band's utilisation is not applied a second time on top of the headroom."""
+    ctl, problem = _controller(forecast="last")
+    cap = min(problem.options.max_utilisation, 0.85 * 1.15)
+    alloc = ctl.allocation
+    found = None
+    for k in range(1, 400):
+        f = 0.01 * k
+        rates = {w: f * r for w, r in problem.targets.items()}
+        p = ctl._predict(ctl.problem, alloc, {w: 1.15 * r for w, r in rates.items()})
+        u = max(p["utilisation"].values())
+        if 0.85 + 0.02 < u <= cap - 0.02 and all(
+                x <= ctl.bounds[w] for w, x in p["latency_s"].items()):
+            found = rates
+            break
+    assert found is not None, "no load between the two utilisations on this plan"
+    d = ctl.observe(_window(0, found))
+    assert d.action == "keep", d.reason
+    assert ctl.cap == pytest.approx(cap)
+

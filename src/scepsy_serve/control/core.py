@@ -323,7 +323,10 @@ class Controller:
                 qs[w], bounds[w] = None, cfg.bound_factor * lat
         self.percentiles = MappingProxyType(dict(sorted(qs.items())))
         self.bounds: Mapping[str, float] = MappingProxyType(dict(sorted(bounds.items())))
-        cap = min(problem.options.max_utilisation, cfg.up_utilisation)
+        # the utilisation a plan may reach at the target (the demand x (1 + headroom)): the
+        # band's up_utilisation applies to the demand itself; the headroom is checked on the
+        # predicted latency at the target, not counted a second time on the utilisation
+        cap = min(problem.options.max_utilisation, cfg.up_utilisation * (1.0 + cfg.headroom))
         self.cap = cap
         self.problem = replace(problem, options=replace(
             problem.options, max_utilisation=cap,
