@@ -673,12 +673,15 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
                        < base.cost_per_hour - CHEAPER_REL * max(1.0, base.cost_per_hour))
     pick = both if used else base
     bound = pick.cost_bound_per_hour
-    if both.feasible and base.feasible:  # both answers' bounds hold for the other's plans too
+    if both.feasible and base.feasible:  # the second solve's bound holds for plans either way
         bound = min(bound, both.cost_bound_per_hour)
+    status = pick.status
+    if pick.feasible and both.status != "optimal":  # no proof that length routing is dearer
+        status = "time_limit"
     report = {"by_weight_cost_per_hour": base.cost_per_hour,
               "with_length_cost_per_hour": both.cost_per_hour, "used": used,
               "status": both.status, "buckets": opts.length_buckets}
-    return dataclasses.replace(pick, cost_bound_per_hour=bound,
+    return dataclasses.replace(pick, status=status, cost_bound_per_hour=bound,
                                stats={**pick.stats, "length_routing": report})
 
 
