@@ -343,3 +343,36 @@ def test_an_slo_holds_on_each_range_and_percentile_bounds_keep_weights():
         objective="min-cost", length_routing=True, latency_bounds={"chat": (90.0, 1000.0)}))
     rep = solve_mixed(q, slices=4).stats["length_routing"]
     assert not rep["used"] and "percentile" in rep["reason"]
+
+
+@pytest.mark.parametrize(("lengths", "field"), [
+    ({"chat": {"chat-a10": [0, 400], "chat-l4": [500, None]}}, "lengths.chat.chat-l4"),
+    ({"chat": {"chat-a10": [0, 400]}}, "lengths.chat"),
+    ({"chat": {"chat-a10": [0, 400], "chat-l4": [400, 300]}}, "lengths.chat.chat-l4"),
+    ({"chat": {"chat-a10": [0, None], "chat-l4": [400, None]}}, "lengths.chat.chat-l4"),
+    ({"chat": {"chat-a10": [0, 400], "chat-l4": [400, 900]}}, "lengths.chat"),
+    ({"chat": {"chat-a10": [True, 400], "chat-l4": [400, None]}}, "lengths.chat.chat-a10"),
+    ({"chat": {"chat-a10": [0, 400, 5], "chat-l4": [400, None]}}, "lengths.chat.chat-a10"),
+    ({"chat-a10": {"chat-a10": [0, None]}}, "lengths.chat-a10"),
+])
+def test_bad_lengths_name_the_field(tmp_path, lengths, field):
+    """An allocation file whose length ranges do not hold (a gap, a group left out, an empty or
+    reversed range, overlapping or unbounded twice, no open end, not integers, an LLM that is
+    not split): exit 2, the field named, no traceback."""
+    import yaml
+
+    from conftest import run_cli
+    from scepsy_opt.allocation import parse_allocation
+
+    doc = {"llms": {"chat-a10": {"gpu": "A10", "tp": 1, "share": 1.0, "replicas": 2},
+                    "chat-l4": {"gpu": "L4", "tp": 1, "share": 1.0, "replicas": 1}},
+           "splits": {"chat": {"chat-a10": 0.75, "chat-l4": 0.25}}, "lengths": lengths}
+    with pytest.raises(InputError) as exc:
+        parse_allocation(doc, "alloc.yaml")
+    assert exc.value.field.startswith(field), exc.value.field
+    (tmp_path / "alloc.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump({"kind": "rates", "name": "one", "llms": {
+        "chat": {"model": "llama-3-8b", "rate": 1.0, "input": 300, "output": 100}}}))
+    code, _, err = run_cli("predict", "--workflow", str(tmp_path / "w.yaml"), "--allocation",
+                           str(tmp_path / "alloc.yaml"), "--rate", "1", "--trace-requests", "20")
+    assert code == 2 and "Traceback" not in err and field in err, err
