@@ -14,13 +14,17 @@ Each window (:meth:`Controller.observe`):
    window_s)`` windows, observed and forecast; the **demand** (:meth:`Controller.demand`) is
    the largest such average over the horizon (the forecast's peak when ``D = 1``). The
    **target** is the demand times ``1 + headroom`` (the forecast's error margin).
+   The band's ``up_utilisation`` bounds the load at the demand: at the target each LLM may
+   reach ``up_utilisation * (1 + headroom)`` (at most the problem's ``max_utilisation``,
+   :attr:`Controller.cap`), and the headroom is checked on the predicted latency there, so
+   the margin is not counted twice (0.85 at the target would be 0.74 at the demand).
 2. **Predict** the running plan at the target with the Aggregate LLM Pipeline
    (:func:`scepsy_opt.prediction.pipeline.predict`): each LLM's utilisation (its
    ``LLMLoad.utilisation``, ``load / (replicas·μ)``, the one the optimiser's ``max_utilisation``
    bounds) and each workflow's latency.
 3. **Decide**, with a band:
 
-   * **scale-up** when some LLM's utilisation exceeds ``up_utilisation`` or some workflow's
+   * **scale-up** when some LLM's utilisation exceeds the cap or some workflow's
      predicted latency exceeds its bound;
    * **scale-down** after ``hold_windows`` consecutive windows in each of which an LLM of more
      than one replica was below ``down_utilisation``, or the running plan with fewer replicas
@@ -32,12 +36,12 @@ Each window (:meth:`Controller.observe`):
    replicas and its old ones serve beside the new for a start-up
    (:mod:`scepsy_serve.control.inplace`). A **scale-down only removes replicas**: one at a
    time, the one that frees the most GPUs first, while every LLM stays at or below
-   ``up_utilisation`` and every workflow within ``down_latency`` (0.8) times its bound at the
+   the cap and every workflow within ``down_latency`` (0.8) times its bound at the
    target (inside the band, so that the next small rise does not cross the bound again);
    nothing starts, and without a replica to remove it is a keep. A **scale-up** is an
    incremental re-plan (:func:`scepsy_place.formulations.incremental.replan`, fewest replicas
    started, stopped and moved) of the running plan to the target, by default with the
-   ``min-cost`` objective at a utilisation of at most ``up_utilisation``, within the bounds,
+   ``min-cost`` objective at a utilisation of at most the cap, within the bounds,
    first among the instance shapes already running; when that plan changes an LLM's shape,
    replicas of the running shapes are added instead (one at a time, the one that leaves the
    least excess utilisation and latency) when that meets the bounds within the cluster and
@@ -46,8 +50,9 @@ Each window (:meth:`Controller.observe`):
    bounds) on the whole cluster, unless that plan adds no GPU (a keep: at the cluster's limit,
    moving replicas around starts them for a plan that still misses the bounds). Without any
    plan the decision is ``replan-failed`` (the running plan stays). A target beyond the
-   cluster's **capacity** (the total rate of its max-throughput plan within the bounds and the
-   band, computed once) is scaled down to it, keeping its mix.
+   cluster's **capacity** (the largest total rate at which a min-cost plan within the bounds
+   and the cap places on the whole cluster, found once by bisection below the max-throughput
+   plan's rate) is scaled down to it, keeping its mix.
 4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
    counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
@@ -468,7 +473,7 @@ class Controller:
             return self._change("scale-down", why, target, decide)
         self.below = 0
         return decide("keep", f"within the band [{cfg.down_utilisation:g}, "
-                      f"{cfg.up_utilisation:g}] and the latency bounds {at}")
+                      f"{self.cap:.3g}] and the latency bounds {at}")
 
     def _span(self, wf: str, window_s: float) -> int:
         """Windows a request of ``wf`` stays in the system: ``ceil(in_flight_s / window)``."""
@@ -524,7 +529,7 @@ class Controller:
 
     def _shrunk(self, target: Mapping[str, float]) -> Allocation | None:
         """The running plan with replicas removed while every LLM stays at or below
-        ``up_utilisation`` and every workflow within ``down_latency`` x its bound at
+        the cap and every workflow within ``down_latency`` x its bound at
         ``target`` (:func:`scepsy_serve.control.shrink.shrink`: the shapes kept, nothing
         started), when that frees a GPU share; None otherwise."""
         cfg = self.config
@@ -541,7 +546,7 @@ class Controller:
     def _grown(self, target: Mapping[str, float]) -> Replan | None:
         """The running plan with replicas of its shapes added (:func:`~scepsy_serve.control.
         inplace.grow`: the LLM whose replica leaves the least excess utilisation and latency
-        first) until every LLM is at or below ``up_utilisation`` and every workflow within its
+        first) until every LLM is at or below the cap and every workflow within its
         bound at ``target``, within the cluster's GPUs, placed around the running replicas;
         None when the running shapes do not get there."""
         cfg = self.config
