@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
-from aiohttp import web
+from aiohttp import http_writer, web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -485,7 +485,12 @@ def test_a_client_that_closes_after_done_has_a_complete_call(rec: Rec,
 
 class _WholeStreamUpstream(LoopThreadServer):
     """Answers every request with a whole SSE stream (content, usage-only chunk, [DONE]) in one
-    write, with its length: the proxy reads the answer and its end at once."""
+    write, with its length: the proxy reads the answer and its end at once. With ``hold``: the
+    headers first (chunked), the stream once ``hold`` is set."""
+
+    def __init__(self, hold: threading.Event | None = None) -> None:
+        super().__init__()
+        self.hold = hold
 
     EVENTS = (b'data: {"choices":[{"index":0,"delta":{"content":"hi"}}]}\n\n',
               b'data: {"choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1}}\n\n',
@@ -501,8 +506,15 @@ class _WholeStreamUpstream(LoopThreadServer):
                                   if k.strip().lower() == "content-length")
                     await reader.readexactly(length)
                     body = b"".join(self.EVENTS)
-                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-                                 b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+                    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    if self.hold is None:
+                        writer.write(head + b"Content-Length: %d\r\n\r\n%s" % (len(body),
+                                                                                  body))
+                    else:
+                        writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n")
+                        await writer.drain()
+                        await asyncio.get_running_loop().run_in_executor(None, self.hold.wait)
+                        writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
                     await writer.drain()
             except (asyncio.IncompleteReadError, ConnectionError):
                 return
@@ -519,9 +531,9 @@ class _WholeStreamUpstream(LoopThreadServer):
 
 def test_a_stream_read_whole_goes_out_with_its_end_in_one_write(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """When ``[DONE]`` and the end of the upstream's answer come in one read, the proxy sends
-    the events and the end of its answer in one write (no write before it), recorded with the
-    usage, the usage-only chunk it asked for held back."""
+    """When ``[DONE]`` and the end of the upstream's answer come in one read with its headers,
+    the proxy sends its headers, the events and the end of its answer in one write, recorded
+    with the usage, the usage-only chunk it asked for held back."""
     writes: list[tuple[str, bytes]] = []
     write, write_eof = web.StreamResponse.write, web.StreamResponse.write_eof
 
@@ -535,6 +547,9 @@ def test_a_stream_read_whole_goes_out_with_its_end_in_one_write(
 
     monkeypatch.setattr(web.StreamResponse, "write", logged_write)
     monkeypatch.setattr(web.StreamResponse, "write_eof", logged_eof)
+    sent_alone = []  # headers sent in a write of their own (aiohttp >= 3.12 has the method)
+    monkeypatch.setattr(http_writer.StreamWriter, "send_headers",
+                        lambda self: sent_alone.append(1), raising=False)
     ev = _WholeStreamUpstream.EVENTS
     out = tmp_path / "t.jsonl"
     with _WholeStreamUpstream() as up, \
@@ -545,6 +560,25 @@ def test_a_stream_read_whole_goes_out_with_its_end_in_one_write(
         # (aiohttp ends every answer again once the handler returned: nothing is sent then)
         assert writes[0] == ("write_eof", ev[0] + ev[2])
         assert set(writes[1:]) <= {("write_eof", b"")}
+        assert not sent_alone  # the headers went out with the answer
+    (c,) = read_trace(out).calls
+    assert c.error is None and (c.input_tokens, c.output_tokens) == (4, 1)
+
+
+def test_a_streams_headers_are_not_held_for_an_upstream_that_has_sent_no_body_yet(
+        tmp_path: Path):
+    """Headers that came alone go to the client at once, while the upstream holds its body."""
+    hold = threading.Event()
+    ev = _WholeStreamUpstream.EVENTS
+    out = tmp_path / "t.jsonl"
+    with _WholeStreamUpstream(hold) as up, \
+            recording_proxy(RecordConfig(out=out, upstream=up.base_url,
+                                         client_time=False)) as url, \
+            httpx.Client(base_url=url, timeout=5) as cl, \
+            cl.stream("POST", CHAT, json=_chat(stream=True), headers=_req("r")) as r:
+        assert r.status_code == 200 and not hold.is_set()  # not a ReadTimeout
+        hold.set()
+        assert r.read() == ev[0] + ev[2]
     (c,) = read_trace(out).calls
     assert c.error is None and (c.input_tokens, c.output_tokens) == (4, 1)
 

@@ -543,6 +543,13 @@ def json_error(status: int, message: str, kind: str) -> web.Response:
     return web.Response(status=status, text=body, content_type="application/json")
 
 
+class _HeadWithFirstBytes(web.StreamResponse):
+    """A streamed answer whose status line and headers wait for its first write and go out in
+    one piece with it (aiohttp buffers them so from 3.12 on; before, they go out at once)."""
+
+    _send_headers_immediately = False
+
+
 def _forward_headers(headers: Mapping[str, str], drop: frozenset[str]) -> CIMultiDict[str]:
     """``headers`` without hop-by-hop ones (and those the Connection header names), ``drop``
     and ``X-Scepsy-*``."""
@@ -897,11 +904,18 @@ class RecordingProxy:
         ``[DONE]`` came with the rest of the answer in one read, those last bytes and the end of
         the answer go out in one write (with the headers too when nothing was written yet)."""
         scan = StreamScan(drop_usage_chunk=inject)
-        resp = web.StreamResponse(status=up.status, reason=up.reason, headers=headers)
+        content = up.content
+        # bytes of the body came with the headers: the headers wait (microseconds) for them
+        # and go out in the same write, not alone; else they go out now, as the upstream's did
+        head_waits = isinstance(content, LeanResponse) and content.has_data()
+        answer = _HeadWithFirstBytes if head_waits else web.StreamResponse
+        resp = answer(status=up.status, reason=up.reason, headers=headers)
+        if head_waits and (request.transport is None or request.transport.is_closing()):
+            # what sending the headers now would raise (the client has gone)
+            raise aiohttp.ClientConnectionResetError("Cannot write to closing transport")
         await resp.prepare(request)
         error: str | None = None
         last: bytes | None = None  # the answer's last bytes, when they go out with its end
-        content = up.content
         try:
             async for data in content.iter_any():
                 out = scan.feed(data)
@@ -910,7 +924,8 @@ class RecordingProxy:
                     if content.at_eof():  # nothing more will come: the loop ends
                         last = out
                         continue
-                if out:
+                if out or head_waits:  # the first write sends the headers, bytes or none
+                    head_waits = False
                     await resp.write(out)
         except (TimeoutError, aiohttp.ServerTimeoutError):
             error = "upstream_timeout"

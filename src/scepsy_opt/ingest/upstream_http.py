@@ -202,6 +202,10 @@ class LeanResponse:
             parts.append(data)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def has_data(self) -> bool:
+        """Whether body bytes (or the body's end) came that were not taken yet."""
+        return bool(self._chunks) or self._eof
+
     def at_eof(self) -> bool:
         """Whether the whole body came and was taken (as aiohttp's ``StreamReader.at_eof``)."""
         return self._eof and not self._chunks
