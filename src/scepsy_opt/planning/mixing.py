@@ -51,6 +51,14 @@ rate (:mod:`scepsy_opt.planning.candidates`); the calls of the LLM then meet it 
 the groups' fraction-weighted mean, and a percentile of a mixture of groups that each meet it
 is within it).
 
+**Length routing** (``PlanOptions.length_routing``, :func:`length_portions`): a group may
+serve a run of the LLM's prompt-length buckets instead of a fraction of its calls; its
+candidate is priced on the run's own calls (:func:`length_problem`) and counts in full. An LLM
+is routed by weight or by length (a binary ``z_m``: by length, every bucket lies in exactly one
+chosen run), and :func:`solve_mixed` takes length routing only where it lowers the price.
+Under percentile bounds a run's unit latency counts in the LLM's units scaled by the ratio of
+the mean calls (:func:`_to_llm_units`), which keeps the slowest-group rule an upper bound.
+
 **Mélange's formulation** (:func:`melange_min_cost`; Griggs et al., "Mélange: Cost Efficient
 Large Language Model Serving by Exploiting GPU Heterogeneity", 2024) is the same split by
 request size instead of by fraction: request-size buckets of rate ``r_b``, each cut into
@@ -93,7 +101,13 @@ from scepsy_opt.planning.plans import Plan, Status, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
 from scepsy_opt.planning.solver import SOLVER, pulp_highs
 from scepsy_opt.prediction.tails import floor_cut, latency_quantiles, linearise
-from scepsy_opt.stats import RequestPaths, length_edges, length_split, split_stats
+from scepsy_opt.stats import (
+    RequestPaths,
+    WorkflowStats,
+    length_edges,
+    length_split,
+    split_stats,
+)
 
 SLICES = 8  # fractions of an LLM's load are multiples of 1/SLICES
 COST_REL = 1e-9  # the tie-break solve: price within this (relative) of the optimum
@@ -191,6 +205,9 @@ class Portion:
     tokens: tuple[int, int | None] | None = None
     buckets: tuple[int, int] = (0, 0)
     calls: float = 0.0
+    # routed by length, per percentile-bounded workflow: its unit latency in its range's own
+    # critical-path units and the factor to the LLM's (mean call of the LLM over the range's)
+    units: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def fraction(self) -> float:
@@ -299,7 +316,8 @@ def length_problem(problem: PlanningProblem, llm: str, rng: tuple[int, int | Non
         return None
     opts = problem.options
     options = dataclasses.replace(
-        opts, current=None, latency_bounds={},
+        opts, current=None,
+        latency_bounds={w: x for w, x in opts.latency_bounds.items() if w in stats},
         weights={w: x for w, x in opts.weights.items() if w in stats},
         latency_bound_s={w: x for w, x in opts.latency_bound_s.items() if w in stats},
         slos={m: x for m, x in opts.slos.items() if m == llm})
@@ -337,8 +355,22 @@ def length_portions(problem: PlanningProblem, *, deadline: Deadline | None = Non
                 frac = sub.loads[m] / load[m] if load[m] > 0 else 0.0
                 cs = generate_candidates(sub, prune=False, deadline=deadline)
                 for c in prune_for_cost(sub, cs.by_llm, deadline=deadline, whole=whole)[m]:
-                    out[m].append(Portion(1, 1, c, whole(c), rng, (a, b), frac))
+                    units = tuple((w, unit_latency(sub, w, c) if w in sub.stats else 0.0,
+                                   _to_llm_units(problem.stats[w], sub.stats.get(w), m))
+                                  for w in _percentile_bounds(problem))
+                    out[m].append(Portion(1, 1, c, whole(c), rng, (a, b), frac, units))
     return out
+
+
+def _to_llm_units(st: WorkflowStats, part: WorkflowStats | None, llm: str) -> float:
+    """The factor from a range's unit latency to an upper bound in the LLM's units: a request
+    spends ``W_g·mc_g`` seconds of recorded time in range ``g`` (``W_g`` its path weight in
+    units of the range's mean call ``mc_g``) and ``Σ_g W_g·mc_g = W·mc`` in all, so
+    ``Σ_g W_g·u_g ≤ W·max_g(u_g·mc/mc_g)``. 1 where a mean call is 0 (weights count calls)."""
+    if part is None or llm not in st.llms or llm not in part.llms:
+        return 1.0
+    mc, mg = st.llms[llm].mean_call_s, part.llms[llm].mean_call_s
+    return mc / mg if mc > 0 and mg > 0 else 1.0
 
 
 Vars = dict[str, list[tuple[Portion, Any]]]
@@ -457,9 +489,15 @@ def _add_cuts(prob: pulp.LpProblem, ys: Vars, cuts: Sequence[Cut], units: Units)
 def portion_units(problem: PlanningProblem, options: Mapping[str, Sequence[Portion]]) -> Units:
     """Per percentile-bounded workflow, every portion's unit latency
     (:func:`scepsy_opt.planning.milp.unit_latency` of its candidate: the group's calls at its
-    share of the load)."""
-    return {w: {p: unit_latency(problem, w, p.candidate) for m in sorted(options)
-                for p in options[m]} for w in _percentile_bounds(problem)}
+    share of the load); routed by length, its range's unit latency in the LLM's units, an
+    upper bound (:func:`_to_llm_units`), so that the slowest group's bounds every routing."""
+    def unit(w: str, p: Portion) -> float:
+        if p.tokens is None:
+            return unit_latency(problem, w, p.candidate)
+        u, f = next((u, f) for x, u, f in p.units if x == w)
+        return u * f
+    return {w: {p: unit(w, p) for m in sorted(options) for p in options[m]}
+            for w in _percentile_bounds(problem)}
 
 
 def worst_units(problem: PlanningProblem, units: Units, w: str,
@@ -470,17 +508,30 @@ def worst_units(problem: PlanningProblem, units: Units, w: str,
 
 def split_percentiles(problem: PlanningProblem, portions: Mapping[str, Sequence[Portion]],
                       units: Units | None = None) -> dict[str, tuple[float, float]]:
-    """Per percentile-bounded workflow, ``(slowest routing, fraction-weighted routing)``: its
+    """Per percentile-bounded workflow, ``(slowest routing, the predictor's routing)``: its
     predicted percentile with every split LLM at its slowest group (what the bound holds) and
     with each at the fraction-weighted mean of its groups' unit latencies (the predictor's, on
-    the split plan's groups)."""
+    the split plan's groups), or, routed by length, with each group at its own unit latency
+    on its range's critical paths (:func:`scepsy_opt.stats.length_split`)."""
     units = units if units is not None else portion_units(problem, portions)
     out = {}
     for w, (q, _) in _percentile_bounds(problem).items():
-        paths = problem.stats[w].paths
+        st = problem.stats[w]
+        by_length = {m: ps for m, ps in portions.items()
+                     if m in st.llms and ps and ps[0].tokens is not None}
         mean = {m: math.fsum(p.fraction * units[w][p] for p in portions[m])
-                for m in problem.stats[w].llms}
-        out[w] = (latency_quantiles(paths, worst_units(problem, units, w, portions), (q,))[0],
+                for m in st.llms if m not in by_length}
+        paths = st.paths
+        if by_length:
+            names = {m: [f"{m}\x00{k}" for k in range(len(ps))] for m, ps in by_length.items()}
+            ranges = {m: {g: p.tokens for g, p in zip(names[m], ps, strict=True)
+                          if p.tokens is not None} for m, ps in by_length.items()}
+            paths = split_stats(st, {}, ranges).paths
+            for m, ps in by_length.items():
+                for g, p in zip(names[m], ps, strict=True):
+                    mean[g] = next(u for x, u, _ in p.units if x == w)
+        out[w] = (latency_quantiles(st.paths, worst_units(problem, units, w, portions),
+                                    (q,))[0],
                   latency_quantiles(paths, mean, (q,))[0])
     return out
 
@@ -537,8 +588,10 @@ def _violated(problem: PlanningProblem, portions: Mapping[str, Sequence[Portion]
     """The workflows whose percentile bound ``portions`` miss with the slowest routing."""
     if not units:
         return []
-    got = split_percentiles(problem, portions, units)
-    return [w for w, (_, b) in _percentile_bounds(problem).items() if not _meets(got[w][0], b)]
+    return [w for w, (q, b) in _percentile_bounds(problem).items()
+            if not _meets(latency_quantiles(problem.stats[w].paths,
+                                            worst_units(problem, units, w, portions), (q,))[0],
+                          b)]
 
 
 @dataclass
@@ -649,7 +702,7 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     answer not proven cheapest, ``time_limit_no_solution``, ``infeasible`` (no portions meet
     the targets and mean bounds within the GPUs).
 
-    With ``PlanOptions.length_routing`` (and no percentile bounds) it solves twice: by weight
+    With ``PlanOptions.length_routing`` it solves twice: by weight
     alone, and with :func:`length_portions` offered too (each LLM routed by weight or by
     length, whichever the MILP finds cheaper); the second answer is taken only when it costs
     less than the first (by ``CHEAPER_REL``, relative), so ties keep the weight split.
@@ -657,13 +710,8 @@ def solve_mixed(problem: PlanningProblem, *, slices: int = SLICES,
     if not isinstance(slices, int) or slices < 1:
         raise InputError("mixed plan", "slices", "an integer >= 1", slices)
     opts = problem.options
-    if not opts.length_routing or opts.latency_bounds:
-        mx = _solve_mixed(problem, slices, caps, deadline, prices, by_length=False)
-        if opts.length_routing:  # asked for, but not offered with percentile bounds
-            mx = dataclasses.replace(mx, stats={**mx.stats, "length_routing": {
-                "used": False, "reason": "percentile bounds (latency_bounds) are planned for "
-                "splits by weight only"}})
-        return mx
+    if not opts.length_routing:
+        return _solve_mixed(problem, slices, caps, deadline, prices, by_length=False)
     left = Deadline.of(problem, deadline)
     base = _solve_mixed(problem, slices, caps, left, prices, by_length=False)
     both = _solve_mixed(problem, slices, caps, left, prices, by_length=True)
