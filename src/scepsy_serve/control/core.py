@@ -50,9 +50,10 @@ Each window (:meth:`Controller.observe`):
    bounds) on the whole cluster, unless that plan adds no GPU (a keep: at the cluster's limit,
    moving replicas around starts them for a plan that still misses the bounds). Without any
    plan the decision is ``replan-failed`` (the running plan stays). A target beyond the
-   cluster's **capacity** (the largest total rate at which a min-cost plan within the bounds
-   and the cap places on the whole cluster, found once by bisection below the max-throughput
-   plan's rate) is scaled down to it, keeping its mix.
+   cluster's **capacity** (a total rate at which a min-cost plan within the bounds and the cap
+   places on the whole cluster, found once by bisection below the max-throughput plan's rate:
+   that plan need not place at the bounds' percentiles) is scaled down to it, keeping its
+   mix.
 4. **Start-up.** A decision that starts or moves replicas has ``startup_s``: its new capacity
    counts only from ``at_s + startup_s`` (the forecast horizon above covers that gap).
    :meth:`Controller.commit` makes the decision's plan the running one (call it once the change
@@ -350,9 +351,11 @@ class Controller:
     def _capacity(self) -> float:
         """The largest total rate (req/s, at the problem's mix) a plan on the whole cluster
         carries within the bounds and the band, placed: its max-throughput plan's rate when a
-        min-cost plan places at it, else the largest rate at which one does, to
-        :data:`CAPACITY_TOLERANCE` (bisection; the aggregate max-throughput plan is an upper
-        bound that need not place at the bounds' percentiles); inf without any plan."""
+        min-cost plan places at it, else a rate at which one does, found by bisection to
+        :data:`CAPACITY_TOLERANCE` below it (the aggregate max-throughput plan is an upper
+        bound that need not place at the bounds' percentiles; placement is not monotone in the
+        rate, so the rate found places but need not be the largest that does); inf without
+        any plan."""
         p = self.problem
         form = self.config.formulation
         res = plan_and_place(replace(p, options=replace(p.options, objective=MaxThroughput.name,
