@@ -11,12 +11,13 @@ import pytest
 
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.planning.candidates import generate_candidates
-from scepsy_opt.planning.instances import random_problem
+from scepsy_opt.planning.instances import many_models_problem, random_problem
+from scepsy_opt.planning.mincost import cost_lower_bound
 from scepsy_opt.planning.plans import plan_from_choice
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.ratework import models as rate_models
 from scepsy_opt.ratework import parse_rate_workload, rate_stats, rates
-from scepsy_place.formulations.loop import plan_and_place
+from scepsy_place.formulations.loop import by_scale_applies, plan_and_place
 from scepsy_place.packing.check import violations
 from scepsy_place.packing.exhaustive import placeable
 from scepsy_place.packing.placement import demands
@@ -92,3 +93,57 @@ def test_open_pools_give_the_co_locating_formulations_the_nodes_they_may_buy(mod
     stats = res.plan.stats
     assert stats["placed_cost_per_hour"] <= stats["cost_bound_per_hour"] * 1.02
     assert res.plan.status == ("optimal" if stats["placed_cost_gap"] <= 1e-9 else "heuristic")
+
+
+# ------------------------------------------------------------------ many LLMs: fewer nodes
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 5, 8])
+def test_the_relaxations_price_bounds_the_cheapest_placeable_price(seed):
+    """cost_lower_bound is at most the brute-force least price of any placeable allocation
+    (the oracle above) and at least what the cheapest candidate of each LLM alone holds in
+    GPU units (a plan pays for at least the units it holds), to 1e-9."""
+    cl = Cluster("one", (GPUPool(A100, 1, 3, PRICE),))
+    opts = PlanOptions(shares=(0.3, 0.5, 0.6, 1.0), tps=(1,), objective="min-cost",
+                       time_limit_s=60)
+    p = random_problem(2, 3, ROOF, seed=seed, load=0.6, options=opts, cluster=cl)
+    bound, used = cost_lower_bound(p)
+    oracle = _cheapest_placed(p, 3)
+    if oracle is None:
+        return
+    assert bound <= oracle * (1 + 1e-9)
+    least = sum(min(c.units for c in v) for v in generate_candidates(p, prune=False)
+                .by_llm.values()) / 1000 * PRICE
+    assert bound >= least * (1 - 1e-9)
+    assert used[A100] * PRICE == pytest.approx(bound, rel=1e-9)  # one type: the units it holds
+
+
+def test_a_cluster_too_small_for_the_targets_has_no_finite_price_bound():
+    """No split of the LLMs over the types fits the GPUs: the bound is infinite, as no
+    allocation carries the targets."""
+    cl = Cluster("one", (GPUPool(A100, 1, 1, PRICE),))
+    p = random_problem(3, 1, ROOF, seed=0, load=3.0, cluster=cl,
+                       options=PlanOptions(objective="min-cost"))
+    assert cost_lower_bound(p) == (math.inf, {})
+
+
+def test_many_llms_get_a_placed_min_cost_plan_on_fewer_nodes_with_a_proven_gap():
+    """One Zipf popularity over 64 LLMs on 128 GPUs of two types at 0.9 of its rates: the
+    search on fewer nodes places a plan (its placement valid on the cluster), its price at
+    least the relaxation's bound and its gap the price over that bound; the plan carries the
+    targets (a finite predicted latency: no LLM saturated)."""
+    p = many_models_problem(64, 128, ROOF, seed=0, copies=False,
+                            options=PlanOptions(objective="min-cost", time_limit_s=40)
+                            ).scaled(0.9)
+    top = from_cluster(p.cluster)
+    assert by_scale_applies(p, top)
+    res = plan_and_place(p, top)
+    assert res.placed and "slots-scale" in res.compared
+    assert violations(top, demands(res.plan.allocation), res.placement) == []
+    s = res.plan.stats
+    bound = cost_lower_bound(p)[0]
+    assert s["cost_bound_per_hour"] >= bound * (1 - 1e-9)
+    assert s["placed_cost_per_hour"] >= s["cost_bound_per_hour"] * (1 - 1e-9)
+    assert s["placed_cost_gap"] == pytest.approx(
+        s["placed_cost_per_hour"] / s["cost_bound_per_hour"] - 1, rel=1e-9, abs=1e-12)
+    assert math.isfinite(res.plan.objective_s)

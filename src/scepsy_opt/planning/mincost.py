@@ -663,3 +663,66 @@ def _final(problem: PlanningProblem, plan: Plan, caps: Mapping[str, int]) -> Pla
     stats = plan.stats.updated(open_caps={g: caps[g] for g in problem.cluster.unbounded})
     return dataclasses.replace(plan, stats=stats)
 
+
+
+def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | None = None,
+                     shapes: Mapping[str, Sequence[Any]] | None = None, *,
+                     deadline: Deadline | None = None) -> tuple[float, dict[str, float]]:
+    """A lower bound on the price per hour (USD) of every allocation that carries the targets
+    (placed or not, latency bounds or not), and the GPUs per type the bound's relaxation uses.
+
+    LLM ``m`` on GPU type ``t`` takes at least ``f_mt = min over its shapes on t of
+    units·min_replicas(ℓ_m, μ)`` GPU units (whole replicas at ``max_utilisation``, as
+    :func:`scepsy_opt.planning.milp.scale_upper_bound` counts them at scale 1), which cost
+    ``p_t·f_mt/1000`` an hour at least however they are packed. The bound is the LP
+    ``min Σ p_t·f_mt·y_mt/1000`` s.t. ``Σ_t y_mt = 1``, ``Σ_m f_mt·y_mt ≤ 1000·G_t``,
+    ``y ≥ 0`` (HiGHS): a plan pays for at least the units it holds, and pays whole GPUs where
+    it holds parts of them. ``(inf, {})`` when no split of the LLMs over the types fits the
+    cluster's GPUs (no allocation carries the targets); an open pool without ``max_nodes``
+    counts as unbounded. Raises :class:`TimeLimitReached` when ``deadline`` passes first."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    left = Deadline.of(problem, deadline)
+    shp = shapes if shapes is not None else capacity_shapes(problem, left)
+    cost = dict(prices) if prices is not None else gpu_prices(problem)
+    budgets = problem.cluster.budgets()
+    unbounded = set(problem.cluster.unbounded) if problem.cluster.open else set()
+    types = sorted(set(budgets) | unbounded)
+    u = problem.options.max_utilisation
+    need: dict[tuple[int, int], float] = {}
+    llms = sorted(shp)
+    for i, m in enumerate(llms):
+        for sh in shp[m]:
+            if sh[0] not in types:
+                continue
+            units = sh[3] * min_replicas(problem.loads[m], sh[4], u)
+            key = (i, types.index(sh[0]))
+            if math.isfinite(units):
+                need[key] = min(need.get(key, math.inf), float(units))
+    if any(not any((i, j) in need for j in range(len(types))) for i in range(len(llms))):
+        return math.inf, {}
+    if left.remaining() <= 0:
+        raise TimeLimitReached("cost lower bound")
+    cols = sorted(need)
+    n = len(cols)
+    f = np.array([need[c] for c in cols], dtype=float)
+    jj = np.array([c[1] for c in cols], dtype=np.int64)
+    ii = np.array([c[0] for c in cols], dtype=np.int64)
+    obj = np.array([cost[types[j]] for j in jj], dtype=float) * f / UNITS
+    capped = [j for j, t in enumerate(types) if t not in unbounded]
+    a_ub = coo_matrix((f[np.isin(jj, capped)], (np.searchsorted(capped, jj[np.isin(jj, capped)]),
+                                                  np.arange(n)[np.isin(jj, capped)])),
+                      shape=(len(capped), n))
+    b_ub = [budgets.get(types[j], 0) * UNITS for j in capped]
+    a_eq = coo_matrix((np.ones(n), (ii, np.arange(n))), shape=(len(llms), n))
+    res = linprog(obj, A_ub=a_ub if capped else None, b_ub=b_ub if capped else None, A_eq=a_eq,
+                  b_eq=np.ones(len(llms)), bounds=(0, 1), method="highs")
+    if res.status == 2:
+        return math.inf, {}
+    if res.status != 0:
+        raise TimeLimitReached("cost lower bound")
+    used: dict[str, float] = {}
+    for k, (_, j) in enumerate(cols):
+        used[types[j]] = used.get(types[j], 0.0) + float(f[k] * res.x[k]) / UNITS
+    return float(res.fun), dict(sorted(used.items()))

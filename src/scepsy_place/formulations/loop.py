@@ -94,7 +94,13 @@ from scepsy_common.units import UNITS, share_units
 from scepsy_opt.cluster import Cluster, GPUPool
 from scepsy_opt.planning.candidates import CandidateSet, fits_budget, generate_candidates, price
 from scepsy_opt.planning.milp import Row, solve_min_latency
-from scepsy_opt.planning.mincost import cost_candidates, gpu_prices, slo_rows, solve_min_cost
+from scepsy_opt.planning.mincost import (
+    cost_candidates,
+    cost_lower_bound,
+    gpu_prices,
+    slo_rows,
+    solve_min_cost,
+)
 from scepsy_opt.planning.mixing import domains, group_gpus, mixed_plan, solve_mixed
 from scepsy_opt.planning.optimisers import optimiser
 from scepsy_opt.planning.planfile import plan_to_dict
@@ -289,8 +295,17 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
     solved: what a controller re-planning every window wants)."""
     deadline: Deadline = kw["deadline"]
     t0 = time.perf_counter()
+    prices = gpu_prices(problem)
+    scaled: PlacedPlan | None = None
+    scaled_bound = 0.0
+    if not aggregate_only and by_scale_applies(problem, topology):
+        scaled, scaled_bound = _min_cost_by_scale(problem, topology, prices,
+                                                  _share(deadline, BY_SCALE_SHARE))
     plan = solve_min_cost(problem, deadline=deadline)
     if plan.status == "time_limit_no_solution":
+        if scaled is not None and scaled.placed:
+            return _cheapest(problem, topology, {"slots-scale": scaled}, scaled_bound, prices,
+                             deadline, t0)
         return timed_out(deadline, plan.optimiser, 1, (), "aggregate")
     history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": 0},)
     if plan.allocation is None:
@@ -300,9 +315,8 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
                           reason=why, exact=True, formulation="aggregate",
                           status="infeasible", seconds=time.perf_counter() - t0)
     top = open_topology(problem.cluster, topology, cast(Mapping[str, int], plan.stats.gpus_used or {}))
-    prices = gpu_prices(problem)
     bound = plan.stats.cost_bound_per_hour or 0.0
-    tried: dict[str, PlacedPlan] = {}
+    tried: dict[str, PlacedPlan] = {} if scaled is None else {"slots-scale": scaled}
     dem = demands(plan.allocation, problem.catalog)
     placement = place_or_exact(top, dem, kw["policy"], kw["placer_options"], deadline)
     history = ({**history[0], "unplaced": len(placement.unplaced)},)
@@ -336,10 +350,21 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
         whole = _whole_free(top) == top.budgets()
         bound = (0.0 if mixed_bound is None else mixed_bound if whole
                  else min(bound, mixed_bound))
+    # the relaxation's bound holds for every plan, LLMs split over GPU types included
+    return _cheapest(problem, top, tried, max(bound, scaled_bound), prices, deadline, t0)
+
+
+def _cheapest(problem: PlanningProblem, top: Topology, tried: Mapping[str, PlacedPlan],
+              bound: float, prices: Mapping[str, float], deadline: Deadline, t0: float,
+              ) -> PlacedPlan:
+    """:func:`_min_cost`'s answer from the placed plans ``tried`` (by formulation): the
+    cheapest placed plan (ties: lower latency), its price that of the GPUs its placement uses,
+    its gap to ``bound`` (a lower bound on every plan's price), ``optimal`` only where it meets
+    it; without a placed plan, the last tried's reason."""
     placed = {k: r for k, r in tried.items() if r.placed}
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     if not placed:
-        last = tried.get("patterns", tried["aggregate"])
+        last = tried.get("patterns") or tried.get("aggregate") or next(iter(tried.values()))
         why = "; ".join(f"{k}: {r.reason}" for k, r in sorted(tried.items()))
         return replace(last, compared=compared, reason=why, seconds=time.perf_counter() - t0)
     costs = {k: _placed_cost(top, r.placement, prices) for k, r in placed.items()}
@@ -364,6 +389,81 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
     return replace(best, plan=replace(best.plan, stats=SolveStats.of(stats), status=status),
                    quality=quality(top, best.placement, dem), compared=compared,
                    seconds=time.perf_counter() - t0, topology=bought)
+
+
+BY_SCALE_SHARE = 0.8  # min-cost of many LLMs: the time the search on fewer nodes gets first
+BY_SCALE_SLACK = 0.1  # ... its first try: the relaxation's GPUs per type and this much more
+BY_SCALE_STEP = 0.01  # ... it ends when what carries and what does not are this close
+BY_SCALE_FIRST = 0.7  # ... the first try's share of the time (a first plan of 1,000 LLMs takes
+# most of 30 s on 2 loaded cores), each later try half of what is left
+
+
+def by_scale_applies(problem: PlanningProblem, topology: Topology) -> bool:
+    """Whether min-cost also searches in parts on fewer nodes (:func:`_min_cost_by_scale`):
+    slot groups would cut the problem into parts (:func:`scepsy_place.formulations.slots.splits`),
+    on a cluster of known free GPUs (no open pool, no current allocation) and without latency
+    bounds, percentile bounds or per-LLM SLOs (the parts' search carries targets only)."""
+    o = problem.options
+    return (not o.latency_bound_s and not o.latency_bounds and not o.slos and o.current is None
+            and not problem.cluster.open and slots.applicable(problem) is None
+            and _whole_free(topology) == topology.budgets() and slots.splits(problem, topology))
+
+
+def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
+                       prices: Mapping[str, float], deadline: Deadline,
+                       ) -> tuple[PlacedPlan | None, float]:
+    """Min-cost of many LLMs, where the aggregate MILP does not settle in time: the GPUs per
+    type that the cost bound's relaxation uses (:func:`scepsy_opt.planning.mincost.cost_lower_bound`)
+    and :data:`BY_SCALE_SLACK` more, as the first whole nodes of each type in the topology's
+    order, are asked to carry the targets (max-throughput in parts on those nodes,
+    :func:`scepsy_place.formulations.slots.plan_slot_scale`, the first try with
+    :data:`BY_SCALE_FIRST` of the time, each later one with half the time left);
+    the slack then bisects between what carried (at least scale 1) and what did not, doubling
+    until something carries, until the two are within :data:`BY_SCALE_STEP` or the node sets
+    repeat. The placed plan of the fewest GPUs (then the lowest price) that carried is the
+    answer, priced at the targets, and the relaxation's price is the bound. ``(None, bound)``
+    when nothing carried in time."""
+    t0 = time.perf_counter()
+    try:
+        bound, used = cost_lower_bound(problem, prices, deadline=deadline)
+    except TimeLimitReached:
+        return None, 0.0
+    if not math.isfinite(bound):
+        return None, 0.0
+    by_type = {t: [n for n in topology.canonical_nodes() if n.gpu == t] for t in used}
+    lo, hi, slack = 0.0, math.inf, BY_SCALE_SLACK
+    seen: set[tuple[str, ...]] = set()
+    best: tuple[float, PlacedPlan] | None = None
+    while deadline.remaining() > 0:
+        pick = [n for t, nodes in sorted(by_type.items()) if nodes and used[t] > 1e-9
+                for n in nodes[:min(len(nodes), math.ceil(used[t] * (1 + slack)
+                                                          / nodes[0].gpus - 1e-9))]]
+        key = tuple(n.name for n in pick)
+        if not pick or key in seen:
+            break
+        seen.add(key)
+        sub = Topology(topology.name, tuple(pick))
+        res = slots.plan_slot_scale(slots.on_nodes(problem, sub), sub, deadline=_share(
+            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5))
+        alloc = res.plan.allocation
+        if res.placed and alloc is not None and res.plan.scale >= 1.0:
+            cost, gpus = _placed_cost(sub, res.placement, prices)
+            if best is None or cost < best[0]:
+                plan = plan_from_choice(problem, "milp", "heuristic", price(problem, alloc),
+                                        {"gpus_used": gpus, "parts": res.plan.stats.get("parts"),
+                                         "probes": res.plan.stats.get("probes")})
+                best = (cost, replace(res, plan=plan, formulation="slots",
+                                      seconds=time.perf_counter() - t0))
+            hi = slack
+        else:
+            lo = slack
+            if all(len(nodes) * nodes[0].gpus <= used[t] * (1 + slack)
+                   for t, nodes in by_type.items() if nodes):
+                break  # every node offered already
+        if hi - lo <= BY_SCALE_STEP:
+            break
+        slack = 2 * slack if math.isinf(hi) else (lo + hi) / 2
+    return (None if best is None else best[1]), bound
 
 
 def _placed_cost(topology: Topology, placement: Placement | None, prices: Mapping[str, float],
