@@ -17,7 +17,9 @@ needed (calibrated roofline latency model). Per size (``NxGPUS``):
   instance is k = N/16 copies of the 16-LLM block on k copies of its 2 + 2 nodes, so the floor
   is the scale of the 16 / 32 plan (solved once, with the same time limit); ``below floor`` is
   a defect. Sizes that are not whole copies of the block (1,000 / 4,096) have no floor here;
-* ``min-latency`` at 0.8 of the scale found: status, objective, wall time.
+* ``min-latency`` at 0.8 of the scale found: status, objective, wall time;
+* with ``--min-cost``, ``min-cost`` at 0.8 of the scale found (no latency bounds): status, the
+  placed price per hour, its proven gap to the price bound (``placed_cost_gap``), wall time.
 
     python benchmarks/solvers/many_models_bench.py                       # 16x32,64x128,256x512
     python benchmarks/solvers/many_models_bench.py --sizes 1000x4096 --time-limit 60
@@ -94,12 +96,31 @@ def min_latency(n: int, gpus: int, limit: float, seed: int, scale: float, copies
             "gap": res.gap, "wall_s": time.perf_counter() - t0}
 
 
+def min_cost(n: int, gpus: int, limit: float, seed: int, scale: float, copies: bool = True,
+             ) -> dict[str, Any]:
+    """One min-cost run at ``scale`` of the targets, timed as a whole (the build included)."""
+    t0 = time.perf_counter()
+    deadline = Deadline.after(limit)
+    problem = many_models_problem(n, gpus, roofline_model(), seed=seed, copies=copies,
+                                  options=PlanOptions(objective="min-cost", time_limit_s=limit)
+                                  ).scaled(scale)
+    res = plan_and_place(problem, from_cluster(problem.cluster), deadline=deadline)
+    s = res.plan.stats
+    return {"status": res.status, "plan_status": res.plan.status,
+            "cost_per_hour": s.get("placed_cost_per_hour") if res.placed else None,
+            "bound_per_hour": s.get("cost_bound_per_hour"),
+            "gap": s.get("placed_cost_gap") if res.placed else None,
+            "formulation": res.formulation, "wall_s": time.perf_counter() - t0}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="16x32,64x128,256x512")
     ap.add_argument("--time-limit", type=float, default=30.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-min-latency", action="store_true")
+    ap.add_argument("--min-cost", action="store_true",
+                    help="also min-cost at 0.8 of the scale found (no latency bounds)")
     ap.add_argument("--zipf-over-all", action="store_true",
                     help="one Zipf popularity over all N LLMs instead of copies of 16 (no floor)")
     ap.add_argument("--formulation", default="auto",
@@ -134,12 +155,20 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_min_latency and row.get("scale", 0.0) > 0:
             row["min_latency"] = isolated(lambda n=n, g=g, s=row["scale"]: min_latency(
                 n, g, limit, args.seed, 0.8 * s, not args.zipf_over_all, args.formulation))
+        if args.min_cost and row.get("scale", 0.0) > 0:
+            row["min_cost"] = isolated(lambda n=n, g=g, s=row["scale"]: min_cost(
+                n, g, limit, args.seed, 0.8 * s, not args.zipf_over_all))
+            if row["min_cost"].get("wall_s", 0.0) > limit * (1 + OVERRUN_REL) + OVERRUN_ABS:
+                problems.append(f"{n}x{g}: min-cost ran {row['min_cost']['wall_s']:.1f} s "
+                                f"against a {limit:g} s limit")
         rows.append(row)
     print("| LLMs / GPUs | status | scale | bound | gap | bound, one type per LLM | floor | "
-          "wall s | CPU s | peak MB | min-latency at 0.8 (status, s, wall) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "wall s | CPU s | peak MB | min-latency at 0.8 (status, s, wall) | "
+          "min-cost at 0.8 (status, USD/h, gap, wall) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         ml = r.get("min_latency") or {}
+        mc = r.get("min_cost") or {}
 
         def f(x: Any, fmt: str = ".4f") -> str:
             return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
@@ -147,7 +176,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{f(r.get('scale'))} | {f(r.get('bound'))} | {f(r.get('gap'), '.2%')} | "
               f"{f(r.get('bound_one_type'))} | {f(r.get('floor'))} | {f(r.get('wall_s'), '.1f')} | {f(r.get('cpu_s'), '.1f')} | "
               f"{f(r.get('peak_mb'), '.0f')} | {ml.get('status', '–')}, "
-              f"{f(ml.get('objective_s'), '.3f')}, {f(ml.get('wall_s'), '.1f')} |")
+              f"{f(ml.get('objective_s'), '.3f')}, {f(ml.get('wall_s'), '.1f')} | "
+              f"{mc.get('status', '–')}, {f(mc.get('cost_per_hour'), '.2f')}, "
+              f"{f(mc.get('gap'), '.2%')}, {f(mc.get('wall_s'), '.1f')} |")
     write_local_results(args.out, {"rows": rows, "problems": problems, "time_limit_s": limit,
                                    "seed": args.seed, "zipf_over_all": args.zipf_over_all,
                                    "formulation": args.formulation})

@@ -74,3 +74,17 @@ def test_a_run_out_of_time_reports_its_bound_and_its_whole_wall_time(monkeypatch
     assert row["bound"] is not None and row["bound"] > 0
     assert row["probes_cut"] > 0
     assert 0 < row["build_s"] < row["wall_s"] <= 3.0 * 1.1 + 1
+
+
+def test_min_cost_at_smoke_size_reports_a_price_at_or_above_its_bound(tmp_path):
+    """``--min-cost``: min-cost at 0.8 of the scale found places, its price at or above the
+    price bound and its gap that ratio less one, within the time limit's slack."""
+    code, res = run(tmp_path, "--sizes", "16x32", "--time-limit", "8", "--no-min-latency",
+                    "--min-cost", "--zipf-over-all")
+    assert code == 0 and res["problems"] == []
+    mc = res["rows"][0]["min_cost"]
+    assert mc["status"] == "placed"
+    assert mc["cost_per_hour"] >= mc["bound_per_hour"] * (1 - 1e-9) > 0
+    assert mc["gap"] == pytest.approx(mc["cost_per_hour"] / mc["bound_per_hour"] - 1,
+                                      rel=1e-9, abs=1e-12)
+    assert mc["wall_s"] <= 8 * 1.1 + 1
