@@ -664,7 +664,6 @@ def _final(problem: PlanningProblem, plan: Plan, caps: Mapping[str, int]) -> Pla
     return dataclasses.replace(plan, stats=stats)
 
 
-
 def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | None = None,
                      shapes: Mapping[str, Sequence[Any]] | None = None, *,
                      deadline: Deadline | None = None) -> tuple[float, dict[str, float]]:
@@ -678,7 +677,8 @@ def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | Non
     ``min Σ p_t·f_mt·y_mt/1000`` s.t. ``Σ_t y_mt = 1``, ``Σ_m f_mt·y_mt ≤ 1000·G_t``,
     ``y ≥ 0`` (HiGHS): a plan pays for at least the units it holds, and pays whole GPUs where
     it holds parts of them. ``(inf, {})`` when no split of the LLMs over the types fits the
-    cluster's GPUs (no allocation carries the targets); an open pool without ``max_nodes``
+    cluster's GPUs (no allocation carries the targets); ``(0.0, {})``, the trivial bound,
+    when HiGHS ends the LP otherwise (numerical trouble); an open pool without ``max_nodes``
     counts as unbounded. Raises :class:`TimeLimitReached` when ``deadline`` passes first."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
@@ -720,8 +720,8 @@ def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | Non
                   b_eq=np.ones(len(llms)), bounds=(0, 1), method="highs")
     if res.status == 2:
         return math.inf, {}
-    if res.status != 0:
-        raise TimeLimitReached("cost lower bound")
+    if res.status != 0:  # not a proof either way: the trivial bound
+        return 0.0, {}
     used: dict[str, float] = {}
     for k, (_, j) in enumerate(cols):
         used[types[j]] = used.get(types[j], 0.0) + float(f[k] * res.x[k]) / UNITS

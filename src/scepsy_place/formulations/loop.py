@@ -420,9 +420,9 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
     :data:`BY_SCALE_FIRST` of the time, each later one with half the time left);
     the slack then bisects between what carried (at least scale 1) and what did not, doubling
     until something carries, until the two are within :data:`BY_SCALE_STEP` or the node sets
-    repeat. The placed plan of the fewest GPUs (then the lowest price) that carried is the
-    answer, priced at the targets, and the relaxation's price is the bound. ``(None, bound)``
-    when nothing carried in time."""
+    repeat. The placed plan of the lowest price that carried is the answer, priced at the
+    targets, with the relaxation's price as its bound: ``(plan, bound)``; ``(None, bound)``
+    when nothing carried in time, ``(None, 0.0)`` without a finite bound in time."""
     t0 = time.perf_counter()
     try:
         bound, used = cost_lower_bound(problem, prices, deadline=deadline)
