@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from fakes.loop_thread import LoopThreadServer
+from fakes.loop_thread import LoopThreadServer, read_request
 
 USAGE = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
 
@@ -29,13 +29,7 @@ class DroppingUpstream(LoopThreadServer):
             first = True
             try:
                 while True:
-                    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-                    length = 0
-                    for line in head.split("\r\n")[1:]:
-                        name, _, value = line.partition(":")
-                        if name.strip().lower() == "content-length":
-                            length = int(value)
-                    await reader.readexactly(length)
+                    await read_request(reader)
                     if not first:
                         self.dropped += 1
                         return
@@ -52,9 +46,4 @@ class DroppingUpstream(LoopThreadServer):
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(connection, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._stop = asyncio.Event()
-        self._ready.set()
-        await self._stop.wait()
-        server.close()  # not wait_closed: it waits for kept-alive connections on 3.12+
+        await self._serve_streams(connection)

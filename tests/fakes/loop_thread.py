@@ -5,7 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Awaitable, Callable
 from typing import Self
+
+Connection = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def read_request(reader: asyncio.StreamReader) -> str:
+    """One HTTP/1.1 request off ``reader``: its head (latin-1), its body read and dropped
+    (``Content-Length`` bytes; none without one)."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    length = 0
+    for line in head.split("\r\n")[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "content-length":
+            length = int(value)
+    await reader.readexactly(length)
+    return head
 
 
 class LoopThreadServer:
@@ -41,3 +57,13 @@ class LoopThreadServer:
 
     async def _serve(self) -> None:
         raise NotImplementedError
+
+    async def _serve_streams(self, connection: Connection) -> None:
+        """A ``_serve`` on raw asyncio streams: ``connection`` per accepted connection, until
+        the block ends."""
+        server = await asyncio.start_server(connection, "127.0.0.1", 0)
+        self.port = server.sockets[0].getsockname()[1]
+        self._stop = asyncio.Event()
+        self._ready.set()
+        await self._stop.wait()
+        server.close()  # not wait_closed: it waits for kept-alive connections on 3.12+

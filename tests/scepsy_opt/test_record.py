@@ -28,7 +28,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes.dropping_upstream import DroppingUpstream
-from fakes.loop_thread import LoopThreadServer
+from fakes.loop_thread import LoopThreadServer, read_request
 from fakes.openai_chat import FakeChatServer
 from scepsy.cli import main
 from scepsy_common.errors import InputError
@@ -500,11 +500,7 @@ class _WholeStreamUpstream(LoopThreadServer):
         async def connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 while True:
-                    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-                    length = next(int(v) for k, _, v in (ln.partition(":") for ln in
-                                                         head.split("\r\n")[1:])
-                                  if k.strip().lower() == "content-length")
-                    await reader.readexactly(length)
+                    await read_request(reader)
                     body = b"".join(self.EVENTS)
                     head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                     if self.hold is None:
@@ -521,12 +517,7 @@ class _WholeStreamUpstream(LoopThreadServer):
             finally:
                 writer.close()
 
-        server = await asyncio.start_server(connection, "127.0.0.1", 0)
-        self.port = server.sockets[0].getsockname()[1]
-        self._stop = asyncio.Event()
-        self._ready.set()
-        await self._stop.wait()
-        server.close()
+        await self._serve_streams(connection)
 
 
 def test_a_stream_read_whole_goes_out_with_its_end_in_one_write(
