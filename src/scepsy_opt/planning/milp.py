@@ -823,6 +823,34 @@ def max_scale(problem: PlanningProblem,
 SCALE_BOUND_REL = 1e-4  # the relative precision of :func:`scale_upper_bound`'s bisection
 
 
+def unit_needs(problem: PlanningProblem, shapes_: Shapes, types: Sequence[str],
+               ) -> Callable[[float], np.ndarray]:
+    """``need(scale)``: per LLM (rows, in sorted order) and GPU type of ``types`` (columns), the
+    fewest GPU units that carry the LLM's load at ``scale`` with one of its shapes on that type,
+    ``units·min_replicas(scale·ℓ, μ)`` (whole replicas at ``max_utilisation``,
+    :func:`~scepsy_opt.prediction.pipeline.replicas_needed`); ``inf`` where it has no shape
+    there. What :func:`scale_upper_bound` and the price bound
+    (:func:`scepsy_opt.planning.mincost.cost_lower_bound`) count."""
+    u = problem.options.max_utilisation
+    llms = sorted(shapes_)
+    index = {t: j for j, t in enumerate(types)}
+    # every (LLM, shape) as flat arrays: LLM row, type column, units, μ, load
+    flat = [(i, index[sh[0]], sh[3], sh[4], problem.loads[m])
+            for i, m in enumerate(llms) for sh in shapes_[m] if sh[0] in index]
+    row = np.array([x[0] for x in flat], dtype=np.int64)
+    col = np.array([x[1] for x in flat], dtype=np.int64)
+    units = np.array([x[2] for x in flat], dtype=float)
+    mu = np.array([x[3] for x in flat], dtype=float)
+    load = np.array([x[4] for x in flat], dtype=float)
+
+    def need(scale: float) -> np.ndarray:
+        reps = replicas_needed(scale * load, mu, u)
+        f = np.full((len(llms), len(types)), np.inf)
+        np.minimum.at(f, (row, col), units * reps)
+        return f
+    return need
+
+
 def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *,
                       deadline: Deadline | None = None, one_type: bool = False) -> float:
     """An upper bound on the scale of every allocation (placed or not), much tighter than the
@@ -845,26 +873,10 @@ def scale_upper_bound(problem: PlanningProblem, shapes_: Shapes | None = None, *
     shp = shapes_ if shapes_ is not None else capacity_shapes(problem, left)
     if any(not v for v in shp.values()):
         return 0.0
-    u = problem.options.max_utilisation
     budgets = problem.cluster.budgets()
     types = sorted(budgets)
     llms = sorted(shp)
-    loads = problem.loads
-
-    # every (LLM, shape) as flat arrays: LLM row, type column, units, μ, load
-    flat = [(i, types.index(sh[0]), sh[3], sh[4], loads[m])
-            for i, m in enumerate(llms) for sh in shp[m] if sh[0] in budgets]
-    row = np.array([x[0] for x in flat], dtype=np.int64)
-    col = np.array([x[1] for x in flat], dtype=np.int64)
-    units = np.array([x[2] for x in flat], dtype=float)
-    mu = np.array([x[3] for x in flat], dtype=float)
-    load = np.array([x[4] for x in flat], dtype=float)
-
-    def need(scale: float) -> np.ndarray:
-        reps = replicas_needed(scale * load, mu, u)
-        f = np.full((len(llms), len(types)), np.inf)
-        np.minimum.at(f, (row, col), units * reps)
-        return f
+    need = unit_needs(problem, shp, types)
 
     def feasible(scale: float) -> Probe[None]:
         if left.remaining() <= 0:

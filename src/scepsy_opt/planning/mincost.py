@@ -72,6 +72,7 @@ from scepsy_opt.planning.milp import (
     percentile_latencies,
     percentile_row,
     unit_latency,
+    unit_needs,
 )
 from scepsy_opt.planning.plans import (
     Infeasibility,
@@ -689,30 +690,19 @@ def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | Non
     budgets = problem.cluster.budgets()
     unbounded = set(problem.cluster.unbounded) if problem.cluster.open else set()
     types = sorted(set(budgets) | unbounded)
-    u = problem.options.max_utilisation
-    need: dict[tuple[int, int], float] = {}
     llms = sorted(shp)
-    for i, m in enumerate(llms):
-        for sh in shp[m]:
-            if sh[0] not in types:
-                continue
-            units = sh[3] * min_replicas(problem.loads[m], sh[4], u)
-            key = (i, types.index(sh[0]))
-            if math.isfinite(units):
-                need[key] = min(need.get(key, math.inf), float(units))
-    if any(not any((i, j) in need for j in range(len(types))) for i in range(len(llms))):
+    table = unit_needs(problem, shp, types)(1.0)
+    if not np.all(np.any(np.isfinite(table), axis=1)):
         return math.inf, {}
     if left.remaining() <= 0:
         raise TimeLimitReached("cost lower bound")
-    cols = sorted(need)
-    n = len(cols)
-    f = np.array([need[c] for c in cols], dtype=float)
-    jj = np.array([c[1] for c in cols], dtype=np.int64)
-    ii = np.array([c[0] for c in cols], dtype=np.int64)
+    ii, jj = np.nonzero(np.isfinite(table))  # one column per (LLM, type) it can run on
+    n = len(ii)
+    f = table[ii, jj]
     obj = np.array([cost[types[j]] for j in jj], dtype=float) * f / UNITS
     capped = [j for j, t in enumerate(types) if t not in unbounded]
-    a_ub = coo_matrix((f[np.isin(jj, capped)], (np.searchsorted(capped, jj[np.isin(jj, capped)]),
-                                                  np.arange(n)[np.isin(jj, capped)])),
+    on = np.isin(jj, capped)
+    a_ub = coo_matrix((f[on], (np.searchsorted(capped, jj[on]), np.arange(n)[on])),
                       shape=(len(capped), n))
     b_ub = [budgets.get(types[j], 0) * UNITS for j in capped]
     a_eq = coo_matrix((np.ones(n), (ii, np.arange(n))), shape=(len(llms), n))
@@ -722,7 +712,5 @@ def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | Non
         return math.inf, {}
     if res.status != 0:  # not a proof either way: the trivial bound
         return 0.0, {}
-    used: dict[str, float] = {}
-    for k, (_, j) in enumerate(cols):
-        used[types[j]] = used.get(types[j], 0.0) + float(f[k] * res.x[k]) / UNITS
-    return float(res.fun), dict(sorted(used.items()))
+    gpus = np.bincount(jj, weights=f * res.x, minlength=len(types)) / UNITS
+    return float(res.fun), {t: float(gpus[j]) for j, t in enumerate(types) if np.any(jj == j)}
