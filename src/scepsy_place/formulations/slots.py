@@ -1026,8 +1026,9 @@ def typed_partition(problem: PlanningProblem, topology: Topology, part_llms: int
     :func:`partition` itself where the cluster has one GPU type, without ``need``, or when a
     group fits no type. A type no LLM is given keeps its nodes out of every part."""
     types = sorted({n.gpu for n in topology.nodes})
-    assign = type_assignment(topology, tied(problem), need) if need is not None else {}
-    if len(types) < 2 or not assign or need is None:
+    assign = (type_assignment(topology, tied(problem), need)
+              if need is not None and len(types) >= 2 else {})
+    if not assign or need is None:
         return partition(problem, topology, part_llms, need)
     parts: list[Part] = []
     for t in types:
