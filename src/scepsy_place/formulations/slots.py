@@ -69,10 +69,9 @@ from scepsy_opt.planning.candidates import (
     generate_candidates,
     price,
 )
-from scepsy_opt.planning.milp import Shape, scale_upper_bound
+from scepsy_opt.planning.milp import Shape, scale_upper_bound, unit_needs
 from scepsy_opt.planning.plans import Status, headroom, no_allocation_plan, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
-from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_place.formulations.patterns import _Model, _run_mip
 from scepsy_place.formulations.placed import PlacedPlan, timed_out
 from scepsy_place.packing.placement import Placement, demands, whole_free_gpus
@@ -851,16 +850,13 @@ def _interleaved(nodes: Sequence[Node]) -> list[Node]:
 def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotShape]],
                   scale: float) -> dict[str, dict[str, float]]:
     """Per LLM and GPU type, the fewest GPU units that carry its load at ``scale`` with one of
-    its shapes on that type (whole replicas): what :func:`partition` balances."""
-    u = problem.options.max_utilisation
-    out: dict[str, dict[str, float]] = {}
-    for m, v in shapes.items():
-        got: dict[str, float] = {}
-        for sh in v:
-            units = sh.tp * sh.units * min_replicas(scale * problem.loads[m], sh.mu, u)
-            got[sh.gpu] = min(got.get(sh.gpu, math.inf), units)
-        out[m] = got
-    return out
+    its shapes on that type (whole replicas, :func:`scepsy_opt.planning.milp.unit_needs`):
+    what :func:`partition` balances."""
+    types = sorted({sh.gpu for v in shapes.values() for sh in v})
+    f = unit_needs(problem, as_capacity_shapes(shapes), types)(scale)
+    row = {m: i for i, m in enumerate(sorted(shapes))}
+    return {m: {t: float(f[row[m], j]) for j, t in enumerate(types) if math.isfinite(f[row[m], j])}
+            for m in shapes}
 
 
 def tied(problem: PlanningProblem) -> list[tuple[str, ...]]:
