@@ -211,12 +211,21 @@ def test_no_decision_while_the_gateway_is_gone(plan_file):
                 gone.append(time.monotonic())
                 threading.Thread(target=gw.__exit__, args=(None, None, None)).start()
 
+        stale: list[bool] = []
+
         def faulted(f) -> None:
             if f.kind == "telemetry_stale":
-                loop.call_later(1.5, stop.set)
+                stale.append(True)
+
+        def logged(row: dict[str, Any]) -> None:
+            # three held windows after the fault, however long a loaded machine takes for them
+            # (a fixed 1.5 s saw only two under load)
+            rows.append(row)
+            if stale and sum(1 for r in rows if r.get("kind") == "hold") >= 4:
+                loop.call_soon(stop.set)
 
         return await control_loop(controller, launch, None, gw.base_url, window_s=0.5,
-                                  log=rows.append, stop=stop, on_decision=decided,
+                                  log=logged, stop=stop, on_decision=decided,
                                   on_fault=faulted)
 
     try:
