@@ -66,11 +66,8 @@ def main() -> None:
                   f"{f(r['measured_ratio'])} / {f(r['simulated_ratio'])}"} for r in found]
     if shown:
         print(table(shown, list(shown[0]), align="left"))
-    groups: dict[tuple[str, str], list[float | None]] = {}
-    for r in found:
-        groups.setdefault((str(r["load"]), str(r["strategy"])), []).append(None)
     summary = []
-    for (load, strategy) in sorted(groups):
+    for load, strategy in sorted({(str(r["load"]), str(r["strategy"])) for r in found}):
         rs = [r for r in found if r["load"] == load and r["strategy"] == strategy]
         meas = [float(r["measured_ratio"]) for r in rs if r["measured_ratio"] is not None]
         sim = [float(r["simulated_ratio"]) for r in rs if r["simulated_ratio"] is not None]
