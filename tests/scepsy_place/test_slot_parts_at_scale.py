@@ -239,3 +239,100 @@ def test_every_part_gets_a_solution_when_probes_cost_time_and_the_plan_is_kept(m
     assert res.solution is not None and res.solved == len(parts) and res.timed_out
     assert set(res.solution.choice) == set(p.llms)
     assert all(asked[i] for i in range(len(parts)))
+
+
+# --------------------------------------------------------------------------- a target scale
+
+def _target_parts(monkeypatch, capacity, cut_above=False):
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    parts = partition(p, topo, 16)
+    assert len(parts) == len(capacity)
+    shp, asked = _fake_parts(monkeypatch, p, topo, parts, capacity, cut_above=cut_above)
+    return p, topo, parts, shp, asked
+
+
+def test_a_target_is_asked_once_of_every_part_and_nothing_lower(monkeypatch):
+    """With a target every part is probed at the target only: one probe each when every part
+    carries it, and a joined solution comes back (the fake's solutions are real ones of a low
+    scale, so the scales asked tell, not the joined scale)."""
+    p, topo, parts, shp, asked = _target_parts(monkeypatch, [0.9, 0.7, 0.8, 0.75])
+    res = solve_parts(p, topo, parts, deadline=Deadline.after(20), shapes=shp, scale_ub=1.0,
+                      target=0.65)
+    assert [asked[i] for i in range(len(parts))] == [[0.65]] * len(parts)
+    assert res.solution is not None and res.probes == len(parts) and not res.timed_out
+
+
+def test_a_part_proven_not_to_carry_the_target_ends_the_search(monkeypatch):
+    """Part 1 carries 0.7 < 0.75 and is proven infeasible there: no solution, no lower scale
+    asked of anyone, and the parts after it are not probed."""
+    p, topo, parts, shp, asked = _target_parts(monkeypatch, [0.9, 0.7, 0.8, 0.75])
+    res = solve_parts(p, topo, parts, deadline=Deadline.after(20), shapes=shp, scale_ub=1.0,
+                      target=0.75)
+    assert res.solution is None and res.infeasible == 1 and not res.timed_out
+    assert asked[0] == [0.75] and asked[1] == [0.75] and asked[2] == [] and asked[3] == []
+
+
+def test_a_part_cut_short_is_asked_again_with_the_time_the_others_left(monkeypatch):
+    """Part 0's probe needs 2 s and its first round's share is about a quarter of 6 s: it is
+    cut short, the others find theirs at once, and the second round gives part 0 the time
+    they left, so every part carries the target."""
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    parts = partition(p, topo, 16)
+    shp = slot_shapes(p)
+    owner = {q.llms[0]: i for i, q in enumerate(parts)}
+    real = {}
+    for i, q in enumerate(parts):
+        sub, sub_top = _sub(p, topo, q)
+        real[i] = solve_slot_scale(sub, sub_top, deadline=Deadline.after(60), at_scale=0.05,
+                                   shapes={m: shp[m] for m in q.llms}, time_limit_s=30)
+    shares: dict[int, list[float]] = {i: [] for i in range(len(parts))}
+
+    def fake(sub, sub_top, *, deadline, time_limit_s=None, shapes=None, at_scale=None, **kw):
+        from dataclasses import replace
+        i = owner[min(sub.llms)]
+        shares[i].append(time_limit_s)
+        need = 2.0 if i == 0 else 0.01
+        if time_limit_s < need:
+            time.sleep(time_limit_s)
+            return _none("time_limit")
+        time.sleep(need)
+        return replace(real[i], scale=at_scale * 1.0001)
+
+    monkeypatch.setattr(slots, "solve_slot_scale", fake)
+    res = solve_parts(p, topo, parts, deadline=Deadline.after(6), shapes=shp, scale_ub=1.0,
+                      target=0.5)
+    assert len(shares[0]) == 2 and shares[0][0] < 2.0 <= shares[0][1]
+    assert all(len(shares[i]) == 1 for i in range(1, len(parts)))
+    assert res.solution is not None and res.cut == 1 and res.solved == len(parts)
+
+
+def test_a_target_above_the_bound_is_refused_without_a_probe(monkeypatch):
+    """The proven bound is below the target: no allocation carries it, which is known
+    without searching (exact, unplaced, no probe)."""
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    bound = scale_upper_bound(p, as_capacity_shapes(slot_shapes(p)))
+
+    def never(*a, **k):
+        raise AssertionError("probed")
+
+    monkeypatch.setattr(slots, "solve_slot_scale", never)
+    res = plan_slot_scale(p, topo, deadline=Deadline.after(30), target=bound * 1.01)
+    assert res.status == "unplaced" and res.exact and res.plan.status == "infeasible"
+    assert res.plan.stats["scale_bound"] == pytest.approx(bound, rel=1e-9)
+
+
+def test_a_target_below_the_bound_is_carried_by_a_valid_placement():
+    """One Zipf popularity over 64 LLMs on 128 GPUs, asked for 0.8 of the proven bound: the
+    parts carry it (the plan's scale, the least headroom of its LLMs, at least the target), laid out
+    without a violation on the cluster."""
+    from scepsy_place.packing.check import violations
+
+    p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
+    topo = from_cluster(p.cluster)
+    bound = scale_upper_bound(p, as_capacity_shapes(slot_shapes(p)))
+    res = plan_slot_scale(p, topo, deadline=Deadline.after(60), target=0.8 * bound)
+    assert res.placed and res.plan.scale >= 0.8 * bound * (1 - 1e-9)
+    assert violations(topo, demands(res.plan.allocation), res.placement) == []

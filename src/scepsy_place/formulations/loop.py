@@ -391,10 +391,10 @@ def _cheapest(problem: PlanningProblem, top: Topology, tried: Mapping[str, Place
                    seconds=time.perf_counter() - t0, topology=bought)
 
 
-BY_SCALE_SHARE = 0.8  # min-cost of many LLMs: the time the search on fewer nodes gets first
+BY_SCALE_SHARE = 0.9  # min-cost of many LLMs: the time the search on fewer nodes gets first
 BY_SCALE_SLACK = 0.1  # ... its first try: the relaxation's GPUs per type and this much more
 BY_SCALE_STEP = 0.01  # ... it ends when what carries and what does not are this close
-BY_SCALE_FIRST = 0.7  # ... the first try's share of the time (a first plan of 1,000 LLMs takes
+BY_SCALE_FIRST = 0.85  # ... the first try's share of the time (a first plan of 1,000 LLMs takes
 # most of 30 s on 2 loaded cores), each later try half of what is left
 
 
@@ -444,7 +444,7 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
         seen.add(key)
         sub = Topology(topology.name, tuple(pick))
         res = slots.plan_slot_scale(slots.on_nodes(problem, sub), sub, deadline=_share(
-            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5))
+            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5), target=1.0)
         alloc = res.plan.allocation
         if res.placed and alloc is not None and res.plan.scale >= 1.0:
             cost, gpus = _placed_cost(sub, res.placement, prices)

@@ -582,6 +582,7 @@ PROBE_S_PER_SIZE = 0.01  # seconds per LLM and GPU type a probe that finds a sol
 # (measured: 0.15-0.2 s for 11 LLMs on 5 nodes of 2 types, 0.4-0.5 s for 57 on 26)
 PROBE_MARGIN = 1.5  # a probe gets at least this many times what such probes took
 PART_MIN_S = 1.0  # the parts are made larger until each distinct part gets this much time
+TARGET_PART_MIN_S = 0.3  # ... when a target is asked of them (one probe each, PROBE_MIN_S)
 FIRST_STEP = 0.02  # the first part's first probe: this far below the bound (WIDE_GAP)
 FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
 FIRST_SHARE = 0.25  # ... and at most this share of the time when other parts follow
@@ -1058,10 +1059,10 @@ def skewed(problem: PlanningProblem, topology: Topology, part_llms: int,
 def part_size(problem: PlanningProblem, topology: Topology, part_llms: int,
               need: Mapping[str, Mapping[str, float]], seconds: float,
               made: dict[int, list[Part]] | None = None,
-              cut: Callable[..., list[Part]] | None = None) -> int:
+              cut: Callable[..., list[Part]] | None = None, min_s: float = PART_MIN_S) -> int:
     """The LLMs per part of the first try of :func:`plan_slot_scale`: ``part_llms``, times
     :data:`LARGER_PARTS` as often as needed for each distinct part (:func:`_signature`) of
-    :func:`partition` to get :data:`PART_MIN_S` of ``seconds`` (a feasibility probe costs a
+    :func:`partition` to get ``min_s`` of ``seconds`` (a feasibility probe costs a
     fixed tenth of a second or more whatever the part's size, so many small parts spend the
     time on overhead: 87 parts of 16 LLMs in 25 s left most parts without a solution).
     ``made``: the partitions by part size, filled in (each is made once); ``cut``: the
@@ -1074,7 +1075,7 @@ def part_size(problem: PlanningProblem, topology: Topology, part_llms: int,
             made[size] = cut(problem, topology, size, need)
         parts = made[size]
         distinct = len({_signature(problem, topology, q) for q in parts})
-        if len(parts) <= 1 or distinct * PART_MIN_S <= seconds:
+        if len(parts) <= 1 or distinct * min_s <= seconds:
             break
         size *= LARGER_PARTS
     return size
@@ -1175,7 +1176,8 @@ Outcome = str  # a probe's: "found", "infeasible" (proven) or "time_limit" (cut 
 
 def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Part], *,
                 deadline: Deadline, shapes: Mapping[str, Sequence[SlotShape]],
-                scale_ub: float, rel: float = LADDER_REL, floor: float = 0.0) -> PartsResult:
+                scale_ub: float, rel: float = LADDER_REL, floor: float = 0.0,
+                target: float | None = None) -> PartsResult:
     """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
     solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
     fixed scale: much faster than maximising the scale). A probe ends ``found``,
@@ -1202,7 +1204,14 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     gets at least what probes that found a solution took per unit of size (``least``). The
     parts' solutions are joined (their groups lie on disjoint nodes) at the least scale of any
     part. No solution when a part has none above ``floor`` (a scale already carried);
-    ``solved`` then says how many parts had one."""
+    ``solved`` then says how many parts had one.
+
+    With a ``target`` (a scale that is enough: min-cost asks whether some nodes carry the
+    targets, :func:`scepsy_place.formulations.loop._min_cost_by_scale`) every distinct part is
+    asked at the target only, in rounds: each part still without a solution gets its share of
+    the time left by size, those cut short go again in the next round with what is left; a
+    part proven to have no solution there ends the search with none (lower scales would not
+    do)."""
     counts = {"probes": 0, "found": 0, "infeasible": 0, "time_limit": 0}
     subs = _subs(problem, topology, parts) if len(parts) > 1 else [(problem, topology)]
     keys = [_signature(problem, topology, p) for p in parts]
@@ -1263,6 +1272,22 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         if sol is not None and (i not in best or sol.scale > best[i].scale):
             best[i] = sol
 
+    if target is not None:
+        pending = list(distinct)
+        while pending and deadline.remaining() > 0:
+            cut_short = []
+            for n, i in enumerate(pending):  # a share of the time left by size, per round
+                left = sum(size[j] for j in pending[n:])
+                sol, outcome = probe(i, target, deadline.remaining() * size[i] / left)
+                keep(i, sol)
+                if outcome == "infeasible":  # proven: no plan of these parts carries it
+                    return _parts_result(problem, parts, keys, first_of, best, counts, floor,
+                                         _median(paces))
+                if sol is None:
+                    cut_short.append(i)
+            pending = cut_short
+        return _parts_result(problem, parts, keys, first_of, best, counts, floor,
+                             _median(paces))
     target = safe = scale_ub
     for n, i in enumerate(distinct):
         if n == 0:  # down from the bound, then bisect the bracket, within the first's budget
@@ -1394,29 +1419,31 @@ def _join(problem: PlanningProblem, solutions: Sequence[SlotSolution], status: s
 
 def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
            need: Mapping[str, Mapping[str, float]], until: Deadline, typed: bool,
-           made: dict[int, list[Part]]) -> list[list[Part]]:
+           made: dict[int, list[Part]], larger_first: bool = True,
+           min_s: float = PART_MIN_S) -> list[list[Part]]:
     """:func:`plan_slot_scale`'s partitions, in the order they are searched: parts of
     :func:`part_size` LLMs, then of :data:`LARGER_PARTS` times that (one try when both make
     as many parts), the larger first when heavy LLMs (parts of one GPU type) make them
-    few; ``typed``: :func:`typed_partition`, otherwise :func:`partition`. A partition that a
+    few (unless not ``larger_first``); ``typed``: :func:`typed_partition`, otherwise
+    :func:`partition`. A partition that a
     workflow spans is the whole problem in one part. ``made``: that cut's partitions by part
-    size, filled in."""
+    size, filled in; ``min_s``: what each distinct part should get (:func:`part_size`)."""
     cut = typed_partition if typed else partition
-    base = part_size(problem, topology, part_llms, need, until.remaining(), made, cut)
+    base = part_size(problem, topology, part_llms, need, until.remaining(), made, cut, min_s)
     tries = [made[size] if size in made else cut(problem, topology, size, need)
              for size in (base, LARGER_PARTS * base)]
     tries = [t if len(t) == 1 or separable(problem, t) else
              partition(problem, topology, len(problem.llms)) for t in tries]
     if len(tries[1]) == len(tries[0]):
         return tries[:1]
-    if (base == part_llms and any(q.gpu for q in tries[0])
+    if (larger_first and base == part_llms and any(q.gpu for q in tries[0])
             and len(tries[1]) <= LARGER_FIRST_MAX_PARTS):
         tries.reverse()
     return tries
 
 
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
-                    part_llms: int = PART_LLMS) -> PlacedPlan:
+                    part_llms: int = PART_LLMS, target: float | None = None) -> PlacedPlan:
     """Max-throughput placed by construction: the largest scale of the targets that slot groups
     carry (:func:`solve_slot_scale`; in parts of about ``part_llms`` LLMs when the workflows
     allow it, :func:`partition`, each part of one GPU type, :func:`typed_partition`, where the
@@ -1429,7 +1456,10 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     when the scale meets its bound (within :data:`PROVEN_SCALE_GAP`), ``time_limit`` when a
     solve was cut short by the deadline, ``heuristic`` otherwise (the gap says how far it may
     be); the result is ``time_limit`` when the deadline passed before every part had a
-    solution."""
+    solution. With a ``target`` scale (:func:`solve_parts`) the search only asks whether the
+    parts carry it: the first partition whose parts all do is the answer (its scale at least
+    the target), and none carries it otherwise (``unplaced``, or ``time_limit`` when a probe
+    was cut short)."""
     t0 = time.perf_counter()
     try:
         shp = slot_shapes(problem, deadline)
@@ -1445,6 +1475,12 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
         return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
                           reason="no scale of the targets is carried", exact=False,
                           formulation=POLICY, status="unplaced")
+    if target is not None and bound < target:  # proven: no allocation carries the target
+        plan = no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
+                                  stats={"scale_bound": bound}, infeasible=None, scale=0.0)
+        return PlacedPlan(plan=plan, placement=None, rounds=1, history=(), quality=None,
+                          reason=f"no allocation carries {target:g} of the targets (the bound "
+                          f"is {bound:.4g})", exact=True, formulation=POLICY, status="unplaced")
     need = capacity_need(problem, shp, bound)
     until = deadline.within(deadline.remaining() - max(
         RESERVE * deadline.remaining(), TAIL_S_PER_LLM * len(problem.llms)))
@@ -1459,15 +1495,20 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     # time left and a wide gap, the mixed parts' tries, never paced out by the typed ones
     plain: dict[int, list[Part]] = {}  # the mixed partitions by part size, each made once
     typed = skewed(problem, topology, part_llms, need, plain)
-    tries = _tries(problem, topology, part_llms, need, until, typed, {} if typed else plain)
+    # a target is asked of the quicker, smaller parts first, one probe each
+    min_s = PART_MIN_S if target is None else TARGET_PART_MIN_S
+    tries = _tries(problem, topology, part_llms, need, until, typed, {} if typed else plain,
+                   larger_first=target is None, min_s=min_s)
     last = len(tries)
     if typed:
-        tries += _tries(problem, topology, part_llms, need, until, False, plain)
+        tries += _tries(problem, topology, part_llms, need, until, False, plain,
+                        larger_first=target is None, min_s=min_s)
     first = (until.within(LARGER_FIRST_SHARE * until.remaining())
              if last > 1 and len(tries[0]) < len(tries[1]) else until)
     for j, these in enumerate(tries):
         if found is not None and (until.remaining() <= 0 or (
-                found.solution is not None and bound / found.solution.scale - 1 <= WIDE_GAP)):
+                found.solution is not None and (target is not None
+                                                or bound / found.solution.scale - 1 <= WIDE_GAP))):
             break
         if j < last and found is not None and found.pace > 0 and FIRST_PROBES * found.pace * sum(
                 len(q.llms) * len({topology.node(x).gpu for x in q.nodes})
@@ -1476,7 +1517,7 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
             continue  # this try's probes would not fit in the time left (a later one's may)
         floor = found.solution.scale if found is not None and found.solution else 0.0
         got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
-                          deadline=first if j == 0 else until, floor=floor)
+                          deadline=first if j == 0 else until, floor=floor, target=target)
         if found is None or got.solution is not None:
             timed = got.timed_out or (found is not None and found.timed_out)
             found, parts = replace(got, timed_out=timed), these
