@@ -336,3 +336,101 @@ def test_a_target_below_the_bound_is_carried_by_a_valid_placement():
     res = plan_slot_scale(p, topo, deadline=Deadline.after(60), target=0.8 * bound)
     assert res.placed and res.plan.scale >= 0.8 * bound * (1 - 1e-9)
     assert violations(topo, demands(res.plan.allocation), res.placement) == []
+
+
+# --------------------------------------------------------------------------- the least price
+
+def _fewest_gpus(p, target: float, most: int) -> int | None:
+    """Brute force: the fewest GPUs (one node of that many) on which some allocation of one
+    slot shape per LLM carries ``target`` of the targets and places exactly."""
+    import itertools
+
+    from scepsy_common.units import UNITS
+    from scepsy_opt.cluster import uniform_cluster
+    from scepsy_opt.planning.candidates import Candidate
+    from scepsy_opt.planning.plans import headroom, plan_from_choice
+    from scepsy_place.packing.exhaustive import placeable
+
+    shp = slot_shapes(p)
+    llms = sorted(shp)
+    for n in range(1, most + 1):
+        topo = from_cluster(uniform_cluster("A100-80GB", n, n))
+        options = [[Candidate(m, sh.gpu, sh.tp, sh.share, r, sh.tp * sh.units * r, sh.mu,
+                              math.nan, 0.0, 0.0)
+                    for sh in shp[m] for r in range(1, n * UNITS // (sh.tp * sh.units) + 1)]
+                   for m in llms]
+        for combo in itertools.product(*options):
+            if sum(c.units for c in combo) > n * UNITS:
+                continue
+            choice = dict(zip(llms, combo, strict=True))
+            if min(headroom(p, choice).values()) < target * (1 - 1e-9):
+                continue
+            if placeable(topo, demands(plan_from_choice(p, "oracle", "optimal", choice,
+                                                        {}).allocation)):
+                return n
+    return None
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_target_at_the_least_price_takes_the_fewest_gpus_of_any_placement(seed):
+    """With TP 1 only slot groups describe every packing of a GPU, so the solution at a fixed
+    scale whose groups' GPUs cost the least takes as few GPUs as the best placeable allocation
+    (brute force over shapes, replica counts and GPU counts), and its layout is valid."""
+    from scepsy_opt.cluster import uniform_cluster
+    from scepsy_opt.planning.plans import plan_from_choice
+    from scepsy_place.packing.check import violations
+
+    opts = PlanOptions(shares=(0.3, 0.5, 0.6, 1.0), tps=(1,), objective="max-throughput")
+    cl = uniform_cluster("A100-80GB", 3, 3)
+    p = random_problem(2, 3, ROOF, seed=seed, load=0.5, options=opts, cluster=cl)
+    topo = from_cluster(cl)
+    most = solve_slot_scale(p, topo, deadline=Deadline.after(60), gap_rel=1e-9).scale
+    target = 0.5 * most
+    sol = solve_slot_scale(p, topo, deadline=Deadline.after(60), at_scale=target,
+                           gpu_cost={"A100-80GB": 1.0}, gap_rel=1e-9)
+    taken = sum(t * count for (_, t), groups in sol.groups.items() for _, count in groups)
+    alloc = plan_from_choice(p, "milp", "optimal", dict(sol.choice), {}).allocation
+    placement = layout(topo, sol, demands(alloc))
+    assert placement.complete and violations(topo, demands(alloc), placement) == []
+    assert min(slots.headroom(p, dict(sol.choice)).values()) >= target * (1 - 1e-9)
+    assert taken == _fewest_gpus(p, target, 3)
+
+
+@settings(derandomize=True, deadline=None, database=None, max_examples=60)
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 6), st.integers(1, 4)),
+                min_size=1, max_size=3),
+       st.integers(0, 40), st.data())
+def test_fewer_nodes_ends_where_one_node_less_of_any_type_does_not_carry(types, need, data):
+    """A monotone 'carries' (enough weighted nodes, and each type at least its least): from
+    counts that carry, the descent never asks the same counts twice, keeps carrying, and ends
+    where each type is at its floor or one node less of it (the others as they end) does not
+    carry; it asks fewer counts than the exhaustive search over the box would."""
+    from scepsy_place.formulations.loop import _fewer_nodes
+
+    order = [f"t{i}" for i in range(len(types))]
+    weight = {t: w for t, (w, _, _) in zip(order, types, strict=True)}
+    least = {t: m for t, (_, m, _) in zip(order, types, strict=True)}
+    floor = {t: max(0, least[t] - d) for t, (_, _, d) in zip(order, types, strict=True)}
+    top = {t: max(least[t], floor[t]) + data.draw(st.integers(0, 12)) for t in order}
+    if sum(weight[t] * top[t] for t in order) < need:
+        top[order[0]] += need
+    price = {t: data.draw(st.floats(0.5, 4.0)) for t in order}
+
+    def carries(c):
+        return (all(c[t] >= least[t] for t in order)
+                and sum(weight[t] * c[t] for t in order) >= need)
+
+    asked: list[tuple[int, ...]] = []
+
+    def attempt(c):
+        asked.append(tuple(c[t] for t in order))
+        return carries(c)
+
+    assert carries(top)
+    best = _fewer_nodes(top, floor, price, attempt, Deadline.after(60), set(), order)
+    assert len(asked) == len(set(asked))
+    assert carries(best) and all(best[t] <= top[t] for t in order)
+    for t in order:
+        assert best[t] == floor[t] or not carries({**best, t: best[t] - 1})
+    box = math.prod(top[t] - floor[t] + 1 for t in order)
+    assert len(asked) <= box

@@ -83,7 +83,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, cast
@@ -393,7 +393,6 @@ def _cheapest(problem: PlanningProblem, top: Topology, tried: Mapping[str, Place
 
 BY_SCALE_SHARE = 0.9  # min-cost of many LLMs: the time the search on fewer nodes gets first
 BY_SCALE_SLACK = 0.1  # ... its first try: the relaxation's GPUs per type and this much more
-BY_SCALE_STEP = 0.01  # ... it ends when what carries and what does not are this close
 BY_SCALE_FIRST = 0.85  # ... the first try's share of the time (a first plan of 1,000 LLMs takes
 # most of 30 s on 2 loaded cores), each later try half of what is left
 
@@ -415,14 +414,14 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
     """Min-cost of many LLMs, where the aggregate MILP does not settle in time: the GPUs per
     type that the cost bound's relaxation uses (:func:`scepsy_opt.planning.mincost.cost_lower_bound`)
     and :data:`BY_SCALE_SLACK` more, as the first whole nodes of each type in the topology's
-    order, are asked to carry the targets (max-throughput in parts on those nodes,
-    :func:`scepsy_place.formulations.slots.plan_slot_scale`, the first try with
-    :data:`BY_SCALE_FIRST` of the time, each later one with half the time left);
-    the slack then bisects between what carried (at least scale 1) and what did not, doubling
-    until something carries, until the two are within :data:`BY_SCALE_STEP` or the node sets
-    repeat. The placed plan of the lowest price that carried is the answer, priced at the
-    targets, with the relaxation's price as its bound: ``(plan, bound)``; ``(None, bound)``
-    when nothing carried in time, ``(None, 0.0)`` without a finite bound in time."""
+    order, are asked to carry the targets (slot groups in parts on those nodes,
+    :func:`scepsy_place.formulations.slots.plan_slot_scale` with the targets as its
+    ``target``), the first try with :data:`BY_SCALE_FIRST` of the time, each later one with
+    half the time left; the slack doubles until something carries. Then the node counts
+    descend one GPU type at a time (:func:`_fewer_nodes`). The placed plan of the lowest price
+    that carried is the answer, priced at the targets, with the relaxation's price as its
+    bound: ``(plan, bound)``; ``(None, bound)`` when nothing carried in time, ``(None, 0.0)``
+    without a finite bound in time."""
     t0 = time.perf_counter()
     try:
         bound, used = cost_lower_bound(problem, prices, deadline=deadline)
@@ -430,40 +429,81 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
         return None, 0.0
     if not math.isfinite(bound):
         return None, 0.0
-    by_type = {t: [n for n in topology.canonical_nodes() if n.gpu == t] for t in used}
-    lo, hi, slack = 0.0, math.inf, BY_SCALE_SLACK
-    seen: set[tuple[str, ...]] = set()
+    by_type = {t: [n for n in topology.canonical_nodes() if n.gpu == t]
+               for t in sorted(used) if used[t] > 1e-9}
+    by_type = {t: nodes for t, nodes in by_type.items() if nodes}
+    per = {t: nodes[0].gpus for t, nodes in by_type.items()}
     best: tuple[float, PlacedPlan] | None = None
-    while deadline.remaining() > 0:
-        pick = [n for t, nodes in sorted(by_type.items()) if nodes and used[t] > 1e-9
-                for n in nodes[:min(len(nodes), math.ceil(used[t] * (1 + slack)
-                                                          / nodes[0].gpus - 1e-9))]]
-        key = tuple(n.name for n in pick)
-        if not pick or key in seen:
-            break
-        seen.add(key)
+    seen: set[tuple[int, ...]] = set()
+
+    def attempt(counts: Mapping[str, int]) -> bool:
+        """Whether the first ``counts[t]`` nodes of each type carry the targets (kept as the
+        best when cheapest)."""
+        nonlocal best
+        seen.add(tuple(counts[t] for t in by_type))
+        pick = [n for t, nodes in by_type.items() for n in nodes[:counts[t]]]
         sub = Topology(topology.name, tuple(pick))
         res = slots.plan_slot_scale(slots.on_nodes(problem, sub), sub, deadline=_share(
-            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5), target=1.0)
+            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5), target=1.0, gpu_cost=prices)
         alloc = res.plan.allocation
-        if res.placed and alloc is not None and res.plan.scale >= 1.0:
-            cost, gpus = _placed_cost(sub, res.placement, prices)
-            if best is None or cost < best[0]:
-                plan = plan_from_choice(problem, "milp", "heuristic", price(problem, alloc),
-                                        {"gpus_used": gpus, "parts": res.plan.stats.get("parts"),
-                                         "probes": res.plan.stats.get("probes")})
-                best = (cost, replace(res, plan=plan, formulation="slots",
-                                      seconds=time.perf_counter() - t0))
-            hi = slack
-        else:
-            lo = slack
-            if all(len(nodes) * nodes[0].gpus <= used[t] * (1 + slack)
-                   for t, nodes in by_type.items() if nodes):
-                break  # every node offered already
-        if hi - lo <= BY_SCALE_STEP:
-            break
-        slack = 2 * slack if math.isinf(hi) else (lo + hi) / 2
+        if not (res.placed and alloc is not None and res.plan.scale >= 1.0):
+            return False
+        cost, gpus = _placed_cost(sub, res.placement, prices)
+        if best is None or cost < best[0]:
+            plan = plan_from_choice(problem, "milp", "heuristic", price(problem, alloc),
+                                    {"gpus_used": gpus, "parts": res.plan.stats.get("parts"),
+                                     "probes": res.plan.stats.get("probes")})
+            best = (cost, replace(res, plan=plan, formulation="slots",
+                                  seconds=time.perf_counter() - t0))
+        return True
+
+    slack = BY_SCALE_SLACK
+    carried: dict[str, int] | None = None
+    while deadline.remaining() > 0 and carried is None:
+        counts = {t: min(len(nodes), math.ceil(used[t] * (1 + slack) / per[t] - 1e-9))
+                  for t, nodes in by_type.items()}
+        if tuple(counts[t] for t in by_type) not in seen and attempt(counts):
+            carried = counts
+        elif all(counts[t] == len(nodes) for t, nodes in by_type.items()):
+            break  # every node offered already
+        slack *= 2
+    if carried is not None:
+        floor = {t: math.ceil(used[t] / per[t] - 1e-9) for t in by_type}
+        _fewer_nodes(carried, floor, {t: prices[t] * per[t] for t in by_type}, attempt,
+                     deadline, seen, list(by_type))
     return (None if best is None else best[1]), bound
+
+
+def _fewer_nodes(carried: Mapping[str, int], floor: Mapping[str, int],
+                 node_price: Mapping[str, float], attempt: Callable[[Mapping[str, int]], bool],
+                 deadline: Deadline, seen: set[tuple[int, ...]], order: Sequence[str],
+                 ) -> dict[str, int]:
+    """The descent of :func:`_min_cost_by_scale` from node counts that ``carried`` the
+    targets: per GPU type, the count bisects between the highest count known not to carry
+    (with the other types at their best; first, one below the relaxation's ``floor``) and the
+    lowest that did; the type whose bracket is worth the most (its width times its node's
+    price) goes next, each try with half the time left, until every bracket is closed or the
+    time is spent. Counts tried before (``seen``, keyed in ``order``) are not asked again.
+    Returns the fewest counts that carried. Where carrying is monotone in the counts, each
+    type's count ends at its floor or one above a count that does not carry with the others
+    as they end."""
+    best = dict(carried)
+    lo = {t: min(floor[t], best[t]) - 1 for t in best}
+    while deadline.remaining() > 0:
+        open_ = [t for t in order if best[t] - lo[t] > 1]
+        if not open_:
+            return best
+        t = max(open_, key=lambda x: ((best[x] - lo[x] - 1) * node_price[x], x))
+        mid = (lo[t] + best[t]) // 2
+        counts = {**best, t: mid}
+        if tuple(counts[x] for x in order) in seen:
+            lo[t] = mid  # asked before, with other types at no fewer nodes: did not carry
+            continue
+        if attempt(counts):
+            best = counts
+        else:
+            lo[t] = mid
+    return best
 
 
 def _placed_cost(topology: Topology, placement: Placement | None, prices: Mapping[str, float],

@@ -339,12 +339,15 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
                      shapes: Mapping[str, Sequence[SlotShape]] | None = None,
                      scale_ub: float | None = None, gap_rel: float = 1e-4,
                      time_limit_s: float | None = None,
-                     at_scale: float | None = None) -> SlotSolution:
+                     at_scale: float | None = None,
+                     gpu_cost: Mapping[str, float] | None = None) -> SlotSolution:
     """The largest scale of ``problem``'s targets that slot groups on ``topology``'s free GPUs
     carry at ``max_utilisation`` (module docstring), within ``deadline`` (and ``time_limit_s``).
     ``scale_ub``: a known upper bound on the scale (the aggregate capacity optimum) that caps
     each shape's replica count; ``at_scale``: find any solution at that scale instead (a
-    feasibility problem, much faster). Without a solution the result has no ``choice`` and says
+    feasibility problem, much faster), and with ``gpu_cost`` (per GPU type) the solution of
+    that scale whose groups' GPUs cost the least (within ``gap_rel``; cut short, the best found
+    so far). Without a solution the result has no ``choice`` and says
     why in ``status``: ``infeasible`` (proven, or an LLM with no shape on a free GPU) or
     ``time_limit``."""
     shp = shapes if shapes is not None else slot_shapes(problem, deadline)
@@ -356,7 +359,7 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
     if any(not v for v in usable.values()):
         return _none("infeasible")
     frame = _frame(model, [(sh.gpu, sh.tp, sh.units) for v in usable.values() for sh in v],
-                   have)
+                   have, gpu_cost if at_scale is not None else None)
     s_col_rows: list[int] = []
     s_col_vals: list[float] = []
     # the LLMs: one shape each, s·ℓ ≤ u·Σ μ·r
@@ -583,6 +586,7 @@ PROBE_S_PER_SIZE = 0.01  # seconds per LLM and GPU type a probe that finds a sol
 PROBE_MARGIN = 1.5  # a probe gets at least this many times what such probes took
 PART_MIN_S = 1.0  # the parts are made larger until each distinct part gets this much time
 TARGET_PART_MIN_S = 0.3  # ... when a target is asked of them (one probe each, PROBE_MIN_S)
+TARGET_GAP_REL = 0.01  # a part asked for a target at the least price: this close to its bound
 FIRST_STEP = 0.02  # the first part's first probe: this far below the bound (WIDE_GAP)
 FIRST_PROBES = 4  # the time shares the first part's search is given (it probes several times)
 FIRST_SHARE = 0.25  # ... and at most this share of the time when other parts follow
@@ -1177,7 +1181,8 @@ Outcome = str  # a probe's: "found", "infeasible" (proven) or "time_limit" (cut 
 def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Part], *,
                 deadline: Deadline, shapes: Mapping[str, Sequence[SlotShape]],
                 scale_ub: float, rel: float = LADDER_REL, floor: float = 0.0,
-                target: float | None = None) -> PartsResult:
+                target: float | None = None,
+                gpu_cost: Mapping[str, float] | None = None) -> PartsResult:
     """The largest scale (on a ladder of steps ``rel·scale_ub``) at which every part has a slot
     solution on its own nodes, found with feasibility solves (:func:`solve_slot_scale` at a
     fixed scale: much faster than maximising the scale). A probe ends ``found``,
@@ -1211,7 +1216,8 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     asked at the target only, in rounds: each part still without a solution gets its share of
     the time left by size, those cut short go again in the next round with what is left; a
     part proven to have no solution there ends the search with none (lower scales would not
-    do)."""
+    do). With ``gpu_cost`` too, each part's solution at the target is one whose groups' GPUs
+    cost the least (within :data:`TARGET_GAP_REL`, or the best its probe found in its time)."""
     counts = {"probes": 0, "found": 0, "infeasible": 0, "time_limit": 0}
     subs = _subs(problem, topology, parts) if len(parts) > 1 else [(problem, topology)]
     keys = [_signature(problem, topology, p) for p in parts]
@@ -1250,7 +1256,8 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
         sub, sub_top = subs[i]
         t = time.perf_counter()
         sol = solve_slot_scale(sub, sub_top, deadline=deadline, time_limit_s=share,
-                               shapes={m: shapes[m] for m in parts[i].llms}, at_scale=at)
+                               shapes={m: shapes[m] for m in parts[i].llms}, at_scale=at,
+                               gpu_cost=gpu_cost, gap_rel=TARGET_GAP_REL)
         outcome = "found" if sol.choice else (
             "infeasible" if sol.status == "infeasible" else "time_limit")
         if sol.choice:
@@ -1443,7 +1450,8 @@ def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
 
 
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
-                    part_llms: int = PART_LLMS, target: float | None = None) -> PlacedPlan:
+                    part_llms: int = PART_LLMS, target: float | None = None,
+                    gpu_cost: Mapping[str, float] | None = None) -> PlacedPlan:
     """Max-throughput placed by construction: the largest scale of the targets that slot groups
     carry (:func:`solve_slot_scale`; in parts of about ``part_llms`` LLMs when the workflows
     allow it, :func:`partition`, each part of one GPU type, :func:`typed_partition`, where the
@@ -1459,7 +1467,8 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     solution. With a ``target`` scale (:func:`solve_parts`) the search only asks whether the
     parts carry it: the first partition whose parts all do is the answer (its scale at least
     the target), and none carries it otherwise (``unplaced``, or ``time_limit`` when a probe
-    was cut short)."""
+    was cut short); with ``gpu_cost`` (per GPU type) each part's solution at the target is one
+    whose GPUs cost the least (:func:`solve_parts`)."""
     t0 = time.perf_counter()
     try:
         shp = slot_shapes(problem, deadline)
@@ -1517,7 +1526,8 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
             continue  # this try's probes would not fit in the time left (a later one's may)
         floor = found.solution.scale if found is not None and found.solution else 0.0
         got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
-                          deadline=first if j == 0 else until, floor=floor, target=target)
+                          deadline=first if j == 0 else until, floor=floor, target=target,
+                          gpu_cost=gpu_cost)
         if found is None or got.solution is not None:
             timed = got.timed_out or (found is not None and found.timed_out)
             found, parts = replace(got, timed_out=timed), these
