@@ -182,4 +182,4 @@ def test_the_controllers_capacity_is_a_rate_a_placed_plan_carries():
                                                      current=None)), s.topology,
                         formulation="aggregate")
     assert ctl.capacity <= mt.plan.scale * base + 1e-9
-    assert 0 < ctl.capacity and places(ctl.capacity)
+    assert ctl.capacity > 0 and places(ctl.capacity)

@@ -23,7 +23,13 @@ from scepsy_place.formulations.loop import plan_and_place
 from scepsy_place.packing.topology import Node, Topology
 from scepsy_profile import roofline_model
 from scepsy_serve.control.bench import Schedule, Step, compile_schedule
-from scepsy_serve.control.core import ControlConfig, Controller, WindowStats
+from scepsy_serve.control.core import (
+    ControlConfig,
+    Controller,
+    WindowStats,
+    held_target,
+    hold_after,
+)
 from scepsy_serve.control.forecast import RateForecaster, forecast_error
 
 FAST = settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -68,7 +74,8 @@ def test_bad_forecasters_name_the_field(kw, field):
     ({"window_s": 0}, "window_s"), ({"startup_s": -1}, "startup_s"),
     ({"up_utilisation": 1.2}, "up_utilisation"), ({"down_utilisation": 0.9}, "down_utilisation"),
     ({"hold_windows": 0}, "hold_windows"), ({"forecast": "x"}, "forecast"),
-    ({"objective": "cheap"}, "objective"), ({"headroom": math.nan}, "headroom")])
+    ({"objective": "cheap"}, "objective"), ({"headroom": math.nan}, "headroom"),
+    ({"down_memory": 0}, "down_memory")])
 def test_bad_configs_name_the_field(kw, field):
     with pytest.raises(InputError) as exc:
         ControlConfig(**kw)
@@ -342,3 +349,80 @@ def test_the_band_applies_to_the_demand_and_the_headroom_to_the_latency():
     assert d.action == "keep", d.reason
     assert ctl.cap == pytest.approx(cap)
 
+
+
+# ------------------------------------------- provisioning ahead, scaling down lazily
+
+
+def test_ahead_adds_a_rising_trend_to_the_naive_forecast():
+    """While ``auto`` still forecasts with the last window (too few windows scored for Holt),
+    :meth:`RateForecaster.ahead` adds Holt's positive trend, one step per window ahead: on a
+    line rising by 1 a window, the rate 3 windows ahead of 3 is 6 where ``forecast`` says 3;
+    on a falling line it is the forecast itself."""
+    up = RateForecaster("auto")
+    for x in (1.0, 2.0, 3.0):
+        up.update(x)
+    assert up.chosen == "last" and up.trend == pytest.approx(1.0)
+    assert up.forecast(3) == pytest.approx(3.0)
+    assert up.ahead(3) == pytest.approx(6.0)
+    down = RateForecaster("auto")
+    for x in (3.0, 2.0, 1.0):
+        down.update(x)
+    assert [down.ahead(h) for h in (1, 2, 3)] == [down.forecast(h) for h in (1, 2, 3)]
+    assert RateForecaster("last").trend == 0.0
+
+
+def test_on_a_rising_trend_the_demand_is_the_rate_when_the_capacity_is_ready():
+    """With ``trend_ahead`` the demand on a rising series is sized for the windows the new
+    capacity serves in (decision + start-up), above the demand of the last window's rate; on
+    a flat series both are the same."""
+    rising = [0.4, 0.6, 0.8]
+    out = {}
+    for ahead in (True, False):
+        ctl, _ = _controller(trend_ahead=ahead, startup_s=60.0)
+        for x in rising:
+            for wf, f in ctl.forecasters.items():
+                f.update(x)
+                ctl.history[wf].append(x)
+        ctl.in_flight_s = {w: 1.0 for w in ctl.forecasters}
+        out[ahead] = ctl.demand(30.0)
+    for wf in out[True]:
+        assert out[False][wf] == pytest.approx(0.8)
+        assert out[True][wf] == pytest.approx(0.8 + 3 * 0.2)
+    ctl, _ = _controller(trend_ahead=True, startup_s=60.0)
+    for _ in range(3):
+        for wf, f in ctl.forecasters.items():
+            f.update(0.5)
+            ctl.history[wf].append(0.5)
+    ctl.in_flight_s = {w: 1.0 for w in ctl.forecasters}
+    assert all(x == pytest.approx(0.5) for x in ctl.demand(30.0).values())
+
+
+def test_the_held_target_follows_a_rise_at_once_and_a_fall_after_memory_windows():
+    ts = [{"a": 1.0, "b": 4.0}, {"a": 3.0, "b": 2.0}, {"a": 2.0, "b": 1.0}]
+    assert held_target(ts[:2], 2) == {"a": 3.0, "b": 4.0}  # the rise of a at once
+    assert held_target(ts, 2) == {"a": 3.0, "b": 2.0}  # each fall one window later
+    assert held_target(ts, 1) == ts[-1]
+    assert held_target(ts, 5) == {"a": 3.0, "b": 4.0}
+
+
+def test_after_a_scale_down_the_next_may_follow_one_window_later():
+    assert hold_after("scale-down", 3, True) == 2
+    assert hold_after("scale-down", 3, False) == 0
+    assert hold_after("scale-up", 3, True) == 0
+
+
+def test_a_fall_keeps_the_last_windows_largest_target():
+    """With ``down_memory = 2`` the window after a drop is still planned for the load before
+    it (no scale-down at the drop), where ``down_memory = 1`` plans for the drop at once."""
+    seen = {}
+    for memory in (1, 2):
+        ctl, problem = _controller(down_memory=memory, forecast="last")
+        base = dict(problem.targets)
+        _run(ctl, [base] * 3)
+        low = _run(ctl, [{w: r / 4 for w, r in base.items()}])[0]
+        seen[memory] = low
+        assert low.action != "scale-up"
+    held, fell = seen[2], seen[1]
+    assert "held at the largest of the last 2 windows' targets" in held.reason, held.reason
+    assert "held at" not in fell.reason

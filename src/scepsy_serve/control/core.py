@@ -12,8 +12,14 @@ Each window (:meth:`Controller.observe`):
    running plan's predicted mean latency at the observed rates, at most the bound), so the
    load at a window is the arrival rate averaged over the last ``D = ceil(in_flight_s /
    window_s)`` windows, observed and forecast; the **demand** (:meth:`Controller.demand`) is
-   the largest such average over the horizon (the forecast's peak when ``D = 1``). The
-   **target** is the demand times ``1 + headroom`` (the forecast's error margin).
+   the largest such average over the horizon (the forecast's peak when ``D = 1``). With
+   ``trend_ahead`` (the default) the forecast ``k`` windows ahead is
+   :meth:`~scepsy_serve.control.forecast.RateForecaster.ahead`: on a rising trend the last
+   window's rate plus ``k`` windows of Holt's trend, so that the capacity decided now is sized
+   for the windows it serves in. The **target** is the demand times ``1 + headroom`` (the
+   forecast's error margin), held (:func:`held_target`) at the largest of the last
+   ``down_memory`` (2) windows' targets: a rise is followed at once, a fall a window later,
+   while the requests of the higher load are still in flight.
    The band's ``up_utilisation`` bounds the load at the demand: at the target each LLM may
    reach ``up_utilisation * (1 + headroom)`` (at most the problem's ``max_utilisation``,
    :attr:`Controller.cap`), and the headroom is checked on the predicted latency there, so
@@ -28,7 +34,8 @@ Each window (:meth:`Controller.observe`):
      predicted latency exceeds its bound;
    * **scale-down** after ``hold_windows`` consecutive windows in each of which an LLM of more
      than one replica was below ``down_utilisation``, or the running plan with fewer replicas
-     fits inside the band (a window with neither starts the count again);
+     fits inside the band (a window with neither starts the count again); after a
+     scale-down with ``down_follow``, at the next such window (:func:`hold_after`);
    * **keep** otherwise.
 
    A change **resizes in place** where it can (every LLM keeps its shape: added replicas
@@ -81,7 +88,7 @@ running plan's predicted mean latency at the problem's targets; the re-plans kee
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
@@ -164,6 +171,16 @@ class ControlConfig:
     alpha: float = ALPHA
     beta: float = BETA
     headroom: float = 0.15
+    # on a rising trend, the forecast at the windows ahead adds Holt's trend to the naive one
+    # (RateForecaster.ahead): the capacity decided now is sized for the window it is ready in
+    trend_ahead: bool = True
+    # the target is the largest of the last this many windows' targets (held_target): a rise
+    # is followed at once, a fall a window later, so the requests of the higher load still in
+    # flight keep their capacity
+    down_memory: int = 2
+    # after a scale-down, the next may come one window later (while the fall goes on) rather
+    # than after another hold_windows (hold_after)
+    down_follow: bool = True
     up_utilisation: float = 0.85
     down_utilisation: float = 0.5
     hold_windows: int = 3
@@ -206,6 +223,10 @@ class ControlConfig:
                                                        and self.hold_windows >= 1):
             raise InputError(SOURCE, "hold_windows", "a whole number of windows >= 1",
                              self.hold_windows)
+        if isinstance(self.down_memory, bool) or not (isinstance(self.down_memory, int)
+                                                      and self.down_memory >= 1):
+            raise InputError(SOURCE, "down_memory", "a whole number of windows >= 1",
+                             self.down_memory)
         if self.objective not in OBJECTIVES:
             raise InputError(SOURCE, "objective", f"one of {', '.join(OBJECTIVES)}",
                              self.objective)
@@ -291,6 +312,21 @@ def _stat(q: float) -> float:
     return next((x for x in have if x >= q - 1e-9), have[-1])
 
 
+def held_target(targets: Sequence[Mapping[str, float]], memory: int) -> dict[str, float]:
+    """Per workflow of the newest target (the last of ``targets``), the largest of the last
+    ``memory`` windows' targets: a rise is followed at once, a fall only once it has lasted
+    ``memory`` windows."""
+    last = targets[-max(1, memory):]
+    return {wf: max(t.get(wf, 0.0) for t in last) for wf in last[-1]}
+
+
+def hold_after(action: Action, hold_windows: int, follow: bool) -> int:
+    """The count of windows below the band once a change of ``action`` is applied: 0 (a new
+    hold of ``hold_windows`` before the next scale-down), except after a scale-down with
+    ``follow``, where the next window below may scale down again (``hold_windows - 1``)."""
+    return hold_windows - 1 if follow and action == "scale-down" else 0
+
+
 class Controller:
     """The running plan, the forecasts and the hysteresis count (module docstring)."""
 
@@ -346,6 +382,7 @@ class Controller:
         # under the running plan, at most its bound): the LLMs still serve what arrived then
         self.in_flight_s: dict[str, float] = dict(self.bounds)
         self.below = 0  # consecutive windows with every LLM below down_utilisation
+        self.targets: list[dict[str, float]] = []  # every window's target, before the cap
         self.derate = 1.0  # demand multiplier learned from measured overload (module docstring)
 
     def _capacity(self) -> float:
@@ -423,8 +460,11 @@ class Controller:
         measured = self._learn_derate(w, observed)
         forecast = {wf: f.peak(cfg.horizon) for wf, f in self.forecasters.items()}
         demand = self.demand(w.end_s - w.start_s)
-        target = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom) * self.derate)
-                  for wf, x in demand.items()}
+        raw = {wf: max(MIN_RATE, x * (1.0 + cfg.headroom) * self.derate)
+               for wf, x in demand.items()}
+        self.targets = [*self.targets, raw][-cfg.down_memory:]
+        target = held_target(self.targets, cfg.down_memory)
+        held = any(target[wf] > raw[wf] for wf in raw)
         total = sum(target.values())
         capped = total > self.capacity
         if capped:  # more than the cluster carries: plan for what it carries, at this mix
@@ -448,7 +488,9 @@ class Controller:
         at = (f"at the forecast x {1 + cfg.headroom:g} (horizon {cfg.horizon} windows"
               + (f"; {', '.join(spread)} averaged over the requests in flight" if spread else "")
               + ")"
-              + (f" x the derating {self.derate:.3g}" if self.derate > 1 else "") + measured
+              + (f" x the derating {self.derate:.3g}" if self.derate > 1 else "")
+              + (f", held at the largest of the last {cfg.down_memory} windows' targets"
+                 if held else "") + measured
               + (f", capped at the cluster's capacity {self.capacity:.4g} req/s" if capped
                  else ""))
         if over or late:
@@ -496,7 +538,8 @@ class Controller:
         for wf, f in self.forecasters.items():
             d = self._span(wf, window_s)
             seq = self.history[wf][-(d - 1):] if d > 1 else []
-            ahead = [f.forecast(k) for k in range(1, h + 1)]
+            ahead = [f.ahead(k) if self.config.trend_ahead else f.forecast(k)
+                     for k in range(1, h + 1)]
             full = seq + ahead
             out[wf] = max(math.fsum(full[max(0, i - d + 1):i + 1]) / min(d, i + 1)
                           for i in range(len(seq), len(full)))
@@ -552,7 +595,6 @@ class Controller:
         first) until every LLM is at or below the cap and every workflow within its
         bound at ``target``, within the cluster's GPUs, placed around the running replicas;
         None when the running shapes do not get there."""
-        cfg = self.config
 
         def excess(a: Allocation) -> tuple[float, bool]:
             p = self._predict(self.problem, a, target)
@@ -660,4 +702,5 @@ class Controller:
         without one changes nothing)."""
         if d.replan is not None and d.replan.ok and d.action in ("scale-up", "scale-down"):
             self._placed = d.replan.placed
-            self.below = 0
+            self.below = hold_after(d.action, self.config.hold_windows,
+                                    self.config.down_follow)

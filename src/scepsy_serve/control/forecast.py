@@ -22,6 +22,9 @@ Two stated models:
   and on a tie). A smooth trend makes it Holt, a noisy or flat load the naive forecast (on the
   bench's daily cycle Holt's trend overshoots: ``last`` had the lower error one window ahead).
 
+:meth:`RateForecaster.ahead` is the forecast the controller sizes new capacity with: on a rising
+trend (Holt's trend > 0) while ``last`` is chosen, the last rate plus ``h`` windows of the trend.
+
 :func:`forecast_error` measures a model on a rate series: the mean absolute percentage error
 (MAPE) of its ``horizon``-windows-ahead forecasts, the figure ``scepsy bench control`` reports.
 """
@@ -125,9 +128,26 @@ class RateForecaster:
                 err[1] += 1
             m.update(x)
 
+    @property
+    def trend(self) -> float:
+        """Holt's trend (req/s per window) of the series so far, whichever model is chosen;
+        0 for ``last`` alone."""
+        holt = self._models.get("holt")
+        return 0.0 if holt is None else holt.trend
+
     def forecast(self, h: int = 1) -> float:
         """The rate ``h`` windows ahead (``h >= 1``); 0 before any observation."""
         return self._models[self.chosen].forecast(h)
+
+    def ahead(self, h: int) -> float:
+        """The rate ``h`` windows ahead on a rising trend: :meth:`forecast` plus ``h`` windows
+        of Holt's trend where it is > 0 and the chosen model has not extrapolated it (the
+        ``last`` model), so that capacity planned now for the window it is ready in sees the
+        rise; :meth:`forecast` otherwise."""
+        x = self.forecast(h)
+        if self.trend > 0 and self.chosen == "last":
+            x += h * self.trend
+        return x
 
     def peak(self, horizon: int) -> float:
         """The largest forecast over the next ``horizon`` windows (1..horizon)."""
