@@ -159,12 +159,9 @@ def test_probes_proven_infeasible_are_not_a_time_limit(monkeypatch):
     assert res.plan.stats["probes_cut"] == 0 and res.plan.stats["probes_infeasible"] > 0
 
 
-def _fake_parts(monkeypatch, p, topo, parts, capacity, cut_above=True, slow=0.0, cost=0.0):
-    """solve_slot_scale replaced by an oracle: part ``i`` (by its first LLM) has a solution at
-    scales up to ``capacity[i]`` (a real one, solved once at a low scale, that claims the
-    scale asked), found in ``cost`` seconds (a probe given less is cut short, like HiGHS's
-    presolve); above it the probe is cut short (after ``slow`` seconds or its whole time,
-    whichever is less) or proven infeasible. Returns the scales asked, per part."""
+def _low_solutions(p, topo, parts):
+    """The slot shapes, each part's index by its first LLM, and a real solution of each part
+    at a low scale (0.05) for the fakes to hand out."""
     shp = slot_shapes(p)
     owner = {q.llms[0]: i for i, q in enumerate(parts)}
     real = {}
@@ -173,6 +170,16 @@ def _fake_parts(monkeypatch, p, topo, parts, capacity, cut_above=True, slow=0.0,
         real[i] = solve_slot_scale(sub, sub_top, deadline=Deadline.after(60), at_scale=0.05,
                                    shapes={m: shp[m] for m in q.llms}, time_limit_s=30)
         assert real[i].choice
+    return shp, owner, real
+
+
+def _fake_parts(monkeypatch, p, topo, parts, capacity, cut_above=True, slow=0.0, cost=0.0):
+    """solve_slot_scale replaced by an oracle: part ``i`` (by its first LLM) has a solution at
+    scales up to ``capacity[i]`` (a real one, solved once at a low scale, that claims the
+    scale asked), found in ``cost`` seconds (a probe given less is cut short, like HiGHS's
+    presolve); above it the probe is cut short (after ``slow`` seconds or its whole time,
+    whichever is less) or proven infeasible. Returns the scales asked, per part."""
+    shp, owner, real = _low_solutions(p, topo, parts)
     asked: dict[int, list[float]] = {i: [] for i in range(len(parts))}
 
     def fake(sub, sub_top, *, deadline, time_limit_s=None, shapes=None, at_scale=None, **kw):
@@ -280,13 +287,7 @@ def test_a_part_cut_short_is_asked_again_with_the_time_the_others_left(monkeypat
     p = many_models_problem(64, 128, ROOF, copies=False, options=MT)
     topo = from_cluster(p.cluster)
     parts = partition(p, topo, 16)
-    shp = slot_shapes(p)
-    owner = {q.llms[0]: i for i, q in enumerate(parts)}
-    real = {}
-    for i, q in enumerate(parts):
-        sub, sub_top = _sub(p, topo, q)
-        real[i] = solve_slot_scale(sub, sub_top, deadline=Deadline.after(60), at_scale=0.05,
-                                   shapes={m: shp[m] for m in q.llms}, time_limit_s=30)
+    shp, owner, real = _low_solutions(p, topo, parts)
     shares: dict[int, list[float]] = {i: [] for i in range(len(parts))}
 
     def fake(sub, sub_top, *, deadline, time_limit_s=None, shapes=None, at_scale=None, **kw):
@@ -434,3 +435,95 @@ def test_fewer_nodes_ends_where_one_node_less_of_any_type_does_not_carry(types, 
         assert best[t] == floor[t] or not carries({**best, t: best[t] - 1})
     box = math.prod(top[t] - floor[t] + 1 for t in order)
     assert len(asked) <= box
+
+
+# --------------------------------------------------------------------------- mean latency bounds
+
+def _bounded(n: int, gpus: int, factor: float, scale: float):
+    """One Zipf popularity over ``n`` LLMs (each its own one-call workflow), min-cost at
+    ``scale``, each workflow's mean bound ``factor`` times its LLM's least latency at the
+    fewest replicas that carry it on any shape."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from scepsy_opt.planning.candidates import fitting_curves, workflow_latencies
+    from scepsy_opt.prediction.pipeline import min_replicas
+
+    p = many_models_problem(n, gpus, ROOF, copies=False,
+                            options=PlanOptions(objective="min-cost")).scaled(scale)
+    u = p.options.max_utilisation
+    bounds = {}
+    for m in p.llms:
+        lat = [workflow_latencies(p, m, [c], [np.array([float(min_replicas(p.loads[m], c.mu,
+                                                                             u))])])[0][m][0]
+               for _, _, c in fitting_curves(p, m, p.demands[m]) if c.mu > 0]
+        bounds[m] = factor * min(lat)
+    return replace(p, options=replace(p.options, latency_bound_s=bounds))
+
+
+def test_the_least_replicas_of_a_bounded_shape_are_the_first_count_that_meets_its_bound():
+    """Every shape's ``least`` is the fewest replicas that carry the load and meet the mean
+    bound, found count by count (the predictor, one count at a time); a shape without one
+    meets it at no count scanned."""
+    import numpy as np
+
+    from scepsy_opt.planning.candidates import fitting_curves, workflow_latencies
+    from scepsy_opt.prediction.pipeline import min_replicas
+
+    p = _bounded(16, 32, 1.2, 0.8)
+    shp = slot_shapes(p, bounded=True)
+    u = p.options.max_utilisation
+    checked = 0
+    for m in p.llms:
+        curves = {(g, t, c.share): c for g, t, c in fitting_curves(p, m, p.demands[m])}
+        budget = p.options.latency_bound_s[m]
+        for sh in shp[m]:
+            c = curves[(sh.gpu, sh.tp, sh.share)]
+            first = min_replicas(p.loads[m], c.mu, u)
+            meets = [r for r in range(first, first + slots.LATENCY_SCAN)
+                     if workflow_latencies(p, m, [c], [np.array([float(r)])])[0][m][0]
+                     <= budget * (1 + 1e-9)]
+            assert sh.meets == bool(meets)
+            assert sh.least == (meets[0] if meets else first + slots.LATENCY_SCAN)
+            checked += 1
+    assert checked > 0 and any(sh.least > 1 for v in shp.values() for sh in v)
+    assert any(not sh.meets for v in shp.values() for sh in v)  # the bound binds somewhere
+
+
+def test_the_bounded_price_bound_holds_for_the_exact_aggregate_optimum():
+    """16 LLMs / 32 GPUs with mean bounds: the price bound counting each shape's least
+    replicas is at most the exact aggregate min-cost optimum under the same bounds, and at
+    least the bound without them."""
+    from scepsy_opt.planning.mincost import cost_lower_bound, gpu_prices, solve_min_cost
+
+    p = _bounded(16, 32, 2.0, 0.8)
+    prices = gpu_prices(p)
+    shp = slot_shapes(p, bounded=True)
+    bound, _ = cost_lower_bound(p, prices, as_capacity_shapes(shp),
+                                least={m: [sh.least for sh in v] for m, v in shp.items()})
+    plain, _ = cost_lower_bound(p, prices)
+    exact = solve_min_cost(p, deadline=Deadline.after(120))
+    assert exact.status == "optimal"
+    assert plain <= bound * (1 + 1e-9)
+    assert bound <= exact.stats.cost_per_hour * (1 + 1e-6)
+
+
+def test_min_cost_with_mean_bounds_on_many_llms_is_placed_within_the_bounds():
+    """64 LLMs / 128 GPUs, each workflow bounded: the search on fewer nodes places a plan whose
+    predicted means meet every bound, valid on the cluster, priced at or above its bound."""
+    from scepsy_opt.planning.candidates import price
+    from scepsy_place.formulations.loop import by_scale_applies, plan_and_place
+    from scepsy_place.packing.check import violations
+
+    p = _bounded(64, 128, 2.0, 0.95)
+    topo = from_cluster(p.cluster)
+    assert by_scale_applies(p, topo)
+    res = plan_and_place(p, topo, deadline=Deadline.after(40))
+    assert res.placed and "slots-scale" in res.compared
+    priced = price(p, res.plan.allocation)
+    for w, b in p.options.latency_bound_s.items():
+        assert dict(priced[w].workflow_latency_s)[w] <= b * (1 + 1e-6)
+    assert violations(topo, demands(res.plan.allocation), res.placement) == []
+    s = res.plan.stats
+    assert s.placed_cost_per_hour >= s.cost_bound_per_hour * (1 - 1e-9)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -193,6 +193,18 @@ def _terms(problem: PlanningProblem, dem: LLMDemand, curve: Any, replicas: np.nd
     mix, per_class = class_latencies(dem, curve, problem.latency, replicas)
     total, per_wf = _weighted(problem, dem, per_class, replicas.shape)
     return mix, total, per_wf
+
+
+def workflow_latencies(problem: PlanningProblem, llm: str, curves: Sequence[Any],
+                       replicas: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """Per curve of ``curves`` (of ``llm``'s model on one GPU type and TP degree), per workflow
+    that calls ``llm``, its calls' contribution to the workflow's mean latency at the targets,
+    per replica count of ``replicas`` (as the optimiser prices them; one latency query per
+    phase and class for all the curves)."""
+    dem = problem.demands[llm]
+    out = class_latencies_many(dem, list(curves), problem.latency, list(replicas))
+    return [_weighted(problem, dem, per_class, np.shape(r))[1]
+            for r, (_, per_class) in zip(replicas, out, strict=True)]
 
 
 def shapes(problem: PlanningProblem, llm: str) -> list[tuple[str, int, float]]:

@@ -824,27 +824,32 @@ SCALE_BOUND_REL = 1e-4  # the relative precision of :func:`scale_upper_bound`'s 
 
 
 def unit_needs(problem: PlanningProblem, shapes_: Shapes, types: Sequence[str],
+               least: Mapping[str, Sequence[int]] | None = None,
                ) -> Callable[[float], np.ndarray]:
     """``need(scale)``: per LLM (rows, in sorted order) and GPU type of ``types`` (columns), the
     fewest GPU units that carry the LLM's load at ``scale`` with one of its shapes on that type,
     ``units·min_replicas(scale·ℓ, μ)`` (whole replicas at ``max_utilisation``,
     :func:`~scepsy_opt.prediction.pipeline.replicas_needed`); ``inf`` where it has no shape
     there. What :func:`scale_upper_bound` and the price bound
-    (:func:`scepsy_opt.planning.mincost.cost_lower_bound`) count."""
+    (:func:`scepsy_opt.planning.mincost.cost_lower_bound`) count. ``least``: per LLM, per shape
+    (in ``shapes_``'s order), the fewest replicas it may run whatever the load (for example
+    those its latency bound needs)."""
     u = problem.options.max_utilisation
     llms = sorted(shapes_)
     index = {t: j for j, t in enumerate(types)}
-    # every (LLM, shape) as flat arrays: LLM row, type column, units, μ, load
-    flat = [(i, index[sh[0]], sh[3], sh[4], problem.loads[m])
-            for i, m in enumerate(llms) for sh in shapes_[m] if sh[0] in index]
+    # every (LLM, shape) as flat arrays: LLM row, type column, units, μ, load, least replicas
+    flat = [(i, index[sh[0]], sh[3], sh[4], problem.loads[m],
+             least[m][k] if least is not None and m in least else 1)
+            for i, m in enumerate(llms) for k, sh in enumerate(shapes_[m]) if sh[0] in index]
     row = np.array([x[0] for x in flat], dtype=np.int64)
     col = np.array([x[1] for x in flat], dtype=np.int64)
     units = np.array([x[2] for x in flat], dtype=float)
     mu = np.array([x[3] for x in flat], dtype=float)
     load = np.array([x[4] for x in flat], dtype=float)
+    fewest = np.array([x[5] for x in flat], dtype=float)
 
     def need(scale: float) -> np.ndarray:
-        reps = replicas_needed(scale * load, mu, u)
+        reps = np.maximum(replicas_needed(scale * load, mu, u), fewest)
         f = np.full((len(llms), len(types)), np.inf)
         np.minimum.at(f, (row, col), units * reps)
         return f

@@ -667,7 +667,9 @@ def _final(problem: PlanningProblem, plan: Plan, caps: Mapping[str, int]) -> Pla
 
 def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | None = None,
                      shapes: Mapping[str, Sequence[Any]] | None = None, *,
-                     deadline: Deadline | None = None) -> tuple[float, dict[str, float]]:
+                     deadline: Deadline | None = None,
+                     least: Mapping[str, Sequence[int]] | None = None,
+                     ) -> tuple[float, dict[str, float]]:
     """A lower bound on the price per hour (USD) of every allocation that carries the targets
     (placed or not, latency bounds or not), and the GPUs per type the bound's relaxation uses.
 
@@ -680,7 +682,10 @@ def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | Non
     it holds parts of them. ``(inf, {})`` when no split of the LLMs over the types fits the
     cluster's GPUs (no allocation carries the targets); ``(0.0, {})``, the trivial bound,
     when HiGHS ends the LP otherwise (numerical trouble); an open pool without ``max_nodes``
-    counts as unbounded. Raises :class:`TimeLimitReached` when ``deadline`` passes first."""
+    counts as unbounded. ``least``: per LLM, per shape of ``shapes``, the fewest replicas any
+    allocation that meets the latency bounds runs (:func:`scepsy_opt.planning.milp.unit_needs`),
+    for a bound that holds for those allocations only. Raises :class:`TimeLimitReached` when
+    ``deadline`` passes first."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -691,7 +696,7 @@ def cost_lower_bound(problem: PlanningProblem, prices: Mapping[str, float] | Non
     unbounded = set(problem.cluster.unbounded) if problem.cluster.open else set()
     types = sorted(set(budgets) | unbounded)
     llms = sorted(shp)
-    table = unit_needs(problem, shp, types)(1.0)
+    table = unit_needs(problem, shp, types, least)(1.0)
     if not np.all(np.any(np.isfinite(table), axis=1)):
         return math.inf, {}
     if left.remaining() <= 0:

@@ -92,7 +92,13 @@ from scepsy_common.bisection import Probe, largest_accepted
 from scepsy_common.registry import Registry
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.cluster import Cluster, GPUPool
-from scepsy_opt.planning.candidates import CandidateSet, fits_budget, generate_candidates, price
+from scepsy_opt.planning.candidates import (
+    Candidate,
+    CandidateSet,
+    fits_budget,
+    generate_candidates,
+    price,
+)
 from scepsy_opt.planning.milp import Row, solve_min_latency
 from scepsy_opt.planning.mincost import (
     cost_candidates,
@@ -401,9 +407,11 @@ def by_scale_applies(problem: PlanningProblem, topology: Topology) -> bool:
     """Whether min-cost also searches in parts on fewer nodes (:func:`_min_cost_by_scale`):
     slot groups would cut the problem into parts (:func:`scepsy_place.formulations.slots.splits`),
     on a cluster of known free GPUs (no open pool, no current allocation) and without latency
-    bounds, percentile bounds or per-LLM SLOs (the parts' search carries targets only)."""
+    bounds or per-LLM SLOs, and with mean latency bounds only on workflows that call one LLM
+    each (each LLM's bound its own: :func:`scepsy_place.formulations.slots.bounds_alone`)."""
     o = problem.options
-    return (not o.latency_bound_s and not o.latency_bounds and not o.slos and o.current is None
+    return (slots.bounds_alone(problem) and not o.latency_bounds and not o.slos
+            and o.current is None
             and not problem.cluster.open and slots.applicable(problem) is None
             and _whole_free(topology) == topology.budgets() and slots.splits(problem, topology))
 
@@ -418,13 +426,25 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
     :func:`scepsy_place.formulations.slots.plan_slot_scale` with the targets as its
     ``target``), the first try with :data:`BY_SCALE_FIRST` of the time, each later one with
     half the time left; the slack doubles until something carries. Then the node counts
-    descend one GPU type at a time (:func:`_fewer_nodes`). The placed plan of the lowest price
+    descend one GPU type at a time (:func:`_fewer_nodes`). With mean latency bounds (each on a
+    workflow of one LLM) each shape runs at least the replicas its LLM's bound needs, in the
+    plans and in the bound (:func:`scepsy_place.formulations.slots.slot_shapes`), and a plan
+    whose predicted means miss a bound is not kept. The placed plan of the lowest price
     that carried is the answer, priced at the targets, with the relaxation's price as its
     bound: ``(plan, bound)``; ``(None, bound)`` when nothing carried in time, ``(None, 0.0)``
     without a finite bound in time."""
     t0 = time.perf_counter()
+    bounded = bool(problem.options.latency_bound_s)
+    shp: dict[str, list[slots.SlotShape]] | None = None
     try:
-        bound, used = cost_lower_bound(problem, prices, deadline=deadline)
+        if bounded:  # the replicas each shape needs for its LLM's bound count in the bound
+            shp = slots.slot_shapes(problem, deadline, bounded=True)
+            bound, used = cost_lower_bound(problem, prices, slots.as_capacity_shapes(shp),
+                                           deadline=deadline,
+                                           least={m: [sh.least for sh in v]
+                                                  for m, v in shp.items()})
+        else:
+            bound, used = cost_lower_bound(problem, prices, deadline=deadline)
     except TimeLimitReached:
         return None, 0.0
     if not math.isfinite(bound):
@@ -444,9 +464,11 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
         pick = [n for t, nodes in by_type.items() for n in nodes[:counts[t]]]
         sub = Topology(topology.name, tuple(pick))
         res = slots.plan_slot_scale(slots.on_nodes(problem, sub), sub, deadline=_share(
-            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5), target=1.0, gpu_cost=prices)
+            deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5), target=1.0, gpu_cost=prices,
+            bounded=bounded, shapes=shp)
         alloc = res.plan.allocation
-        if not (res.placed and alloc is not None and res.plan.scale >= 1.0):
+        if not (res.placed and alloc is not None and res.plan.scale >= 1.0
+                and not _over_mean_bounds(problem, price(problem, alloc))):
             return False
         cost, gpus = _placed_cost(sub, res.placement, prices)
         if best is None or cost < best[0]:
@@ -472,6 +494,19 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
         _fewer_nodes(carried, floor, {t: prices[t] * per[t] for t in by_type}, attempt,
                      deadline, seen, list(by_type))
     return (None if best is None else best[1]), bound
+
+
+def _over_mean_bounds(problem: PlanningProblem, priced: Mapping[str, Candidate]) -> list[str]:
+    """The targeted workflows whose predicted mean latency (their tool time on the critical
+    path and their LLMs' contributions, as ``priced``) is above their bound."""
+    out = []
+    for w, b in sorted(problem.options.latency_bound_s.items()):
+        if w in problem.targets:
+            mean = problem.stats[w].tool_critical_s + math.fsum(
+                dict(c.workflow_latency_s).get(w, 0.0) for _, c in sorted(priced.items()))
+            if mean > b * (1 + 1e-9):
+                out.append(w)
+    return out
 
 
 def _fewer_nodes(carried: Mapping[str, int], floor: Mapping[str, int],

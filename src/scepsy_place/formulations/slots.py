@@ -68,10 +68,12 @@ from scepsy_opt.planning.candidates import (
     fitting_curves,
     generate_candidates,
     price,
+    workflow_latencies,
 )
 from scepsy_opt.planning.milp import Shape, scale_upper_bound, unit_needs
 from scepsy_opt.planning.plans import Status, headroom, no_allocation_plan, plan_from_choice
 from scepsy_opt.planning.problem import Deadline, PlanningProblem, TimeLimitReached
+from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_place.formulations.patterns import _Model, _run_mip
 from scepsy_place.formulations.placed import PlacedPlan, timed_out
 from scepsy_place.packing.placement import Placement, demands, whole_free_gpus
@@ -97,6 +99,8 @@ class SlotShape:
     share: float
     units: int
     mu: float
+    least: int = 1  # the fewest replicas it may run (fewer miss the LLM's latency bound)
+    meets: bool = True  # whether some replica count meets the bound (a model uses only those)
 
 
 @dataclass(frozen=True)
@@ -124,35 +128,113 @@ def applicable(problem: PlanningProblem) -> str | None:
     return None
 
 
-def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None,
-                ) -> dict[str, list[SlotShape]]:
+LATENCY_SCAN = 64  # replica counts above the fewest that carry an LLM's load, scanned for its bound
+
+
+def bounds_alone(problem: PlanningProblem) -> bool:
+    """Whether every mean latency bound (``latency_bound_s``) of a targeted workflow is on a
+    workflow that calls one LLM, so that each bound is one LLM's own (:func:`slot_shapes`
+    ``bounded``)."""
+    return all(len(problem.stats[w].llms) == 1 for w in problem.options.latency_bound_s
+               if w in problem.targets)
+
+
+def _budgets(problem: PlanningProblem) -> dict[str, dict[str, float]]:
+    """Per LLM, the mean latency its calls may take in each bounded workflow that calls it (its
+    bound less the workflow's tool time on the critical path)."""
+    out: dict[str, dict[str, float]] = {}
+    for w, b in sorted(problem.options.latency_bound_s.items()):
+        if w in problem.targets:
+            for m in problem.stats[w].llms:
+                out.setdefault(m, {})[w] = b - problem.stats[w].tool_critical_s
+    return out
+
+
+def _least_within(problem: PlanningProblem, m: str, curves: Sequence[Any],
+                  budgets: Mapping[str, float]) -> list[int | None]:
+    """Per curve of ``curves`` (``m``'s on one GPU type and TP degree), the fewest replicas that
+    carry ``m``'s load at ``max_utilisation`` and keep its mean latency in every workflow within
+    ``budgets`` (the predictor's, at the targets), scanning :data:`LATENCY_SCAN` counts; None
+    where none of them does (fewer than the first count past the scan miss it, then). The
+    fewest that carry the load are asked first; the scan only where they miss."""
+    u = problem.options.max_utilisation
+    first = [min_replicas(problem.loads[m], c.mu, u) for c in curves]
+
+    def meet(per_wf: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+        ok = np.ones(shape, dtype=bool)
+        for w, budget in budgets.items():
+            ok &= per_wf.get(w, np.zeros(shape)) <= budget * (1 + 1e-9)
+        return ok
+
+    out: list[int | None] = list(first)
+    if not budgets or not curves:
+        return out
+    at_first = workflow_latencies(problem, m, curves, [np.array([float(f)]) for f in first])
+    missed = [j for j, per_wf in enumerate(at_first) if not meet(per_wf, (1,))[0]]
+    if not missed:
+        return out
+    scans = [np.arange(first[j] + 1, first[j] + LATENCY_SCAN, dtype=float) for j in missed]
+    for j, rs, per_wf in zip(missed, scans, workflow_latencies(
+            problem, m, [curves[j] for j in missed], scans), strict=True):
+        hits = np.flatnonzero(meet(per_wf, rs.shape))
+        out[j] = int(rs[hits[0]]) if hits.size else None
+    return out
+
+
+def _undominated(shapes: Sequence[SlotShape]) -> list[SlotShape]:
+    """The shapes (of one GPU type and TP degree) that no other beats: one with no larger share,
+    no smaller μ and no more replicas at least is as good (its slot holds the replica too)."""
+    kept: list[SlotShape] = []
+    for sh in sorted(shapes, key=lambda s: (s.units, -s.mu, s.least, not s.meets)):
+        if not any(k.units <= sh.units and k.mu >= sh.mu and k.least <= sh.least
+                   and (k.meets or not sh.meets) for k in kept):
+            kept.append(sh)
+    return kept
+
+
+def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None, *,
+                bounded: bool = False) -> dict[str, list[SlotShape]]:
     """Per LLM, its shapes that no other of the same GPU type and TP degree beats: a shape is
     dropped when another has no larger share and no smaller μ (its slot holds the replica too).
-    Raises :class:`~scepsy_opt.planning.problem.TimeLimitReached` once ``deadline`` passes."""
+    ``bounded``: each shape's ``least`` is the fewest replicas that keep the LLM within its
+    workflows' mean latency bounds at the targets (:func:`_least_within`; every bounded
+    workflow calls one LLM, :func:`bounds_alone`), a shape that meets them at no count scanned
+    has ``meets`` false and ``least`` the first count past the scan (models leave it out;
+    bounds count it), and a shape is beaten only by one that needs no more replicas. Raises
+    :class:`~scepsy_opt.planning.problem.TimeLimitReached` once ``deadline`` passes."""
     out: dict[str, list[SlotShape]] = {}
     seen: dict[tuple[Any, ...], list[SlotShape]] = {}
+    curves: dict[tuple[Any, ...], list[tuple[str, int, Any]]] = {}  # by curve_key
+    every = _budgets(problem) if bounded else {}
     for m in problem.llms:
         if deadline is not None:
             deadline.check()
+        budgets = every.get(m, {})
         # the serving curves depend on the model and the token lengths, not on the rate: LLMs
-        # alike in those share their shapes
-        key = curve_key(problem, m)
+        # alike in those share their shapes (with latency bounds, alike in rate and bound too)
+        key = curve_key(problem, m) if not budgets else (
+            curve_key(problem, m), problem.loads[m], tuple(budgets.values()))
         if key in seen:
             out[m] = seen[key]
             continue
+        ck = curve_key(problem, m)
+        if ck not in curves:
+            curves[ck] = [(g, t, c) for g, t, c in fitting_curves(problem, m, problem.demands[m])
+                          if c.mu > 0]
+        grouped: dict[tuple[str, int], list[Any]] = {}
+        for gpu, tp, curve in curves[ck]:
+            grouped.setdefault((gpu, tp), []).append(curve)
         by_type: dict[tuple[str, int], list[SlotShape]] = {}
-        for gpu, tp, curve in fitting_curves(problem, m, problem.demands[m]):
-            if curve.mu > 0:
+        for (gpu, tp), group in grouped.items():
+            fewest = _least_within(problem, m, group, budgets) if budgets else [1] * len(group)
+            for curve, least in zip(group, fewest, strict=True):
+                past = min_replicas(problem.loads[m], curve.mu, problem.options.max_utilisation
+                                    ) + LATENCY_SCAN
                 by_type.setdefault((gpu, tp), []).append(
-                    SlotShape(gpu, tp, curve.share, share_units(curve.share), curve.mu))
-        kept: list[SlotShape] = []
-        for gpu_tp in sorted(by_type):
-            best_mu = -math.inf
-            for sh in sorted(by_type[gpu_tp], key=lambda s: (s.units, -s.mu)):
-                if sh.mu > best_mu:
-                    kept.append(sh)
-                    best_mu = sh.mu
-        out[m] = seen[key] = kept
+                    SlotShape(gpu, tp, curve.share, share_units(curve.share), curve.mu,
+                              past if least is None else least, least is not None))
+        out[m] = seen[key] = [sh for gpu_tp in sorted(by_type)
+                              for sh in _undominated(by_type[gpu_tp])]
     return out
 
 
@@ -355,7 +437,8 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
     loads = problem.loads
     model = _Model()
     have = _FreeGPUs(topology)
-    usable = {m: [sh for sh in shp[m] if have.level(sh.gpu, sh.tp) > 0] for m in sorted(shp)}
+    usable = {m: [sh for sh in shp[m] if sh.meets and have.level(sh.gpu, sh.tp) > 0]
+              for m in sorted(shp)}
     if any(not v for v in usable.values()):
         return _none("infeasible")
     frame = _frame(model, [(sh.gpu, sh.tp, sh.units) for v in usable.values() for sh in v],
@@ -371,12 +454,15 @@ def solve_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: 
         s_col_vals.append(loads[m])
         cols[m] = []
         for sh in options:
-            top = have.level(sh.gpu, sh.tp) // sh.tp * (UNITS // sh.units)
+            room = have.level(sh.gpu, sh.tp) // sh.tp * (UNITS // sh.units)
+            top = room
             if scale_ub is not None and math.isfinite(scale_ub) and loads[m] > 0:
                 top = min(top, max(1, math.ceil(scale_ub * loads[m] / (u * sh.mu) - 1e-9)))
+            top = max(top, min(sh.least, room))
             link = model.row(-math.inf, 0.0)  # r − top·y ≤ 0
-            least = model.row(0.0, math.inf)  # r − y ≥ 0
-            y = model.col(0.0, 0.0, 1.0, [one, link, least], [1.0, -float(top), -1.0], True)
+            least = model.row(0.0, math.inf)  # r − least·y ≥ 0
+            y = model.col(0.0, 0.0, 1.0 if sh.least <= room else 0.0, [one, link, least],
+                          [1.0, -float(top), -float(sh.least)], True)
             rows, vals = frame.replica_rows(sh.gpu, sh.tp, sh.units, 1.0)
             r = model.col(0.0, 0.0, float(top), [load_row, link, least, *rows],
                           [-u * sh.mu, 1.0, 1.0, *vals], True)
@@ -856,9 +942,12 @@ def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotSh
                   scale: float) -> dict[str, dict[str, float]]:
     """Per LLM and GPU type, the fewest GPU units that carry its load at ``scale`` with one of
     its shapes on that type (whole replicas, :func:`scepsy_opt.planning.milp.unit_needs`):
-    what :func:`partition` balances."""
-    types = sorted({sh.gpu for v in shapes.values() for sh in v})
-    f = unit_needs(problem, as_capacity_shapes(shapes), types)(scale)
+    what :func:`partition` balances. A shape runs at least its ``least`` replicas (those its
+    LLM's latency bound needs), and one that meets the bound at no count is left out."""
+    usable = {m: [sh for sh in v if sh.meets] for m, v in shapes.items()}
+    types = sorted({sh.gpu for v in usable.values() for sh in v})
+    f = unit_needs(problem, as_capacity_shapes(usable), types,
+                   {m: [sh.least for sh in v] for m, v in usable.items()})(scale)
     row = {m: i for i, m in enumerate(sorted(shapes))}
     return {m: {t: float(f[row[m], j]) for j, t in enumerate(types) if math.isfinite(f[row[m], j])}
             for m in shapes}
@@ -1451,7 +1540,9 @@ def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
 
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
                     part_llms: int = PART_LLMS, target: float | None = None,
-                    gpu_cost: Mapping[str, float] | None = None) -> PlacedPlan:
+                    gpu_cost: Mapping[str, float] | None = None,
+                    bounded: bool = False,
+                    shapes: Mapping[str, Sequence[SlotShape]] | None = None) -> PlacedPlan:
     """Max-throughput placed by construction: the largest scale of the targets that slot groups
     carry (:func:`solve_slot_scale`; in parts of about ``part_llms`` LLMs when the workflows
     allow it, :func:`partition`, each part of one GPU type, :func:`typed_partition`, where the
@@ -1468,10 +1559,13 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
     parts carry it: the first partition whose parts all do is the answer (its scale at least
     the target), and none carries it otherwise (``unplaced``, or ``time_limit`` when a probe
     was cut short); with ``gpu_cost`` (per GPU type) each part's solution at the target is one
-    whose GPUs cost the least (:func:`solve_parts`)."""
+    whose GPUs cost the least (:func:`solve_parts`). ``bounded``: each LLM runs at least the
+    replicas that keep it within its workflows' mean latency bounds at the targets
+    (:func:`slot_shapes`; meant with ``target`` 1, every bounded workflow calling one LLM);
+    ``shapes``: those slot shapes, when the caller has them already."""
     t0 = time.perf_counter()
     try:
-        shp = slot_shapes(problem, deadline)
+        shp = shapes if shapes is not None else slot_shapes(problem, deadline, bounded=bounded)
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), POLICY, False)
     try:
