@@ -406,7 +406,7 @@ BY_SCALE_FIRST = 0.85  # ... the first try's share of the time (a first plan of 
 def by_scale_applies(problem: PlanningProblem, topology: Topology) -> bool:
     """Whether min-cost also searches in parts on fewer nodes (:func:`_min_cost_by_scale`):
     slot groups would cut the problem into parts (:func:`scepsy_place.formulations.slots.splits`),
-    on a cluster of known free GPUs (no open pool, no current allocation) and without latency
+    on a cluster of known free GPUs (no open pool, no current allocation), without percentile
     bounds or per-LLM SLOs, and with mean latency bounds only on workflows that call one LLM
     each (each LLM's bound its own: :func:`scepsy_place.formulations.slots.bounds_alone`)."""
     o = problem.options
