@@ -445,20 +445,11 @@ def _bounded(n: int, gpus: int, factor: float, scale: float):
     fewest replicas that carry it on any shape."""
     from dataclasses import replace
 
-    import numpy as np
-
-    from scepsy_opt.planning.candidates import fitting_curves, workflow_latencies
-    from scepsy_opt.prediction.pipeline import min_replicas
+    from scepsy_opt.planning.instances import least_latency_bounds
 
     p = many_models_problem(n, gpus, ROOF, copies=False,
                             options=PlanOptions(objective="min-cost")).scaled(scale)
-    u = p.options.max_utilisation
-    bounds = {}
-    for m in p.llms:
-        lat = [workflow_latencies(p, m, [c], [np.array([float(min_replicas(p.loads[m], c.mu,
-                                                                             u))])])[0][m][0]
-               for _, _, c in fitting_curves(p, m, p.demands[m]) if c.mu > 0]
-        bounds[m] = factor * min(lat)
+    bounds = least_latency_bounds(p, factor)
     return replace(p, options=replace(p.options, latency_bound_s=bounds))
 
 

@@ -15,8 +15,10 @@ from types import MappingProxyType
 import numpy as np
 
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
+from scepsy_opt.planning.candidates import fitting_curves, workflow_latencies
 from scepsy_opt.planning.milp import capacity_shapes
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
+from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_opt.stats import CallClass, LLMStats, WorkflowStats
 from scepsy_profile.latency import LatencyModel
 
@@ -171,3 +173,18 @@ def many_models_problem(n_llms: int, gpus: int, latency: LatencyModel, *, seed: 
             need += lam / unit.options.max_utilisation / max(mu / units for _, _, _, units, mu in ref)
     scale = load * cl.total_gpus * 1000 / need if need > 0 else 1.0
     return unit.scaled(scale)
+
+
+def least_latency_bounds(problem: PlanningProblem, factor: float) -> dict[str, float]:
+    """Mean latency bounds for a problem whose workflows each call one LLM (the many-models
+    instances): each workflow's bound is ``factor`` times its LLM's least predicted mean latency
+    over its shapes, each at the fewest replicas that carry its load at ``max_utilisation``."""
+    u = problem.options.max_utilisation
+    out: dict[str, float] = {}
+    for w in sorted(problem.targets):
+        (m,) = problem.stats[w].llms
+        lat = [workflow_latencies(problem, m, [c], [np.array([float(min_replicas(
+                   problem.loads[m], c.mu, u))])])[0][w][0]
+               for _, _, c in fitting_curves(problem, m, problem.demands[m]) if c.mu > 0]
+        out[w] = factor * float(min(lat))
+    return out
