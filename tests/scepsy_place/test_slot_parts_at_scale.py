@@ -459,7 +459,7 @@ def test_the_least_replicas_of_a_bounded_shape_are_the_first_count_that_meets_it
     meets it at no count scanned."""
     import numpy as np
 
-    from scepsy_opt.planning.candidates import fitting_curves, workflow_latencies
+    from scepsy_opt.planning.candidates import fitting_curves, workflow_latency_terms
     from scepsy_opt.prediction.pipeline import min_replicas
 
     p = _bounded(16, 32, 1.2, 0.8)
@@ -473,7 +473,7 @@ def test_the_least_replicas_of_a_bounded_shape_are_the_first_count_that_meets_it
             c = curves[(sh.gpu, sh.tp, sh.share)]
             first = min_replicas(p.loads[m], c.mu, u)
             meets = [r for r in range(first, first + slots.LATENCY_SCAN)
-                     if workflow_latencies(p, m, [c], [np.array([float(r)])])[0][m][0]
+                     if workflow_latency_terms(p, m, [c], [np.array([float(r)])])[0][m][0]
                      <= budget * (1 + 1e-9)]
             assert sh.meets == bool(meets)
             assert sh.least == (meets[0] if meets else first + slots.LATENCY_SCAN)

@@ -195,8 +195,8 @@ def _terms(problem: PlanningProblem, dem: LLMDemand, curve: Any, replicas: np.nd
     return mix, total, per_wf
 
 
-def workflow_latencies(problem: PlanningProblem, llm: str, curves: Sequence[Any],
-                       replicas: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+def workflow_latency_terms(problem: PlanningProblem, llm: str, curves: Sequence[Any],
+                           replicas: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
     """Per curve of ``curves`` (of ``llm``'s model on one GPU type and TP degree), per workflow
     that calls ``llm``, its calls' contribution to the workflow's mean latency at the targets,
     per replica count of ``replicas`` (as the optimiser prices them; one latency query per

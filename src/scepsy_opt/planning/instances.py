@@ -15,7 +15,7 @@ from types import MappingProxyType
 import numpy as np
 
 from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
-from scepsy_opt.planning.candidates import fitting_curves, workflow_latencies
+from scepsy_opt.planning.candidates import fitting_curves, workflow_latency_terms
 from scepsy_opt.planning.milp import capacity_shapes
 from scepsy_opt.planning.problem import PlanningProblem, PlanOptions
 from scepsy_opt.prediction.pipeline import min_replicas
@@ -183,7 +183,7 @@ def least_latency_bounds(problem: PlanningProblem, factor: float) -> dict[str, f
     out: dict[str, float] = {}
     for w in sorted(problem.targets):
         (m,) = problem.stats[w].llms
-        lat = [workflow_latencies(problem, m, [c], [np.array([float(min_replicas(
+        lat = [workflow_latency_terms(problem, m, [c], [np.array([float(min_replicas(
                    problem.loads[m], c.mu, u))])])[0][w][0]
                for _, _, c in fitting_curves(problem, m, problem.demands[m]) if c.mu > 0]
         out[w] = factor * float(min(lat))

@@ -467,12 +467,14 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
             deadline, BY_SCALE_FIRST if len(seen) == 1 else 0.5), target=1.0, gpu_cost=prices,
             bounded=bounded, shapes=shp)
         alloc = res.plan.allocation
-        if not (res.placed and alloc is not None and res.plan.scale >= 1.0
-                and not _over_mean_bounds(problem, price(problem, alloc))):
+        if not (res.placed and alloc is not None and res.plan.scale >= 1.0):
+            return False
+        priced = price(problem, alloc)
+        if not _within_mean_bounds(problem, priced):
             return False
         cost, gpus = _placed_cost(sub, res.placement, prices)
         if best is None or cost < best[0]:
-            plan = plan_from_choice(problem, "milp", "heuristic", price(problem, alloc),
+            plan = plan_from_choice(problem, "milp", "heuristic", priced,
                                     {"gpus_used": gpus, "parts": res.plan.stats.get("parts"),
                                      "probes": res.plan.stats.get("probes")})
             best = (cost, replace(res, plan=plan, formulation="slots",
@@ -496,17 +498,11 @@ def _min_cost_by_scale(problem: PlanningProblem, topology: Topology,
     return (None if best is None else best[1]), bound
 
 
-def _over_mean_bounds(problem: PlanningProblem, priced: Mapping[str, Candidate]) -> list[str]:
-    """The targeted workflows whose predicted mean latency (their tool time on the critical
-    path and their LLMs' contributions, as ``priced``) is above their bound."""
-    out = []
-    for w, b in sorted(problem.options.latency_bound_s.items()):
-        if w in problem.targets:
-            mean = problem.stats[w].tool_critical_s + math.fsum(
-                dict(c.workflow_latency_s).get(w, 0.0) for _, c in sorted(priced.items()))
-            if mean > b * (1 + 1e-9):
-                out.append(w)
-    return out
+def _within_mean_bounds(problem: PlanningProblem, priced: Mapping[str, Candidate]) -> bool:
+    """Whether the choice ``priced`` meets every targeted workflow's mean latency bound, as the
+    min-cost MILP's rows count it (:func:`scepsy_opt.planning.mincost.slo_rows`)."""
+    return all(math.fsum(coeffs.values()) <= rhs + 1e-9 * max(1.0, abs(rhs))
+               for coeffs, rhs in slo_rows(problem, {m: [c] for m, c in priced.items()}))
 
 
 def _fewer_nodes(carried: Mapping[str, int], floor: Mapping[str, int],

@@ -68,7 +68,7 @@ from scepsy_opt.planning.candidates import (
     fitting_curves,
     generate_candidates,
     price,
-    workflow_latencies,
+    workflow_latency_terms,
 )
 from scepsy_opt.planning.milp import Shape, scale_upper_bound, unit_needs
 from scepsy_opt.planning.plans import Status, headroom, no_allocation_plan, plan_from_choice
@@ -169,12 +169,12 @@ def _least_within(problem: PlanningProblem, m: str, curves: Sequence[Any],
     out: list[int | None] = list(first)
     if not budgets or not curves:
         return out
-    at_first = workflow_latencies(problem, m, curves, [np.array([float(f)]) for f in first])
+    at_first = workflow_latency_terms(problem, m, curves, [np.array([float(f)]) for f in first])
     missed = [j for j, per_wf in enumerate(at_first) if not meet(per_wf, (1,))[0]]
     if not missed:
         return out
     scans = [np.arange(first[j] + 1, first[j] + LATENCY_SCAN, dtype=float) for j in missed]
-    for j, rs, per_wf in zip(missed, scans, workflow_latencies(
+    for j, rs, per_wf in zip(missed, scans, workflow_latency_terms(
             problem, m, [curves[j] for j in missed], scans), strict=True):
         hits = np.flatnonzero(meet(per_wf, rs.shape))
         out[j] = int(rs[hits[0]]) if hits.size else None
@@ -228,8 +228,9 @@ def slot_shapes(problem: PlanningProblem, deadline: Deadline | None = None, *,
         for (gpu, tp), group in grouped.items():
             fewest = _least_within(problem, m, group, budgets) if budgets else [1] * len(group)
             for curve, least in zip(group, fewest, strict=True):
-                past = min_replicas(problem.loads[m], curve.mu, problem.options.max_utilisation
-                                    ) + LATENCY_SCAN
+                if least is None:  # no count scanned meets the bound: the first past the scan
+                    past = min_replicas(problem.loads[m], curve.mu,
+                                        problem.options.max_utilisation) + LATENCY_SCAN
                 by_type.setdefault((gpu, tp), []).append(
                     SlotShape(gpu, tp, curve.share, share_units(curve.share), curve.mu,
                               past if least is None else least, least is not None))
