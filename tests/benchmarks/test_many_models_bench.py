@@ -90,6 +90,7 @@ def test_min_cost_at_smoke_size_reports_a_price_at_or_above_its_bound(tmp_path):
     assert mc["wall_s"] <= 8 * 1.1 + 1
 
 
+@pytest.mark.slow
 def test_min_cost_within_mean_bounds_at_smoke_size_meets_them(tmp_path):
     """``--min-cost --mean-bounds 2``: every workflow bounded at twice its LLM's least latency;
     the plan places, meets every bound as predicted, and is priced at or above its bound."""

@@ -500,6 +500,7 @@ def test_the_bounded_price_bound_holds_for_the_exact_aggregate_optimum():
     assert bound <= exact.stats.cost_per_hour * (1 + 1e-6)
 
 
+@pytest.mark.slow
 def test_min_cost_with_mean_bounds_on_many_llms_is_placed_within_the_bounds():
     """64 LLMs / 128 GPUs, each workflow bounded: the search on fewer nodes places a plan whose
     predicted means meet every bound, valid on the cluster, priced at or above its bound."""
