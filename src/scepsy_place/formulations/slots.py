@@ -681,6 +681,9 @@ LARGER_PARTS = 4  # the parts of the second try, in LLMs, as a multiple of the f
 WIDE_GAP = 0.02  # a gap to the bound above which the second try runs (docs/optimiser.md)
 LARGER_FIRST_SHARE = 0.6  # of the time, what larger parts get when they go first
 LARGER_FIRST_MAX_PARTS = 8  # ... which they do only when they are this few
+QUICK_PART_NODES = 32  # a part whose probes settle in seconds: at most this many nodes ...
+QUICK_PART_LLMS = 200  # ... and LLMs (measured on Zipf, at 2% below the part's bound: 192 LLMs
+# on 32 nodes 1.8-3 s, 150 on 64 nodes 1-17 s, 200 on 128 nodes more than 20 s)
 
 
 @dataclass(frozen=True)
@@ -945,11 +948,8 @@ def capacity_need(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotSh
     its shapes on that type (whole replicas, :func:`scepsy_opt.planning.milp.unit_needs`):
     what :func:`partition` balances. A shape runs at least its ``least`` replicas (those its
     LLM's latency bound needs), and one that meets the bound at no count is left out."""
-    usable = {m: [sh for sh in v if sh.meets] for m, v in shapes.items()}
-    types = sorted({sh.gpu for v in usable.values() for sh in v})
-    f = unit_needs(problem, as_capacity_shapes(usable), types,
-                   {m: [sh.least for sh in v] for m, v in usable.items()})(scale)
-    row = {m: i for i, m in enumerate(sorted(shapes))}
+    need, row, types = _need_matrix(problem, shapes)
+    f = need(scale)
     return {m: {t: float(f[row[m], j]) for j, t in enumerate(types) if math.isfinite(f[row[m], j])}
             for m in shapes}
 
@@ -1462,6 +1462,185 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
     return _parts_result(problem, parts, keys, first_of, best, counts, floor, _median(paces))
 
 
+REBALANCE_REL = 0.002  # the rebalanced parts' scale is searched to this, relative to the bound
+REBALANCE_MIN = 0.002  # ... and kept only when it raises the parts' least bound this much
+
+
+def _need_matrix(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotShape]],
+                 ) -> tuple[Callable[[float], np.ndarray], dict[str, int], list[str]]:
+    """:func:`capacity_need` as a function of the scale: the units matrix (LLMs in sorted order
+    by GPU types), each LLM's row and the types."""
+    usable = {m: [sh for sh in v if sh.meets] for m, v in shapes.items()}
+    types = sorted({sh.gpu for v in usable.values() for sh in v})
+    f = unit_needs(problem, as_capacity_shapes(usable), types,
+                   {m: [sh.least for sh in v] for m, v in usable.items()})
+    return f, {m: i for i, m in enumerate(sorted(shapes))}, types
+
+
+def _part_types(topology: Topology, parts: Sequence[Part]) -> list[str | None]:
+    """Per part, the one GPU type of its nodes (None for a part of several)."""
+    out: list[str | None] = []
+    for p in parts:
+        kinds = {topology.node(x).gpu for x in p.nodes}
+        out.append(next(iter(kinds)) if len(kinds) == 1 else None)
+    return out
+
+
+def _part_units(topology: Topology, part: Part) -> float:
+    """A part's wholly free GPUs, in units of a share."""
+    return float(UNITS * sum(
+        sum(1 for g in range(n.gpus) if n.used[g] == (0.0, 0.0))
+        for n in map(topology.node, part.nodes)))
+
+
+def rebalanced(problem: PlanningProblem, topology: Topology, parts: Sequence[Part],
+               shapes: Mapping[str, Sequence[SlotShape]], scale_ub: float,
+               target: float | None = None) -> list[Part]:
+    """``parts`` with LLMs moved between parts of the same GPU type so that the least of the
+    parts' own bounds (:func:`part_bounds`) is as high as moves find: parts balanced by their
+    need at the bound can still differ there, since whole replicas make each LLM's need a
+    step function of the scale (on Zipf 256 / 512 one part's own bound was 1.1686 where the
+    others' were 1.21 to 1.23 and the whole problem's 1.2223).
+
+    The scale is bisected between the parts' least bound and ``scale_ub`` (to
+    :data:`REBALANCE_REL`); at each scale the LLMs of the parts over their units there move
+    (:func:`_refit`: the groups a workflow ties, :func:`tied`, as one). The new parts are
+    kept only when their least bound is :data:`REBALANCE_MIN` higher. With a ``target`` (a
+    scale that is enough) the parts are moved only when one cannot carry the target, and only
+    to where every part can. Parts of several GPU types, and the LLMs tied to them, stay as
+    they are, and so do parts a workflow spans (:func:`separable`; the search plans those as
+    one part). Deterministic."""
+    kind = _part_types(topology, parts)
+    if len(parts) < 2 or not any(kind) or not separable(problem, parts):
+        return list(parts)
+    f, row, types = _need_matrix(problem, shapes)
+    cap = np.array([_part_units(topology, p) for p in parts], dtype=float)
+    where = {m: i for i, p in enumerate(parts) for m in p.llms}
+    groups = [g for g in tied(problem) if all(m in where for m in g)]
+    home = np.array([where[g[0]] for g in groups], dtype=np.int64)
+    movable = np.array([kind[h] is not None for h in home], dtype=bool)
+    of_group = np.array([n for n, g in enumerate(groups) for _ in g], dtype=np.int64)
+    of_row = np.array([row[m] for g in groups for m in g], dtype=np.int64)
+    # per part, its type's column (a last column of inf for a part of several types)
+    pick = np.array([types.index(k) if k in types else len(types) for k in kind],
+                    dtype=np.int64)
+
+    def sizes(scale: float) -> np.ndarray:  # per group, its units on each part's type
+        per_type = np.zeros((len(groups), len(types) + 1))
+        per_type[:, -1] = np.inf
+        np.add.at(per_type[:, :-1], of_group, f(scale)[of_row])
+        return per_type[:, pick]
+
+    def over(at: np.ndarray, scale: float) -> np.ndarray:
+        sz = sizes(scale)
+        load = np.zeros(len(parts))
+        np.add.at(load, at, sz[np.arange(len(groups)), at])
+        return np.where([k is not None for k in kind], load - cap, 0.0)
+
+    def least(at: np.ndarray) -> float:  # the parts' least own bound, to REBALANCE_REL
+        if np.all(over(at, scale_ub) <= 1e-9):
+            return scale_ub
+        lo, hi = 0.0, scale_ub
+        while hi - lo > REBALANCE_REL * scale_ub:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if np.all(over(at, mid) <= 1e-9) else (lo, mid)
+        return lo
+    if target is not None:
+        if np.all(over(home, target) <= 1e-9):
+            return list(parts)
+        moved = _refit(sizes(target), cap, home, movable, kind)
+        return list(parts) if moved is None else _moved(parts, groups, moved)
+    start = least(home)
+    best, at = start, home
+    lo, hi = start, scale_ub
+    while hi - lo > REBALANCE_REL * scale_ub:
+        mid = (lo + hi) / 2
+        moved = _refit(sizes(mid), cap, at, movable, kind)
+        if moved is None:
+            hi = mid
+        else:
+            at, lo = moved, mid
+            best = max(best, least(moved))
+            lo = max(lo, best)
+    if best < start * (1 + REBALANCE_MIN):
+        return list(parts)
+    return _moved(parts, groups, at)
+
+
+def _refit(sizes: np.ndarray, cap: np.ndarray, start: np.ndarray, movable: np.ndarray,
+           kind: Sequence[str | None]) -> np.ndarray | None:
+    """Groups (rows of ``sizes``: their units on each part's type) from ``start`` (a part per
+    group) to parts of the same type, so that no part of one type (``kind``) holds more than
+    its ``cap``: while one does, the part furthest over gives a ``movable`` group to the part
+    of that type with the most room (the smallest group that ends the excess, else the
+    largest that fits anywhere), or, when none fits, swaps one for a smaller group of
+    another part that takes the difference (the swap that ends or cuts the excess most).
+    Each step lowers the parts' total excess, so it ends; None when a part stays over."""
+    at = start.copy()
+    g = np.arange(len(at))
+    load = np.zeros(len(cap))
+    np.add.at(load, at, sizes[g, at])
+    typed = np.array([k is not None for k in kind], dtype=bool)
+    same = np.array([[a is not None and a == b for b in kind] for a in kind], dtype=bool)
+    for _ in range(4 * len(at) + 16):
+        excess = np.where(typed, load - cap, -np.inf)
+        b = int(excess.argmax())
+        ex = float(excess[b])
+        if ex <= 1e-9:
+            return at
+        mine = np.flatnonzero((at == b) & movable)
+        room = cap - load
+        others = np.flatnonzero(same[b] & (np.arange(len(cap)) != b))
+        if len(mine) == 0 or len(others) == 0:
+            return None
+        step: tuple[Any, ...] | None = None
+        # a move: the part of the most room that takes the group (the first of equals)
+        dest = others[np.argsort(-room[others], kind="stable")]
+        for i in mine if len(mine) > 1 else ():  # a part keeps one group at least
+            fit = dest[room[dest] >= sizes[i, dest] - 1e-9]
+            if len(fit) == 0 or sizes[i, b] <= 0:
+                continue
+            key = ((0, sizes[i, b], int(i)) if sizes[i, b] >= ex - 1e-9
+                   else (1, -sizes[i, b], int(i)))
+            if step is None or key < step[0]:
+                step = (key, int(i), int(fit[0]), None)
+        if step is None:  # a swap with a smaller group of a part that takes the difference
+            theirs = np.flatnonzero(np.isin(at, others) & movable)
+            for i in mine:
+                d = sizes[i, b] - sizes[theirs, b]  # what part b sheds
+                c = at[theirs]
+                ok = (d > 1e-9) & (room[c] >= sizes[i, c] - sizes[theirs, c] - 1e-9)
+                if not ok.any():
+                    continue
+                k = np.flatnonzero(ok)
+                ends = d[k] >= ex - 1e-9
+                j = int(k[ends][d[k][ends].argmin()]) if ends.any() else int(k[d[k].argmax()])
+                key = ((0, float(d[j]), int(i)) if d[j] >= ex - 1e-9
+                       else (1, -float(d[j]), int(i)))
+                if step is None or key < step[0]:
+                    step = (key, int(i), int(c[j]), int(theirs[j]))
+        if step is None:
+            return None
+        _, i, c, j = step
+        load[b] -= sizes[i, b]
+        load[c] += sizes[i, c]
+        at[i] = c
+        if j is not None:
+            load[c] -= sizes[j, c]
+            load[b] += sizes[j, b]
+            at[j] = b
+    return None
+
+
+def _moved(parts: Sequence[Part], groups: Sequence[tuple[str, ...]],
+           at: np.ndarray) -> list[Part]:
+    """``parts`` with each group's LLMs in its part of ``at`` (nodes and types kept)."""
+    members: list[list[str]] = [[] for _ in parts]
+    for g, i in zip(groups, at, strict=True):
+        members[int(i)].extend(g)
+    return [replace(p, llms=tuple(sorted(members[i]))) for i, p in enumerate(parts)]
+
+
 def _median(xs: Sequence[float]) -> float:
     """The middle value of ``xs`` (the upper of two; 0 for none)."""
     return sorted(xs)[len(xs) // 2] if xs else 0.0
@@ -1536,7 +1715,30 @@ def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
     if (larger_first and base == part_llms and any(q.gpu for q in tries[0])
             and len(tries[1]) <= LARGER_FIRST_MAX_PARTS):
         tries.reverse()
+        whole = _largest_quick(problem, topology, LARGER_PARTS * base, need, made, cut)
+        if whole is not None and len(whole) < len(tries[0]):
+            tries.insert(0, whole)
     return tries
+
+
+def _largest_quick(problem: PlanningProblem, topology: Topology, size: int,
+                   need: Mapping[str, Mapping[str, float]], made: dict[int, list[Part]],
+                   cut: Callable[..., list[Part]]) -> list[Part] | None:
+    """The partition of the largest parts (``size`` times :data:`LARGER_PARTS`, again and
+    again, up to every LLM) whose every part has at most :data:`QUICK_PART_NODES` nodes and
+    :data:`QUICK_PART_LLMS` LLMs, where a feasibility probe settles in seconds; None when no
+    larger one does. ``made``: the partitions by part size, filled in."""
+    found = None
+    while size < len(problem.llms):
+        size *= LARGER_PARTS
+        if size not in made:
+            made[size] = cut(problem, topology, size, need)
+        parts = made[size]
+        if any(len(q.nodes) > QUICK_PART_NODES or len(q.llms) > QUICK_PART_LLMS
+               for q in parts):
+            break
+        found = parts
+    return found
 
 
 def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: Deadline,
@@ -1620,6 +1822,8 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
         ) > until.remaining():
             continue  # this try's probes would not fit in the time left (a later one's may)
         floor = found.solution.scale if found is not None and found.solution else 0.0
+        # LLMs moved between parts of a type where whole replicas left a part's bound low
+        these = rebalanced(problem, topology, these, shp, bound, target)
         got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
                           deadline=first if j == 0 else until, floor=floor, target=target,
                           gpu_cost=gpu_cost)
