@@ -1464,6 +1464,10 @@ def solve_parts(problem: PlanningProblem, topology: Topology, parts: Sequence[Pa
 
 REBALANCE_REL = 0.002  # the rebalanced parts' scale is searched to this, relative to the bound
 REBALANCE_MIN = 0.002  # ... and kept only when it raises the parts' least bound this much
+REBALANCE_MAX_PARTS = 8  # ... and only for this few parts (measured, Zipf, docs/benchmarks.md:
+# 256 / 512's five parts of 64 LLMs 1.1464 -> 1.1686; 4,096 / 65,536's 73 parts, whose probes
+# stay far below the parts' bounds anyway, 43.8% -> 69-78% gap: the balanced parts are all
+# near their units at once)
 
 
 def _need_matrix(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotShape]],
@@ -1727,10 +1731,17 @@ def _largest_quick(problem: PlanningProblem, topology: Topology, size: int,
     """The partition of the largest parts (``size`` times :data:`LARGER_PARTS`, again and
     again, up to every LLM) whose every part has at most :data:`QUICK_PART_NODES` nodes and
     :data:`QUICK_PART_LLMS` LLMs, where a feasibility probe settles in seconds; None when no
-    larger one does. ``made``: the partitions by part size, filled in."""
+    larger one does. A size whose parts would hold more than :data:`QUICK_PART_NODES` nodes
+    on average (the nodes in proportion to the LLMs, per GPU type) is not partitioned at
+    all. ``made``: the partitions by part size, filled in."""
     found = None
+    types = max(1, len({n.gpu for n in topology.nodes}))
     while size < len(problem.llms):
         size *= LARGER_PARTS
+        # a part of its type's share of the nodes: more than QUICK_PART_NODES on average
+        # already (not worth partitioning 4,096 LLMs to learn it)
+        if len(topology.nodes) * min(1.0, size / len(problem.llms)) / types > QUICK_PART_NODES:
+            break
         if size not in made:
             made[size] = cut(problem, topology, size, need)
         parts = made[size]
@@ -1822,8 +1833,10 @@ def plan_slot_scale(problem: PlanningProblem, topology: Topology, *, deadline: D
         ) > until.remaining():
             continue  # this try's probes would not fit in the time left (a later one's may)
         floor = found.solution.scale if found is not None and found.solution else 0.0
-        # LLMs moved between parts of a type where whole replicas left a part's bound low
-        these = rebalanced(problem, topology, these, shp, bound, target)
+        # LLMs moved between parts of a type where whole replicas left a part's bound low,
+        # when the parts are few enough for their probes to come near their own bounds
+        if len(these) <= REBALANCE_MAX_PARTS:
+            these = rebalanced(problem, topology, these, shp, bound, target)
         got = solve_parts(problem, topology, these, shapes=shp, scale_ub=bound,
                           deadline=first if j == 0 else until, floor=floor, target=target,
                           gpu_cost=gpu_cost)
