@@ -1466,8 +1466,7 @@ REBALANCE_REL = 0.002  # the rebalanced parts' scale is searched to this, relati
 REBALANCE_MIN = 0.002  # ... and kept only when it raises the parts' least bound this much
 REBALANCE_MAX_PARTS = 8  # ... and only for this few parts (measured, Zipf, docs/benchmarks.md:
 # 256 / 512's five parts of 64 LLMs 1.1464 -> 1.1686; 4,096 / 65,536's 73 parts, whose probes
-# stay far below the parts' bounds anyway, 43.8% -> 69-78% gap: the balanced parts are all
-# near their units at once)
+# stay far below the parts' bounds anyway: 69% and 78% gaps rebalanced, 30-60% not)
 
 
 def _need_matrix(problem: PlanningProblem, shapes: Mapping[str, Sequence[SlotShape]],
@@ -1501,7 +1500,9 @@ def rebalanced(problem: PlanningProblem, topology: Topology, parts: Sequence[Par
                shapes: Mapping[str, Sequence[SlotShape]], scale_ub: float,
                target: float | None = None) -> list[Part]:
     """``parts`` with LLMs moved between parts of the same GPU type so that the least of the
-    parts' own bounds (:func:`part_bounds`) is as high as moves find: parts balanced by their
+    parts' own bounds (:func:`~scepsy_opt.planning.milp.scale_upper_bound` on a part's LLMs
+    and nodes: the largest scale at which its LLMs' whole replicas fit its units) is as high
+    as moves find: parts balanced by their
     need at the bound can still differ there, since whole replicas make each LLM's need a
     step function of the scale (on Zipf 256 / 512 one part's own bound was 1.1686 where the
     others' were 1.21 to 1.23 and the whole problem's 1.2223).
@@ -1704,7 +1705,8 @@ def _tries(problem: PlanningProblem, topology: Topology, part_llms: int,
     """:func:`plan_slot_scale`'s partitions, in the order they are searched: parts of
     :func:`part_size` LLMs, then of :data:`LARGER_PARTS` times that (one try when both make
     as many parts), the larger first when heavy LLMs (parts of one GPU type) make them
-    few (unless not ``larger_first``); ``typed``: :func:`typed_partition`, otherwise
+    few (unless not ``larger_first``), and then the larger parts still whose probes settle
+    in seconds (:func:`_largest_quick`) before them; ``typed``: :func:`typed_partition`, otherwise
     :func:`partition`. A partition that a
     workflow spans is the whole problem in one part. ``made``: that cut's partitions by part
     size, filled in; ``min_s``: what each distinct part should get (:func:`part_size`)."""
