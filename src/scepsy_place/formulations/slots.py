@@ -1491,9 +1491,7 @@ def _part_types(topology: Topology, parts: Sequence[Part]) -> list[str | None]:
 
 def _part_units(topology: Topology, part: Part) -> float:
     """A part's wholly free GPUs, in units of a share."""
-    return float(UNITS * sum(
-        sum(1 for g in range(n.gpus) if n.used[g] == (0.0, 0.0))
-        for n in map(topology.node, part.nodes)))
+    return float(UNITS * sum(n.gpus - n.busy_gpus() for n in map(topology.node, part.nodes)))
 
 
 def rebalanced(problem: PlanningProblem, topology: Topology, parts: Sequence[Part],
@@ -1520,6 +1518,7 @@ def rebalanced(problem: PlanningProblem, topology: Topology, parts: Sequence[Par
         return list(parts)
     f, row, types = _need_matrix(problem, shapes)
     cap = np.array([_part_units(topology, p) for p in parts], dtype=float)
+    typed = np.array([k is not None for k in kind], dtype=bool)
     where = {m: i for i, p in enumerate(parts) for m in p.llms}
     groups = [g for g in tied(problem) if all(m in where for m in g)]
     home = np.array([where[g[0]] for g in groups], dtype=np.int64)
@@ -1540,7 +1539,7 @@ def rebalanced(problem: PlanningProblem, topology: Topology, parts: Sequence[Par
         sz = sizes(scale)
         load = np.zeros(len(parts))
         np.add.at(load, at, sz[np.arange(len(groups)), at])
-        return np.where([k is not None for k in kind], load - cap, 0.0)
+        return np.where(typed, load - cap, 0.0)
 
     def least(at: np.ndarray) -> float:  # the parts' least own bound, to REBALANCE_REL
         if np.all(over(at, scale_ub) <= 1e-9):
