@@ -94,10 +94,12 @@ def test_min_cost_at_smoke_size_reports_a_price_at_or_above_its_bound(tmp_path):
 def test_min_cost_within_mean_bounds_at_smoke_size_meets_them(tmp_path):
     """``--min-cost --mean-bounds 2``: every workflow bounded at twice its LLM's least latency;
     the plan places, meets every bound as predicted, and is priced at or above its bound."""
-    code, res = run(tmp_path, "--sizes", "16x32", "--time-limit", "20", "--no-min-latency",
+    # 30 s: the slot groups' first plan takes 6-12 s on 2 cores (HiGHS's seed decides), so a
+    # 20 s limit leaves too little margin on a loaded CI machine
+    code, res = run(tmp_path, "--sizes", "16x32", "--time-limit", "30", "--no-min-latency",
                     "--min-cost", "--zipf-over-all", "--mean-bounds", "2")
     assert code == 0 and res["problems"] == []
     mc = res["rows"][0]["min_cost"]
     assert mc["status"] == "placed" and mc["mean_bounds"] == 2 and mc["bounds_met"] is True
     assert mc["cost_per_hour"] >= mc["bound_per_hour"] * (1 - 1e-9) > 0
-    assert mc["wall_s"] <= 20 * 1.1 + 1
+    assert mc["wall_s"] <= 30 * 1.1 + 1

@@ -166,6 +166,8 @@ TIGHTEN_AFTER = 2
 # is for the blocks fallback and the aggregate bound)
 BLOCKS_SHARE = 0.5
 SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.formulations.slots) after blocks, of what remains
+SLOTS_FIRST_SHARE = 0.6  # min-cost: slot groups' share when nothing is placed yet (their first
+# plan of 16 LLMs with mean bounds takes 6-12 s on 2 cores, depending on HiGHS's seed)
 MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.planning.mixing), of what remains
 SLOTS_LARGE_SHARE = 0.6  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
@@ -338,8 +340,9 @@ def _min_cost(problem: PlanningProblem, topology: Topology, *, aggregate_only: b
             formulation="aggregate", status="unplaced", seconds=time.perf_counter() - t0)
     if (not aggregate_only and not problem.options.latency_bounds
             and deadline.remaining() > 0 and slots.applicable(problem) is None):
-        tried["slots"] = _min_cost_slots(slots.on_nodes(problem, top), top, prices,
-                                         _share(deadline, SLOTS_SHARE))
+        placed_yet = any(r.placed for r in tried.values())
+        tried["slots"] = _min_cost_slots(slots.on_nodes(problem, top), top, prices, _share(
+            deadline, SLOTS_SHARE if placed_yet else SLOTS_FIRST_SHARE))
     if not aggregate_only and not problem.options.latency_bounds and deadline.remaining() > 0:
         # candidates within the nodes it may use (an open pool's budget is that of its nodes)
         pat, pat_bound = _min_cost_patterns(slots.on_nodes(problem, top), top, prices, deadline)
