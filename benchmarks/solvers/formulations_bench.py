@@ -106,7 +106,10 @@ def _child(fn: Callable[[], dict[str, Any]], q: Any) -> None:
         out = fn()
     except Exception as e:  # reported, not raised: the parent carries on
         out = {"status": "error", "error": f"{type(e).__name__}: {e}"}
-    out["peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - start
+    # the run's peak RSS, or that of a solve it forked (scepsy_opt.planning.solver.run_killable,
+    # whose pages are the run's own until it writes), whichever is higher
+    out["peak_mb"] = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024 - start
     q.put(out)
 
 

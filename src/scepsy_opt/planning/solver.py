@@ -9,7 +9,10 @@ here.
   states the settings that differ on purpose;
 * :func:`highs_status` reads a finished solve's status, objective and dual bound the same way for
   both; :class:`SolverStopped` is what a caller raises when a solve ended otherwise (neither
-  optimal, infeasible nor at a limit), so that such an end is never reported as a time limit.
+  optimal, infeasible nor at a limit), so that such an end is never reported as a time limit;
+* :func:`run_killable` runs a solve in a forked child that is killed if it outlives its time
+  limit: HiGHS 1.16's presolve has loops without a time check (``strengthenInequalities``) that
+  ``cancelSolve`` does not reach either, and only a process boundary keeps a limit there.
 
 Importing this module has no side effect. HiGHS prints a banner to stdout when a process creates
 its first solver; the factories swallow it (once per process) before they create one, so that
@@ -20,11 +23,17 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
+import select
+import signal
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import highspy
+import numpy as np
 import pulp
 
 from scepsy_common.errors import InputError
@@ -128,3 +137,88 @@ class SolverStopped(InputError):
             f"{status} before any allocation was found (not a time limit: the model's numbers "
             "are likely out of range; check the magnitudes of prices, targets and bounds)")
         self.status = status
+
+
+KILL_GRACE_S = 0.5
+""":func:`run_killable`: how long past its time limit (and :data:`KILL_GRACE_REL` of it) a
+child solve may run before it is killed (HiGHS's own checks overrun by milliseconds)."""
+KILL_GRACE_REL = 0.05
+
+
+@dataclass(frozen=True)
+class Solved:
+    """What a finished solve holds: :func:`highs_status`'s ``status``, ``objective`` and
+    ``dual_bound``, and the column values of its incumbent (empty without one). A child
+    killed past its limit reads ``time_limit_no_solution`` with ``killed`` set."""
+
+    status: str
+    objective: float
+    dual_bound: float
+    values: np.ndarray
+    killed: bool = False
+
+
+def solved_by(h: highspy.Highs) -> Solved:
+    """What the finished solve of ``h`` holds (:class:`Solved`)."""
+    status, objective, dual = highs_status(h)
+    vals = (np.asarray(h.getSolution().col_value, dtype=float) if has_solution(h)
+            else np.zeros(0))
+    return Solved(status, objective, dual, vals)
+
+
+def can_fork() -> bool:
+    """Whether :func:`run_killable` can run solves in a child (a platform with ``fork``)."""
+    return hasattr(os, "fork")
+
+
+def run_killable(h: highspy.Highs, time_limit_s: float) -> Solved:
+    """Run ``h`` (its model passed, its options set, ``time_limit_s`` among them) in a forked
+    child and read what it found; a child still running :data:`KILL_GRACE_S` +
+    :data:`KILL_GRACE_REL` x ``time_limit_s`` after the limit is killed, and the solve reads
+    as a time limit without a solution (``killed``). Where the platform cannot fork, ``h`` runs
+    in this process. The child computes exactly what an in-process run would (same model,
+    options and seed), so the answers are identical; a fork costs milliseconds per solve."""
+    if not can_fork():
+        h.run()
+        return solved_by(h)
+    quiet_banner()
+    read, write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: solve, send, leave without running the parent's exit handlers
+        code = 1
+        try:
+            os.close(read)
+            h.run()
+            payload = pickle.dumps(solved_by(h), protocol=pickle.HIGHEST_PROTOCOL)
+            with os.fdopen(write, "wb") as out:
+                out.write(payload)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(write)
+    end = time.monotonic() + time_limit_s * (1 + KILL_GRACE_REL) + KILL_GRACE_S
+    chunks: list[bytes] = []
+    killed = False
+    try:
+        while True:
+            left = end - time.monotonic()
+            if left <= 0 or not select.select([read], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+                break
+            chunk = os.read(read, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(read)
+        _, wait = os.waitpid(pid, 0)
+    if killed:
+        return Solved("time_limit_no_solution", math.inf, -math.inf, np.zeros(0), killed=True)
+    if wait != 0 or not chunks:
+        raise RuntimeError(f"a HiGHS solve in a child process ended without an answer "
+                           f"(wait status {wait})")
+    solved: Solved = pickle.loads(b"".join(chunks))
+    return solved

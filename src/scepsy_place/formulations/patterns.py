@@ -61,7 +61,12 @@ from scepsy_opt.planning.problem import (
     time_limit_detail,
 )
 from scepsy_opt.planning.solver import SEED as SEED  # re-exported: the seed of every solve
-from scepsy_opt.planning.solver import SOLVER, has_solution, highs, highs_status
+from scepsy_opt.planning.solver import (
+    SOLVER,
+    highs,
+    run_killable,
+    solved_by,
+)
 from scepsy_place.formulations.placed import PlacedPlan, plan_blocks
 from scepsy_place.packing.check import violations
 from scepsy_place.packing.exact import EXACT_TIME_S, place_exactly
@@ -174,6 +179,12 @@ def _highs(time_limit_s: float, mip_gap: float = 1e-9) -> highspy.Highs:
                  dual_feasibility_tolerance=1e-9, mip_heuristic_run_rens=False)
 
 
+KILLABLE_COLUMNS = 1000
+"""Slot and pattern MILPs of at least this many columns solve in a killable child process
+(:func:`_run_mip`); smaller ones solve in seconds at most, where a fork's milliseconds would
+show."""
+
+
 @dataclass
 class _Model:
     """A sparse (MI)LP in column form, built up column by column."""
@@ -229,21 +240,24 @@ class _Model:
 def _run_mip(model: _Model, time_limit_s: float, mip_gap: float = 1e-9,
              ) -> tuple[str, list[float], float, float]:
     """(status, values, objective, dual bound) of a minimisation MILP: status ``optimal``,
-    ``time_limit`` (with or without a solution: values empty without), ``infeasible``."""
+    ``time_limit`` (with or without a solution: values empty without), ``infeasible``.
+    Models of at least :data:`KILLABLE_COLUMNS` columns solve in a child process that is
+    killed past the limit (:func:`scepsy_opt.planning.solver.run_killable`), so that a HiGHS
+    loop without a time check cannot break a time limit."""
     h = _highs(time_limit_s, mip_gap)
     h.passModel(model.lp(mip=True))
-    h.run()
-    status, _, _ = highs_status(h)
-    info = h.getInfo()
-    has = has_solution(h)
-    vals = list(h.getSolution().col_value) if has else []
-    if status == "optimal":
-        return "optimal", vals, info.objective_function_value, info.mip_dual_bound
-    if status == "infeasible":
+    if len(model.cost) >= KILLABLE_COLUMNS:
+        solved = run_killable(h, time_limit_s)
+    else:
+        h.run()
+        solved = solved_by(h)
+    vals = solved.values.tolist()
+    if solved.status == "optimal":
+        return "optimal", vals, solved.objective, solved.dual_bound
+    if solved.status == "infeasible":
         return "infeasible", [], math.inf, math.inf
     # any other end (a limit, with or without an incumbent) counts as the time limit here
-    return ("time_limit", vals, info.objective_function_value if has else math.inf,
-            info.mip_dual_bound)
+    return "time_limit", vals, solved.objective if vals else math.inf, solved.dual_bound
 
 
 # --------------------------------------------------------------------------- the data

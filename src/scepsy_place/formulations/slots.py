@@ -839,7 +839,8 @@ def _dealt(llms: Sequence[str], per: Mapping[str, Mapping[str | None, float]],
     for r, m in enumerate(llms):
         if m in fixed:
             continue
-        i = int(((total + needs[r][col]) / cap).argmin())
+        with np.errstate(divide="ignore"):  # a part of no capacity reads inf: taken last
+            i = int(((total + needs[r][col]) / cap).argmin())
         got[i].append(m)
         total[i] += per[m][kind[i]]
     return got
