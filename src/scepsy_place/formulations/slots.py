@@ -529,8 +529,8 @@ def solve_slot_latency(problem: PlanningProblem, topology: Topology,
     return SlotSolution(choice, groups, passed, scale, status, dual)
 
 
-FALLBACK_SHARE = 0.3  # min-latency in several parts: the time for a plan in hand first
-CARRY_ROUNDS = 3  # ... in rounds: a part cut short by its share tries again with what is left
+FALLBACK_SHARE = 0.3  # min-latency in several parts: each round's time for a plan in hand first
+CARRY_ROUNDS = 3  # ... in rounds: a part cut short tries again in the next, with its own share
 PART_GAP_REL = 0.005  # min-latency in parts: each part's MILP stops this close to its bound
 FEWEST_REPLICAS = 3  # per shape, the replica counts min-latency slot groups keep beyond dominance
 
@@ -1933,9 +1933,10 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     each LLM needs at least) when the workflows allow it (the objective adds up over LLMs, so the parts'
     optima add up to the optimum over partitioned plans), each within its share of the time;
     an equal part reuses a solved part's answer. With several distinct parts, each first gets
-    any slot solution that carries its targets (:func:`_carrying`, :data:`FALLBACK_SHARE` of
-    the time, in up to :data:`CARRY_ROUNDS` rounds: a part cut short by its share of a round
-    tries again with what the others left; a plan in hand), which its latency MILP then replaces where it finds a plan;
+    any slot solution that carries its targets (:func:`_carrying`, in up to
+    :data:`CARRY_ROUNDS` rounds, each with :data:`FALLBACK_SHARE` of the time left, shared by
+    the parts still without one: a part cut short tries again in the next round, with a
+    larger share; a plan in hand), which its latency MILP then replaces where it finds a plan;
     ``plan.stats['fallback_parts']`` counts the parts left with the first (the plan is then
     ``time_limit``). No bound over the whole grid (``bound_s`` None): slot groups restrict the
     packings."""
@@ -1977,10 +1978,10 @@ def plan_slot_latency(problem: PlanningProblem, topology: Topology, *,
     best: dict[int, SlotSolution] = {}
     carrying: set[int] = set()
     if len(distinct) > 1:  # a plan in hand first: any slot solution that carries each part
-        quick = deadline.within(FALLBACK_SHARE * deadline.remaining())
         proven: set[int] = set()  # parts no slot solution carries (proven)
-        for _ in range(CARRY_ROUNDS):  # the parts still without one get what the others left
+        for _ in range(CARRY_ROUNDS):  # the parts still without one get a share of what is left
             lacking = [i for i in distinct if i not in best and i not in proven]
+            quick = deadline.within(FALLBACK_SHARE * deadline.remaining())
             if not lacking or quick.remaining() <= 0:
                 break
             for n, i in enumerate(lacking):
