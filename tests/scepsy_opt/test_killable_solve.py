@@ -43,6 +43,16 @@ def _knapsack(values: list[int], weights: list[int], cap: int, limit: float) -> 
     return h
 
 
+def _hanging(mps: Path, limit: float) -> highspy.Highs:
+    """The slot probe on which HiGHS 1.16.0 with RENS on presolves its RENS sub-MIP for
+    minutes past ``limit`` (the settings of scepsy_place.formulations.patterns._highs, RENS on)."""
+    h = solver.highs(limit, gap_rel=0.01, gap_abs=0.0, mip_heuristic_run_rens=True,
+                     mip_feasibility_tolerance=1e-9, primal_feasibility_tolerance=1e-9,
+                     dual_feasibility_tolerance=1e-9)
+    h.readModel(str(mps))
+    return h
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 30), st.integers(1, 20)), min_size=1, max_size=8),
        st.integers(0, 60))
@@ -79,10 +89,7 @@ def test_a_solve_highs_never_stops_is_killed_within_the_grace(tmp_path):
     mps = tmp_path / "m.mps"
     with gzip.open(RENS_MODEL) as src, open(mps, "wb") as dst:
         shutil.copyfileobj(src, dst)
-    h = solver.highs(3.8, gap_rel=0.01, mip_heuristic_run_rens=True,
-                     mip_feasibility_tolerance=1e-9, primal_feasibility_tolerance=1e-9,
-                     dual_feasibility_tolerance=1e-9)
-    h.readModel(str(mps))
+    h = _hanging(mps, 3.8)
     t = time.perf_counter()
     got = solver.run_killable(h, 3.8)
     wall = time.perf_counter() - t
@@ -101,3 +108,36 @@ class _Crashing:
 def test_a_child_that_dies_is_an_error_not_a_time_limit():
     with pytest.raises(RuntimeError, match="without an answer"):
         solver.run_killable(_Crashing(), 5.0)  # type: ignore[arg-type]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_wait_kills_the_child(tmp_path):
+    """An exception in the parent while the child solves (here a timer's signal; Ctrl-C is
+    the same) kills and reaps the child before it propagates: no solve outlives its caller."""
+    import os
+    import signal
+
+    import psutil
+
+    mps = tmp_path / "m.mps"
+    with gzip.open(RENS_MODEL) as src, open(mps, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    h = _hanging(mps, 60.0)
+
+    def interrupt(*_):
+        raise _Interrupted
+
+    old = signal.signal(signal.SIGALRM, interrupt)
+    t = time.perf_counter()
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 1.0)
+        with pytest.raises(_Interrupted):
+            solver.run_killable(h, 60.0)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    assert time.perf_counter() - t < 10.0
+    assert psutil.Process(os.getpid()).children() == []

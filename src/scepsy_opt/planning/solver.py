@@ -21,6 +21,7 @@ its first solver; the factories swallow it (once per process) before they create
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import pickle
@@ -200,11 +201,13 @@ def run_killable(h: highspy.Highs, time_limit_s: float) -> Solved:
     os.close(write)
     end = time.monotonic() + time_limit_s * (1 + KILL_GRACE_REL) + KILL_GRACE_S
     chunks: list[bytes] = []
-    killed = False
+    killed = reaped = False
+    poller = select.poll()  # not select.select: a server's descriptors may pass FD_SETSIZE
+    poller.register(read, select.POLLIN | select.POLLHUP)
     try:
         while True:
             left = end - time.monotonic()
-            if left <= 0 or not select.select([read], [], [], left)[0]:
+            if left <= 0 or not poller.poll(max(1, math.ceil(left * 1000))):
                 os.kill(pid, signal.SIGKILL)
                 killed = True
                 break
@@ -212,9 +215,14 @@ def run_killable(h: highspy.Highs, time_limit_s: float) -> Solved:
             if not chunk:
                 break
             chunks.append(chunk)
+        _, wait = os.waitpid(pid, 0)
+        reaped = True
     finally:
         os.close(read)
-        _, wait = os.waitpid(pid, 0)
+        if not reaped:  # interrupted (Ctrl-C, an exception): the child must not outlive us
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
     if killed:
         return Solved("time_limit_no_solution", math.inf, -math.inf, np.zeros(0), killed=True)
     if wait != 0 or not chunks:
