@@ -114,7 +114,7 @@ class _Interrupted(Exception):
     pass
 
 
-def test_an_interrupted_wait_kills_the_child(tmp_path):
+def test_an_interrupted_wait_kills_the_child(tmp_path, monkeypatch):
     """An exception in the parent while the child solves (here a timer's signal; Ctrl-C is
     the same) kills and reaps the child before it propagates: no solve outlives its caller."""
     import os
@@ -126,6 +126,16 @@ def test_an_interrupted_wait_kills_the_child(tmp_path):
     with gzip.open(RENS_MODEL) as src, open(mps, "wb") as dst:
         shutil.copyfileobj(src, dst)
     h = _hanging(mps, 60.0)
+    forked: list[int] = []
+    fork = os.fork
+
+    def recorded() -> int:
+        pid = fork()
+        if pid:
+            forked.append(pid)
+        return pid
+
+    monkeypatch.setattr(os, "fork", recorded)
 
     def interrupt(*_):
         raise _Interrupted
@@ -140,4 +150,8 @@ def test_an_interrupted_wait_kills_the_child(tmp_path):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
     assert time.perf_counter() - t < 10.0
-    assert psutil.Process(os.getpid()).children() == []
+    assert len(forked) == 1
+    # killed and reaped: no longer this process's child, nor a process at all
+    assert forked[0] not in {p.pid for p in psutil.Process(os.getpid()).children()}
+    with pytest.raises(ChildProcessError):
+        os.waitpid(forked[0], os.WNOHANG)
