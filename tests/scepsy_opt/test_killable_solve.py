@@ -43,12 +43,16 @@ def _knapsack(values: list[int], weights: list[int], cap: int, limit: float) -> 
     return h
 
 
-def _hanging(mps: Path, limit: float) -> highspy.Highs:
+def _hanging(tmp: Path, limit: float) -> highspy.Highs:
     """The slot probe on which HiGHS 1.16.0 with RENS on presolves its RENS sub-MIP for
-    minutes past ``limit`` (the settings of scepsy_place.formulations.patterns._highs, RENS on)."""
-    h = solver.highs(limit, gap_rel=0.01, gap_abs=0.0, mip_heuristic_run_rens=True,
-                     mip_feasibility_tolerance=1e-9, primal_feasibility_tolerance=1e-9,
-                     dual_feasibility_tolerance=1e-9)
+    minutes past ``limit``: the slot MILPs' own settings, RENS switched back on."""
+    from scepsy_place.formulations.patterns import _highs
+
+    mps = tmp / "m.mps"
+    with gzip.open(RENS_MODEL) as src, open(mps, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    h = _highs(limit, 0.01)
+    h.setOptionValue("mip_heuristic_run_rens", True)
     h.readModel(str(mps))
     return h
 
@@ -86,10 +90,7 @@ def test_a_solve_highs_never_stops_is_killed_within_the_grace(tmp_path):
     """With RENS on, HiGHS 1.16.0 presolves this model's RENS sub-MIP for minutes past a 3.8 s
     limit (tests/scepsy_place/test_highs_regression.py); in a child it ends in time, as a
     time limit without a solution, and the next solve works."""
-    mps = tmp_path / "m.mps"
-    with gzip.open(RENS_MODEL) as src, open(mps, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    h = _hanging(mps, 3.8)
+    h = _hanging(tmp_path, 3.8)
     t = time.perf_counter()
     got = solver.run_killable(h, 3.8)
     wall = time.perf_counter() - t
@@ -122,10 +123,7 @@ def test_an_interrupted_wait_kills_the_child(tmp_path, monkeypatch):
 
     import psutil
 
-    mps = tmp_path / "m.mps"
-    with gzip.open(RENS_MODEL) as src, open(mps, "wb") as dst:
-        shutil.copyfileobj(src, dst)
-    h = _hanging(mps, 60.0)
+    h = _hanging(tmp_path, 60.0)
     forked: list[int] = []
     fork = os.fork
 
