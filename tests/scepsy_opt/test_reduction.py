@@ -71,9 +71,39 @@ def test_greedy_repair_returns_an_allocation_within_the_budgets_or_none(i):
     if coarse.unfit or any(not c for c in coarse.by_llm.values()):
         return
     priced = _prices(p, coarse, Deadline.after(60.0))
-    if priced is None:
+    if not isinstance(priced, tuple):  # no optimum, or proven infeasible: nothing to repair
         return
     choice = _greedy(p, coarse.by_llm, priced[0])
     if choice is not None:
         assert set(choice) == set(p.llms) and fits_budget(p, choice)
         assert all(choice[m] in coarse.by_llm[m] for m in choice)
+
+
+@settings(max_examples=40, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4), gpus=st.sampled_from([1, 2, 4]), seed=st.integers(0, 10**6),
+       load=st.sampled_from([0.8, 1.1, 1.5, 2.5]), blocks=st.booleans())
+def test_a_sample_whose_relaxation_is_infeasible_proves_every_candidate_infeasible(
+        n, gpus, seed, load, blocks):
+    """Near and above the cluster's capacity the coarse sample's relaxation is often infeasible,
+    and the reduction then returns the sample alone: the MILP over every candidate (unpruned,
+    the oracle) is infeasible too, and wherever the relaxation is feasible the reduced and
+    the unreduced MILPs agree on feasibility."""
+    from scepsy_opt.planning.milp import _prices
+    from scepsy_opt.planning.problem import Deadline
+
+    p = random_problem(n, gpus, ROOF, seed=seed, load=load, options=PlanOptions(reduce=True))
+    coarse = generate_candidates(p, coarse=True, blocks=blocks)
+    if coarse.unfit or any(not c for c in coarse.by_llm.values()):
+        return
+    every = generate_candidates(p, prune=False, blocks=blocks)
+    full = solve_min_latency(p, every)
+    priced = _prices(p, coarse, Deadline.after(60.0))
+    kept = reduced_candidates(p, blocks=blocks)
+    if priced == "infeasible":
+        assert full.allocation is None and full.status == "infeasible"
+        assert kept.kept == coarse.kept
+    reduced = solve_min_latency(p, kept)
+    assert (reduced.allocation is None) == (full.allocation is None)
+    if full.allocation is not None:
+        assert abs(reduced.objective_s - full.objective_s) <= 1e-9 * full.objective_s

@@ -23,7 +23,13 @@ from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.milp import solve_min_latency
 from scepsy_place import Demand, Node, Topology, demands, place, violations
 from scepsy_place.formulations import blocks as blocks_mod
-from scepsy_place.formulations.blocks import block_candidates, capacity_rows, level_capacity
+from scepsy_opt.planning.problem import PlanOptions
+from scepsy_place.formulations.blocks import (
+    block_candidates,
+    capacity_rows,
+    fewest_block_gpus,
+    level_capacity,
+)
 from scepsy_place.formulations.loop import plan_and_place, plan_blocks
 from scepsy_place.packing.topology import from_cluster
 from scepsy_profile.roofline import roofline_model
@@ -118,6 +124,44 @@ def test_blocks_milp_equals_brute_force(n, gpus, seed, load):
     assert res.plan.objective_s == pytest.approx(oracle, rel=1e-9)
     # the aggregate optimum is a lower bound on every placed plan
     assert solve_min_latency(p).objective_s <= res.plan.objective_s * (1 + 1e-9)
+
+
+@settings(FAST, max_examples=40)
+@given(n=st.integers(1, 4), gpus=st.sampled_from([1, 2, 4, 8, 16]), seed=st.integers(0, 10**6),
+       load=st.sampled_from([0.3, 0.9, 1.5, 3.0]), memory=st.booleans())
+def test_fewest_block_gpus_is_below_every_block_candidate(n, gpus, seed, load, memory):
+    """The counting bound never exceeds the GPUs of any block candidate (every one, unpruned,
+    with compute and memory shares tied or a memory grid of their own)."""
+    opts = PlanOptions(memory_shares=(0.25, 0.5, 1.0)) if memory else None
+    p = random_problem(n, gpus, ROOF, seed=seed, load=load, options=opts)
+    fewest = fewest_block_gpus(p)
+    cands = generate_candidates(p, blocks=True, prune=False)
+    if fewest is None:
+        assert cands.unfit
+        return
+    for m in p.llms:
+        assert all(c.units % UNITS == 0 and fewest[m] <= c.units // UNITS for c in cands.by_llm[m])
+        assert fewest[m] >= 1
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_blocks_that_cannot_fit_are_refused_before_their_candidates(seed, monkeypatch):
+    """Three times the load the cluster's fewest-GPU plan carries: the LLMs need more whole
+    GPUs than there are, which the counting bound says without generating a candidate; brute
+    force over every block candidate agrees that none fits."""
+    p = random_problem(2, 4, ROOF, seed=seed, load=3.0)
+    top = from_cluster(p.cluster)
+    assert sum(fewest_block_gpus(p).values()) > 4
+
+    def never(*a, **k):
+        raise AssertionError("block candidates generated")
+
+    monkeypatch.setattr("scepsy_place.formulations.placed.block_candidates", never)
+    res = plan_blocks(p, top)
+    assert res.status == "unplaced" and not res.placed and res.plan.allocation is None
+    assert "wholly free" in res.reason
+    monkeypatch.undo()
+    assert math.isinf(_brute_force(p, top))
 
 
 @pytest.mark.parametrize(("n", "gpus", "seed"), [(4, 16, 0), (6, 32, 1), (5, 24, 2)])

@@ -54,7 +54,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import highspy
 import numpy as np
@@ -202,17 +202,19 @@ def _chosen(xs: Mapping[str, list[tuple[Candidate, pulp.LpVariable]]]) -> dict[s
     return out
 
 
-def _prices(problem: PlanningProblem, cands: CandidateSet,
-            deadline: Deadline) -> tuple[dict[str, float], float, dict[str, float]] | None:
+def _prices(problem: PlanningProblem, cands: CandidateSet, deadline: Deadline,
+            ) -> tuple[dict[str, float], float, dict[str, float]] | Literal["infeasible"] | None:
     """Per GPU type, the LP relaxation's budget dual (a price per GPU unit, ≥ 0), the
     relaxation's objective and, per type, the memory budget's dual (a price per memory unit,
-    ≥ 0; 0 when memory is tied); None when it has no optimum (it is infeasible, and so is the
-    MILP)."""
+    ≥ 0; 0 when memory is tied); ``"infeasible"`` when HiGHS proves the relaxation infeasible
+    (so is the MILP over ``cands``), None when it ends without an optimum otherwise."""
     prob, _ = _knapsack(problem, cands.by_llm)
     prob.solve(_solver(problem, deadline, mip=False))
     st = prob.solverModel.getModelStatus()
     if st == highspy.HighsModelStatus.kTimeLimit:
         raise TimeLimitReached(f"the LP relaxation ran out of time ({deadline.limit_s:g} s)")
+    if st == highspy.HighsModelStatus.kInfeasible:
+        return "infeasible"
     if st != highspy.HighsModelStatus.kOptimal:
         return None
     prices, mem = {}, {}
@@ -337,6 +339,13 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
        are given), the MILP over the sample and the scanned candidates (with the rows).
     3. The result keeps every candidate with ``v_c − v*_m ≤ max(UB − LB, 0) + tol``.
 
+    When HiGHS proves step 1's relaxation infeasible, the result is the sample: the MILP over
+    every candidate is infeasible too. Every shape's replica scan starts at the same fewest
+    replicas in the sample as in the full scan, units and memory units grow with replicas, and
+    pruning drops a candidate only for one with no more of either; so every candidate has one
+    in the sample that uses no more of any budget, and a point of the relaxation over every
+    candidate maps to one over the sample (the relaxation has budget rows only).
+
     With two resources (candidates with a memory share of their own) every GPU type has two
     budget rows and two prices, ``π_t`` (compute units) and ``ρ_t`` (memory units):
     ``v_c = cost_c + π·units_c + ρ·mem_units_c`` and ``LB = Σ_m v*_m − Σ_t (π_t + ρ_t)·budget_t``;
@@ -384,7 +393,9 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
     if coarse.unfit or any(not c for c in coarse.by_llm.values()):
         return result(run())
     priced = _prices(problem, coarse, left)
-    if priced is None:  # the relaxation is infeasible: nothing to price by
+    if priced == "infeasible":  # so is every allocation of every candidate (docstring)
+        return result(coarse)
+    if priced is None:  # no optimum to price by
         return result(run())
     prices, relaxed, mprices = priced
     budgets = problem.cluster.budgets()

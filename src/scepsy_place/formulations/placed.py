@@ -10,7 +10,13 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from scepsy_opt.planning.milp import solve_min_latency
-from scepsy_opt.planning.plans import Plan, Termination, termination, time_limit_plan
+from scepsy_opt.planning.plans import (
+    Plan,
+    Termination,
+    no_allocation_plan,
+    termination,
+    time_limit_plan,
+)
 from scepsy_opt.planning.problem import (
     Deadline,
     PlanningProblem,
@@ -18,7 +24,12 @@ from scepsy_opt.planning.problem import (
     time_limit_detail,
 )
 from scepsy_opt.planning.solvestats import SolveStats
-from scepsy_place.formulations.blocks import block_candidates, capacity_rows
+from scepsy_place.formulations.blocks import (
+    block_candidates,
+    capacity_rows,
+    fewest_block_gpus,
+    whole_free,
+)
 from scepsy_place.packing.placement import Placement, demands, place
 from scepsy_place.packing.quality import quality
 from scepsy_place.packing.topology import Topology
@@ -155,6 +166,18 @@ def plan_blocks(problem: PlanningProblem, topology: Topology,
     """The placeable-by-construction plan (:mod:`scepsy_place.formulations.blocks`), placed by ``blocks``."""
     deadline = Deadline.of(problem, deadline)
     try:
+        fewest = fewest_block_gpus(problem, deadline)
+        free = whole_free(topology, sorted(problem.cluster.budgets()))
+        if fewest is not None and sum(fewest.values()) > free:
+            # the counting bound settles it before the candidates (seconds at 256 LLMs)
+            return PlacedPlan(
+                plan=no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
+                                        stats={}),
+                placement=None, rounds=1, history=(), quality=None,
+                reason=f"whole-GPU blocks of one LLM each need at least "
+                f"{sum(fewest.values())} GPUs, and {free} are wholly free (not proven "
+                "infeasible: the aggregate and patterns formulations may find one)",
+                exact=True, formulation="blocks", status="unplaced")
         cset = block_candidates(problem, topology, deadline)
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), "blocks")
