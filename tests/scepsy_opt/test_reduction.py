@@ -86,8 +86,8 @@ def test_greedy_repair_returns_an_allocation_within_the_budgets_or_none(i):
 def test_a_sample_whose_relaxation_is_infeasible_proves_every_candidate_infeasible(
         n, gpus, seed, load, blocks):
     """Near and above the cluster's capacity the coarse sample's relaxation is often infeasible,
-    and the reduction then returns the sample alone: the MILP over every candidate (unpruned,
-    the oracle) is infeasible too, and wherever the relaxation is feasible the reduced and
+    and the reduction then returns each LLM's fewest-units candidates of the sample: the MILP
+    over every candidate (unpruned, the oracle) is infeasible too, and wherever the relaxation is feasible the reduced and
     the unreduced MILPs agree on feasibility."""
     from scepsy_opt.planning.milp import _prices
     from scepsy_opt.planning.problem import Deadline
@@ -102,7 +102,10 @@ def test_a_sample_whose_relaxation_is_infeasible_proves_every_candidate_infeasib
     kept = reduced_candidates(p, blocks=blocks)
     if priced == "infeasible":
         assert full.allocation is None and full.status == "infeasible"
-        assert kept.kept == coarse.kept
+        # one candidate per LLM and GPU type, each one the full pruned set keeps
+        pruned = generate_candidates(p, blocks=blocks)
+        assert kept.kept == sum(len({c.gpu for c in v}) for v in coarse.by_llm.values())
+        assert all(c in pruned.by_llm[m] for m, v in kept.by_llm.items() for c in v)
     reduced = solve_min_latency(p, kept)
     assert (reduced.allocation is None) == (full.allocation is None)
     if full.allocation is not None:

@@ -210,6 +210,9 @@ def test_above_1024_gpus_patterns_leave_time_for_the_blocks_fallback(monkeypatch
     got: dict[str, float] = {}
     patch_all(monkeypatch, spending(got))
     monkeypatch.setattr(loop, "solve_min_latency", lambda *a, **k: pytest.fail("no time left"))
+    # the aggregate bound in this process, after the others (a child computes it from the
+    # start where the platform can fork: test_above_64_gpus_the_bound_comes_from_a_child)
+    monkeypatch.setattr(loop, "can_fork", lambda: False)
     p = many_models_problem(32, 1032, ROOF)  # 32 one-LLM workflows: slot groups in parts
     limit = 4.0
     res = plan_and_place(p, from_cluster(p.cluster), formulation="auto",
@@ -342,3 +345,71 @@ def test_above_64_gpus_auto_runs_slot_groups_only_in_parts(monkeypatch):
     plan_and_place(many, from_cluster(many.cluster), formulation="auto",
                    deadline=Deadline.after(1.0))
     assert "slots" in got
+
+
+# ------------------------------------------------- 6. above 64 GPUs, the bound on a second core
+
+
+def _no_bound_formulations(monkeypatch):
+    """Slot groups place the blocks plan; patterns end without their aggregate bound."""
+    def slots_as_blocks(problem, topology, *, deadline, **kw):
+        return replace(loop.plan_blocks(problem, topology, deadline), formulation="slots")
+
+    monkeypatch.setattr(loop.slots, "plan_slot_latency", slots_as_blocks)
+    monkeypatch.setattr(loop, "plan_patterns", lambda problem, topology, deadline=None, **kw:
+                        timed_out(deadline, "milp", 1, (), "patterns"))
+
+
+def _record_children(monkeypatch) -> list[int]:
+    """The pids of the children auto forks, as it forks them."""
+    forked: list[int] = []
+    real = loop.Forked
+
+    def recorded(fn):
+        child = real(fn)
+        forked.append(child.pid)
+        return child
+
+    monkeypatch.setattr(loop, "Forked", recorded)
+    return forked
+
+
+@pytest.mark.skipif(not loop.can_fork(), reason="the platform cannot fork")
+def test_above_64_gpus_the_bound_comes_from_a_child(monkeypatch):
+    """Patterns end without their bound: the aggregate MILP's, computed in a forked child while
+    the others ran, is the plan's bound, the same (within 1e-9) as computed here, and the gap is
+    the placed plan's over it."""
+    _no_bound_formulations(monkeypatch)
+    forked = _record_children(monkeypatch)
+    p = random_problem(4, 72, ROOF, seed=0, options=PlanOptions(time_limit_s=60.0))
+    res = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
+    expected = solve_min_latency(p).bound_s
+    assert len(forked) == 1 and res.placed and res.bound_s is not None
+    assert res.bound_s == pytest.approx(expected, rel=1e-9)
+    assert res.gap == pytest.approx(max(0.0, res.plan.objective_s / expected - 1), rel=1e-6,
+                                    abs=1e-9)
+    check_truthful(p, res)
+    # where the platform cannot fork, the same bound comes from this process
+    monkeypatch.setattr(loop, "can_fork", lambda: False)
+    again = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
+    assert len(forked) == 1 and again.bound_s == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.skipif(not loop.can_fork(), reason="the platform cannot fork")
+def test_a_bound_child_that_outlives_the_deadline_is_killed_and_no_bound_claimed(monkeypatch):
+    """The child's bound takes a minute: the plan ends within its limit, without a bound or a
+    gap, and the child is gone."""
+    _no_bound_formulations(monkeypatch)
+    forked = _record_children(monkeypatch)
+    monkeypatch.setattr(loop, "_aggregate_bound", lambda problem, deadline: time.sleep(60))
+    p = random_problem(4, 72, ROOF, seed=0)
+    limit = 3.0
+    t0 = time.monotonic()
+    res = plan_and_place(p, from_cluster(p.cluster), formulation="auto",
+                         deadline=Deadline.after(limit))
+    assert time.monotonic() - t0 <= 1.1 * limit + 1
+    assert res.placed and res.bound_s is None and res.gap is None
+    check_truthful(p, res)
+    assert len(forked) == 1
+    with pytest.raises(ChildProcessError):  # killed and reaped: no longer a child of ours
+        os.waitpid(forked[0], os.WNOHANG)

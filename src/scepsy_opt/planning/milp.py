@@ -226,6 +226,22 @@ def _prices(problem: PlanningProblem, cands: CandidateSet, deadline: Deadline,
     return prices, float(prob.solverModel.getInfo().objective_function_value), mem
 
 
+def _fewest_units(cands: CandidateSet) -> CandidateSet:
+    """``cands`` with, per LLM and GPU type, only the candidate of fewest units (ties: the
+    order dominance pruning keeps, cost, TP degree, share, replicas)."""
+    by_llm: dict[str, tuple[Candidate, ...]] = {}
+    for m, cs in cands.by_llm.items():
+        firsts = {}
+        for c in cs:
+            key = (c.units, c.cost, c.tp, c.share, c.replicas)
+            if c.gpu not in firsts or key < firsts[c.gpu][0]:
+                firsts[c.gpu] = (key, c)
+        by_llm[m] = tuple(firsts[g][1] for g in sorted(firsts))
+    return CandidateSet(MappingProxyType(by_llm), cands.generated,
+                        sum(len(v) for v in by_llm.values()), cands.curves, cands.unfit,
+                        cands.seconds, cands.least_price)
+
+
 def _greedy(problem: PlanningProblem, cands: Mapping[str, Sequence[Candidate]],
             prices: Mapping[str, float], deadline: Deadline | None = None,
             memory_prices: Mapping[str, float] | None = None,
@@ -339,12 +355,14 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
        are given), the MILP over the sample and the scanned candidates (with the rows).
     3. The result keeps every candidate with ``v_c − v*_m ≤ max(UB − LB, 0) + tol``.
 
-    When HiGHS proves step 1's relaxation infeasible, the result is the sample: the MILP over
-    every candidate is infeasible too. Every shape's replica scan starts at the same fewest
-    replicas in the sample as in the full scan, units and memory units grow with replicas, and
-    pruning drops a candidate only for one with no more of either; so every candidate has one
-    in the sample that uses no more of any budget, and a point of the relaxation over every
-    candidate maps to one over the sample (the relaxation has budget rows only).
+    When HiGHS proves step 1's relaxation infeasible (memory tied to compute), the result is
+    each LLM's candidate of fewest units per GPU type, and the MILP over every candidate is
+    infeasible too. Every shape's replica scan starts at the same fewest replicas in the sample
+    as in the full scan and units grow with replicas, so the sample holds, per LLM and type,
+    the candidate of fewest units the full set keeps (the first in pruning's order); a point
+    of the relaxation over every candidate maps to one over these (the relaxation has budget
+    rows only), so none exists. With a memory share of their own, every candidate is generated
+    as before.
 
     With two resources (candidates with a memory share of their own) every GPU type has two
     budget rows and two prices, ``π_t`` (compute units) and ``ρ_t`` (memory units):
@@ -393,9 +411,9 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
     if coarse.unfit or any(not c for c in coarse.by_llm.values()):
         return result(run())
     priced = _prices(problem, coarse, left)
-    if priced == "infeasible":  # so is every allocation of every candidate (docstring)
-        return result(coarse)
-    if priced is None:  # no optimum to price by
+    if priced == "infeasible" and not _two_resources(coarse.by_llm):
+        return result(_fewest_units(coarse))  # no allocation of any candidate fits (docstring)
+    if not isinstance(priced, tuple):  # no optimum to price by
         return result(run())
     prices, relaxed, mprices = priced
     budgets = problem.cluster.budgets()

@@ -21,15 +21,10 @@ its first solver; the factories swallow it (once per process) before they create
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import pickle
-import select
-import signal
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +33,7 @@ import numpy as np
 import pulp
 
 from scepsy_common.errors import InputError
+from scepsy_common.forked import ChildKilled, Forked, can_fork
 
 SEED = 0
 """HiGHS's ``random_seed`` in every solve (with one thread, runs are deterministic)."""
@@ -167,66 +163,28 @@ def solved_by(h: highspy.Highs) -> Solved:
     return Solved(status, objective, dual, vals)
 
 
-def can_fork() -> bool:
-    """Whether :func:`run_killable` can run solves in a child (a platform with ``fork``)."""
-    return hasattr(os, "fork")
+def _solve(h: highspy.Highs) -> Solved:
+    h.run()
+    return solved_by(h)
 
 
 def run_killable(h: highspy.Highs, time_limit_s: float) -> Solved:
     """Run ``h`` (its model passed, its options set, ``time_limit_s`` among them) in a forked
-    child and read what it found; a child still running :data:`KILL_GRACE_S` +
-    :data:`KILL_GRACE_REL` x ``time_limit_s`` after the limit is killed, and the solve reads
-    as a time limit without a solution (``killed``). Where the platform cannot fork, ``h`` runs
-    in this process. The child computes exactly what an in-process run would (same model,
-    options and seed), so the answers are identical; a fork costs milliseconds per solve."""
+    child (:class:`scepsy_common.forked.Forked`) and read what it found; a child still running
+    :data:`KILL_GRACE_S` + :data:`KILL_GRACE_REL` x ``time_limit_s`` after the limit is killed,
+    and the solve reads as a time limit without a solution (``killed``). Where the platform
+    cannot fork, ``h`` runs in this process. The child computes exactly what an in-process run
+    would (same model, options and seed), so the answers are identical; a fork costs
+    milliseconds per solve."""
     if not can_fork():
-        h.run()
-        return solved_by(h)
+        return _solve(h)
     quiet_banner()
-    read, write = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: solve, send, leave without running the parent's exit handlers
-        code = 1
+    with Forked(lambda: _solve(h)) as child:
         try:
-            os.close(read)
-            h.run()
-            payload = pickle.dumps(solved_by(h), protocol=pickle.HIGHEST_PROTOCOL)
-            with os.fdopen(write, "wb") as out:
-                out.write(payload)
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(write)
-    end = time.monotonic() + time_limit_s * (1 + KILL_GRACE_REL) + KILL_GRACE_S
-    chunks: list[bytes] = []
-    killed = reaped = False
-    poller = select.poll()  # not select.select: a server's descriptors may pass FD_SETSIZE
-    poller.register(read, select.POLLIN | select.POLLHUP)
-    try:
-        while True:
-            left = end - time.monotonic()
-            if left <= 0 or not poller.poll(max(1, math.ceil(left * 1000))):
-                os.kill(pid, signal.SIGKILL)
-                killed = True
-                break
-            chunk = os.read(read, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-        _, wait = os.waitpid(pid, 0)
-        reaped = True
-    finally:
-        os.close(read)
-        if not reaped:  # interrupted (Ctrl-C, an exception): the child must not outlive us
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    if killed:
-        return Solved("time_limit_no_solution", math.inf, -math.inf, np.zeros(0), killed=True)
-    if wait != 0 or not chunks:
-        raise RuntimeError(f"a HiGHS solve in a child process ended without an answer "
-                           f"(wait status {wait})")
-    solved: Solved = pickle.loads(b"".join(chunks))
-    return solved
+            return child.wait(time_limit_s * (1 + KILL_GRACE_REL) + KILL_GRACE_S)
+        except ChildKilled:
+            return Solved("time_limit_no_solution", math.inf, -math.inf, np.zeros(0),
+                          killed=True)
+        except RuntimeError as err:
+            raise RuntimeError(f"a HiGHS solve in a child process ended without an answer "
+                               f"({err})") from err

@@ -81,6 +81,7 @@ min-latency plans of the same formulation (:func:`_placeable_scale`).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -89,6 +90,7 @@ from types import MappingProxyType
 from typing import Any, Literal, cast
 
 from scepsy_common.bisection import Probe, largest_accepted
+from scepsy_common.forked import ChildKilled, Forked, can_fork
 from scepsy_common.registry import Registry
 from scepsy_common.units import UNITS, share_units
 from scepsy_opt.cluster import Cluster, GPUPool
@@ -169,8 +171,9 @@ SLOTS_SHARE = 0.4  # auto: slot groups (scepsy_place.formulations.slots) after b
 SLOTS_FIRST_SHARE = 0.6  # min-cost: slot groups' share when nothing is placed yet (their first
 # plan of 16 LLMs with mean bounds takes 6-12 s on 2 cores, depending on HiGHS's seed)
 MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.planning.mixing), of what remains
-SLOTS_LARGE_SHARE = 0.6  # ... above UNPRUNED_MAX_GPUS GPUs
+SLOTS_LARGE_SHARE = 0.8  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
+BOUND_WAIT_S = 0.25  # auto above 64 GPUs: how long past the deadline the bound's child is awaited
 PATTERNS_LARGE_SHARE = 0.75
 # the aggregate loop's round cap: a safety net only; the loop stops on a proof (placed,
 # infeasible, the cutoff reached) or at the deadline
@@ -765,7 +768,10 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     the aggregate loop, stopped at the blocks plan's objective; ``patterns`` unless a plan in
     hand is proven optimal over the candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started
     from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
-    GPUs without that bound, with the time left, the aggregate MILP alone, for its bound.
+    GPUs without that bound, the aggregate MILP alone, for its bound: in a forked child from the
+    start (:class:`scepsy_common.forked.Forked`, a second core while this one searches for plans,
+    awaited until the deadline and :data:`BOUND_WAIT_S`), or, where the platform cannot fork,
+    here with the time left.
 
     Slot groups (:mod:`scepsy_place.formulations.slots`, LLMs sharing GPUs, placeable by construction) run
     after blocks where they apply. One deadline, split: each step gets its share of what
@@ -778,6 +784,50 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     ``time_limit`` (or how the formulations ended)."""
     deadline: Deadline = kw["deadline"]
     t0 = time.perf_counter()
+    small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
+    with contextlib.ExitStack() as stack:
+        # above UNPRUNED_MAX_GPUS the bound is the aggregate MILP's: on a second core from the
+        # start, while this one searches for plans
+        child = (stack.enter_context(Forked(lambda: _aggregate_bound(problem, deadline)))
+                 if not small and can_fork() else None)
+        tried, bounds = _auto_steps(problem, topology, child is None, kw)
+        if child is not None and not bounds:
+            with contextlib.suppress(ChildKilled):
+                found = child.wait(max(0.0, deadline.remaining()) + BOUND_WAIT_S)
+                if found is not None:
+                    bounds.append(found)
+    best = _best(tried.values())
+    compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
+    bound = _grid_bound(tried, bounds, small)
+    seconds = time.perf_counter() - t0
+    # the time ran out: the whole deadline, or a step's share of it (cut before it finished)
+    ran_out = deadline.remaining() <= 0 or any(
+        r.status == "time_limit" or r.plan.status == "time_limit" for r in tried.values())
+    if best is not None:
+        return replace(_labelled(best, bound, ran_out), compared=compared, seconds=seconds)
+    if not tried:  # nothing ran: the time was gone before the first step
+        return replace(timed_out(deadline, kw.get("name", "milp"), 1, (), "auto", False),
+                       compared=compared, bound_s=bound, seconds=seconds)
+    agg, pat, blk = tried.get("aggregate"), tried.get("patterns"), tried.get("blocks")
+    why = "; ".join(f"{k}: {tried[k].reason}" for k in sorted(tried))
+    if agg is not None and agg.status == "infeasible":  # proven for every allocation
+        return replace(agg, compared=compared, bound_s=bound, seconds=seconds)
+    last = agg or (pat if pat is not None and (pat.status != "time_limit" or blk is None)
+                   else blk) or next(iter(tried.values()))
+    status: LoopStatus = ("time_limit" if any(r.status == "time_limit" for r in tried.values())
+                          else last.status)
+    # no plan and no proof: nothing exact to report
+    return replace(last, compared=compared, bound_s=bound, seconds=seconds, status=status,
+                   reason=why if len(tried) > 1 else last.reason, exact=False)
+
+
+def _auto_steps(problem: PlanningProblem, topology: Topology, in_process: bool,
+                kw: Mapping[str, Any]) -> tuple[dict[str, PlacedPlan], list[float]]:
+    """:func:`plan_auto`'s formulations in its order, each within its share of the deadline:
+    how each ended (by formulation) and the bounds found on every placeable allocation of the
+    grid. ``in_process``: above UNPRUNED_MAX_GPUS GPUs, whether the aggregate MILP's bound is
+    left to this process (no child computes it)."""
+    deadline: Deadline = kw["deadline"]
     small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
     # above PATTERNS_BLOCKS_MAX_GPUS patterns solves blocks itself only where it needs them
     large = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
@@ -824,33 +874,18 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
             bounds.append(agg_bound)
     if large and _best(tried.values()) is None and deadline.remaining() > 0:
         run("blocks", 1.0)
-    if not small and not bounds and deadline.remaining() > 0:  # the aggregate MILP alone: a
-        agg_plan = solve_min_latency(problem, deadline=deadline)  # bound on every allocation
-        if agg_plan.allocation is not None and math.isfinite(agg_plan.bound_s):
-            bounds.append(agg_plan.bound_s)
-    best = _best(tried.values())
-    compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
-    bound = _grid_bound(tried, bounds, small)
-    seconds = time.perf_counter() - t0
-    # the time ran out: the whole deadline, or a step's share of it (cut before it finished)
-    ran_out = deadline.remaining() <= 0 or any(
-        r.status == "time_limit" or r.plan.status == "time_limit" for r in tried.values())
-    if best is not None:
-        return replace(_labelled(best, bound, ran_out), compared=compared, seconds=seconds)
-    if not tried:  # nothing ran: the time was gone before the first step
-        return replace(timed_out(deadline, kw.get("name", "milp"), 1, (), "auto", False),
-                       compared=compared, bound_s=bound, seconds=seconds)
-    agg, pat, blk = tried.get("aggregate"), tried.get("patterns"), tried.get("blocks")
-    why = "; ".join(f"{k}: {tried[k].reason}" for k in sorted(tried))
-    if agg is not None and agg.status == "infeasible":  # proven for every allocation
-        return replace(agg, compared=compared, bound_s=bound, seconds=seconds)
-    last = agg or (pat if pat is not None and (pat.status != "time_limit" or blk is None)
-                   else blk) or next(iter(tried.values()))
-    status: LoopStatus = ("time_limit" if any(r.status == "time_limit" for r in tried.values())
-                          else last.status)
-    # no plan and no proof: nothing exact to report
-    return replace(last, compared=compared, bound_s=bound, seconds=seconds, status=status,
-                   reason=why if len(tried) > 1 else last.reason, exact=False)
+    if not small and not bounds and in_process and deadline.remaining() > 0:
+        found = _aggregate_bound(problem, deadline)  # the aggregate MILP alone
+        if found is not None:
+            bounds.append(found)
+    return tried, bounds
+
+
+def _aggregate_bound(problem: PlanningProblem, deadline: Deadline) -> float | None:
+    """The aggregate MILP's bound on every allocation of the candidate grid within
+    ``deadline`` (None: no allocation in time, or none at all)."""
+    plan = solve_min_latency(problem, deadline=deadline)
+    return plan.bound_s if plan.allocation is not None and math.isfinite(plan.bound_s) else None
 
 
 def _share(deadline: Deadline, share: float) -> Deadline:

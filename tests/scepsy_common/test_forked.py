@@ -1,0 +1,79 @@
+"""Forked: a function in a child process, waited for with a limit and killed past it."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scepsy_common.forked import ChildKilled, Forked, can_fork
+
+pytestmark = pytest.mark.skipif(not can_fork(), reason="the platform cannot fork")
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` is neither this process's child nor a zombie waiting to be reaped."""
+    if pid in {p.pid for p in psutil.Process(os.getpid()).children()}:
+        return False
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
+@given(xs=st.lists(st.integers(-10**9, 10**9), max_size=2000))
+def test_the_result_comes_back_as_the_function_computed_it(xs):
+    """The child's result is the parent's computation, whatever its size (up to a pipe's
+    buffer and past it)."""
+    with Forked(lambda: (sorted(xs), sum(xs), str(xs))) as child:
+        got = child.wait(30.0)
+    assert got == (sorted(xs), sum(xs), str(xs))
+    assert _gone(child.pid)
+
+
+def test_a_child_still_running_at_the_limit_is_killed_and_reaped():
+    t0 = time.monotonic()
+    with Forked(lambda: time.sleep(60)) as child:
+        with pytest.raises(ChildKilled):
+            child.wait(0.3)
+        assert not child.running
+    assert time.monotonic() - t0 < 10
+    assert _gone(child.pid)
+
+
+def test_the_parent_works_while_the_child_does():
+    """The child runs while the parent goes on: a child that sleeps 0.5 s and a parent that
+    sleeps 0.5 s take about 0.5 s together, not 1 s."""
+    t0 = time.monotonic()
+    with Forked(lambda: time.sleep(0.5) or "done") as child:
+        time.sleep(0.5)
+        assert child.wait(5.0) == "done"
+    assert time.monotonic() - t0 < 0.95
+
+
+def test_a_child_that_raises_is_an_error_not_a_result():
+    def boom() -> int:
+        raise ValueError("no")
+
+    with Forked(boom) as child, pytest.raises(RuntimeError, match="without an answer"):
+        child.wait(30.0)
+    assert _gone(child.pid)
+
+
+def test_leaving_the_block_on_an_exception_kills_the_child():
+    with pytest.raises(KeyError), Forked(lambda: time.sleep(60)) as child:
+        raise KeyError("the parent failed")
+    assert _gone(child.pid)
+
+
+def test_a_child_is_waited_for_once():
+    with Forked(lambda: 1) as child:
+        assert child.wait(30.0) == 1
+        with pytest.raises(RuntimeError, match="already"):
+            child.wait(1.0)
