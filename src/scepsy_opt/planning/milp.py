@@ -231,7 +231,7 @@ def _fewest_units(cands: CandidateSet) -> CandidateSet:
     order dominance pruning keeps, cost, TP degree, share, replicas)."""
     by_llm: dict[str, tuple[Candidate, ...]] = {}
     for m, cs in cands.by_llm.items():
-        firsts = {}
+        firsts: dict[str, tuple[tuple[float, ...], Candidate]] = {}
         for c in cs:
             key = (c.units, c.cost, c.tp, c.share, c.replicas)
             if c.gpu not in firsts or key < firsts[c.gpu][0]:
