@@ -80,11 +80,6 @@ def fewest_block_gpus(problem: PlanningProblem, deadline: Deadline | None = None
     return out
 
 
-def whole_free(topology: Topology, gpus: Sequence[str]) -> int:
-    """The wholly free GPUs of the types ``gpus`` (the most any blocks can take)."""
-    return sum(level_capacity(topology, g, 1) for g in gpus)
-
-
 def level_capacity(topology: Topology, gpu: str, tp: int) -> int:
     """GPUs of type ``gpu`` that blocks of ``tp`` or more GPUs can use: ``Σ_d tp·floor(free_d/tp)``."""
     return _level(_free_per_domain(topology, gpu), tp)

@@ -28,7 +28,7 @@ from scepsy_place.formulations.blocks import (
     block_candidates,
     capacity_rows,
     fewest_block_gpus,
-    whole_free,
+    level_capacity,
 )
 from scepsy_place.packing.placement import Placement, demands, place
 from scepsy_place.packing.quality import quality
@@ -167,7 +167,7 @@ def plan_blocks(problem: PlanningProblem, topology: Topology,
     deadline = Deadline.of(problem, deadline)
     try:
         fewest = fewest_block_gpus(problem, deadline)
-        free = whole_free(topology, sorted(problem.cluster.budgets()))
+        free = sum(level_capacity(topology, g, 1) for g in problem.cluster.budgets())
         if fewest is not None and sum(fewest.values()) > free:
             # the counting bound settles it before the candidates (seconds at 256 LLMs)
             return PlacedPlan(
