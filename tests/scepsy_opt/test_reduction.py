@@ -110,3 +110,26 @@ def test_a_sample_whose_relaxation_is_infeasible_proves_every_candidate_infeasib
     assert (reduced.allocation is None) == (full.allocation is None)
     if full.allocation is not None:
         assert abs(reduced.objective_s - full.objective_s) <= 1e-9 * full.objective_s
+
+
+@settings(max_examples=25, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(n=st.integers(1, 4), gpus=st.sampled_from([1, 2, 4, 8, 16]), seed=st.integers(0, 10**6),
+       load=st.sampled_from([0.3, 0.8, 1.2]), blocks=st.booleans())
+def test_a_scan_cache_filled_by_the_sample_changes_no_later_scan(n, gpus, seed, load, blocks):
+    """The replica ranges the coarse sample computed, reused by the priced and the full scans
+    of the same problem, give exactly the candidates those scans compute afresh (the same
+    computation: compared exactly)."""
+    p = random_problem(n, gpus, ROOF, seed=seed, load=load)
+    curves: dict = {}
+    scans: dict = {}
+    coarse = generate_candidates(p, coarse=True, blocks=blocks, curve_cache=curves,
+                                 scan_cache=scans)
+    assert coarse.by_llm == generate_candidates(p, coarse=True, blocks=blocks).by_llm
+    prices = {g: 1e-4 * (i + 1) for i, g in enumerate(sorted(p.cluster.budgets()))}
+    for kw in ({"prices": prices, "slack": 0.5}, {}):
+        cached = generate_candidates(p, blocks=blocks, curve_cache=curves, scan_cache=scans,
+                                     **kw)
+        fresh = generate_candidates(p, blocks=blocks, **kw)
+        assert cached.by_llm == fresh.by_llm and cached.generated == fresh.generated
+        assert dict(cached.least_price) == dict(fresh.least_price)

@@ -443,7 +443,7 @@ def slo_floors(problem: PlanningProblem, llm: str) -> tuple[float, float]:
     return best
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Scan:
     """One shape's replica scan in progress: steps ``s`` from ``start`` to ``cap`` are still to
     price (replicas ``k·s``, units ``per·s``; ``k = 1`` unless blocks), ``floor`` the latency at
@@ -471,6 +471,7 @@ class _ScanSpec:
     coarse: bool
     blocks: bool
     deadline: Deadline | None
+    scans: dict[tuple[str, str, int], list[_Scan]] | None = None  # generate_candidates' scan_cache
 
 
 def unoverloaded_replicas(curve: Any, rate: float, start: int, limit: int) -> int:
@@ -521,7 +522,11 @@ def _scan_group(spec: _ScanSpec, gpu: str, tp: int, live: list[Any],
     least ``v`` seen (``best_v``, carried across the LLM's groups) plus ``slack``. Returns the
     priced rows and the updated ``best_v``."""
     problem, opts = spec.problem, spec.problem.options
-    pending = _scans(spec, gpu, tp, live)
+    key = (spec.demand.llm, gpu, tp)
+    cached = spec.scans.get(key) if spec.scans is not None else None
+    pending = cached if cached is not None else _scans(spec, gpu, tp, live)
+    if spec.scans is not None:
+        spec.scans[key] = pending
     r0 = spec.current.replicas if spec.current is not None else 0
     price_ = spec.prices.get(gpu, 0.0) if spec.prices is not None else 0.0
     mprice = spec.memory_prices.get(gpu, 0.0) if spec.memory_prices is not None else 0.0
@@ -579,7 +584,9 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
                         slack: float = math.inf,
                         memory_prices: Mapping[str, float] | None = None,
                         curve_cache: dict[tuple[str, str, int], list[Any]] | None = None,
-                        blocks: bool = False, deadline: Deadline | None = None) -> CandidateSet:
+                        blocks: bool = False, deadline: Deadline | None = None,
+                        scan_cache: dict[tuple[str, str, int], list[_Scan]] | None = None,
+                        ) -> CandidateSet:
     """All candidates of every LLM (see the module docstring), dominance-pruned unless ``prune``
     is False. ``max_units`` caps the GPU units one LLM may use per type (default: the budget).
 
@@ -591,7 +598,9 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
     candidates are neither generated (a shape's replica scan stops once ``floor + π·units``
     passes ``v*_m + slack``) nor kept. The caller checks ``slack ≥ UB − LB`` afterwards
     (:attr:`CandidateSet.least_price` gives ``v*_m``). ``curve_cache`` keeps the serving curves
-    between calls on the same problem.
+    between calls on the same problem; ``scan_cache`` keeps each shape's replica range (from
+    the fewest replicas that carry the load unoverloaded, a third of a scan's time) between
+    calls on the same problem with the same ``max_units``, ``blocks`` and ``curve_cache``.
 
     ``blocks``: count GPUs as whole-GPU blocks of one LLM shape (``scepsy_place.formulations.blocks``): a
     block of ``tp`` GPUs holds ``k = replicas_per_gpu(share)`` replicas, so only replica counts
@@ -616,7 +625,7 @@ def generate_candidates(problem: PlanningProblem, *, prune: bool = True,
         best_v = math.inf
         dem = problem.demands[m]
         spec = _ScanSpec(problem, dem, _current(problem, m), caps, prices, memory_prices, slack,
-                         coarse, blocks, deadline)
+                         coarse, blocks, deadline, scan_cache)
         rows: list[PricedRows] = []
         any_fit = False
         for (gpu, tp), shares in shape_groups(problem, m).items():

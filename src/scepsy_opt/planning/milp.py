@@ -394,7 +394,7 @@ def reduced_candidates(problem: PlanningProblem, *, blocks: bool = False,
     t0 = time.perf_counter()
     cache: dict[tuple[str, str, int], list[Any]] = {}
     gen = functools.partial(generate_candidates, problem, curve_cache=cache, blocks=blocks,
-                            deadline=left)
+                            deadline=left, scan_cache={})
     generated = 0
 
     def run(**kw: Any) -> CandidateSet:
