@@ -276,15 +276,10 @@ class ServingCurve:
     def overloaded(self, rate: ArrayLike) -> Any:
         """Whether ``rate`` (calls/s per replica) reaches μ or makes more than
         ``policy.preemption_threshold`` preemptions per call."""
-        return self.preemptions_and_overloaded(rate)[1]
-
-    def preemptions_and_overloaded(self, rate: ArrayLike) -> tuple[Any, Any]:
-        """(:meth:`preemptions_per_call`, :meth:`overloaded`) at ``rate``, the preemptions
-        predicted once for both."""
         r = np.asarray(rate, dtype=float)
-        pre = self.preemptions_per_call(rate)
-        out = (r >= self.mu) | (np.asarray(pre) > self.policy.preemption_threshold)
-        return pre, (bool(out) if np.ndim(rate) == 0 else out)
+        out = (r >= self.mu) | (np.asarray(self.preemptions_per_call(r))
+                                > self.policy.preemption_threshold)
+        return bool(out) if np.ndim(rate) == 0 else out
 
     @cached_property
     def _table(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:

@@ -287,8 +287,7 @@ def curve_preemptions(curve: ServingCurve, rate: float) -> tuple[float, bool]:
     rate reaches ``μ``; an infeasible curve is ``(inf, True)``."""
     if not curve.feasible:
         return math.inf, True
-    pre, over = curve.preemptions_and_overloaded(rate)
-    return float(pre), bool(over)
+    return float(curve.preemptions_per_call(rate)), bool(curve.overloaded(rate))
 
 
 # --------------------------------------------------------------------------- capacity
