@@ -48,13 +48,13 @@ def test_a_child_still_running_at_the_limit_is_killed_and_reaped():
 
 
 def test_the_parent_works_while_the_child_does():
-    """The child runs while the parent goes on: a child that sleeps 0.5 s and a parent that
-    sleeps 0.5 s take about 0.5 s together, not 1 s."""
+    """The child runs while the parent goes on: a child that sleeps 2 s and a parent that
+    sleeps 2 s take about 2 s together, not 4 s (1.5 s of margin for the fork)."""
     t0 = time.monotonic()
-    with Forked(lambda: time.sleep(0.5) or "done") as child:
-        time.sleep(0.5)
-        assert child.wait(5.0) == "done"
-    assert time.monotonic() - t0 < 0.95
+    with Forked(lambda: time.sleep(2.0) or "done") as child:
+        time.sleep(2.0)
+        assert child.wait(10.0) == "done"
+    assert time.monotonic() - t0 < 3.5
 
 
 def test_a_child_that_raises_is_an_error_not_a_result():
