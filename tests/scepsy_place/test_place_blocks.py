@@ -21,9 +21,9 @@ from scepsy_opt.allocation import Allocation, Instance
 from scepsy_opt.planning.candidates import generate_candidates
 from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.milp import solve_min_latency
+from scepsy_opt.planning.problem import PlanOptions
 from scepsy_place import Demand, Node, Topology, demands, place, violations
 from scepsy_place.formulations import blocks as blocks_mod
-from scepsy_opt.planning.problem import PlanOptions
 from scepsy_place.formulations.blocks import (
     block_candidates,
     capacity_rows,

@@ -523,10 +523,12 @@ def _scan_group(spec: _ScanSpec, gpu: str, tp: int, live: list[Any],
     priced rows and the updated ``best_v``."""
     problem, opts = spec.problem, spec.problem.options
     key = (spec.demand.llm, gpu, tp)
-    cached = spec.scans.get(key) if spec.scans is not None else None
-    pending = cached if cached is not None else _scans(spec, gpu, tp, live)
-    if spec.scans is not None:
-        spec.scans[key] = pending
+    if spec.scans is not None and key in spec.scans:
+        pending = spec.scans[key]
+    else:
+        pending = _scans(spec, gpu, tp, live)
+        if spec.scans is not None:
+            spec.scans[key] = pending
     r0 = spec.current.replicas if spec.current is not None else 0
     price_ = spec.prices.get(gpu, 0.0) if spec.prices is not None else 0.0
     mprice = spec.memory_prices.get(gpu, 0.0) if spec.memory_prices is not None else 0.0

@@ -185,6 +185,3 @@ def run_killable(h: highspy.Highs, time_limit_s: float) -> Solved:
         except ChildKilled:
             return Solved("time_limit_no_solution", math.inf, -math.inf, np.zeros(0),
                           killed=True)
-        except RuntimeError as err:
-            raise RuntimeError(f"a HiGHS solve in a child process ended without an answer "
-                               f"({err})") from err

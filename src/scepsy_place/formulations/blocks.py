@@ -39,9 +39,8 @@ from collections.abc import Mapping, Sequence
 
 from scepsy_common.units import UNITS
 from scepsy_opt.planning.candidates import Candidate, CandidateSet, generate_candidates
-from scepsy_opt.planning.milp import Row, capacity_shapes, reduced_candidates
+from scepsy_opt.planning.milp import Row, capacity_shapes, reduced_candidates, unit_needs
 from scepsy_opt.planning.problem import Deadline, PlanningProblem
-from scepsy_opt.prediction.pipeline import min_replicas
 from scepsy_place.packing.placement import whole_free_gpus
 from scepsy_place.packing.topology import Topology
 
@@ -61,23 +60,20 @@ def block_candidates(problem: PlanningProblem, topology: Topology,
 
 def fewest_block_gpus(problem: PlanningProblem, deadline: Deadline | None = None,
                       ) -> dict[str, int] | None:
-    """Per LLM, a lower bound on the whole GPUs every block candidate of it takes: over its
-    capacity shapes (:func:`scepsy_opt.planning.milp.capacity_shapes`, the largest μ per GPU
-    type and units per replica), the least ``⌈r·units/UNITS⌉``, ``r`` the fewest replicas that
-    carry its load at ``max_utilisation`` (:func:`~scepsy_opt.prediction.pipeline.min_replicas`).
-    A block candidate of ``r' ≥ r`` replicas takes ``tp·⌈r'/k⌉ ≥ r'·tp/k`` GPUs, and
-    ``k = replicas_per_gpu(share) ≤ UNITS / share_units(share)``, so at least ``r·units/UNITS``;
-    preemption and per-LLM SLOs only add replicas. None when an LLM fits no GPU (its
-    candidates say why). Raises :class:`~scepsy_opt.planning.problem.TimeLimitReached`."""
+    """Per LLM, a lower bound on the whole GPUs every block candidate of it takes: its fewest
+    units at the targets on any GPU type (:func:`scepsy_opt.planning.milp.unit_needs` over its
+    capacity shapes, ``units·r`` with ``r`` the fewest replicas that carry its load at
+    ``max_utilisation``), rounded up to whole GPUs. A block candidate of ``r' ≥ r`` replicas
+    takes ``tp·⌈r'/k⌉ ≥ r'·tp/k`` GPUs, and ``k = replicas_per_gpu(share) ≤ UNITS /
+    share_units(share)``, so at least ``r·units/UNITS``; preemption and per-LLM SLOs only add
+    replicas. None when an LLM fits no GPU (its candidates say why). Raises
+    :class:`~scepsy_opt.planning.problem.TimeLimitReached`."""
     shapes = capacity_shapes(problem, deadline)
-    u = problem.options.max_utilisation
-    out: dict[str, int] = {}
-    for m in problem.llms:
-        if not shapes.get(m):
-            return None
-        load = problem.loads[m]
-        out[m] = min(-(-min_replicas(load, sh[4], u) * sh[3] // UNITS) for sh in shapes[m])
-    return out
+    if any(not shapes.get(m) for m in problem.llms):
+        return None
+    types = sorted({sh[0] for v in shapes.values() for sh in v})
+    fewest = unit_needs(problem, shapes, types)(1.0).min(axis=1)  # rows: LLMs, sorted
+    return {m: -(-int(n) // UNITS) for m, n in zip(sorted(shapes), fewest, strict=True)}
 
 
 def level_capacity(topology: Topology, gpu: str, tp: int) -> int:

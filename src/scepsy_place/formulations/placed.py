@@ -161,6 +161,14 @@ def timed_out(deadline: Deadline, name: str, rounds: int, history: tuple[Mapping
                       status="time_limit")
 
 
+def _no_blocks(plan: Plan, history: tuple[Mapping[str, Any], ...], why: str) -> PlacedPlan:
+    """No block allocation, ``why`` (not proven infeasible: shared GPUs may hold one)."""
+    return PlacedPlan(plan=plan, placement=None, rounds=1, history=history, quality=None,
+                      reason=f"whole-GPU blocks of one LLM each {why} (not proven infeasible: "
+                      "the aggregate and patterns formulations may find one)",
+                      exact=True, formulation="blocks", status="unplaced")
+
+
 def plan_blocks(problem: PlanningProblem, topology: Topology,
                 deadline: Deadline | None = None) -> PlacedPlan:
     """The placeable-by-construction plan (:mod:`scepsy_place.formulations.blocks`), placed by ``blocks``."""
@@ -170,14 +178,10 @@ def plan_blocks(problem: PlanningProblem, topology: Topology,
         free = sum(level_capacity(topology, g, 1) for g in problem.cluster.budgets())
         if fewest is not None and sum(fewest.values()) > free:
             # the counting bound settles it before the candidates (seconds at 256 LLMs)
-            return PlacedPlan(
-                plan=no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
-                                        stats={}),
-                placement=None, rounds=1, history=(), quality=None,
-                reason=f"whole-GPU blocks of one LLM each need at least "
-                f"{sum(fewest.values())} GPUs, and {free} are wholly free (not proven "
-                "infeasible: the aggregate and patterns formulations may find one)",
-                exact=True, formulation="blocks", status="unplaced")
+            return _no_blocks(
+                no_allocation_plan(optimiser="milp", status="infeasible", candidates={},
+                                   stats={}), (),
+                f"need at least {sum(fewest.values())} GPUs, and {free} are wholly free")
         cset = block_candidates(problem, topology, deadline)
     except TimeLimitReached:
         return timed_out(deadline, "milp", 1, (), "blocks")
@@ -188,14 +192,13 @@ def plan_blocks(problem: PlanningProblem, topology: Topology,
     if plan.allocation is None:
         # proven only when an LLM fits no GPU at all (memory): whole-GPU blocks use more GPUs
         # than shares, so their lack of room proves nothing about shared allocations
-        proven = plan.infeasible is not None and plan.infeasible.reason == "memory"
-        why = (plan.infeasible.detail if proven and plan.infeasible is not None else
-               "no allocation fits the free GPUs as whole-GPU blocks of one LLM each (not "
-               "proven infeasible: the aggregate and patterns formulations may find one)")
         history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": 0},)
-        return PlacedPlan(plan=plan, placement=None, rounds=1, history=history, quality=None,
-                          reason=why, exact=True, formulation="blocks",
-                          status="infeasible" if proven else "unplaced")
+        if plan.infeasible is not None and plan.infeasible.reason == "memory":
+            # proven: an LLM fits no GPU at all, shared or not
+            return PlacedPlan(plan=plan, placement=None, rounds=1, history=history,
+                              quality=None, reason=plan.infeasible.detail, exact=True,
+                              formulation="blocks", status="infeasible")
+        return _no_blocks(plan, history, "fit no allocation on the free GPUs")
     dem = demands(plan.allocation, problem.catalog)
     placement = place(topology, dem, "blocks")
     history = ({"round": 1, "objective_s": plan.objective_s, "unplaced": len(placement.unplaced)},)
