@@ -17,6 +17,8 @@ run children; callers do the work in-process elsewhere.
 from __future__ import annotations
 
 import contextlib
+import copyreg
+import io
 import math
 import os
 import pickle
@@ -25,10 +27,26 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from types import TracebackType
+from types import MappingProxyType, TracebackType
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
+
+
+def _proxy(items: dict) -> MappingProxyType:
+    """A read-only mapping again, as the child's result had it."""
+    return MappingProxyType(items)
+
+
+def dumps(x: object) -> bytes:
+    """``x`` pickled as a child sends it: read-only mappings (``MappingProxyType``, which the
+    frozen results hold and ``pickle`` refuses) travel as their items and come back read-only."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.dispatch_table = {**copyreg.dispatch_table,
+                              MappingProxyType: lambda m: (_proxy, (dict(m),))}
+    pickler.dump(x)
+    return buf.getvalue()
 
 
 def can_fork() -> bool:
@@ -45,8 +63,9 @@ class Forked(Generic[T]):
 
     ``wait(seconds)`` returns ``fn``'s result, raises :class:`ChildKilled` when the child is
     still running ``seconds`` from the call (it is killed then) and ``RuntimeError`` when it
-    died without one. The result must pickle. The child leaves with ``os._exit``: the parent's
-    exit handlers, buffers and ``atexit`` functions never run twice.
+    died without one. The result must pickle (read-only mappings may be in it: :func:`dumps`).
+    The child leaves with ``os._exit``: the parent's exit handlers, buffers and ``atexit``
+    functions never run twice.
     """
 
     def __init__(self, fn: Callable[[], T]) -> None:
@@ -60,7 +79,7 @@ class Forked(Generic[T]):
             code = 1
             try:
                 os.close(read)
-                payload = pickle.dumps(fn(), protocol=pickle.HIGHEST_PROTOCOL)
+                payload = dumps(fn())
                 with os.fdopen(write, "wb") as out:
                     out.write(payload)
                 code = 0

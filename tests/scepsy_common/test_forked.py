@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import pickle
 import time
+from types import MappingProxyType
 
 import psutil
 import pytest
@@ -35,6 +37,29 @@ def test_the_result_comes_back_as_the_function_computed_it(xs):
         got = child.wait(30.0)
     assert got == (sorted(xs), sum(xs), str(xs))
     assert _gone(child.pid)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
+@given(tree=st.recursive(st.integers(),
+                         lambda inner: st.dictionaries(st.text(max_size=3), inner, max_size=4),
+                         max_leaves=20))
+def test_read_only_mappings_come_back_read_only(tree):
+    """Frozen results hold ``MappingProxyType`` (which ``pickle`` alone refuses): they come back
+    equal and read-only, at any depth."""
+    def frozen(x):
+        return MappingProxyType({k: frozen(v) for k, v in x.items()}) if isinstance(x, dict) \
+            else x
+
+    def kinds(x):
+        return (type(x).__name__, {k: kinds(v) for k, v in x.items()}) \
+            if isinstance(x, MappingProxyType | dict) else type(x).__name__
+
+    want = frozen(tree)
+    with pytest.raises(TypeError):
+        pickle.dumps(MappingProxyType({}))  # what the child's pickler has to get around
+    with Forked(lambda: want) as child:
+        got = child.wait(30.0)
+    assert got == want and kinds(got) == kinds(want)
 
 
 def test_a_child_still_running_at_the_limit_is_killed_and_reaped():

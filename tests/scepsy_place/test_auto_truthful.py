@@ -397,11 +397,11 @@ def test_above_64_gpus_the_bound_comes_from_a_child(monkeypatch):
 
 @pytest.mark.skipif(not loop.can_fork(), reason="the platform cannot fork")
 def test_a_bound_child_that_outlives_the_deadline_is_killed_and_no_bound_claimed(monkeypatch):
-    """The child's bound takes a minute: the plan ends within its limit, without a bound or a
+    """The child's aggregate loop takes a minute: the plan ends within its limit, without a bound or a
     gap, and the child is gone."""
     _no_bound_formulations(monkeypatch)
     forked = _record_children(monkeypatch)
-    monkeypatch.setattr(loop, "_aggregate_bound", lambda problem, deadline: time.sleep(60))
+    monkeypatch.setattr(loop, "_aggregate_child", lambda problem, topology, kw: time.sleep(60))
     p = random_problem(4, 72, ROOF, seed=0)
     limit = 3.0
     t0 = time.monotonic()
@@ -413,3 +413,28 @@ def test_a_bound_child_that_outlives_the_deadline_is_killed_and_no_bound_claimed
     assert len(forked) == 1
     with pytest.raises(ChildProcessError):  # killed and reaped: no longer a child of ours
         os.waitpid(forked[0], os.WNOHANG)
+
+
+@pytest.mark.skipif(not loop.can_fork(), reason="the platform cannot fork")
+def test_above_64_gpus_the_childs_aggregate_plan_competes(monkeypatch):
+    """16 skewed LLMs on 72 GPUs, where the aggregate optimum packs and beats the blocks plan:
+    the child's aggregate loop places it, and auto returns it (the blocks plan in hand, patterns
+    ending without a plan). Where the platform cannot fork, the loop runs here with the time
+    left, and gives the same plan."""
+    p = many_models_problem(16, 72, ROOF, copies=False,
+                            options=PlanOptions(time_limit_s=60.0)).scaled(0.9)
+    here = plan_and_place(p, from_cluster(p.cluster), formulation="aggregate")
+    blocks = loop.plan_blocks(p, from_cluster(p.cluster), Deadline.after(60.0))
+    assert here.placed and blocks.placed
+    assert here.plan.objective_s < blocks.plan.objective_s * (1 - 0.05)
+    _no_bound_formulations(monkeypatch)
+    forked = _record_children(monkeypatch)
+    res = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
+    assert len(forked) == 1 and res.compared["aggregate"].status == "placed"
+    assert res.plan.objective_s == pytest.approx(here.plan.objective_s, rel=1e-9)
+    assert res.bound_s == pytest.approx(solve_min_latency(p).bound_s, rel=1e-9)
+    check_truthful(p, res)
+    monkeypatch.setattr(loop, "can_fork", lambda: False)
+    again = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
+    assert len(forked) == 1 and "aggregate" in again.compared
+    assert again.plan.objective_s == pytest.approx(here.plan.objective_s, rel=1e-9)

@@ -50,8 +50,10 @@ default, here and in the CLI; :func:`plan_auto`) runs ``blocks``; up to
 :data:`UNPRUNED_MAX_GPUS` GPUs the aggregate loop (exact there), stopped once its objective
 reaches the blocks plan's; then ``patterns`` unless the plan in hand is proven optimal over the
 candidate grid (within :data:`PROVEN_GAP` of a grid bound); above :data:`UNPRUNED_MAX_GPUS`
-GPUs, with the time left, the aggregate MILP alone, for its bound (its loop needs many rounds
-of placements that cost seconds each at thousands of GPUs). The best placed plan wins (ties: the first run). One
+GPUs the aggregate loop runs beside them, from the start, in a forked child (a second core):
+its first MILP is the bound, and where the aggregate optimum packs (or a re-solve with cuts
+does) its placed plan competes; where the platform cannot fork it runs last, with the time
+left. The best placed plan wins (ties: the first run). One
 deadline is split across these steps, each getting a share of what remains when it starts
 (:data:`BLOCKS_SHARE`, :data:`SLOTS_SHARE`, :data:`AGGREGATE_SHARE`,
 :data:`PATTERNS_LARGE_SHARE`). ``slots`` (:mod:`scepsy_place.formulations.slots`) packs replicas of several
@@ -174,6 +176,7 @@ MIXED_SHARE = 0.5  # min-cost: LLMs split over GPU types (scepsy_opt.planning.mi
 SLOTS_LARGE_SHARE = 0.8  # ... above UNPRUNED_MAX_GPUS GPUs
 AGGREGATE_SHARE = 0.7
 BOUND_WAIT_S = 0.25  # auto above 64 GPUs: how long past the deadline the bound's child is awaited
+CHILD_SHARE = 0.9  # ... and the share of the deadline its aggregate loop gets
 PATTERNS_LARGE_SHARE = 0.75
 # the aggregate loop's round cap: a safety net only; the loop stops on a proof (placed,
 # infeasible, the cutoff reached) or at the deadline
@@ -768,10 +771,11 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     the aggregate loop, stopped at the blocks plan's objective; ``patterns`` unless a plan in
     hand is proven optimal over the candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started
     from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
-    GPUs without that bound, the aggregate MILP alone, for its bound: in a forked child from the
-    start (:class:`scepsy_common.forked.Forked`, a second core while this one searches for plans,
-    awaited until the deadline and :data:`BOUND_WAIT_S`), or, where the platform cannot fork,
-    here with the time left.
+    GPUs the aggregate loop (:func:`_aggregate_child`: its first MILP's bound, and its plan where
+    it places) in a forked child from the start (:class:`scepsy_common.forked.Forked`, a second
+    core while this one searches for plans, awaited until the deadline and
+    :data:`BOUND_WAIT_S` unless a plan in hand is proven first), or, where the platform cannot
+    fork, here with the time left.
 
     Slot groups (:mod:`scepsy_place.formulations.slots`, LLMs sharing GPUs, placeable by construction) run
     after blocks where they apply. One deadline, split: each step gets its share of what
@@ -786,16 +790,14 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     t0 = time.perf_counter()
     small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
     with contextlib.ExitStack() as stack:
-        # above UNPRUNED_MAX_GPUS the bound is the aggregate MILP's: on a second core from the
-        # start, while this one searches for plans
-        child = (stack.enter_context(Forked(lambda: _aggregate_bound(problem, deadline)))
+        # above UNPRUNED_MAX_GPUS the aggregate loop (the bound, and a plan where the aggregate
+        # optimum packs): on a second core from the start, while this one searches for plans
+        child = (stack.enter_context(Forked(lambda: _aggregate_child(problem, topology, kw)))
                  if not small and can_fork() else None)
         tried, bounds = _auto_steps(problem, topology, child is None, kw)
-        if child is not None and not bounds:
+        if child is not None and not _proven(tried, bounds, small):
             with contextlib.suppress(ChildKilled):
-                found = child.wait(max(0.0, deadline.remaining()) + BOUND_WAIT_S)
-                if found is not None:
-                    bounds.append(found)
+                tried["aggregate"] = child.wait(max(0.0, deadline.remaining()) + BOUND_WAIT_S)
     best = _best(tried.values())
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     bound = _grid_bound(tried, bounds, small)
@@ -874,18 +876,23 @@ def _auto_steps(problem: PlanningProblem, topology: Topology, in_process: bool,
             bounds.append(agg_bound)
     if large and _best(tried.values()) is None and deadline.remaining() > 0:
         run("blocks", 1.0)
-    if not small and not bounds and in_process and deadline.remaining() > 0:
-        found = _aggregate_bound(problem, deadline)  # the aggregate MILP alone
-        if found is not None:
-            bounds.append(found)
+    if not small and in_process and deadline.remaining() > 0 and not _proven(tried, bounds,
+                                                                            small):
+        run("aggregate", 1.0)  # no child ran it: here, with the time left
     return tried, bounds
 
 
-def _aggregate_bound(problem: PlanningProblem, deadline: Deadline) -> float | None:
-    """The aggregate MILP's bound on every allocation of the candidate grid within
-    ``deadline`` (None: no allocation in time, or none at all)."""
-    plan = solve_min_latency(problem, deadline=deadline)
-    return plan.bound_s if plan.allocation is not None and math.isfinite(plan.bound_s) else None
+def _aggregate_child(problem: PlanningProblem, topology: Topology, kw: Mapping[str, Any],
+                     ) -> PlacedPlan:
+    """``auto``'s aggregate loop above :data:`UNPRUNED_MAX_GPUS` GPUs, run in a forked child
+    from the start: within :data:`CHILD_SHARE` of the deadline (the rest is the margin for its
+    last step's overrun and its answer), its first MILP's bound on every allocation of the
+    candidate grid and, where the aggregate optimum (or a re-solve with cuts) packs, its placed
+    plan."""
+    t1 = time.perf_counter()
+    res = _aggregate_loop(problem, topology, **{**kw, "deadline": _share(kw["deadline"],
+                                                                          CHILD_SHARE)})
+    return replace(res, seconds=time.perf_counter() - t1)
 
 
 def _share(deadline: Deadline, share: float) -> Deadline:
