@@ -375,16 +375,19 @@ def _record_children(monkeypatch) -> list[int]:
 
 
 @pytest.mark.skipif(not loop.can_fork(), reason="the platform cannot fork")
-def test_above_64_gpus_the_bound_comes_from_a_child(monkeypatch):
+@pytest.mark.parametrize("gpus", [72, loop.PATTERNS_BLOCKS_MAX_GPUS + 8])
+def test_above_64_gpus_the_bound_comes_from_a_child(monkeypatch, gpus):
     """Patterns end without their bound: the aggregate MILP's, computed in a forked child while
     the others ran, is the plan's bound, the same (within 1e-9) as computed here, and the gap is
-    the placed plan's over it."""
+    the placed plan's over it. Up to 1,024 GPUs the child ran the aggregate loop (its outcome is
+    compared); above, the MILP alone."""
     _no_bound_formulations(monkeypatch)
     forked = _record_children(monkeypatch)
-    p = random_problem(4, 72, ROOF, seed=0, options=PlanOptions(time_limit_s=60.0))
+    p = random_problem(4, gpus, ROOF, seed=0, options=PlanOptions(time_limit_s=60.0))
     res = plan_and_place(p, from_cluster(p.cluster), formulation="auto")
     expected = solve_min_latency(p).bound_s
     assert len(forked) == 1 and res.placed and res.bound_s is not None
+    assert ("aggregate" in res.compared) == (gpus <= loop.PATTERNS_BLOCKS_MAX_GPUS)
     assert res.bound_s == pytest.approx(expected, rel=1e-9)
     assert res.gap == pytest.approx(max(0.0, res.plan.objective_s / expected - 1), rel=1e-6,
                                     abs=1e-9)

@@ -52,8 +52,9 @@ reaches the blocks plan's; then ``patterns`` unless the plan in hand is proven o
 candidate grid (within :data:`PROVEN_GAP` of a grid bound); above :data:`UNPRUNED_MAX_GPUS`
 GPUs the aggregate loop runs beside them, from the start, in a forked child (a second core):
 its first MILP is the bound, and where the aggregate optimum packs (or a re-solve with cuts
-does) its placed plan competes; where the platform cannot fork it runs last, with the time
-left. The best placed plan wins (ties: the first run). One
+does) its placed plan competes; above :data:`PATTERNS_BLOCKS_MAX_GPUS` GPUs the child solves
+the aggregate MILP alone, for its bound (the loop's placements cost seconds each at thousands
+of GPUs); where the platform cannot fork they run last, with the time left. The best placed plan wins (ties: the first run). One
 deadline is split across these steps, each getting a share of what remains when it starts
 (:data:`BLOCKS_SHARE`, :data:`SLOTS_SHARE`, :data:`AGGREGATE_SHARE`,
 :data:`PATTERNS_LARGE_SHARE`). ``slots`` (:mod:`scepsy_place.formulations.slots`) packs replicas of several
@@ -772,7 +773,8 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
     hand is proven optimal over the candidate grid (above :data:`UNPRUNED_MAX_GPUS` GPUs started
     from the blocks plan, and its aggregate MILP's bound kept); above :data:`UNPRUNED_MAX_GPUS`
     GPUs the aggregate loop (:func:`_aggregate_child`: its first MILP's bound, and its plan where
-    it places) in a forked child from the start (:class:`scepsy_common.forked.Forked`, a second
+    it places; above :data:`PATTERNS_BLOCKS_MAX_GPUS` GPUs the MILP alone, for its bound) in a
+    forked child from the start (:class:`scepsy_common.forked.Forked`, a second
     core while this one searches for plans, awaited until the deadline and
     :data:`BOUND_WAIT_S` unless a plan in hand is proven first), or, where the platform cannot
     fork, here with the time left.
@@ -795,9 +797,16 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
         child = (stack.enter_context(Forked(lambda: _aggregate_child(problem, topology, kw)))
                  if not small and can_fork() else None)
         tried, bounds = _auto_steps(problem, topology, child is None, kw)
-        if child is not None and not _proven(tried, bounds, small):
+        # above PATTERNS_BLOCKS_MAX_GPUS the child has only the bound patterns may have given
+        bound_only = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
+        if child is not None and not _proven(tried, bounds, small) and not (bound_only
+                                                                            and bounds):
             with contextlib.suppress(ChildKilled):
-                tried["aggregate"] = child.wait(max(0.0, deadline.remaining()) + BOUND_WAIT_S)
+                agg, found = child.wait(max(0.0, deadline.remaining()) + BOUND_WAIT_S)
+                if agg is not None:
+                    tried["aggregate"] = agg
+                if found is not None:
+                    bounds.append(found)
     best = _best(tried.values())
     compared = MappingProxyType({k: tried[k].outcome for k in sorted(tried)})
     bound = _grid_bound(tried, bounds, small)
@@ -878,21 +887,37 @@ def _auto_steps(problem: PlanningProblem, topology: Topology, in_process: bool,
         run("blocks", 1.0)
     if not small and in_process and deadline.remaining() > 0 and not _proven(tried, bounds,
                                                                             small):
-        run("aggregate", 1.0)  # no child ran it: here, with the time left
+        if not large:  # no child ran it: here, with the time left
+            run("aggregate", 1.0)
+        elif not bounds:
+            found = _aggregate_bound(problem, deadline)
+            if found is not None:
+                bounds.append(found)
     return tried, bounds
 
 
 def _aggregate_child(problem: PlanningProblem, topology: Topology, kw: Mapping[str, Any],
-                     ) -> PlacedPlan:
-    """``auto``'s aggregate loop above :data:`UNPRUNED_MAX_GPUS` GPUs, run in a forked child
-    from the start: within :data:`CHILD_SHARE` of the deadline (the rest is the margin for its
-    last step's overrun and its answer), its first MILP's bound on every allocation of the
-    candidate grid and, where the aggregate optimum (or a re-solve with cuts) packs, its placed
-    plan."""
+                     ) -> tuple[PlacedPlan | None, float | None]:
+    """``auto``'s aggregate step above :data:`UNPRUNED_MAX_GPUS` GPUs, run in a forked child
+    from the start: the aggregate loop and None, or, above :data:`PATTERNS_BLOCKS_MAX_GPUS`
+    GPUs (where each of its placements costs seconds), None and the aggregate MILP's bound
+    alone. The loop gets :data:`CHILD_SHARE` of the deadline (the rest is the margin for its
+    last step's overrun and its answer); its result carries its first MILP's bound on every
+    allocation of the candidate grid and, where the aggregate optimum (or a re-solve with cuts)
+    packs, its placed plan."""
+    deadline: Deadline = kw["deadline"]
+    if problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS:
+        return None, _aggregate_bound(problem, deadline)
     t1 = time.perf_counter()
-    res = _aggregate_loop(problem, topology, **{**kw, "deadline": _share(kw["deadline"],
-                                                                          CHILD_SHARE)})
-    return replace(res, seconds=time.perf_counter() - t1)
+    res = _aggregate_loop(problem, topology, **{**kw, "deadline": _share(deadline, CHILD_SHARE)})
+    return replace(res, seconds=time.perf_counter() - t1), None
+
+
+def _aggregate_bound(problem: PlanningProblem, deadline: Deadline) -> float | None:
+    """The aggregate MILP's bound on every allocation of the candidate grid within
+    ``deadline`` (None: no allocation in time, or none at all)."""
+    plan = solve_min_latency(problem, deadline=deadline)
+    return plan.bound_s if plan.allocation is not None and math.isfinite(plan.bound_s) else None
 
 
 def _share(deadline: Deadline, share: float) -> Deadline:
