@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from scepsy.cli import EXIT_INFEASIBLE, EXIT_TIME_LIMIT, EXIT_USAGE, main
-from scepsy_opt.cluster import Cluster, GPUPool
+from scepsy_opt.cluster import Cluster, GPUPool, uniform_cluster
 from scepsy_opt.planning.instances import random_problem
 from scepsy_opt.planning.milp import MILPOptimiser, solve_min_latency
 from scepsy_opt.planning.planfile import plan_to_dict
@@ -155,6 +155,31 @@ def test_plan_and_place_cut_anywhere_is_placed_or_no_solution(formulation):
         assert res.placed or res.plan.status == NO_SOLUTION, (k, res.plan.status, res.reason)
         if not res.placed:
             assert res.plan.allocation is None and "time limit" in (res.reason or "")
+
+
+def test_a_scale_found_by_bisection_is_never_called_optimal():
+    """Max-throughput whose capacity optimum does not place bisects the scale with placed
+    min-latency plans: the plan handed on is a bracket, ``heuristic`` when the search closed it
+    and ``time_limit`` wherever the time limit cut it short, never ``optimal`` (the status the
+    min-latency step's own MILP had)."""
+    cl = uniform_cluster("A100-80GB", 3, 3)
+    p = random_problem(2, 3, ROOF, seed=0, load=0.6, cluster=cl,
+                       options=PlanOptions(shares=(0.3, 0.6, 1.0), tps=(1,),
+                                           objective="max-throughput"))
+    topo = from_cluster(cl)
+    full = plan_and_place(p, topo, formulation="aggregate")
+    assert full.placed and len(full.history) > 1 and not full.exact  # bisected
+    assert full.plan.status == "heuristic"
+    looks = _looks(lambda d: plan_and_place(p, topo, formulation="aggregate", deadline=d))
+    cut = []
+    for k in range(0, looks, max(1, looks // 20)):
+        res = plan_and_place(p, topo, formulation="aggregate",
+                             deadline=Countdown(k))  # type: ignore[arg-type]
+        assert res.placed or res.plan.status == NO_SOLUTION, (k, res.plan.status)
+        if res.placed:
+            cut.append(res.plan.status)
+            assert 0 < res.plan.scale <= full.plan.scale * (1 + 1e-9)
+    assert cut and set(cut) == {"time_limit"}
 
 
 def test_the_time_limit_bounds_reduced_cost_fixing_at_4096_gpus():

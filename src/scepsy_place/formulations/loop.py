@@ -1470,8 +1470,9 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     below ``top`` with min-latency placed plans of ``formulation`` (``auto``: its rule) until the
     bracket is within :data:`SCALE_REL`. A placed plan at scale ``s`` carries up to its
     :func:`placed_scale` ``≥ s``, which moves the lower end; the answer is priced at that scale.
-    ``exact`` is False (a bracket, not an optimum); a step that failed without proof (status
-    other than ``infeasible``) is named in the history."""
+    ``exact`` is False (a bracket, not an optimum), and so is the plan's status: ``time_limit``
+    when the time limit cut the search short, ``heuristic`` otherwise; a step that failed
+    without proof (status other than ``infeasible``) is named in the history."""
     base = replace(problem, options=replace(problem.options, objective="min-latency"))
     deadline: Deadline = kw["deadline"]
 
@@ -1507,7 +1508,10 @@ def _placeable_scale(problem: PlanningProblem, topology: Topology, top: float,
     scale, res = best
     at = base.scaled(scale)
     assert res.plan.allocation is not None
-    plan = plan_from_choice(at, res.plan.optimiser, res.plan.status, price(at, res.plan.allocation),
+    # a bracket, not a proven optimum: cut short by the time limit, or closed by probes that
+    # may have failed without a proof (the min-latency step's own status says nothing here)
+    status: Status = "time_limit" if search.stopped or deadline.remaining() <= 0 else "heuristic"
+    plan = plan_from_choice(at, res.plan.optimiser, status, price(at, res.plan.allocation),
                             res.plan.stats, scale=scale)
     # re-priced at the scale found: the min-latency bound of the step no longer applies
     return replace(res, plan=plan, rounds=rounds, history=tuple(steps), exact=False, bound_s=None)
