@@ -798,8 +798,7 @@ def plan_auto(problem: PlanningProblem, topology: Topology, **kw: Any) -> Placed
                  if not small and can_fork() else None)
         tried, bounds = _auto_steps(problem, topology, child is None, kw)
         # above PATTERNS_BLOCKS_MAX_GPUS the child has only the bound patterns may have given
-        bound_only = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
-        if child is not None and not _proven(tried, bounds, small) and not (bound_only
+        if child is not None and not _proven(tried, bounds, small) and not (_large(problem)
                                                                             and bounds):
             with contextlib.suppress(ChildKilled):
                 agg, found = child.wait(max(0.0, deadline.remaining()) + BOUND_WAIT_S)
@@ -841,7 +840,7 @@ def _auto_steps(problem: PlanningProblem, topology: Topology, in_process: bool,
     deadline: Deadline = kw["deadline"]
     small = problem.cluster.total_gpus <= UNPRUNED_MAX_GPUS
     # above PATTERNS_BLOCKS_MAX_GPUS patterns solves blocks itself only where it needs them
-    large = problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
+    large = _large(problem)
     tried: dict[str, PlacedPlan] = {}
     bounds: list[float] = []
     pat: PlacedPlan | None
@@ -896,6 +895,12 @@ def _auto_steps(problem: PlanningProblem, topology: Topology, in_process: bool,
     return tried, bounds
 
 
+def _large(problem: PlanningProblem) -> bool:
+    """Above :data:`PATTERNS_BLOCKS_MAX_GPUS` GPUs: patterns fall back to blocks themselves,
+    and the aggregate step is its MILP alone (each of the loop's placements costs seconds)."""
+    return problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS
+
+
 def _aggregate_child(problem: PlanningProblem, topology: Topology, kw: Mapping[str, Any],
                      ) -> tuple[PlacedPlan | None, float | None]:
     """``auto``'s aggregate step above :data:`UNPRUNED_MAX_GPUS` GPUs, run in a forked child
@@ -906,7 +911,7 @@ def _aggregate_child(problem: PlanningProblem, topology: Topology, kw: Mapping[s
     allocation of the candidate grid and, where the aggregate optimum (or a re-solve with cuts)
     packs, its placed plan."""
     deadline: Deadline = kw["deadline"]
-    if problem.cluster.total_gpus > PATTERNS_BLOCKS_MAX_GPUS:
+    if _large(problem):
         return None, _aggregate_bound(problem, deadline)
     t1 = time.perf_counter()
     res = _aggregate_loop(problem, topology, **{**kw, "deadline": _share(deadline, CHILD_SHARE)})
